@@ -1,0 +1,353 @@
+//! The in-memory key snapshot that workers consult on every publish and WebSocket
+//! upgrade, and the [`KeyCache`] that swaps in a new one when the store changes.
+//!
+//! Invariants:
+//! - Readers never lock and never wait: [`KeyCache::load`] is an `ArcSwap` load, and a
+//!   [`KeySnapshot`] is immutable once published.
+//! - Only active keys are in a snapshot; a revoked key is simply absent, so a lookup
+//!   cannot mistake it for a valid one.
+//! - A project keeps the same [`ProjectState`] (same `Arc`, same `index`, same
+//!   [`Quota`] state) across rebuilds for the whole process lifetime: a key change never
+//!   resets a project's quota, and channel namespaces (by `index`) never move. Indexes
+//!   are dense, handed out in order of first appearance, and never reused.
+//! - Rebuilding happens on the control-plane thread, never on a worker.
+
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use arc_swap::{ArcSwap, Guard};
+
+use super::key::{hash_key, is_well_formed, KeyHash, KeyKind};
+use crate::quota::Quota;
+use crate::store::StoreContents;
+
+/// A project as the data plane sees it.
+#[derive(Debug)]
+pub struct ProjectState {
+    pub id: String,
+    pub name: String,
+    /// Dense, stable for the process lifetime; namespaces the project's channels.
+    pub index: u32,
+    pub quota: Quota,
+}
+
+/// What an active key resolves to.
+#[derive(Debug, Clone)]
+pub struct KeyEntry {
+    pub key_id: String,
+    pub kind: KeyKind,
+    pub project: Arc<ProjectState>,
+}
+
+/// Hashes a [`KeyHash`] by taking bytes of it as they are. A SHA-256 output is already
+/// uniformly distributed, so SipHash over it would only cost time. Flooding is not a
+/// concern: the table only holds our own keys, and a client cannot choose the SHA-256 of
+/// what it sends.
+#[derive(Default)]
+struct PrehashedHasher(u64);
+
+impl Hasher for PrehashedHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // `[u8; 32]` hashes as a length prefix and then its bytes; folding every write
+        // keeps this correct whatever the call pattern, and the last 8-byte chunk of
+        // the digest dominates.
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.0 = self.0.rotate_left(29) ^ u64::from_le_bytes(word);
+        }
+    }
+}
+
+type PrehashedMap<V> = HashMap<KeyHash, V, BuildHasherDefault<PrehashedHasher>>;
+
+/// One immutable view of every active key and every project.
+#[derive(Debug, Default)]
+pub struct KeySnapshot {
+    by_hash: PrehashedMap<KeyEntry>,
+    active_ids: HashSet<String>,
+    projects: HashMap<String, Arc<ProjectState>>,
+    generation: u64,
+}
+
+impl KeySnapshot {
+    /// The active key `key`, if any. Malformed input is refused before hashing.
+    pub fn lookup(&self, key: &str) -> Option<&KeyEntry> {
+        if !is_well_formed(key) {
+            return None;
+        }
+        self.by_hash.get(&hash_key(key))
+    }
+
+    /// Lookup by an already computed hash.
+    pub fn lookup_hash(&self, hash: &KeyHash) -> Option<&KeyEntry> {
+        self.by_hash.get(hash)
+    }
+
+    /// True while the key with this id exists and is not revoked. Workers use it after
+    /// a change to find connections whose key was revoked.
+    pub fn is_active(&self, key_id: &str) -> bool {
+        self.active_ids.contains(key_id)
+    }
+
+    /// Increases by one on every rebuild; 0 is the empty snapshot before the first load.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    pub fn project(&self, project_id: &str) -> Option<&Arc<ProjectState>> {
+        self.projects.get(project_id)
+    }
+
+    pub fn projects(&self) -> impl Iterator<Item = &Arc<ProjectState>> {
+        self.projects.values()
+    }
+
+    /// Number of active keys.
+    pub fn active_keys(&self) -> usize {
+        self.by_hash.len()
+    }
+}
+
+/// Where the next snapshot is built from. Behind a mutex because two concurrent
+/// rebuilds must not hand out the same index; only the control plane takes it.
+#[derive(Debug, Default)]
+struct RebuildState {
+    next_index: u32,
+    generation: u64,
+    /// Every project ever seen, so one that vanishes and returns keeps its state.
+    known: HashMap<String, Arc<ProjectState>>,
+}
+
+/// The shared holder of the current [`KeySnapshot`].
+#[derive(Debug)]
+pub struct KeyCache {
+    current: ArcSwap<KeySnapshot>,
+    rebuild: Mutex<RebuildState>,
+}
+
+impl KeyCache {
+    /// An empty cache (no keys accepted until the first [`KeyCache::rebuild`]).
+    pub fn new() -> Arc<KeyCache> {
+        Arc::new(KeyCache {
+            current: ArcSwap::from_pointee(KeySnapshot::default()),
+            rebuild: Mutex::new(RebuildState::default()),
+        })
+    }
+
+    /// The current snapshot. Cheap and lock-free; hold the guard only briefly (for one
+    /// request), so an old snapshot is freed soon after a swap.
+    pub fn load(&self) -> Guard<Arc<KeySnapshot>> {
+        self.current.load()
+    }
+
+    /// The current snapshot as an owned `Arc`, for holders that outlive a request.
+    pub fn load_full(&self) -> Arc<KeySnapshot> {
+        self.current.load_full()
+    }
+
+    /// Publish a snapshot of `contents`, reusing every known project's state and
+    /// applying changed rate limits to it in place.
+    pub fn rebuild(&self, contents: StoreContents) {
+        // A poisoned lock only means a previous rebuild panicked midway; the state it
+        // guards is still coherent (indexes only grow), so carry on.
+        let mut state = self.rebuild.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut projects = HashMap::with_capacity(contents.projects.len());
+        for record in contents.projects {
+            let project = match state.known.get(&record.id) {
+                Some(existing) if existing.name == record.name => {
+                    if existing.quota.limit() != record.rate_limit {
+                        existing.quota.set_limit(record.rate_limit);
+                    }
+                    Arc::clone(existing)
+                }
+                Some(existing) => {
+                    // Renamed: `name` is immutable in a shared struct, so make a new
+                    // one that carries over the index and the quota's position.
+                    let replacement = Arc::new(ProjectState {
+                        id: record.id.clone(),
+                        name: record.name,
+                        index: existing.index,
+                        quota: existing.quota.clone_state(),
+                    });
+                    replacement.quota.set_limit(record.rate_limit);
+                    replacement
+                }
+                None => {
+                    let index = state.next_index;
+                    // 4 billion projects in one process is not a real concern.
+                    state.next_index = state.next_index.saturating_add(1);
+                    Arc::new(ProjectState {
+                        id: record.id.clone(),
+                        name: record.name,
+                        index,
+                        quota: Quota::new(record.rate_limit),
+                    })
+                }
+            };
+            state.known.insert(record.id.clone(), Arc::clone(&project));
+            projects.insert(record.id, project);
+        }
+
+        let mut by_hash = PrehashedMap::default();
+        by_hash.reserve(contents.keys.len());
+        let mut active_ids = HashSet::with_capacity(contents.keys.len());
+        for key in contents.keys {
+            if key.revoked {
+                continue;
+            }
+            // A key whose project is not in this read cannot authorise anything.
+            let Some(project) = projects.get(&key.project_id) else {
+                continue;
+            };
+            active_ids.insert(key.id.clone());
+            by_hash.insert(
+                key.hash,
+                KeyEntry {
+                    key_id: key.id,
+                    kind: key.kind,
+                    project: Arc::clone(project),
+                },
+            );
+        }
+
+        state.generation += 1;
+        self.current.store(Arc::new(KeySnapshot {
+            by_hash,
+            active_ids,
+            projects,
+            generation: state.generation,
+        }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::key::{generate_key, key_prefix};
+    use crate::quota::RateLimit;
+    use crate::store::{KeyRecord, ProjectRecord};
+
+    fn project(id: &str, rate: &str) -> ProjectRecord {
+        ProjectRecord {
+            id: id.into(),
+            name: format!("name-{id}"),
+            rate_limit: RateLimit::parse(rate).unwrap(),
+        }
+    }
+
+    fn key(id: &str, project_id: &str, kind: KeyKind) -> (KeyRecord, String) {
+        let full = generate_key(kind);
+        let record = KeyRecord {
+            id: id.into(),
+            project_id: project_id.into(),
+            kind,
+            revoked: false,
+            prefix: key_prefix(&full),
+            hash: hash_key(&full),
+        };
+        (record, full)
+    }
+
+    #[test]
+    fn lookup_finds_active_keys_only() {
+        let cache = KeyCache::new();
+        assert_eq!(cache.load().generation(), 0);
+        let (sk, sk_full) = key("key_s", "prj_a", KeyKind::Secret);
+        let (mut pk, pk_full) = key("key_p", "prj_a", KeyKind::Public);
+        pk.revoked = true;
+        let (orphan, orphan_full) = key("key_o", "prj_gone", KeyKind::Secret);
+        cache.rebuild(StoreContents {
+            projects: vec![project("prj_a", "10/s")],
+            keys: vec![sk, pk, orphan],
+        });
+        let snap = cache.load();
+        assert_eq!(snap.generation(), 1);
+        let entry = snap.lookup(&sk_full).unwrap();
+        assert_eq!(entry.key_id, "key_s");
+        assert_eq!(entry.kind, KeyKind::Secret);
+        assert_eq!(entry.project.id, "prj_a");
+        assert!(snap.lookup(&pk_full).is_none(), "revoked");
+        assert!(snap.lookup(&orphan_full).is_none(), "no project");
+        assert!(snap.lookup("").is_none());
+        assert!(snap.lookup(&format!("{sk_full}x")).is_none());
+        assert!(snap.is_active("key_s"));
+        assert!(!snap.is_active("key_p"));
+        assert_eq!(snap.active_keys(), 1);
+        assert_eq!(snap.project("prj_a").unwrap().index, 0);
+    }
+
+    #[test]
+    fn rebuild_preserves_project_state_and_applies_new_limits() {
+        let cache = KeyCache::new();
+        let (sk, sk_full) = key("key_s", "prj_a", KeyKind::Secret);
+        let contents = |rate: &str, keys: Vec<KeyRecord>| StoreContents {
+            projects: vec![project("prj_a", rate), project("prj_b", "1/s")],
+            keys,
+        };
+        cache.rebuild(contents("2/s", vec![sk.clone()]));
+        let before = Arc::clone(&cache.load().lookup(&sk_full).unwrap().project);
+        // Real clock: rebuild applies limits with `Quota::set_limit`, which reads it.
+        let now = crate::quota::now_ns();
+        assert!(before.quota.check(now).allowed);
+        assert!(before.quota.check(now).allowed);
+        assert!(!before.quota.check(now).allowed);
+
+        // Same limit, another key added: the very same state, still exhausted.
+        let (pk, _) = key("key_p", "prj_a", KeyKind::Public);
+        cache.rebuild(contents("2/s", vec![sk.clone(), pk]));
+        let after = Arc::clone(&cache.load().lookup(&sk_full).unwrap().project);
+        assert!(Arc::ptr_eq(&before, &after));
+        assert!(!after.quota.check(now).allowed);
+
+        // A new limit applies to the same quota, keeping the used share: still
+        // exhausted, but refilling at 4/s (one per 250 ms, where 2/s needed 500 ms).
+        cache.rebuild(contents("4/s", vec![sk.clone()]));
+        let snap = cache.load();
+        let after = &snap.lookup(&sk_full).unwrap().project;
+        assert!(Arc::ptr_eq(&before, after));
+        assert_eq!(after.quota.limit(), RateLimit::parse("4/s").unwrap());
+        assert!(!after.quota.check(now).allowed);
+        assert!(after.quota.check(now + 250_000_000).allowed);
+        assert_eq!(snap.generation(), 3);
+
+        // Indexes: a before b, stable; a new project gets the next one.
+        assert_eq!(snap.project("prj_a").unwrap().index, 0);
+        assert_eq!(snap.project("prj_b").unwrap().index, 1);
+        drop(snap);
+        let mut c = contents("4/s", vec![sk]);
+        c.projects.insert(0, project("prj_c", "1/s"));
+        cache.rebuild(c);
+        let snap = cache.load();
+        assert_eq!(snap.project("prj_c").unwrap().index, 2);
+        assert_eq!(snap.project("prj_a").unwrap().index, 0);
+    }
+
+    #[test]
+    fn a_rename_keeps_index_and_quota_position() {
+        let cache = KeyCache::new();
+        cache.rebuild(StoreContents {
+            projects: vec![project("prj_a", "1/s")],
+            keys: vec![],
+        });
+        let old = Arc::clone(cache.load().project("prj_a").unwrap());
+        let now = crate::quota::now_ns();
+        assert!(old.quota.check(now).allowed);
+        let mut renamed = project("prj_a", "1/s");
+        renamed.name = "new".into();
+        cache.rebuild(StoreContents {
+            projects: vec![renamed],
+            keys: vec![],
+        });
+        let snap = cache.load();
+        let new = snap.project("prj_a").unwrap();
+        assert_eq!(new.name, "new");
+        assert_eq!(new.index, old.index);
+        assert!(!new.quota.check(now).allowed);
+    }
+}

@@ -1,0 +1,173 @@
+//! The project/key store: the durable side of the control plane.
+//!
+//! [`Store`] is a trait so that cluster mode can put projects and keys in Redis later;
+//! today [`SqliteStore`] (one file in the data directory) is the only implementation.
+//! Invariants every implementation keeps:
+//! - Only [`KeyHash`]es and display prefixes of keys are stored, never a full key. A
+//!   full key is returned once, by the call that created it.
+//! - Every committed change makes [`Store::change_token`] return a different value, in
+//!   every process watching the same store, so running servers notice it.
+//! - Revocation is permanent: a revoked key never becomes active again.
+//! - Nothing here runs on a worker thread: store calls may block on I/O and locks.
+
+mod sqlite;
+
+pub use sqlite::SqliteStore;
+
+use std::path::{Path, PathBuf};
+
+use crate::auth::key::{KeyHash, KeyKind};
+use crate::quota::RateLimit;
+
+/// Longest project name, in characters (same bound as channel names).
+pub const MAX_PROJECT_NAME_CHARS: usize = 100;
+
+/// A project as stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProjectRecord {
+    pub id: String,
+    pub name: String,
+    pub rate_limit: RateLimit,
+}
+
+/// A key as stored: everything but the key itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyRecord {
+    pub id: String,
+    pub project_id: String,
+    pub kind: KeyKind,
+    pub revoked: bool,
+    /// Display prefix, e.g. `sk_ab12…`.
+    pub prefix: String,
+    pub hash: KeyHash,
+}
+
+/// One consistent read of the whole store (revoked keys included), from which the
+/// in-memory key snapshot is built.
+#[derive(Clone, Debug, Default)]
+pub struct StoreContents {
+    pub projects: Vec<ProjectRecord>,
+    pub keys: Vec<KeyRecord>,
+}
+
+/// Why a store operation failed. `NotFound` and `Invalid` carry a sentence for the user.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("database error: {0}")]
+    Db(#[from] rusqlite::Error),
+    #[error("cannot use data directory {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The database was migrated by a newer ringcast; refusing beats guessing.
+    #[error("database schema version {found} is newer than this build supports ({supported}); upgrade ringcast")]
+    SchemaTooNew { found: i64, supported: i64 },
+    /// A stored row that this build cannot interpret.
+    #[error("corrupt store: {0}")]
+    Corrupt(String),
+}
+
+/// Projects and keys, wherever they live. Methods take `&mut self` because a store is a
+/// connection: one per thread (admin command, watcher), never shared.
+pub trait Store: Send {
+    /// A new project with one secret and one public key. Returns the project, then the
+    /// full secret key, then the full public key (shown once, never stored).
+    fn create_project(
+        &mut self,
+        name: &str,
+        rate_limit: RateLimit,
+    ) -> Result<(ProjectRecord, String, String), StoreError>;
+
+    /// All projects, oldest first.
+    fn list_projects(&mut self) -> Result<Vec<ProjectRecord>, StoreError>;
+
+    /// Change a project's quota; returns the updated project.
+    fn set_rate_limit(
+        &mut self,
+        project_id: &str,
+        rate_limit: RateLimit,
+    ) -> Result<ProjectRecord, StoreError>;
+
+    /// A new key for an existing project; returns its record and the full key.
+    fn create_key(
+        &mut self,
+        project_id: &str,
+        kind: KeyKind,
+    ) -> Result<(KeyRecord, String), StoreError>;
+
+    /// Revoke a key given either the full key (matched by hash) or its id. Revoking a
+    /// revoked key succeeds again (idempotent). Returns the key id.
+    fn revoke_key(&mut self, key_or_id: &str) -> Result<String, StoreError>;
+
+    /// A project's keys, oldest first, revoked ones included.
+    fn list_keys(&mut self, project_id: &str) -> Result<Vec<KeyRecord>, StoreError>;
+
+    /// Everything, read consistently.
+    fn load_all(&mut self) -> Result<StoreContents, StoreError>;
+
+    /// A value that differs whenever any process committed a change since the last call.
+    fn change_token(&mut self) -> Result<u64, StoreError>;
+
+    /// A cheap query proving the store answers (health check).
+    fn ping(&mut self) -> Result<(), StoreError>;
+
+    /// True when there are no projects at all (`serve --dev`).
+    fn is_empty(&mut self) -> Result<bool, StoreError>;
+}
+
+/// Open the store the command line points at: SQLite in `data_dir`, or Redis in cluster
+/// mode (not built yet).
+pub fn open_store(data_dir: &Path, redis: Option<&str>) -> Result<Box<dyn Store>, StoreError> {
+    match redis {
+        Some(_) => Err(StoreError::Invalid("cluster mode not built yet".into())),
+        None => Ok(Box::new(SqliteStore::open(data_dir)?)),
+    }
+}
+
+/// Check a project name: non-empty after trimming, at most [`MAX_PROJECT_NAME_CHARS`]
+/// characters, no control characters (it is printed in terminals and JSON).
+pub fn validate_project_name(name: &str) -> Result<(), StoreError> {
+    if name.trim().is_empty() {
+        return Err(StoreError::Invalid("project name must not be empty".into()));
+    }
+    if name.chars().count() > MAX_PROJECT_NAME_CHARS {
+        return Err(StoreError::Invalid(format!(
+            "project name must be at most {MAX_PROJECT_NAME_CHARS} characters"
+        )));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(StoreError::Invalid(
+            "project name must not contain control characters".into(),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn project_names() {
+        assert!(validate_project_name("orders").is_ok());
+        assert!(validate_project_name(&"é".repeat(100)).is_ok());
+        assert!(validate_project_name(&"é".repeat(101)).is_err());
+        assert!(validate_project_name("").is_err());
+        assert!(validate_project_name("  ").is_err());
+        assert!(validate_project_name("a\nb").is_err());
+    }
+
+    #[test]
+    fn redis_is_not_built_yet() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = open_store(dir.path(), Some("redis://localhost"))
+            .err()
+            .unwrap();
+        assert!(matches!(err, StoreError::Invalid(_)), "{err}");
+    }
+}

@@ -1,0 +1,570 @@
+//! [`SqliteStore`]: projects and keys in `<data-dir>/ringcast.db`.
+//!
+//! Several processes use the same file at once (a running server's watcher, admin
+//! commands), so:
+//! - WAL mode lets the watcher read while an admin command writes; `busy_timeout` makes
+//!   a writer wait for another writer instead of failing at once.
+//! - Every write runs in a `BEGIN IMMEDIATE` transaction (the write lock is taken up
+//!   front, so two writers never deadlock upgrading read locks) and bumps the
+//!   `change_counter` row in the same transaction.
+//! - [`Store::change_token`] combines `PRAGMA data_version` (changes when *another*
+//!   connection committed, even a tool that does not know about the counter) with the
+//!   counter (changes on this connection's own commits too).
+//! - The schema version lives in `PRAGMA user_version`; migrations run inside an
+//!   immediate transaction so two processes opening a fresh directory at once do not
+//!   both create the schema.
+//!
+//! Never stores a full key: only its SHA-256 and display prefix.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
+
+use super::{validate_project_name, KeyRecord, ProjectRecord, Store, StoreContents, StoreError};
+use crate::auth::key::{generate_id, generate_key, hash_key, key_prefix, KeyHash, KeyKind};
+use crate::quota::RateLimit;
+
+/// File name of the database inside the data directory.
+pub const DB_FILE: &str = "ringcast.db";
+
+/// How long a writer waits for another process's write lock before giving up. Admin
+/// writes are tiny, so a few seconds only expires when something is truly stuck.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Schema version this build writes (`PRAGMA user_version`).
+const SCHEMA_VERSION: i64 = 1;
+
+/// Migrations, index i brings the schema from version i to i + 1.
+const MIGRATIONS: &[&str] = &[
+    // 0 -> 1: projects, keys, and the change counter the watcher polls.
+    "CREATE TABLE projects (
+        id          TEXT PRIMARY KEY,
+        name        TEXT NOT NULL,
+        rate_limit  TEXT NOT NULL,
+        created_at  INTEGER NOT NULL
+    );
+    CREATE TABLE keys (
+        id          TEXT PRIMARY KEY,
+        project_id  TEXT NOT NULL REFERENCES projects(id),
+        kind        TEXT NOT NULL CHECK (kind IN ('secret', 'public')),
+        hash        BLOB NOT NULL UNIQUE CHECK (length(hash) = 32),
+        prefix      TEXT NOT NULL,
+        created_at  INTEGER NOT NULL,
+        revoked_at  INTEGER
+    );
+    CREATE INDEX keys_by_project ON keys(project_id);
+    CREATE TABLE meta (
+        name  TEXT PRIMARY KEY,
+        value INTEGER NOT NULL
+    );
+    INSERT INTO meta (name, value) VALUES ('change_counter', 0);",
+];
+
+/// A connection to the SQLite store. One per thread; not shared.
+pub struct SqliteStore {
+    conn: Connection,
+    path: PathBuf,
+}
+
+impl SqliteStore {
+    /// Open (creating if needed) `data_dir/ringcast.db` and bring its schema up to date.
+    pub fn open(data_dir: &Path) -> Result<SqliteStore, StoreError> {
+        std::fs::create_dir_all(data_dir).map_err(|source| StoreError::Io {
+            path: data_dir.to_path_buf(),
+            source,
+        })?;
+        let path = data_dir.join(DB_FILE);
+        let mut conn = Connection::open(&path)?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        // Returns the mode now in force; a filesystem without shared memory (some network
+        // mounts) keeps the rollback journal, which is slower but still correct.
+        let mode: String =
+            conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            tracing::warn!(path = %path.display(), %mode, "SQLite WAL mode unavailable");
+        }
+        conn.pragma_update(None, "foreign_keys", true)?;
+        migrate(&mut conn)?;
+        Ok(SqliteStore { conn, path })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Run `f` in an immediate write transaction that also bumps the change counter.
+    fn write<T>(
+        &mut self,
+        f: impl FnOnce(&Transaction<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let value = f(&tx)?;
+        tx.execute(
+            "UPDATE meta SET value = value + 1 WHERE name = 'change_counter'",
+            [],
+        )?;
+        tx.commit()?;
+        Ok(value)
+    }
+}
+
+fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    // Read inside the write lock: another process may have migrated meanwhile.
+    let found: i64 = tx.pragma_query_value(None, "user_version", |row| row.get(0))?;
+    if found > SCHEMA_VERSION {
+        return Err(StoreError::SchemaTooNew {
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    let start = usize::try_from(found)
+        .map_err(|_| StoreError::Corrupt(format!("negative schema version {found}")))?;
+    for step in &MIGRATIONS[start..] {
+        tx.execute_batch(step)?;
+    }
+    if found != SCHEMA_VERSION {
+        tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+fn project_not_found(id: &str) -> StoreError {
+    StoreError::NotFound(format!("no project with id {id:?}"))
+}
+
+fn insert_key(
+    tx: &Transaction<'_>,
+    project_id: &str,
+    kind: KeyKind,
+) -> Result<(KeyRecord, String), StoreError> {
+    let key = generate_key(kind);
+    let record = KeyRecord {
+        id: generate_id("key_"),
+        project_id: project_id.to_string(),
+        kind,
+        revoked: false,
+        prefix: key_prefix(&key),
+        hash: hash_key(&key),
+    };
+    tx.execute(
+        "INSERT INTO keys (id, project_id, kind, hash, prefix, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![
+            record.id,
+            record.project_id,
+            kind.as_str(),
+            &record.hash.0[..],
+            record.prefix,
+            unix_now()
+        ],
+    )?;
+    Ok((record, key))
+}
+
+fn project_exists(conn: &Connection, project_id: &str) -> Result<bool, StoreError> {
+    Ok(conn
+        .query_row("SELECT 1 FROM projects WHERE id = ?1", [project_id], |_| {
+            Ok(())
+        })
+        .optional()?
+        .is_some())
+}
+
+/// A project row as read, before its rate limit is validated.
+type RawProject = (String, String, String);
+/// A key row as read: id, project_id, kind, revoked, prefix, hash.
+type RawKey = (String, String, String, bool, String, Vec<u8>);
+
+const SELECT_PROJECTS: &str = "SELECT id, name, rate_limit FROM projects";
+const SELECT_KEYS: &str =
+    "SELECT id, project_id, kind, revoked_at IS NOT NULL, prefix, hash FROM keys";
+
+fn read_projects(
+    conn: &Connection,
+    filter: &str,
+    args: impl rusqlite::Params,
+) -> Result<Vec<ProjectRecord>, StoreError> {
+    let mut stmt = conn.prepare_cached(&format!("{SELECT_PROJECTS} {filter}"))?;
+    let rows = stmt.query_map(args, |r| {
+        Ok::<RawProject, _>((r.get(0)?, r.get(1)?, r.get(2)?))
+    })?;
+    rows.map(|row| {
+        let (id, name, rate_limit) = row?;
+        let rate_limit = RateLimit::parse(&rate_limit)
+            .map_err(|e| StoreError::Corrupt(format!("project {id}: {e}")))?;
+        Ok(ProjectRecord {
+            id,
+            name,
+            rate_limit,
+        })
+    })
+    .collect()
+}
+
+fn read_keys(
+    conn: &Connection,
+    filter: &str,
+    args: impl rusqlite::Params,
+) -> Result<Vec<KeyRecord>, StoreError> {
+    let mut stmt = conn.prepare_cached(&format!("{SELECT_KEYS} {filter}"))?;
+    let rows = stmt.query_map(args, |r| {
+        Ok::<RawKey, _>((
+            r.get(0)?,
+            r.get(1)?,
+            r.get(2)?,
+            r.get(3)?,
+            r.get(4)?,
+            r.get(5)?,
+        ))
+    })?;
+    rows.map(|row| {
+        let (id, project_id, kind, revoked, prefix, hash) = row?;
+        let kind = KeyKind::parse(&kind)
+            .ok_or_else(|| StoreError::Corrupt(format!("key {id}: unknown kind {kind:?}")))?;
+        let hash = <[u8; 32]>::try_from(hash.as_slice())
+            .map_err(|_| StoreError::Corrupt(format!("key {id}: hash is not 32 bytes")))?;
+        Ok(KeyRecord {
+            id,
+            project_id,
+            kind,
+            revoked,
+            prefix,
+            hash: KeyHash(hash),
+        })
+    })
+    .collect()
+}
+
+impl Store for SqliteStore {
+    fn create_project(
+        &mut self,
+        name: &str,
+        rate_limit: RateLimit,
+    ) -> Result<(ProjectRecord, String, String), StoreError> {
+        validate_project_name(name)?;
+        self.write(|tx| {
+            let project = ProjectRecord {
+                id: generate_id("prj_"),
+                name: name.to_string(),
+                rate_limit,
+            };
+            tx.execute(
+                "INSERT INTO projects (id, name, rate_limit, created_at) VALUES (?1, ?2, ?3, ?4)",
+                params![project.id, project.name, rate_limit.to_string(), unix_now()],
+            )?;
+            let (_, secret) = insert_key(tx, &project.id, KeyKind::Secret)?;
+            let (_, public) = insert_key(tx, &project.id, KeyKind::Public)?;
+            Ok((project, secret, public))
+        })
+    }
+
+    fn list_projects(&mut self) -> Result<Vec<ProjectRecord>, StoreError> {
+        read_projects(&self.conn, "ORDER BY created_at, rowid", [])
+    }
+
+    fn set_rate_limit(
+        &mut self,
+        project_id: &str,
+        rate_limit: RateLimit,
+    ) -> Result<ProjectRecord, StoreError> {
+        self.write(|tx| {
+            let changed = tx.execute(
+                "UPDATE projects SET rate_limit = ?1 WHERE id = ?2",
+                params![rate_limit.to_string(), project_id],
+            )?;
+            if changed == 0 {
+                return Err(project_not_found(project_id));
+            }
+            read_projects(tx, "WHERE id = ?1", [project_id])?
+                .pop()
+                .ok_or_else(|| project_not_found(project_id))
+        })
+    }
+
+    fn create_key(
+        &mut self,
+        project_id: &str,
+        kind: KeyKind,
+    ) -> Result<(KeyRecord, String), StoreError> {
+        self.write(|tx| {
+            if !project_exists(tx, project_id)? {
+                return Err(project_not_found(project_id));
+            }
+            insert_key(tx, project_id, kind)
+        })
+    }
+
+    fn revoke_key(&mut self, key_or_id: &str) -> Result<String, StoreError> {
+        self.write(|tx| {
+            // A full key is recognised by its prefix; ids start with `key_`.
+            let (id, shown) = if KeyKind::of_key(key_or_id).is_some() {
+                let hash = hash_key(key_or_id);
+                let id: Option<String> = tx
+                    .query_row("SELECT id FROM keys WHERE hash = ?1", [&hash.0[..]], |r| {
+                        r.get(0)
+                    })
+                    .optional()?;
+                // Never echo a full (possibly valid) key into logs or terminals.
+                (id, key_prefix(key_or_id))
+            } else {
+                let id: Option<String> = tx
+                    .query_row("SELECT id FROM keys WHERE id = ?1", [key_or_id], |r| {
+                        r.get(0)
+                    })
+                    .optional()?;
+                (id, key_or_id.to_string())
+            };
+            let id = id.ok_or_else(|| StoreError::NotFound(format!("no key matches {shown:?}")))?;
+            // COALESCE keeps the first revocation time: revoking twice is a no-op.
+            tx.execute(
+                "UPDATE keys SET revoked_at = COALESCE(revoked_at, ?1) WHERE id = ?2",
+                params![unix_now(), id],
+            )?;
+            Ok(id)
+        })
+    }
+
+    fn list_keys(&mut self, project_id: &str) -> Result<Vec<KeyRecord>, StoreError> {
+        // One read transaction so "project exists" and its keys agree.
+        let tx = self.conn.transaction()?;
+        if !project_exists(&tx, project_id)? {
+            return Err(project_not_found(project_id));
+        }
+        let keys = read_keys(
+            &tx,
+            "WHERE project_id = ?1 ORDER BY created_at, rowid",
+            [project_id],
+        )?;
+        tx.commit()?;
+        Ok(keys)
+    }
+
+    fn load_all(&mut self) -> Result<StoreContents, StoreError> {
+        // A deferred transaction is one WAL snapshot: projects and keys from the same
+        // commit, never a key whose project is missing from this read.
+        let tx = self.conn.transaction()?;
+        let projects = read_projects(&tx, "ORDER BY created_at, rowid", [])?;
+        let keys = read_keys(&tx, "ORDER BY created_at, rowid", [])?;
+        tx.commit()?;
+        Ok(StoreContents { projects, keys })
+    }
+
+    fn change_token(&mut self) -> Result<u64, StoreError> {
+        let data_version: i64 = self
+            .conn
+            .pragma_query_value(None, "data_version", |r| r.get(0))?;
+        let counter: i64 = self.conn.query_row(
+            "SELECT value FROM meta WHERE name = 'change_counter'",
+            [],
+            |r| r.get(0),
+        )?;
+        // Both only grow; data_version in the high half, counter in the low half, so a
+        // change of either changes the token.
+        Ok(((data_version as u64) << 32) ^ (counter as u64))
+    }
+
+    fn ping(&mut self) -> Result<(), StoreError> {
+        // Reads a real table, so a missing or unreadable file fails (`SELECT 1` would not).
+        self.conn.query_row(
+            "SELECT value FROM meta WHERE name = 'change_counter'",
+            [],
+            |_| Ok(()),
+        )?;
+        Ok(())
+    }
+
+    fn is_empty(&mut self) -> Result<bool, StoreError> {
+        Ok(self
+            .conn
+            .query_row("SELECT NOT EXISTS (SELECT 1 FROM projects)", [], |r| {
+                r.get(0)
+            })?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rl(s: &str) -> RateLimit {
+        RateLimit::parse(s).unwrap()
+    }
+
+    #[test]
+    fn projects_and_keys_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = SqliteStore::open(dir.path()).unwrap();
+        assert!(store.is_empty().unwrap());
+        store.ping().unwrap();
+
+        let (project, secret, public) = store.create_project("orders", rl("50/s")).unwrap();
+        assert!(project.id.starts_with("prj_"));
+        assert_eq!(project.name, "orders");
+        assert_eq!(project.rate_limit, rl("50/s"));
+        assert_eq!(KeyKind::of_key(&secret), Some(KeyKind::Secret));
+        assert_eq!(KeyKind::of_key(&public), Some(KeyKind::Public));
+        assert!(!store.is_empty().unwrap());
+
+        assert_eq!(store.list_projects().unwrap(), vec![project.clone()]);
+
+        let updated = store.set_rate_limit(&project.id, rl("6000/min")).unwrap();
+        assert_eq!(updated.rate_limit, rl("6000/min"));
+        assert_eq!(store.list_projects().unwrap()[0].rate_limit, rl("6000/min"));
+
+        let (extra, extra_key) = store.create_key(&project.id, KeyKind::Public).unwrap();
+        assert!(extra.id.starts_with("key_"));
+        assert_eq!(extra.hash, hash_key(&extra_key));
+        assert_eq!(extra.prefix, key_prefix(&extra_key));
+
+        let keys = store.list_keys(&project.id).unwrap();
+        assert_eq!(keys.len(), 3);
+        assert_eq!(keys[0].kind, KeyKind::Secret);
+        assert_eq!(keys[0].hash, hash_key(&secret));
+        assert_eq!(keys[1].hash, hash_key(&public));
+        assert_eq!(keys[2], extra);
+        assert!(keys.iter().all(|k| !k.revoked));
+
+        // Revoke by full key, then by id; again is fine.
+        assert_eq!(store.revoke_key(&secret).unwrap(), keys[0].id);
+        assert_eq!(store.revoke_key(&extra.id).unwrap(), extra.id);
+        assert_eq!(store.revoke_key(&extra.id).unwrap(), extra.id);
+        let keys = store.list_keys(&project.id).unwrap();
+        assert_eq!(
+            keys.iter().map(|k| k.revoked).collect::<Vec<_>>(),
+            [true, false, true]
+        );
+
+        let all = store.load_all().unwrap();
+        assert_eq!(all.projects, vec![updated]);
+        assert_eq!(all.keys, keys);
+
+        // Reopening sees the same data (and does not re-run the migration).
+        drop(store);
+        let mut again = SqliteStore::open(dir.path()).unwrap();
+        assert_eq!(again.load_all().unwrap().keys, keys);
+    }
+
+    #[test]
+    fn the_database_never_holds_a_full_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = SqliteStore::open(dir.path()).unwrap();
+        let (_, secret, public) = store.create_project("p", rl("1/s")).unwrap();
+        drop(store);
+        let mut bytes = Vec::new();
+        for entry in std::fs::read_dir(dir.path()).unwrap() {
+            bytes.extend(std::fs::read(entry.unwrap().path()).unwrap());
+        }
+        for key in [secret, public] {
+            let needle = &key.as_bytes()[3..];
+            assert!(!bytes.windows(needle.len()).any(|w| w == needle));
+        }
+    }
+
+    #[test]
+    fn unknown_ids_are_not_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = SqliteStore::open(dir.path()).unwrap();
+        let nf = |r: Result<_, StoreError>| matches!(r, Err(StoreError::NotFound(_)));
+        assert!(nf(store.set_rate_limit("prj_nope", rl("1/s")).map(|_| ())));
+        assert!(nf(store
+            .create_key("prj_nope", KeyKind::Secret)
+            .map(|_| ())));
+        assert!(nf(store.list_keys("prj_nope").map(|_| ())));
+        assert!(nf(store.revoke_key("key_nope").map(|_| ())));
+        assert!(nf(store
+            .revoke_key(&generate_key(KeyKind::Secret))
+            .map(|_| ())));
+        assert!(nf(store.revoke_key("").map(|_| ())));
+        let err = store
+            .revoke_key(&generate_key(KeyKind::Public))
+            .unwrap_err();
+        assert!(err.to_string().contains('…'), "full key echoed: {err}");
+    }
+
+    #[test]
+    fn invalid_names_are_refused_without_writing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = SqliteStore::open(dir.path()).unwrap();
+        let before = store.change_token().unwrap();
+        assert!(matches!(
+            store.create_project("", rl("1/s")),
+            Err(StoreError::Invalid(_))
+        ));
+        assert_eq!(store.change_token().unwrap(), before);
+        assert!(store.is_empty().unwrap());
+    }
+
+    #[test]
+    fn change_token_sees_other_connections_and_own_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut watcher = SqliteStore::open(dir.path()).unwrap();
+        let mut admin = SqliteStore::open(dir.path()).unwrap();
+        let t0 = watcher.change_token().unwrap();
+        assert_eq!(watcher.change_token().unwrap(), t0, "stable without writes");
+
+        let (project, _, _) = admin.create_project("p", rl("1/s")).unwrap();
+        let t1 = watcher.change_token().unwrap();
+        assert_ne!(t1, t0);
+
+        admin.set_rate_limit(&project.id, rl("2/s")).unwrap();
+        let t2 = watcher.change_token().unwrap();
+        assert_ne!(t2, t1);
+
+        // A commit by the watching connection itself.
+        watcher.create_key(&project.id, KeyKind::Public).unwrap();
+        let t3 = watcher.change_token().unwrap();
+        assert_ne!(t3, t2);
+
+        // A raw write by a tool that knows nothing of the counter.
+        let raw = Connection::open(dir.path().join(DB_FILE)).unwrap();
+        raw.execute("UPDATE projects SET name = 'renamed'", [])
+            .unwrap();
+        assert_ne!(watcher.change_token().unwrap(), t3);
+    }
+
+    #[test]
+    fn a_newer_schema_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(SqliteStore::open(dir.path()).unwrap());
+        let raw = Connection::open(dir.path().join(DB_FILE)).unwrap();
+        raw.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+            .unwrap();
+        drop(raw);
+        assert!(matches!(
+            SqliteStore::open(dir.path()),
+            Err(StoreError::SchemaTooNew { .. })
+        ));
+    }
+
+    #[test]
+    fn concurrent_opens_of_a_fresh_directory_agree() {
+        let dir = tempfile::tempdir().unwrap();
+        let threads: Vec<_> = (0..4)
+            .map(|i| {
+                let path = dir.path().to_path_buf();
+                std::thread::spawn(move || {
+                    let mut store = SqliteStore::open(&path).unwrap();
+                    store.create_project(&format!("p{i}"), rl("1/s")).unwrap();
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let mut store = SqliteStore::open(dir.path()).unwrap();
+        assert_eq!(store.list_projects().unwrap().len(), 4);
+        assert_eq!(store.load_all().unwrap().keys.len(), 8);
+    }
+}
