@@ -1,0 +1,328 @@
+//! The HTTP/1.1 connection loop: read, parse every complete request in the buffer
+//! (pipelining), route, answer all of them in one write, repeat; or hand the socket to
+//! the WebSocket layer after a successful upgrade.
+//!
+//! Limits enforced here: request head size and header count (431), body size (413,
+//! decided from Content-Length before the body is read), the time to receive a whole
+//! request once its first byte arrived (408, then close: idle half-open requests cannot
+//! pile up) and the keep-alive idle time (silent close). A response that makes the
+//! stream untrustworthy (400 on framing, 411, 413, 431) closes the connection after it.
+
+use std::ops::Range;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use monoio::buf::IoBufMut;
+use monoio::io::{AsyncReadRent, AsyncWriteRentExt, Splitable};
+use monoio::net::TcpStream;
+
+use super::parse::{parse_head, query_param, Method, RequestHead};
+use super::response::{write_error, write_json, Extra};
+use super::ApiError;
+use crate::auth::KeyKind;
+use crate::server::worker::{ConnGuard, Worker};
+use crate::ws::conn::{read_loop, write_loop, ConnMeta, ReadLimits, WsConn};
+use crate::ws::protocol::{connected_frame, ClientSession};
+
+/// What routing decided for one request.
+enum Outcome {
+    /// Answered; keep reading requests (unless `close`).
+    Answered { close: bool },
+    /// Need more bytes (the body is incomplete).
+    NeedMore,
+    /// Upgrade to WebSocket with this key entry.
+    Upgrade(Upgrade),
+}
+
+struct Upgrade {
+    project: u32,
+    key_id: Box<str>,
+}
+
+/// Answer 503 and close: the worker is at its connection limit.
+pub async fn refuse_busy(mut stream: TcpStream) {
+    let mut out = Vec::new();
+    write_error(&mut out, ApiError::TooManyConnections, Extra::default());
+    let _ = stream.write_all(out).await;
+}
+
+/// Serve one accepted connection until it closes.
+pub async fn serve(worker: Rc<Worker>, mut stream: TcpStream, guard: ConnGuard) {
+    let cfg = &worker.shared.config;
+    let max_buffer = cfg.max_header_bytes + cfg.max_body_bytes;
+    let mut buf: Vec<u8> = Vec::with_capacity(4096);
+    let mut out: Vec<u8> = Vec::new();
+    let mut request_started: Option<Instant> = None;
+    loop {
+        // Serve every complete request already buffered.
+        let mut consumed = 0;
+        let mut close = false;
+        let mut upgrade = None;
+        while consumed < buf.len() {
+            request_started.get_or_insert_with(Instant::now);
+            let head = match parse_head(&buf[consumed..], cfg.max_header_bytes, cfg.max_headers) {
+                Ok(Some(head)) => head,
+                Ok(None) => break,
+                Err(e) => {
+                    write_error(&mut out, e.into(), Extra::default());
+                    close = true;
+                    break;
+                }
+            };
+            let req = &buf[consumed..];
+            match route(&worker, &head, req, &mut out) {
+                Outcome::NeedMore => break,
+                Outcome::Answered { close: c } => {
+                    consumed += head.head_len + head.content_length.unwrap_or(0).min(req.len() - head.head_len);
+                    request_started = None;
+                    if c || !head.keep_alive() {
+                        close = true;
+                        break;
+                    }
+                }
+                Outcome::Upgrade(u) => {
+                    consumed += head.head_len;
+                    upgrade = Some(u);
+                    break;
+                }
+            }
+        }
+        buf.drain(..consumed);
+        if let Some(u) = upgrade {
+            if !out.is_empty() {
+                let (res, _) = stream.write_all(std::mem::take(&mut out)).await;
+                if res.is_err() {
+                    return;
+                }
+            }
+            return websocket(worker, stream, u, buf, guard).await;
+        }
+        if !out.is_empty() {
+            let (res, mut written) = stream.write_all(std::mem::take(&mut out)).await;
+            if res.is_err() {
+                return;
+            }
+            written.clear();
+            out = written;
+        }
+        if close {
+            return;
+        }
+        if worker.is_stopping() && buf.is_empty() {
+            return;
+        }
+        // Read more, under the header/body timeout or the keep-alive idle timeout.
+        if buf.len() == buf.capacity() {
+            if buf.capacity() >= max_buffer + 1024 {
+                // Cannot happen with the checks above; never grow without bound.
+                return;
+            }
+            buf.reserve(buf.capacity().min(max_buffer));
+        }
+        let timeout = match request_started {
+            Some(t) => cfg.header_read_timeout().saturating_sub(t.elapsed()),
+            None if !buf.is_empty() => cfg.header_read_timeout(),
+            None => cfg.http_idle_timeout(),
+        };
+        let len = buf.len();
+        let read = stream.read(buf.slice_mut(len..));
+        match monoio::time::timeout(timeout, read).await {
+            Ok((Ok(n), b)) => {
+                buf = b.into_inner();
+                if n == 0 {
+                    return;
+                }
+            }
+            Ok((Err(_), _)) => return,
+            Err(_) => {
+                if request_started.is_some() || len > 0 {
+                    let mut out = Vec::new();
+                    write_error(&mut out, ApiError::RequestTimeout, Extra::default());
+                    let _ = stream.write_all(out).await;
+                }
+                return;
+            }
+        }
+    }
+}
+
+fn slice<'a>(req: &'a [u8], r: &Option<Range<usize>>) -> Option<&'a [u8]> {
+    r.as_ref().map(|r| &req[r.clone()])
+}
+
+fn route(worker: &Rc<Worker>, head: &RequestHead, req: &[u8], out: &mut Vec<u8>) -> Outcome {
+    let path = &req[head.path.clone()];
+    match path {
+        b"/api/v1/publish" => {
+            if head.method() != Method::Post {
+                return answer(out, ApiError::MethodNotAllowed);
+            }
+            publish(worker, head, req, out)
+        }
+        b"/health" => {
+            if !matches!(head.method(), Method::Get | Method::Head) {
+                return answer(out, ApiError::MethodNotAllowed);
+            }
+            if head.content_length.unwrap_or(0) > 0 {
+                // A body on GET is unusual; it must still be skipped whole.
+                let need = head.head_len + head.content_length.unwrap_or(0);
+                if head.content_length.unwrap_or(0) > worker.shared.config.max_body_bytes {
+                    return answer(out, ApiError::PayloadTooLarge);
+                }
+                if req.len() < need {
+                    return Outcome::NeedMore;
+                }
+            }
+            health(worker, out);
+            Outcome::Answered { close: false }
+        }
+        b"/api/v1/ws" => upgrade(worker, head, req, out),
+        _ => answer(out, ApiError::NotFound),
+    }
+}
+
+fn answer(out: &mut Vec<u8>, err: ApiError) -> Outcome {
+    write_error(out, err, Extra::default());
+    Outcome::Answered {
+        close: err.closes_connection(),
+    }
+}
+
+fn publish(worker: &Rc<Worker>, head: &RequestHead, req: &[u8], out: &mut Vec<u8>) -> Outcome {
+    let shared = &worker.shared;
+    let max_body = shared.config.max_body_bytes;
+    let length = head.content_length.unwrap_or(0);
+    if length <= max_body && req.len() < head.head_len + length {
+        return Outcome::NeedMore;
+    }
+    if shared.shutting_down.load(Ordering::Relaxed) {
+        return answer(out, ApiError::Unavailable("the service is shutting down"));
+    }
+    let keys = shared.keys.load();
+    let auth = match crate::publish::authorize(
+        &keys,
+        slice(req, &head.api_key),
+        slice(req, &head.content_type),
+        head.content_length,
+        max_body,
+    ) {
+        Ok(auth) => auth,
+        Err(err) => return answer(out, err),
+    };
+    let body = &req[head.head_len..head.head_len + length];
+    let mut parser = worker.parser.borrow_mut();
+    crate::publish::accept(&auth, body, &mut parser, &worker.ids, &**shared, out);
+    Outcome::Answered { close: false }
+}
+
+fn health(worker: &Worker, out: &mut Vec<u8>) {
+    let shared = &worker.shared;
+    let db_ok = shared.db_ok.load(Ordering::Relaxed);
+    let queued = shared.mailboxes.max_len();
+    let queues_ok = queued <= shared.config.mailbox_high_water();
+    let stopping = shared.shutting_down.load(Ordering::Relaxed);
+    let version = version();
+    if db_ok && queues_ok && !stopping {
+        let body = format!("{{\"status\":\"ok\",\"version\":\"{version}\"}}");
+        write_json(out, 200, body.as_bytes(), Extra::default());
+        return;
+    }
+    let queues = if queues_ok {
+        "ok".to_string()
+    } else {
+        format!("a shard queue is over its high-water mark ({queued} queued)")
+    };
+    let mut checks = serde_json::json!({
+        "database": if db_ok { "ok" } else { "the key store does not answer" },
+        "queues": queues,
+        "cluster": "not configured",
+    });
+    if stopping {
+        checks["server"] = "shutting down".into();
+    }
+    let body = serde_json::json!({"status": "degraded", "version": version, "checks": checks});
+    write_json(
+        out,
+        503,
+        body.to_string().as_bytes(),
+        Extra {
+            retry_after_s: Some(1),
+            ..Extra::default()
+        },
+    );
+}
+
+/// `<major>.<minor>` of this build.
+pub fn version() -> String {
+    let mut parts = env!("CARGO_PKG_VERSION").split('.');
+    let major = parts.next().unwrap_or("0");
+    let minor = parts.next().unwrap_or("0");
+    format!("{major}.{minor}")
+}
+
+fn upgrade(worker: &Rc<Worker>, head: &RequestHead, req: &[u8], out: &mut Vec<u8>) -> Outcome {
+    let key = match crate::ws::handshake::validate(head, req) {
+        Ok(k) => k,
+        Err(err) => return answer(out, err),
+    };
+    if worker.is_stopping() {
+        return answer(out, ApiError::Unavailable("the service is shutting down"));
+    }
+    let api_key = slice(req, &head.query)
+        .and_then(|q| query_param(q, b"key"))
+        .and_then(|k| std::str::from_utf8(k).ok());
+    let Some(api_key) = api_key.filter(|k| !k.is_empty()) else {
+        return answer(out, ApiError::Unauthorized("the key query parameter is missing"));
+    };
+    if KeyKind::of_key(api_key) != Some(KeyKind::Public) {
+        return answer(
+            out,
+            ApiError::Unauthorized("WebSocket connections need a public key (pk_...)"),
+        );
+    }
+    let keys = worker.shared.keys.load();
+    let Some(entry) = keys.lookup(api_key).filter(|e| e.kind == KeyKind::Public) else {
+        return answer(out, ApiError::Unauthorized("the API key is unknown or revoked"));
+    };
+    crate::ws::handshake::write_switching(out, key);
+    Outcome::Upgrade(Upgrade {
+        project: entry.project.index,
+        key_id: entry.key_id.as_str().into(),
+    })
+}
+
+/// Run an upgraded connection: writer task spawned, reader in this task.
+async fn websocket(
+    worker: Rc<Worker>,
+    stream: TcpStream,
+    upgrade: Upgrade,
+    leftover: Vec<u8>,
+    _guard: ConnGuard,
+) {
+    use std::os::fd::AsRawFd;
+    let cfg = &worker.shared.config;
+    let fd = stream.as_raw_fd();
+    let conn = Rc::new(WsConn::new(
+        worker.next_conn_id(),
+        ConnMeta {
+            project: upgrade.project,
+            key_id: upgrade.key_id,
+        },
+        fd,
+        cfg.send_backlog_bytes,
+        worker.clock(),
+    ));
+    let connection_id = worker.ids.next_id();
+    conn.send(connected_frame(connection_id.as_str(), cfg.heartbeat_s));
+    let limits = ReadLimits {
+        max_message: cfg.max_frame_bytes,
+    };
+    let (rd, wr) = stream.into_split();
+    worker.register_ws(conn.clone());
+    monoio::spawn(write_loop(wr, conn.clone()));
+    let mut session = ClientSession::new(worker.clone());
+    let clock_worker = worker.clone();
+    let pending = if leftover.is_empty() { Vec::new() } else { leftover };
+    read_loop(rd, conn, &mut session, limits, move || clock_worker.clock(), pending).await;
+}

@@ -1,0 +1,127 @@
+//! Encoding a broadcast once: the complete WebSocket text frame (header + JSON) that
+//! every subscriber on every core receives unchanged.
+//!
+//! Server-to-client frames are unmasked, so the bytes are identical for all
+//! subscribers: the frame is built in one exactly-sized allocation and frozen into a
+//! `Bytes` that the fan-out only reference-counts.
+
+use bytes::Bytes;
+
+use crate::ws::frame::{header_len, write_header, Opcode};
+
+/// JSON string escaping of `s`, appended to `out` with the quotes.
+pub fn write_json_str(out: &mut Vec<u8>, s: &str) {
+    out.push(b'"');
+    let bytes = s.as_bytes();
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let esc: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0..=0x1f | 0x7f => {
+                out.extend_from_slice(&bytes[start..i]);
+                let hex = b"0123456789abcdef";
+                out.extend_from_slice(&[
+                    b'\\',
+                    b'u',
+                    b'0',
+                    b'0',
+                    hex[(b >> 4) as usize],
+                    hex[(b & 0xf) as usize],
+                ]);
+                start = i + 1;
+                continue;
+            }
+            _ => continue,
+        };
+        out.extend_from_slice(&bytes[start..i]);
+        out.extend_from_slice(esc);
+        start = i + 1;
+    }
+    out.extend_from_slice(&bytes[start..]);
+    out.push(b'"');
+}
+
+/// Length of `write_json_str(s)`'s output.
+pub fn json_str_len(s: &str) -> usize {
+    2 + s
+        .bytes()
+        .map(|b| match b {
+            b'"' | b'\\' | b'\n' | b'\r' | b'\t' => 2,
+            0..=0x1f | 0x7f => 6,
+            _ => 1,
+        })
+        .sum::<usize>()
+}
+
+/// The broadcast frame for one accepted publish.
+pub fn message_frame(channel: &str, event: &str, data: &[u8], id: &str) -> Bytes {
+    const A: &[u8] = b"{\"type\":\"message\",\"channel\":";
+    const B: &[u8] = b",\"event\":";
+    const C: &[u8] = b",\"data\":";
+    const D: &[u8] = b",\"id\":\"";
+    const E: &[u8] = b"\"}";
+    let payload_len = A.len()
+        + json_str_len(channel)
+        + B.len()
+        + json_str_len(event)
+        + C.len()
+        + data.len()
+        + D.len()
+        + id.len()
+        + E.len();
+    let mut out = Vec::with_capacity(header_len(payload_len) + payload_len);
+    write_header(&mut out, Opcode::Text, payload_len);
+    out.extend_from_slice(A);
+    write_json_str(&mut out, channel);
+    out.extend_from_slice(B);
+    write_json_str(&mut out, event);
+    out.extend_from_slice(C);
+    out.extend_from_slice(data);
+    out.extend_from_slice(D);
+    out.extend_from_slice(id.as_bytes());
+    out.extend_from_slice(E);
+    debug_assert_eq!(out.len(), out.capacity());
+    Bytes::from(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_is_a_text_frame_with_exact_json() {
+        let f = message_frame("news \"x\"", "e", br#"{"a":1}"#, "abc");
+        assert_eq!(f[0], 0x81);
+        let len = f[1] as usize;
+        assert_eq!(len, f.len() - 2);
+        let v: serde_json::Value = serde_json::from_slice(&f[2..]).unwrap();
+        assert_eq!(v["type"], "message");
+        assert_eq!(v["channel"], "news \"x\"");
+        assert_eq!(v["data"]["a"], 1);
+        assert_eq!(v["id"], "abc");
+    }
+
+    #[test]
+    fn large_frames_use_extended_lengths() {
+        let data = format!("\"{}\"", "x".repeat(70_000));
+        let f = message_frame("c", "e", data.as_bytes(), "id");
+        assert_eq!(f[1], 127);
+        let v: serde_json::Value = serde_json::from_slice(&f[10..]).unwrap();
+        assert_eq!(v["data"].as_str().unwrap().len(), 70_000);
+    }
+
+    #[test]
+    fn escaping_round_trips() {
+        for s in ["plain", "q\"uote", "back\\slash", "tab\tnl\n", "ctl\u{1}", "é漢"] {
+            let mut out = Vec::new();
+            write_json_str(&mut out, s);
+            assert_eq!(out.len(), json_str_len(s));
+            let back: String = serde_json::from_slice(&out).unwrap();
+            assert_eq!(back, s);
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! Start-up, the worker threads, and graceful shutdown.
+//!
+//! Order at start: configuration → key store → key snapshot → mailboxes → listeners
+//! (worker 0 binds first so that port 0 resolves to one port that every other worker
+//! then shares through SO_REUSEPORT) → the key watcher → one pinned worker thread per
+//! core. If io_uring cannot be used, every worker runs monoio's epoll driver instead and
+//! this is logged once.
+//!
+//! Shutdown (SIGTERM/SIGINT): publishes get 503 at once, every worker receives a
+//! Shutdown envelope behind the broadcasts already queued (so those are delivered),
+//! stops accepting, closes its WebSockets with 1001, and the process exits 0 within
+//! `shutdown_grace_ms` plus one second.
+
+pub mod worker;
+
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+use crate::auth::KeyCache;
+use crate::cli::{Cli, ServeArgs};
+use crate::config::Config;
+use crate::shard::mailbox::{Envelope, Mailboxes};
+
+use worker::Shared;
+
+/// Errors that stop the server from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot start worker thread: {0}")]
+    Thread(std::io::Error),
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Bind one SO_REUSEPORT listener.
+pub fn bind_listener(addr: SocketAddr) -> Result<TcpListener, ServeError> {
+    let make = || -> std::io::Result<TcpListener> {
+        let socket = socket2::Socket::new(
+            socket2::Domain::for_address(addr),
+            socket2::Type::STREAM,
+            Some(socket2::Protocol::TCP),
+        )?;
+        socket.set_reuse_address(true)?;
+        socket.set_reuse_port(true)?;
+        socket.bind(&addr.into())?;
+        socket.listen(4096)?;
+        Ok(socket.into())
+    };
+    make().map_err(|source| ServeError::Bind { addr, source })
+}
+
+/// `ringcast serve`.
+pub fn run_cli(cli: &Cli, args: &ServeArgs) -> anyhow::Result<()> {
+    init_tracing();
+    let config = Config::load(args, &cli.data_dir, cli.redis.as_deref())?;
+    if config.tls_cert.is_some() {
+        anyhow::bail!("TLS is not available in this build yet");
+    }
+    let mut store = crate::store::open_store(&config.data_dir, config.redis.as_deref())
+        .with_context(|| format!("cannot open the key store in {}", config.data_dir.display()))?;
+    if args.dev {
+        if let Some((project, secret, public)) = crate::admin::dev_bootstrap(&mut *store)? {
+            let line = serde_json::json!({
+                "dev_project": {"id": project.id, "name": project.name, "rate_limit": project.rate_limit.to_string()},
+                "secret_key": secret,
+                "public_key": public,
+            });
+            println!("{line}");
+        }
+    }
+    let keys = KeyCache::new();
+    keys.rebuild(store.load_all()?);
+    run(config, store, keys)
+}
+
+/// Run the server with an opened store until a signal stops it.
+pub fn run(
+    config: Config,
+    store: Box<dyn crate::store::Store>,
+    keys: Arc<KeyCache>,
+) -> anyhow::Result<()> {
+    let workers = config.workers.max(1);
+    let mailboxes = Mailboxes::new(workers, config.mailbox_capacity);
+    let db_ok = Arc::new(AtomicBool::new(true));
+    let listen = config.listen;
+
+    let first = bind_listener(listen)?;
+    let addr = first.local_addr()?;
+    let mut listeners = vec![first];
+    for _ in 1..workers {
+        listeners.push(bind_listener(addr)?);
+    }
+
+    let shared = Arc::new(Shared {
+        config,
+        keys: keys.clone(),
+        mailboxes: mailboxes.clone(),
+        shutting_down: AtomicBool::new(false),
+        db_ok: db_ok.clone(),
+    });
+
+    let stop_watcher = Arc::new(AtomicBool::new(false));
+    let notify = mailboxes.clone();
+    let watcher = crate::auth::spawn_watcher(
+        store,
+        keys,
+        Duration::from_millis(shared.config.key_refresh_ms),
+        Box::new(move || notify.control(|| Envelope::KeysChanged)),
+        db_ok,
+        stop_watcher.clone(),
+    )?;
+
+    let force_epoll = std::env::var_os("RINGCAST_FORCE_EPOLL").is_some_and(|v| v == "1");
+    let uring = !force_epoll && worker::uring_available();
+    if !uring {
+        tracing::warn!("io_uring is not available; running on the epoll driver");
+    }
+    let cores = core_affinity::get_core_ids().unwrap_or_default();
+    let mut threads = Vec::with_capacity(workers);
+    for (index, listener) in listeners.into_iter().enumerate() {
+        let shared = shared.clone();
+        let Some(mailbox) = mailboxes.get(index) else {
+            continue;
+        };
+        let core = (!cores.is_empty()).then(|| cores[index % cores.len()]);
+        let handle = std::thread::Builder::new()
+            .name(format!("ringcast-w{index}"))
+            .spawn(move || {
+                if let Err(e) = worker::run(index, shared, listener, mailbox, core, uring) {
+                    tracing::error!(worker = index, error = %e, "worker stopped");
+                }
+            })
+            .map_err(ServeError::Thread)?;
+        threads.push(handle);
+    }
+
+    // The one line tests and scripts wait for.
+    let mut stdout = std::io::stdout();
+    let _ = writeln!(
+        stdout,
+        "ringcast listening on http://{addr} ({workers} workers, {})",
+        if uring { "io_uring" } else { "epoll" }
+    );
+    let _ = stdout.flush();
+
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ])?;
+    'wait: loop {
+        if signals.pending().next().is_some() {
+            break 'wait;
+        }
+        if threads.iter().any(|t| t.is_finished()) {
+            tracing::error!("a worker exited; shutting down");
+            break 'wait;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    tracing::info!("shutting down");
+    shared.shutting_down.store(true, Ordering::SeqCst);
+    mailboxes.control(|| Envelope::Shutdown);
+    let deadline =
+        Instant::now() + Duration::from_millis(shared.config.shutdown_grace_ms + 500);
+    while Instant::now() < deadline && !threads.iter().all(|t| t.is_finished()) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    stop_watcher.store(true, Ordering::SeqCst);
+    for t in threads {
+        if t.is_finished() {
+            let _ = t.join();
+        }
+    }
+    let _ = watcher;
+    Ok(())
+}

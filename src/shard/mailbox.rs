@@ -1,0 +1,224 @@
+//! The only cross-core path: each worker's bounded mailbox and its doorbell.
+//!
+//! A publish pushes one `Arc<Broadcast>` into every worker's mailbox. Capacity is
+//! reserved on all mailboxes before anything is pushed, so a broadcast is either queued
+//! for every worker or for none (the publish then answers 503): never half-delivered.
+//! The doorbell is rung only when the worker is asleep (Dekker-style: each side writes
+//! its flag, fences, then reads the other's), so a busy worker takes no wake-up cost.
+//! Control envelopes (key changes, shutdown) bypass the capacity: they are rare and must
+//! never be refused. Cost: a broadcast is N channel sends and at most N wake-ups, N =
+//! workers; the mailboxes are made once at start and kept.
+
+use std::future::poll_fn;
+use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::Poll;
+
+use atomic_waker::AtomicWaker;
+use bytes::Bytes;
+use crossbeam_channel::{Receiver, Sender};
+
+/// One accepted publish, encoded once.
+#[derive(Debug)]
+pub struct Broadcast {
+    /// Dense project index: channels are namespaced by project.
+    pub project: u32,
+    pub channel: Box<str>,
+    /// The complete WebSocket frame every subscriber receives.
+    pub frame: Bytes,
+}
+
+#[derive(Debug)]
+pub enum Envelope {
+    Broadcast(Arc<Broadcast>),
+    /// The key snapshot changed: close connections whose key was revoked.
+    KeysChanged,
+    /// Stop accepting, deliver what is queued, close WebSockets with 1001.
+    Shutdown,
+}
+
+/// One worker's mailbox.
+pub struct Mailbox {
+    tx: Sender<Envelope>,
+    rx: Receiver<Envelope>,
+    capacity: usize,
+    reserved: AtomicUsize,
+    waker: AtomicWaker,
+    asleep: AtomicBool,
+}
+
+impl Mailbox {
+    pub fn new(capacity: usize) -> Mailbox {
+        // Unbounded underneath: the bound is the `reserved` counter, which lets a
+        // broadcast reserve room on every mailbox before pushing to any.
+        let (tx, rx) = crossbeam_channel::unbounded();
+        Mailbox {
+            tx,
+            rx,
+            capacity,
+            reserved: AtomicUsize::new(0),
+            waker: AtomicWaker::new(),
+            asleep: AtomicBool::new(false),
+        }
+    }
+
+    /// Broadcasts queued and not yet taken.
+    pub fn len(&self) -> usize {
+        self.reserved.load(Ordering::Relaxed)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn try_reserve(&self) -> bool {
+        let prev = self.reserved.fetch_add(1, Ordering::AcqRel);
+        if prev >= self.capacity {
+            self.reserved.fetch_sub(1, Ordering::AcqRel);
+            return false;
+        }
+        true
+    }
+
+    fn push(&self, envelope: Envelope) {
+        // The receiver lives as long as the mailbox, so send cannot fail.
+        let _ = self.tx.send(envelope);
+        fence(Ordering::SeqCst);
+        if self.asleep.swap(false, Ordering::AcqRel) {
+            self.waker.wake();
+        }
+    }
+
+    /// Take one envelope without waiting.
+    pub fn try_recv(&self) -> Option<Envelope> {
+        let envelope = self.rx.try_recv().ok()?;
+        if matches!(envelope, Envelope::Broadcast(_)) {
+            self.reserved.fetch_sub(1, Ordering::AcqRel);
+        }
+        Some(envelope)
+    }
+
+    /// Wait until the mailbox has something. Only the owning worker calls this.
+    pub async fn ready(&self) {
+        poll_fn(|cx| {
+            if !self.rx.is_empty() {
+                return Poll::Ready(());
+            }
+            self.waker.register(cx.waker());
+            self.asleep.store(true, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            if !self.rx.is_empty() {
+                self.asleep.store(false, Ordering::SeqCst);
+                return Poll::Ready(());
+            }
+            Poll::Pending
+        })
+        .await
+    }
+}
+
+/// Every worker's mailbox, indexed by worker.
+#[derive(Clone)]
+pub struct Mailboxes {
+    boxes: Arc<Vec<Arc<Mailbox>>>,
+}
+
+impl Mailboxes {
+    pub fn new(workers: usize, capacity: usize) -> Mailboxes {
+        Mailboxes {
+            boxes: Arc::new((0..workers).map(|_| Arc::new(Mailbox::new(capacity))).collect()),
+        }
+    }
+
+    pub fn get(&self, worker: usize) -> Option<Arc<Mailbox>> {
+        self.boxes.get(worker).cloned()
+    }
+
+    /// Queue a broadcast on every worker, or on none. `false` when any mailbox is full.
+    pub fn broadcast(&self, msg: Arc<Broadcast>) -> bool {
+        for (i, mb) in self.boxes.iter().enumerate() {
+            if !mb.try_reserve() {
+                for undo in &self.boxes[..i] {
+                    undo.reserved.fetch_sub(1, Ordering::AcqRel);
+                }
+                return false;
+            }
+        }
+        for mb in self.boxes.iter() {
+            mb.push(Envelope::Broadcast(msg.clone()));
+        }
+        true
+    }
+
+    /// Send a control envelope to every worker (never refused).
+    pub fn control(&self, make: impl Fn() -> Envelope) {
+        for mb in self.boxes.iter() {
+            mb.push(make());
+        }
+    }
+
+    /// The fullest mailbox's length.
+    pub fn max_len(&self) -> usize {
+        self.boxes.iter().map(|m| m.len()).max().unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg() -> Arc<Broadcast> {
+        Arc::new(Broadcast {
+            project: 0,
+            channel: "c".into(),
+            frame: Bytes::from_static(b"x"),
+        })
+    }
+
+    #[test]
+    fn all_or_nothing_when_full() {
+        let boxes = Mailboxes::new(2, 2);
+        assert!(boxes.broadcast(msg()));
+        // Fill worker 1 only.
+        assert!(boxes.boxes[1].try_reserve());
+        assert!(!boxes.broadcast(msg()), "worker 1 is full");
+        assert_eq!(boxes.boxes[0].len(), 1, "worker 0 must not keep a half broadcast");
+        assert!(boxes.boxes[0].try_recv().is_some());
+        assert!(boxes.boxes[0].try_recv().is_none());
+    }
+
+    #[test]
+    fn control_ignores_capacity() {
+        let boxes = Mailboxes::new(1, 1);
+        assert!(boxes.broadcast(msg()));
+        boxes.control(|| Envelope::Shutdown);
+        let mb = boxes.get(0).unwrap();
+        assert!(matches!(mb.try_recv(), Some(Envelope::Broadcast(_))));
+        assert!(matches!(mb.try_recv(), Some(Envelope::Shutdown)));
+        assert_eq!(mb.len(), 0);
+    }
+
+    #[test]
+    fn cross_thread_push_and_drain() {
+        let boxes = Mailboxes::new(1, 1 << 16);
+        let mb = boxes.get(0).unwrap();
+        let producer = {
+            let boxes = boxes.clone();
+            std::thread::spawn(move || {
+                for _ in 0..10_000 {
+                    while !boxes.broadcast(msg()) {
+                        std::thread::yield_now();
+                    }
+                }
+            })
+        };
+        let mut got = 0;
+        while got < 10_000 {
+            if mb.try_recv().is_some() {
+                got += 1;
+            }
+        }
+        producer.join().unwrap();
+        assert!(mb.is_empty());
+    }
+}

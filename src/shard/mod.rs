@@ -1,0 +1,60 @@
+//! A worker's share of the fan-out: its mailbox ([`mailbox`], the only cross-core
+//! path), its subscription table ([`registry`]) and the drain loop that connects them.
+//!
+//! Invariants: a broadcast is looked up once per worker and its one `Bytes` frame is
+//! handed to each local subscriber by reference count; nothing is allocated or copied
+//! per subscriber, and a full or slow subscriber never delays the others (its own
+//! bounded queue decides, see `ws::conn`).
+
+pub mod mailbox;
+pub mod registry;
+
+use std::rc::Rc;
+use std::sync::Arc;
+
+use crate::server::worker::Worker;
+use crate::ws::conn::CLOSE_REVOKED;
+
+use mailbox::{Broadcast, Envelope, Mailbox};
+
+/// Deliver one broadcast to this worker's subscribers of its channel.
+pub fn fan_out(worker: &Worker, msg: &Broadcast) -> usize {
+    let registry = worker.registry.borrow();
+    let Some(subs) = registry.subscribers(msg.project, &msg.channel) else {
+        return 0;
+    };
+    let mut delivered = 0;
+    for conn in subs.values() {
+        if conn.send(msg.frame.clone()) {
+            delivered += 1;
+        }
+    }
+    delivered
+}
+
+/// Close every local connection whose key is no longer active.
+pub fn enforce_revocations(worker: &Worker) {
+    let snapshot = worker.shared.keys.load();
+    let conns: Vec<_> = worker.conns.borrow().values().cloned().collect();
+    for conn in conns {
+        if conn.is_open() && !snapshot.is_active(&conn.meta.key_id) {
+            conn.close(CLOSE_REVOKED, "key revoked");
+        }
+    }
+}
+
+/// The drain loop: wake on the doorbell, drain the whole mailbox, repeat.
+pub async fn run_mailbox(worker: Rc<Worker>, mailbox: Arc<Mailbox>) {
+    loop {
+        mailbox.ready().await;
+        while let Some(envelope) = mailbox.try_recv() {
+            match envelope {
+                Envelope::Broadcast(msg) => {
+                    fan_out(&worker, &msg);
+                }
+                Envelope::KeysChanged => enforce_revocations(&worker),
+                Envelope::Shutdown => worker.begin_shutdown(),
+            }
+        }
+    }
+}

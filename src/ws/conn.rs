@@ -1,0 +1,474 @@
+//! One WebSocket connection: the shared state ([`WsConn`]), its reader task
+//! ([`read_loop`]) and its writer task ([`write_loop`]).
+//!
+//! Invariants:
+//! - The writer owns the write half and is the only task that writes to the socket. It
+//!   drains a bounded local queue of shared `Bytes` frames; frames waiting together leave
+//!   in one `writev` (coalescing), never one syscall each.
+//! - The queue is bounded in bytes (`send_backlog_bytes`): a push past the bound drops
+//!   the backlog, queues a 4008 close frame and never slows the caller (the fan-out).
+//! - The reader owns the read half. An io_uring read is never raced in a `select!`
+//!   (that could lose data); to stop a reader, [`WsConn::abort`] shuts the socket down,
+//!   which completes the pending read with EOF.
+//! - An idle connection holds no queue allocation and one small read buffer.
+//! - Every server-initiated close is bounded in time: after `CLOSE_GRACE` the socket is
+//!   shut down whether or not the peer answered.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::future::poll_fn;
+use std::os::fd::RawFd;
+use std::rc::Rc;
+use std::task::{Poll, Waker};
+use std::time::Duration;
+
+use bytes::Bytes;
+use monoio::buf::IoVecBuf;
+use monoio::io::{AsyncReadRent, AsyncWriteRent, OwnedReadHalf, OwnedWriteHalf};
+use monoio::net::TcpStream;
+
+use super::frame::{self, decode_frame, CloseReason, Opcode};
+use super::message::{Assembler, Incoming};
+
+/// How long a closing connection may take to finish its close handshake.
+pub const CLOSE_GRACE: Duration = Duration::from_secs(2);
+/// Read size while idle: client-to-server traffic is small control JSON, and the
+/// buffer stays parked in the pending read of every idle connection.
+const IDLE_READ: usize = 512;
+/// Read size while a larger frame is being assembled.
+const BULK_READ: usize = 8192;
+/// Most frames handed to one `writev`.
+const MAX_BATCH: usize = 64;
+
+/// Close code: the connection's key was revoked.
+pub const CLOSE_REVOKED: u16 = 4001;
+/// Close code: the send backlog exceeded its bound.
+pub const CLOSE_SLOW: u16 = 4008;
+/// Close code: the client stayed silent past the heartbeat timeout.
+pub const CLOSE_HEARTBEAT: u16 = 4009;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Open,
+    /// A close frame is queued; nothing else will be.
+    Closing,
+    /// The writer finished or the socket was shut down.
+    Done,
+}
+
+/// Identity of the connection for the protocol layer.
+#[derive(Debug, Clone)]
+pub struct ConnMeta {
+    /// Dense project index (namespaces channels).
+    pub project: u32,
+    /// Id of the key the connection authenticated with (for revocation).
+    pub key_id: Box<str>,
+}
+
+/// State shared by a connection's reader, writer and the worker's fan-out.
+pub struct WsConn {
+    pub id: u64,
+    pub meta: ConnMeta,
+    fd: RawFd,
+    fd_open: Cell<bool>,
+    backlog_limit: usize,
+    queue: RefCell<VecDeque<Bytes>>,
+    queued_bytes: Cell<usize>,
+    state: Cell<State>,
+    close_code: Cell<u16>,
+    writer: Cell<Option<Waker>>,
+    waiter: Cell<Option<Waker>>,
+    /// Worker-clock second of the last frame from the client.
+    last_seen: Cell<u32>,
+}
+
+impl WsConn {
+    pub fn new(id: u64, meta: ConnMeta, fd: RawFd, backlog_limit: usize, now_s: u32) -> WsConn {
+        WsConn {
+            id,
+            meta,
+            fd,
+            fd_open: Cell::new(true),
+            backlog_limit,
+            queue: RefCell::new(VecDeque::new()),
+            queued_bytes: Cell::new(0),
+            state: Cell::new(State::Open),
+            close_code: Cell::new(0),
+            writer: Cell::new(None),
+            waiter: Cell::new(None),
+            last_seen: Cell::new(now_s),
+        }
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.state.get() == State::Open
+    }
+
+    /// The close code the server sent, if it initiated or answered a close.
+    pub fn close_code(&self) -> Option<u16> {
+        (self.close_code.get() != 0).then(|| self.close_code.get())
+    }
+
+    pub fn last_seen(&self) -> u32 {
+        self.last_seen.get()
+    }
+
+    pub fn touch(&self, now_s: u32) {
+        self.last_seen.set(now_s);
+    }
+
+    /// Bytes queued and not yet handed to the kernel.
+    pub fn queued_bytes(&self) -> usize {
+        self.queued_bytes.get()
+    }
+
+    /// Queue a frame. Returns `false` when the connection is closing or was just
+    /// closed for exceeding its backlog. Never blocks, never copies the frame.
+    pub fn send(self: &Rc<Self>, frame: Bytes) -> bool {
+        if self.state.get() != State::Open {
+            return false;
+        }
+        let total = self.queued_bytes.get() + frame.len();
+        if total > self.backlog_limit {
+            self.close(CLOSE_SLOW, "slow consumer: send backlog exceeded");
+            return false;
+        }
+        let mut q = self.queue.borrow_mut();
+        let was_empty = q.is_empty();
+        q.push_back(frame);
+        self.queued_bytes.set(total);
+        drop(q);
+        if was_empty {
+            self.wake_writer();
+        }
+        true
+    }
+
+    /// Start a server-side close with `code`. The backlog is dropped for a slow
+    /// consumer (it is what made it slow); otherwise queued frames go out first.
+    pub fn close(self: &Rc<Self>, code: u16, reason: &str) {
+        if self.state.get() != State::Open {
+            return;
+        }
+        let mut q = self.queue.borrow_mut();
+        if code == CLOSE_SLOW {
+            q.clear();
+            // Release the queue's memory at once: a slow consumer's backlog may be large.
+            q.shrink_to_fit();
+            self.queued_bytes.set(0);
+        }
+        q.push_back(frame::close_frame(code, reason));
+        drop(q);
+        self.close_code.set(code);
+        self.state.set(State::Closing);
+        self.wake_writer();
+        let conn = self.clone();
+        monoio::spawn(async move {
+            monoio::time::sleep(CLOSE_GRACE).await;
+            conn.abort();
+        });
+    }
+
+    /// Shut the socket down now: pending reads see EOF, pending writes fail.
+    pub fn abort(&self) {
+        if self.fd_open.get() {
+            // SAFETY: `fd_open` is true only while the reader still owns its half of
+            // the stream, so the descriptor is open and still ours.
+            unsafe {
+                libc::shutdown(self.fd, libc::SHUT_RDWR);
+            }
+        }
+        self.finish();
+    }
+
+    fn finish(&self) {
+        self.state.set(State::Done);
+        self.wake_writer();
+        if let Some(w) = self.waiter.take() {
+            w.wake();
+        }
+    }
+
+    fn wake_writer(&self) {
+        if let Some(w) = self.writer.take() {
+            w.wake();
+        }
+    }
+
+    /// Move queued frames into `batch`. `None` when the writer should stop; otherwise
+    /// whether the batch ends with the close frame.
+    async fn next_batch(&self, batch: &mut IoBatch) -> Option<bool> {
+        poll_fn(|cx| {
+            let mut q = self.queue.borrow_mut();
+            if q.is_empty() {
+                if self.state.get() != State::Open {
+                    return Poll::Ready(None);
+                }
+                self.writer.set(Some(cx.waker().clone()));
+                return Poll::Pending;
+            }
+            let mut taken = 0usize;
+            while batch.bufs.len() < MAX_BATCH {
+                let Some(f) = q.pop_front() else { break };
+                taken += f.len();
+                batch.bufs.push(f);
+            }
+            self.queued_bytes.set(self.queued_bytes.get().saturating_sub(taken));
+            Poll::Ready(Some(q.is_empty() && self.state.get() == State::Closing))
+        })
+        .await
+    }
+
+    /// Wait until the writer is done (close frame flushed, or socket dead).
+    pub async fn wait_done(&self) {
+        poll_fn(|cx| {
+            if self.state.get() == State::Done {
+                Poll::Ready(())
+            } else {
+                self.waiter.set(Some(cx.waker().clone()));
+                Poll::Pending
+            }
+        })
+        .await
+    }
+}
+
+/// Frames handed to one `writev`, with their iovecs.
+#[derive(Default)]
+struct IoBatch {
+    bufs: Vec<Bytes>,
+    iov: Vec<libc::iovec>,
+}
+
+impl IoBatch {
+    fn rebuild(&mut self) {
+        self.iov.clear();
+        self.iov.extend(self.bufs.iter().map(|b| libc::iovec {
+            iov_base: b.as_ptr() as *mut libc::c_void,
+            iov_len: b.len(),
+        }));
+    }
+
+    /// Drop `n` written bytes from the front.
+    fn advance(&mut self, mut n: usize) {
+        let mut done = 0;
+        for b in self.bufs.iter_mut() {
+            if n >= b.len() {
+                n -= b.len();
+                done += 1;
+            } else {
+                *b = b.slice(n..);
+                break;
+            }
+        }
+        self.bufs.drain(..done);
+    }
+}
+
+// SAFETY: the iovecs point into the `Bytes` held in `bufs`, which are neither moved nor
+// mutated while the runtime owns the batch (the struct is only touched again after the
+// operation returns it), so every pointer stays valid for the operation's lifetime.
+unsafe impl IoVecBuf for IoBatch {
+    fn read_iovec_ptr(&self) -> *const libc::iovec {
+        self.iov.as_ptr()
+    }
+
+    fn read_iovec_len(&self) -> usize {
+        self.iov.len()
+    }
+}
+
+/// The writer task: drain the queue into the socket until closed.
+pub async fn write_loop(mut wr: OwnedWriteHalf<TcpStream>, conn: Rc<WsConn>) {
+    let mut batch = IoBatch::default();
+    loop {
+        let Some(ends_with_close) = conn.next_batch(&mut batch).await else {
+            break;
+        };
+        while !batch.bufs.is_empty() {
+            batch.rebuild();
+            let (res, b) = wr.writev(batch).await;
+            batch = b;
+            match res {
+                Ok(n) if n > 0 => batch.advance(n),
+                _ => {
+                    batch.bufs.clear();
+                    conn.abort();
+                    return;
+                }
+            }
+        }
+        if batch.bufs.capacity() > 8 {
+            // A burst grew the batch; an idle connection should not keep it.
+            batch = IoBatch::default();
+        }
+        if ends_with_close {
+            let _ = wr.shutdown().await;
+            break;
+        }
+    }
+    conn.finish();
+}
+
+/// What the protocol layer does with complete messages.
+pub trait Session {
+    /// A complete data message: text (valid UTF-8) or binary.
+    fn on_message(
+        &mut self,
+        conn: &Rc<WsConn>,
+        opcode: Opcode,
+        payload: &mut [u8],
+    ) -> Result<(), CloseReason>;
+
+    /// The connection is over (called once, after the socket is shut down).
+    fn on_end(&mut self, conn: &Rc<WsConn>);
+}
+
+/// Reader-side knobs.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadLimits {
+    /// Largest message (one frame or a reassembled fragmented message), bytes.
+    pub max_message: usize,
+}
+
+/// The reader task: decode frames, run the session, answer pings and closes. Returns
+/// when the connection is over; the socket is shut down by then.
+pub async fn read_loop<S: Session>(
+    mut rd: OwnedReadHalf<TcpStream>,
+    conn: Rc<WsConn>,
+    session: &mut S,
+    limits: ReadLimits,
+    clock: impl Fn() -> u32,
+    mut pending: Vec<u8>,
+) {
+    let mut asm = Assembler::default();
+    let mut idle_buf: Vec<u8> = Vec::with_capacity(IDLE_READ);
+    // Bytes that arrived with the upgrade request are processed first.
+    let mut peer_closed = !process(&conn, session, &mut asm, &mut pending, limits);
+    while !peer_closed && conn.state.get() != State::Done {
+        let buf = if pending.is_empty() {
+            std::mem::take(&mut idle_buf)
+        } else {
+            Vec::with_capacity(BULK_READ)
+        };
+        let (res, mut buf) = rd.read(buf).await;
+        match res {
+            Ok(n) if n > 0 => {}
+            _ => break,
+        }
+        conn.touch(clock());
+        if conn.state.get() != State::Open {
+            // Closing: only the peer's close frame matters now.
+            peer_closed = contains_close(&mut buf, limits);
+            if buf.capacity() == IDLE_READ {
+                idle_buf = buf;
+            }
+            continue;
+        }
+        if pending.is_empty() {
+            peer_closed = !process(&conn, session, &mut asm, &mut buf, limits);
+            pending.extend_from_slice(&buf);
+            buf.clear();
+            if buf.capacity() == IDLE_READ {
+                idle_buf = buf;
+            }
+        } else {
+            pending.extend_from_slice(&buf);
+            peer_closed = !process(&conn, session, &mut asm, &mut pending, limits);
+        }
+        if idle_buf.capacity() == 0 {
+            idle_buf = Vec::with_capacity(IDLE_READ);
+        }
+        if pending.is_empty() && pending.capacity() > 0 {
+            pending = Vec::new();
+        }
+    }
+    // Let the close reply (ours or the echo of the peer's) leave before shutting down.
+    if conn.state.get() == State::Closing {
+        let _ = monoio::time::timeout(CLOSE_GRACE, conn.wait_done()).await;
+    }
+    conn.abort();
+    conn.fd_open.set(false);
+    session.on_end(&conn);
+    drop(rd);
+}
+
+/// Decode and handle every complete frame in `buf`, leaving the incomplete tail in it.
+/// Returns `false` when the reader should stop reading (peer closed or protocol error).
+fn process<S: Session>(
+    conn: &Rc<WsConn>,
+    session: &mut S,
+    asm: &mut Assembler,
+    buf: &mut Vec<u8>,
+    limits: ReadLimits,
+) -> bool {
+    let mut off = 0;
+    let mut keep_reading = true;
+    while off < buf.len() {
+        let view = match decode_frame(&mut buf[off..], limits.max_message) {
+            Ok(Some(v)) => v,
+            Ok(None) => break,
+            Err(reason) => {
+                conn.close(reason.code, reason.reason);
+                keep_reading = false;
+                off = buf.len();
+                break;
+            }
+        };
+        let start = off;
+        off += view.consumed;
+        let payload = &mut buf[start + view.payload.start..start + view.payload.end];
+        let incoming = match asm.push(view.opcode, view.fin, payload, limits.max_message) {
+            Ok(i) => i,
+            Err(reason) => {
+                conn.close(reason.code, reason.reason);
+                keep_reading = false;
+                off = buf.len();
+                break;
+            }
+        };
+        let outcome = match incoming {
+            Incoming::None => Ok(()),
+            Incoming::Ping(data) => {
+                conn.send(frame::frame(Opcode::Pong, data));
+                Ok(())
+            }
+            Incoming::Pong => Ok(()),
+            Incoming::Close(code) => {
+                conn.close(code, "");
+                keep_reading = false;
+                off = buf.len();
+                break;
+            }
+            Incoming::Message(op, data) => {
+                if conn.is_open() {
+                    session.on_message(conn, op, data)
+                } else {
+                    Ok(())
+                }
+            }
+        };
+        if let Err(reason) = outcome {
+            conn.close(reason.code, reason.reason);
+            keep_reading = false;
+            off = buf.len();
+            break;
+        }
+    }
+    buf.drain(..off);
+    keep_reading
+}
+
+/// While closing: whether `buf` holds the peer's close frame (anything else is dropped).
+fn contains_close(buf: &mut [u8], limits: ReadLimits) -> bool {
+    let mut off = 0;
+    while off < buf.len() {
+        match decode_frame(&mut buf[off..], limits.max_message) {
+            Ok(Some(v)) if v.opcode == Opcode::Close => return true,
+            Ok(Some(v)) => off += v.consumed,
+            Ok(None) => return false,
+            Err(_) => return true,
+        }
+    }
+    false
+}
