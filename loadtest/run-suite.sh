@@ -1,0 +1,224 @@
+#!/usr/bin/env bash
+# run-suite.sh: the standard load-test suite of issue 4, ringcast and nginx+Nchan side
+# by side, or (--smoke) one short fan-out against ringcast that fails unless every
+# expected message arrived exactly once.
+#
+# Usage:
+#   loadtest/run-suite.sh                 # full suite, 3 repetitions, both targets
+#   loadtest/run-suite.sh --reps 1        # one repetition
+#   loadtest/run-suite.sh --only ringcast # or --only nchan
+#   loadtest/run-suite.sh --smoke         # CI: 5 s fanout against ringcast, exit 1 unless ratio 1.0
+#
+# Results: one JSON line per run in loadtest/results/<UTC timestamp>.jsonl (not committed).
+# Invariants: servers listen on loopback only and are stopped on exit (trap); every
+# wait is bounded; the machine's 20,000-fd limit per process caps idle at 19,000.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+
+SMOKE=0
+REPS=3
+TARGETS="ringcast nchan"
+RC_PORT="${RC_PORT:-18080}"
+NCHAN_PORT="${NCHAN_PORT:-18090}"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --smoke) SMOKE=1 ;;
+    --reps) REPS="$2"; shift ;;
+    --only) TARGETS="$2"; shift ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) echo "run-suite.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+
+echo "== building release binaries" >&2
+cargo build --release -p ringcast -p loadtest >&2
+LT="$ROOT/target/release/loadtest"
+RC="$ROOT/target/release/ringcast"
+
+TMP="$(mktemp -d /tmp/ringcast-suite.XXXXXX)"
+RC_PID=""
+NGINX_MASTER=""
+
+stop_ringcast() {
+  if [ -n "$RC_PID" ] && kill -0 "$RC_PID" 2>/dev/null; then
+    kill -TERM "$RC_PID" 2>/dev/null || true
+    for _ in $(seq 1 100); do kill -0 "$RC_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$RC_PID" 2>/dev/null || true
+  fi
+  RC_PID=""
+}
+
+stop_nchan() {
+  if [ -n "$NGINX_MASTER" ] && kill -0 "$NGINX_MASTER" 2>/dev/null; then
+    kill -QUIT "$NGINX_MASTER" 2>/dev/null || true
+    for _ in $(seq 1 100); do kill -0 "$NGINX_MASTER" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$NGINX_MASTER" 2>/dev/null || true
+  fi
+  NGINX_MASTER=""
+}
+
+cleanup() {
+  stop_ringcast
+  stop_nchan
+  rm -rf "$TMP"
+}
+trap cleanup EXIT INT TERM
+
+wait_http() { # URL: bounded wait (10 s) for an HTTP answer
+  for _ in $(seq 1 100); do
+    if curl -s -o /dev/null --max-time 1 "$1"; then return 0; fi
+    sleep 0.1
+  done
+  echo "run-suite.sh: $1 did not answer within 10 s" >&2
+  return 1
+}
+
+# ringcast: a fresh data directory with a bench project whose quota never binds.
+setup_ringcast_keys() {
+  mkdir -p "$TMP/rc"
+  "$RC" --data-dir "$TMP/rc" project create bench --rate-limit 10000000/s >"$TMP/keys.json"
+  SK="$(sed -n 's/.*"secret_key":"\(sk_[^"]*\)".*/\1/p' "$TMP/keys.json")"
+  PK="$(sed -n 's/.*"public_key":"\(pk_[^"]*\)".*/\1/p' "$TMP/keys.json")"
+  if [ -z "$SK" ] || [ -z "$PK" ]; then
+    echo "run-suite.sh: could not read keys from: $(cat "$TMP/keys.json")" >&2
+    exit 1
+  fi
+}
+
+start_ringcast() {
+  stop_ringcast
+  "$RC" serve --data-dir "$TMP/rc" --listen "127.0.0.1:$RC_PORT" --workers 2 >>"$TMP/ringcast.log" 2>&1 &
+  RC_PID=$!
+  wait_http "http://127.0.0.1:$RC_PORT/health"
+}
+
+ensure_nchan_installed() {
+  if [ -f /usr/lib/nginx/modules/ngx_nchan_module.so ] && command -v nginx >/dev/null; then return 0; fi
+  if [ "$(id -u)" = 0 ]; then
+    echo "== installing nginx + Nchan (Debian packages)" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y nginx libnginx-mod-nchan >&2
+  else
+    echo "run-suite.sh: nginx with Nchan is missing: sudo apt-get install -y nginx libnginx-mod-nchan" >&2
+    exit 1
+  fi
+}
+
+start_nchan() {
+  stop_nchan
+  local dir="$TMP/nchan"
+  mkdir -p "$dir/logs" "$dir/tmp"
+  sed "s/127.0.0.1:8090/127.0.0.1:$NCHAN_PORT/" "$ROOT/loadtest/nchan/nginx.conf" >"$dir/nginx.conf"
+  nginx -p "$dir" -c "$dir/nginx.conf" -g "pid $dir/nginx.pid;"
+  wait_http "http://127.0.0.1:$NCHAN_PORT/health"
+  NGINX_MASTER="$(cat "$dir/nginx.pid")"
+}
+
+# The --server-pid flags for a target: ringcast's one process; nginx master + workers.
+pid_flags() {
+  if [ "$1" = ringcast ]; then
+    echo "--server-pid $RC_PID"
+  else
+    local p flags="--server-pid $NGINX_MASTER"
+    for p in $(pgrep -P "$NGINX_MASTER"); do flags="$flags --server-pid $p"; done
+    echo "$flags"
+  fi
+}
+
+target_flags() {
+  if [ "$1" = ringcast ]; then
+    echo "--target ringcast --url http://127.0.0.1:$RC_PORT --secret-key $SK --public-key $PK"
+  else
+    echo "--target nchan --url http://127.0.0.1:$NCHAN_PORT"
+  fi
+}
+
+restart() {
+  if [ "$1" = ringcast ]; then start_ringcast; else start_nchan; fi
+}
+
+if [ "$SMOKE" = 1 ]; then
+  setup_ringcast_keys
+  start_ringcast
+  echo "== smoke: 5 s fanout against ringcast" >&2
+  # shellcheck disable=SC2046
+  OUT="$("$LT" $(target_flags ringcast) $(pid_flags ringcast) --label smoke \
+    fanout --subs 200 --channels 4 --rate 50 --duration 5 --drain 5)" || {
+    echo "$OUT"
+    echo "run-suite.sh: smoke FAILED (delivery ratio below 1.0, duplicates, or no publishes)" >&2
+    tail -20 "$TMP/ringcast.log" >&2 || true
+    exit 1
+  }
+  echo "$OUT"
+  echo "== smoke ok" >&2
+  exit 0
+fi
+
+mkdir -p "$ROOT/loadtest/results"
+RESULTS="$ROOT/loadtest/results/$(date -u +%Y%m%dT%H%M%SZ).jsonl"
+echo "== results: $RESULTS" >&2
+
+for t in $TARGETS; do
+  case "$t" in
+    ringcast) setup_ringcast_keys ;;
+    nchan) ensure_nchan_installed ;;
+    *) echo "run-suite.sh: unknown target $t" >&2; exit 2 ;;
+  esac
+done
+
+run() { # TARGET SCENARIO REP -- loadtest mode args...
+  local t="$1" name="$2" rep="$3"
+  shift 4
+  echo "== $t $name rep $rep: loadtest $*" >&2
+  # shellcheck disable=SC2046
+  if ! "$LT" --quiet --source-ips 4 $(target_flags "$t") $(pid_flags "$t") \
+      --label "$name/r$rep" "$@" >>"$RESULTS"; then
+    echo "   ($t $name rep $rep reported a failure; see its JSON line)" >&2
+  fi
+  sleep 2 # let TIME_WAIT and server-side cleanup settle between scenarios
+}
+
+for rep in $(seq 1 "$REPS"); do
+  echo "== floor rep $rep" >&2
+  "$LT" --label "floor/r$rep" floor --sockets 1000 --duration 3 >>"$RESULTS" || true
+  for t in $TARGETS; do
+    # Idle first on a fresh process, so RSS deltas are not hidden by memory an
+    # earlier scenario left in the allocator.
+    restart "$t"
+    run "$t" idle-10k "$rep" -- idle --conns 10000 --hold 5
+    restart "$t"
+    run "$t" idle-19k "$rep" -- idle --conns 19000 --hold 5
+    restart "$t"
+    run "$t" publish "$rep" -- publish --conns 64 --duration 10
+    run "$t" fanout "$rep" -- fanout --subs 10000 --channels 1 --rate 4 --duration 10
+    run "$t" wide "$rep" -- fanout --subs 10000 --channels 1000 --rate 2000 --duration 10
+    run "$t" burst "$rep" -- fanout --subs 100 --channels 1 --rate 1000 --duration 10
+  done
+done
+stop_ringcast
+stop_nchan
+
+echo "== done: $(wc -l <"$RESULTS") runs in $RESULTS" >&2
+# A compact summary, one line per run, from the JSON lines.
+python3 - "$RESULTS" <<'EOF' >&2 || true
+import json, sys
+for line in open(sys.argv[1]):
+    v = json.loads(line)
+    cpu = v.get("cpu", {})
+    if v["mode"] == "floor":
+        print(f'{v.get("label",""):14} floor   ' + "  ".join(
+            f'{x["variant"]}={x.get("sender_cpu_us_per_frame")}us' for x in v["variants"]))
+    elif v["mode"] == "idle":
+        print(f'{v.get("label",""):14} {v["target"]:8} bytes/conn={v.get("server_bytes_per_connection")}')
+    elif v["mode"] == "publish":
+        print(f'{v.get("label",""):14} {v["target"]:8} req/s={v["requests_per_s"]} '
+              f'cpu_us/publish={cpu.get("server_cpu_us_per_accepted_publish")}')
+    else:
+        lat = v["latency"]
+        print(f'{v.get("label",""):14} {v["target"]:8} ratio={v["delivery_ratio"]} deliv/s={v["deliveries_per_s"]} '
+              f'p50={lat["p50_us"]}us p99={lat["p99_us"]}us cpu_us/delivery={cpu.get("server_cpu_us_per_delivery")}')
+EOF
