@@ -78,7 +78,10 @@ pub enum ProjectCommand {
     /// List projects.
     List,
     /// Change a project's quota (a running server applies it within 1 second).
-    SetRateLimit { project_id: String, rate_limit: String },
+    SetRateLimit {
+        project_id: String,
+        rate_limit: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]

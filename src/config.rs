@@ -186,17 +186,28 @@ impl Config {
             ("max_header_bytes", self.max_header_bytes),
             ("max_headers", self.max_headers),
             ("max_frame_bytes", self.max_frame_bytes),
-            ("max_subscriptions_per_connection", self.max_subscriptions_per_connection),
+            (
+                "max_subscriptions_per_connection",
+                self.max_subscriptions_per_connection,
+            ),
             ("send_backlog_bytes", self.send_backlog_bytes),
-            ("max_connections_per_worker", self.max_connections_per_worker),
+            (
+                "max_connections_per_worker",
+                self.max_connections_per_worker,
+            ),
             ("mailbox_capacity", self.mailbox_capacity),
             ("heartbeat_s", self.heartbeat_s as usize),
             ("key_refresh_ms", self.key_refresh_ms as usize),
-            ("header_read_timeout_ms", self.header_read_timeout_ms as usize),
+            (
+                "header_read_timeout_ms",
+                self.header_read_timeout_ms as usize,
+            ),
         ];
         for (name, value) in positive {
             if value == 0 {
-                return Err(ConfigError::Invalid(format!("{name} must be greater than 0")));
+                return Err(ConfigError::Invalid(format!(
+                    "{name} must be greater than 0"
+                )));
             }
         }
         if self.mailbox_high_water_pct == 0 || self.mailbox_high_water_pct > 100 {

@@ -74,7 +74,11 @@ pub async fn serve(worker: Rc<Worker>, mut stream: TcpStream, guard: ConnGuard) 
             match route(&worker, &head, req, &mut out) {
                 Outcome::NeedMore => break,
                 Outcome::Answered { close: c } => {
-                    consumed += head.head_len + head.content_length.unwrap_or(0).min(req.len() - head.head_len);
+                    consumed += head.head_len
+                        + head
+                            .content_length
+                            .unwrap_or(0)
+                            .min(req.len() - head.head_len);
                     request_started = None;
                     if c || !head.keep_alive() {
                         close = true;
@@ -273,7 +277,10 @@ fn upgrade(worker: &Rc<Worker>, head: &RequestHead, req: &[u8], out: &mut Vec<u8
         .and_then(|q| query_param(q, b"key"))
         .and_then(|k| std::str::from_utf8(k).ok());
     let Some(api_key) = api_key.filter(|k| !k.is_empty()) else {
-        return answer(out, ApiError::Unauthorized("the key query parameter is missing"));
+        return answer(
+            out,
+            ApiError::Unauthorized("the key query parameter is missing"),
+        );
     };
     if KeyKind::of_key(api_key) != Some(KeyKind::Public) {
         return answer(
@@ -283,7 +290,10 @@ fn upgrade(worker: &Rc<Worker>, head: &RequestHead, req: &[u8], out: &mut Vec<u8
     }
     let keys = worker.shared.keys.load();
     let Some(entry) = keys.lookup(api_key).filter(|e| e.kind == KeyKind::Public) else {
-        return answer(out, ApiError::Unauthorized("the API key is unknown or revoked"));
+        return answer(
+            out,
+            ApiError::Unauthorized("the API key is unknown or revoked"),
+        );
     };
     crate::ws::handshake::write_switching(out, key);
     Outcome::Upgrade(Upgrade {
@@ -323,6 +333,18 @@ async fn websocket(
     monoio::spawn(write_loop(wr, conn.clone()));
     let mut session = ClientSession::new(worker.clone());
     let clock_worker = worker.clone();
-    let pending = if leftover.is_empty() { Vec::new() } else { leftover };
-    read_loop(rd, conn, &mut session, limits, move || clock_worker.clock(), pending).await;
+    let pending = if leftover.is_empty() {
+        Vec::new()
+    } else {
+        leftover
+    };
+    read_loop(
+        rd,
+        conn,
+        &mut session,
+        limits,
+        move || clock_worker.clock(),
+        pending,
+    )
+    .await;
 }

@@ -99,7 +99,9 @@ pub fn parse_head(
         _ => Method::Other,
     });
     head.http10 = req.version == Some(0);
-    let target = req.path.ok_or(HttpError::BadRequest("missing request target"))?;
+    let target = req
+        .path
+        .ok_or(HttpError::BadRequest("missing request target"))?;
     let target_range = range_of(target.as_bytes());
     match target.find('?') {
         Some(q) => {

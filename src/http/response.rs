@@ -84,7 +84,10 @@ impl ApiError {
             }
             ApiError::Unauthorized(why) => write!(out, "{why}"),
             ApiError::PayloadTooLarge => {
-                write!(out, "the request body is larger than the configured maximum")
+                write!(
+                    out,
+                    "the request body is larger than the configured maximum"
+                )
             }
             ApiError::UnsupportedMediaType => {
                 write!(out, "Content-Type must be application/json")

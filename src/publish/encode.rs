@@ -116,7 +116,14 @@ mod tests {
 
     #[test]
     fn escaping_round_trips() {
-        for s in ["plain", "q\"uote", "back\\slash", "tab\tnl\n", "ctl\u{1}", "é漢"] {
+        for s in [
+            "plain",
+            "q\"uote",
+            "back\\slash",
+            "tab\tnl\n",
+            "ctl\u{1}",
+            "é漢",
+        ] {
             let mut out = Vec::new();
             write_json_str(&mut out, s);
             assert_eq!(out.len(), json_str_len(s));

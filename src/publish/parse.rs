@@ -72,8 +72,7 @@ impl PublishParser {
         self.scratch.clear();
         self.scratch.extend_from_slice(body);
         let mut tape: Tape<'a> = self.tape.take().unwrap_or_else(Tape::null).reset();
-        let result = match simd_json::fill_tape(&mut self.scratch, &mut self.buffers, &mut tape)
-        {
+        let result = match simd_json::fill_tape(&mut self.scratch, &mut self.buffers, &mut tape) {
             Ok(()) => fields(&tape.0),
             Err(_) => Err(ApiError::InvalidJson),
         };
@@ -289,8 +288,7 @@ mod tests {
         assert_eq!(c, "news");
         assert_eq!(e, "order.created");
         assert_eq!(d, r#"{"b":1.50,"a":[1,{"x":"}"}]}"#);
-        let (_, _, d) = parse(r#"{ "data" : "hi \"there\"" , "channel":"c","event":"e"}"#)
-            .unwrap();
+        let (_, _, d) = parse(r#"{ "data" : "hi \"there\"" , "channel":"c","event":"e"}"#).unwrap();
         assert_eq!(d, r#""hi \"there\"""#);
     }
 
@@ -342,7 +340,9 @@ mod tests {
         ));
         let long = "a".repeat(101);
         assert_eq!(
-            parse(&format!(r#"{{"channel":"{long}","event":"e","data":{{}}}}"#)),
+            parse(&format!(
+                r#"{{"channel":"{long}","event":"e","data":{{}}}}"#
+            )),
             Err(ApiError::FieldTooLong("channel"))
         );
     }
@@ -353,7 +353,9 @@ mod tests {
         assert!(parse(&format!(r#"{{"channel":"{ok}","event":"e","data":"x"}}"#)).is_ok());
         let too_long = "é".repeat(101);
         assert_eq!(
-            parse(&format!(r#"{{"channel":"c","event":"{too_long}","data":"x"}}"#)),
+            parse(&format!(
+                r#"{{"channel":"c","event":"{too_long}","data":"x"}}"#
+            )),
             Err(ApiError::FieldTooLong("event"))
         );
     }

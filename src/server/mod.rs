@@ -178,8 +178,7 @@ pub fn run(
     tracing::info!("shutting down");
     shared.shutting_down.store(true, Ordering::SeqCst);
     mailboxes.control(|| Envelope::Shutdown);
-    let deadline =
-        Instant::now() + Duration::from_millis(shared.config.shutdown_grace_ms + 500);
+    let deadline = Instant::now() + Duration::from_millis(shared.config.shutdown_grace_ms + 500);
     while Instant::now() < deadline && !threads.iter().all(|t| t.is_finished()) {
         std::thread::sleep(Duration::from_millis(10));
     }

@@ -126,7 +126,11 @@ pub struct Mailboxes {
 impl Mailboxes {
     pub fn new(workers: usize, capacity: usize) -> Mailboxes {
         Mailboxes {
-            boxes: Arc::new((0..workers).map(|_| Arc::new(Mailbox::new(capacity))).collect()),
+            boxes: Arc::new(
+                (0..workers)
+                    .map(|_| Arc::new(Mailbox::new(capacity)))
+                    .collect(),
+            ),
         }
     }
 
@@ -182,7 +186,11 @@ mod tests {
         // Fill worker 1 only.
         assert!(boxes.boxes[1].try_reserve());
         assert!(!boxes.broadcast(msg()), "worker 1 is full");
-        assert_eq!(boxes.boxes[0].len(), 1, "worker 0 must not keep a half broadcast");
+        assert_eq!(
+            boxes.boxes[0].len(),
+            1,
+            "worker 0 must not keep a half broadcast"
+        );
         assert!(boxes.boxes[0].try_recv().is_some());
         assert!(boxes.boxes[0].try_recv().is_none());
     }

@@ -32,6 +32,10 @@ use super::message::{Assembler, Incoming};
 
 /// How long a closing connection may take to finish its close handshake.
 pub const CLOSE_GRACE: Duration = Duration::from_secs(2);
+/// A slow consumer may still be reading its old frames: its 4008 close frame waits
+/// behind them, so it gets longer before the socket is cut (its backlog is already
+/// freed; only the kernel's bounded socket buffer remains).
+pub const SLOW_CLOSE_GRACE: Duration = Duration::from_secs(10);
 /// Read size while idle: client-to-server traffic is small control JSON, and the
 /// buffer stays parked in the pending read of every idle connection.
 const IDLE_READ: usize = 512;
@@ -163,8 +167,13 @@ impl WsConn {
         self.state.set(State::Closing);
         self.wake_writer();
         let conn = self.clone();
+        let grace = if code == CLOSE_SLOW {
+            SLOW_CLOSE_GRACE
+        } else {
+            CLOSE_GRACE
+        };
         monoio::spawn(async move {
-            monoio::time::sleep(CLOSE_GRACE).await;
+            monoio::time::sleep(grace).await;
             conn.abort();
         });
     }
@@ -213,7 +222,8 @@ impl WsConn {
                 taken += f.len();
                 batch.bufs.push(f);
             }
-            self.queued_bytes.set(self.queued_bytes.get().saturating_sub(taken));
+            self.queued_bytes
+                .set(self.queued_bytes.get().saturating_sub(taken));
             Poll::Ready(Some(q.is_empty() && self.state.get() == State::Closing))
         })
         .await

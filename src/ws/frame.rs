@@ -98,7 +98,10 @@ pub fn decode_frame(buf: &mut [u8], max_payload: usize) -> Result<Option<FrameVi
         _ => return Err(CloseReason::new(PROTOCOL_ERROR, "reserved opcode")),
     };
     let Some(mask) = header.mask else {
-        return Err(CloseReason::new(PROTOCOL_ERROR, "client frames must be masked"));
+        return Err(CloseReason::new(
+            PROTOCOL_ERROR,
+            "client frames must be masked",
+        ));
     };
     if opcode.is_control() && (len > 125 || !header.is_final) {
         return Err(CloseReason::new(PROTOCOL_ERROR, "invalid control frame"));
@@ -224,11 +227,20 @@ mod tests {
     #[test]
     fn protocol_violations() {
         let mut unmasked = vec![0x81, 0x02, b'h', b'i'];
-        assert_eq!(decode_frame(&mut unmasked, 1024).unwrap_err().code, PROTOCOL_ERROR);
+        assert_eq!(
+            decode_frame(&mut unmasked, 1024).unwrap_err().code,
+            PROTOCOL_ERROR
+        );
         let mut rsv = client_frame(0xC1, b"x", [1, 1, 1, 1]);
-        assert_eq!(decode_frame(&mut rsv, 1024).unwrap_err().code, PROTOCOL_ERROR);
+        assert_eq!(
+            decode_frame(&mut rsv, 1024).unwrap_err().code,
+            PROTOCOL_ERROR
+        );
         let mut reserved = client_frame(0x83, b"x", [1, 1, 1, 1]);
-        assert_eq!(decode_frame(&mut reserved, 1024).unwrap_err().code, PROTOCOL_ERROR);
+        assert_eq!(
+            decode_frame(&mut reserved, 1024).unwrap_err().code,
+            PROTOCOL_ERROR
+        );
         let mut fragmented_ping = client_frame(0x09, b"x", [1, 1, 1, 1]);
         assert_eq!(
             decode_frame(&mut fragmented_ping, 1024).unwrap_err().code,
@@ -258,7 +270,11 @@ mod tests {
         let data: Vec<u8> = (0..37u8).collect();
         let mut fast = data.clone();
         unmask(&mut fast, mask);
-        let slow: Vec<u8> = data.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]).collect();
+        let slow: Vec<u8> = data
+            .iter()
+            .enumerate()
+            .map(|(i, b)| b ^ mask[i % 4])
+            .collect();
         assert_eq!(fast, slow);
     }
 }

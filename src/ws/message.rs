@@ -62,7 +62,10 @@ impl Assembler {
             }
             Opcode::Continuation => {
                 let Some(op) = self.opcode else {
-                    return Err(CloseReason::new(PROTOCOL_ERROR, "continuation without a start"));
+                    return Err(CloseReason::new(
+                        PROTOCOL_ERROR,
+                        "continuation without a start",
+                    ));
                 };
                 if self.parts.len() + payload.len() > max_message {
                     return Err(CloseReason::new(TOO_BIG, "message too large"));
@@ -99,14 +102,20 @@ impl Assembler {
 fn close_code(payload: &[u8]) -> Result<u16, CloseReason> {
     match payload.len() {
         0 => Ok(NORMAL),
-        1 => Err(CloseReason::new(PROTOCOL_ERROR, "close payload of one byte")),
+        1 => Err(CloseReason::new(
+            PROTOCOL_ERROR,
+            "close payload of one byte",
+        )),
         _ => {
             let code = u16::from_be_bytes([payload[0], payload[1]]);
             if !valid_close_code(code) {
                 return Err(CloseReason::new(PROTOCOL_ERROR, "invalid close code"));
             }
             if std::str::from_utf8(&payload[2..]).is_err() {
-                return Err(CloseReason::new(INVALID_PAYLOAD, "close reason is not UTF-8"));
+                return Err(CloseReason::new(
+                    INVALID_PAYLOAD,
+                    "close reason is not UTF-8",
+                ));
             }
             Ok(code)
         }
@@ -142,7 +151,9 @@ mod tests {
         let mut a = Assembler::default();
         let mut c = b"x".to_vec();
         assert_eq!(
-            a.push(Opcode::Continuation, true, &mut c, 100).unwrap_err().code,
+            a.push(Opcode::Continuation, true, &mut c, 100)
+                .unwrap_err()
+                .code,
             PROTOCOL_ERROR
         );
         let mut bad = vec![0xff, 0xfe];
@@ -166,7 +177,13 @@ mod tests {
         assert_eq!(close_code(&[]).unwrap(), 1000);
         assert_eq!(close_code(&[0x03, 0xe8]).unwrap(), 1000);
         assert_eq!(close_code(&[0x03]).unwrap_err().code, PROTOCOL_ERROR);
-        assert_eq!(close_code(&1005u16.to_be_bytes()).unwrap_err().code, PROTOCOL_ERROR);
-        assert_eq!(close_code(&[0x0f, 0xa0, 0xff]).unwrap_err().code, INVALID_PAYLOAD);
+        assert_eq!(
+            close_code(&1005u16.to_be_bytes()).unwrap_err().code,
+            PROTOCOL_ERROR
+        );
+        assert_eq!(
+            close_code(&[0x0f, 0xa0, 0xff]).unwrap_err().code,
+            INVALID_PAYLOAD
+        );
     }
 }

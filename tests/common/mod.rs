@@ -1,0 +1,331 @@
+//! Test support: start the real `ringcast` binary on 127.0.0.1:0 with its own data
+//! directory, create projects through the real CLI, and talk to it with real clients
+//! (ureq for HTTP, tungstenite for WebSocket, raw TcpStream for protocol abuse).
+//! The server is stopped (SIGTERM, then kill) when the handle drops.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tungstenite::stream::MaybeTlsStream;
+use tungstenite::{Message, WebSocket};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_ringcast");
+
+pub type Ws = WebSocket<MaybeTlsStream<TcpStream>>;
+
+/// Run the CLI against `data_dir`, expecting success and one JSON object.
+pub fn cli(data_dir: &Path, args: &[&str]) -> Value {
+    let out = Command::new(BIN)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(args)
+        .output()
+        .expect("run ringcast CLI");
+    assert!(
+        out.status.success(),
+        "ringcast {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("CLI prints JSON")
+}
+
+/// A project's id and keys.
+#[derive(Clone, Debug)]
+pub struct Project {
+    pub id: String,
+    pub secret: String,
+    pub public: String,
+}
+
+pub struct Server {
+    pub addr: SocketAddr,
+    pub data_dir: PathBuf,
+    child: Option<Child>,
+    _tmp: Option<tempfile::TempDir>,
+}
+
+pub struct Options {
+    pub workers: usize,
+    pub config: String,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            workers: 2,
+            config: String::new(),
+        }
+    }
+}
+
+impl Server {
+    pub fn start() -> Server {
+        Server::start_with(Options::default())
+    }
+
+    pub fn start_with(opts: Options) -> Server {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let data_dir = tmp.path().join("data");
+        let mut server = Server {
+            addr: "127.0.0.1:0".parse().unwrap(),
+            data_dir,
+            child: None,
+            _tmp: None,
+        };
+        server.spawn(&opts, tmp.path());
+        server._tmp = Some(tmp);
+        server
+    }
+
+    fn spawn(&mut self, opts: &Options, dir: &Path) {
+        let config = dir.join("ringcast.toml");
+        std::fs::write(&config, &opts.config).expect("write config");
+        // Create the database before the server starts, so projects can be added by
+        // the CLI at any time.
+        std::fs::create_dir_all(&self.data_dir).unwrap();
+        let mut child = Command::new(BIN)
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .args(["serve", "--listen", "127.0.0.1:0", "--workers"])
+            .arg(opts.workers.to_string())
+            .arg("--config")
+            .arg(&config)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn ringcast serve");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Some(Ok(line)) = lines.next() {
+                if let Some(rest) = line.strip_prefix("ringcast listening on http://") {
+                    let addr = rest.split_whitespace().next().unwrap_or("").to_string();
+                    let _ = tx.send(addr);
+                }
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("server printed its address");
+        self.addr = addr.parse().expect("address");
+        self.child = Some(child);
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub fn project(&self, name: &str, rate: &str) -> Project {
+        let v = cli(
+            &self.data_dir,
+            &["project", "create", name, "--rate-limit", rate],
+        );
+        let p = Project {
+            id: v["project"]["id"].as_str().unwrap().to_string(),
+            secret: v["secret_key"].as_str().unwrap().to_string(),
+            public: v["public_key"].as_str().unwrap().to_string(),
+        };
+        // The server sees new keys within its refresh interval.
+        self.wait_key(&p.secret);
+        p
+    }
+
+    /// Wait until the server knows a secret key (a 401 turns into anything else).
+    pub fn wait_key(&self, secret: &str) {
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline {
+            let (status, _, _) = self.raw_publish(secret, "application/json", b"{}");
+            if status != 401 {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("server did not pick up key in time");
+    }
+
+    /// POST /api/v1/publish over a fresh connection; returns status, head, body.
+    pub fn raw_publish(&self, key: &str, content_type: &str, body: &[u8]) -> (u16, String, Value) {
+        let mut req = format!(
+            "POST /api/v1/publish HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\nConnection: close\r\n",
+            body.len()
+        );
+        if !key.is_empty() {
+            req.push_str(&format!("X-Api-Key: {key}\r\n"));
+        }
+        if !content_type.is_empty() {
+            req.push_str(&format!("Content-Type: {content_type}\r\n"));
+        }
+        req.push_str("\r\n");
+        let mut bytes = req.into_bytes();
+        bytes.extend_from_slice(body);
+        let resp = self.raw(&bytes);
+        parse_response(&resp)
+    }
+
+    pub fn publish(&self, key: &str, channel: &str, event: &str, data: Value) -> (u16, Value) {
+        let body = serde_json::json!({"channel": channel, "event": event, "data": data});
+        let (s, _, v) = self.raw_publish(key, "application/json", body.to_string().as_bytes());
+        (s, v)
+    }
+
+    /// Send raw bytes on a new connection and read until the server closes it.
+    pub fn raw(&self, bytes: &[u8]) -> Vec<u8> {
+        let mut s = TcpStream::connect(self.addr).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(bytes).expect("write");
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        out
+    }
+
+    pub fn health(&self) -> (u16, Value) {
+        let resp = self.raw(b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+        let (s, _, v) = parse_response(&resp);
+        (s, v)
+    }
+
+    pub fn ws_url(&self, key: &str) -> String {
+        format!("ws://{}/api/v1/ws?key={}", self.addr, key)
+    }
+
+    /// Connect a WebSocket client and read the `connected` frame.
+    pub fn ws(&self, key: &str) -> Ws {
+        let (mut ws, _) = tungstenite::connect(self.ws_url(key)).expect("ws connect");
+        set_timeout(&mut ws, Duration::from_secs(10));
+        let hello = next_json(&mut ws);
+        assert_eq!(hello["type"], "connected", "{hello}");
+        ws
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// Send SIGTERM and wait for the exit status (None if it did not exit in `limit`).
+    pub fn terminate(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        unsafe_kill(child.id(), 15);
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn unsafe_kill(pid: u32, sig: i32) {
+    let _ = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status();
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+pub fn set_timeout(ws: &mut Ws, d: Duration) {
+    if let MaybeTlsStream::Plain(s) = ws.get_mut() {
+        s.set_read_timeout(Some(d)).unwrap();
+    }
+}
+
+/// Parse an HTTP/1.1 response: status, head text, JSON body (Null if none).
+pub fn parse_response(resp: &[u8]) -> (u16, String, Value) {
+    let text = String::from_utf8_lossy(resp).to_string();
+    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+        return (0, text, Value::Null);
+    };
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = serde_json::from_str(body).unwrap_or(Value::Null);
+    (status, head.to_string(), body)
+}
+
+/// Find a header's value in a response head (case-insensitive name).
+pub fn header(head: &str, name: &str) -> Option<String> {
+    head.lines().find_map(|l| {
+        let (n, v) = l.split_once(':')?;
+        n.trim()
+            .eq_ignore_ascii_case(name)
+            .then(|| v.trim().to_string())
+    })
+}
+
+/// Next text frame as JSON (pings are answered by tungstenite).
+pub fn next_json(ws: &mut Ws) -> Value {
+    loop {
+        match ws.read().expect("ws read") {
+            Message::Text(t) => return serde_json::from_str(t.as_str()).expect("json frame"),
+            Message::Ping(_) | Message::Pong(_) => continue,
+            other => panic!("unexpected frame {other:?}"),
+        }
+    }
+}
+
+pub fn send_json(ws: &mut Ws, v: Value) {
+    ws.send(Message::text(v.to_string())).expect("ws send");
+}
+
+pub fn subscribe(ws: &mut Ws, channel: &str) {
+    send_json(
+        ws,
+        serde_json::json!({"type": "subscribe", "channel": channel}),
+    );
+    let reply = next_json(ws);
+    assert_eq!(reply["type"], "subscribed", "{reply}");
+    assert_eq!(reply["channel"], channel);
+}
+
+/// Read frames until the server closes; returns the close code.
+pub fn close_code(ws: &mut Ws) -> Option<u16> {
+    loop {
+        match ws.read() {
+            Ok(Message::Close(frame)) => return frame.map(|f| u16::from(f.code)),
+            Ok(_) => continue,
+            Err(tungstenite::Error::ConnectionClosed) | Err(tungstenite::Error::AlreadyClosed) => {
+                return None
+            }
+            Err(e) => panic!("ws error before close: {e}"),
+        }
+    }
+}
+
+/// Expect no text frame within `d`.
+pub fn expect_silence(ws: &mut Ws, d: Duration) {
+    set_timeout(ws, d);
+    match ws.read() {
+        Ok(Message::Text(t)) => panic!("unexpected frame {t}"),
+        Ok(_) => {}
+        Err(tungstenite::Error::Io(e))
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) => {}
+        Err(e) => panic!("ws error: {e}"),
+    }
+    set_timeout(ws, Duration::from_secs(10));
+}
