@@ -14,7 +14,7 @@
 
 use std::ops::Range;
 
-use simd_json::{Buffers, Node, StaticNode, Tape};
+use simd_json::{Buffers, Node, Tape};
 
 use crate::http::ApiError;
 
@@ -54,6 +54,7 @@ enum Kind<'a> {
     Other,
 }
 
+/// Numbers, booleans and null are all `Node::Static`, hence `Kind::Other`.
 fn kind<'a>(node: &Node<'a>) -> Kind<'a> {
     match node {
         Node::String(s) => Kind::Str(s),
@@ -76,7 +77,7 @@ impl PublishParser {
             Ok(()) => fields(&tape.0),
             Err(_) => Err(ApiError::InvalidJson),
         };
-        let fields = result.map(|(c, e, d)| (c, e, d));
+        let fields = result;
         self.tape = Some(tape.reset());
         let (channel, event, data_kind) = fields?;
         let data = match data_kind {
@@ -161,11 +162,6 @@ pub fn validate_name(name: &'static str, s: &str) -> Result<(), ApiError> {
     }
     Ok(())
 }
-
-// Keep StaticNode in scope for readers of `kind`: numbers, booleans and null are all
-// `Node::Static` and therefore `Kind::Other`.
-#[allow(dead_code)]
-fn _static_is_other(_: StaticNode) {}
 
 /// Span of the value of the last top-level `key` in a JSON object. The text must be
 /// valid JSON (simd-json checked it); on anything unexpected the answer is `None`.
