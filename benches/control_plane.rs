@@ -1,0 +1,121 @@
+//! What the control plane costs the hot path, per publish: one key lookup in the
+//! snapshot (length check + SHA-256 + hash-map probe) and one quota check (a CAS on one
+//! atomic). Run: `cargo bench --bench control_plane`.
+
+use std::hint::black_box;
+use std::sync::Arc;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+
+use ringcast::auth::key::{generate_key, hash_key, key_prefix, KeyKind};
+use ringcast::auth::KeyCache;
+use ringcast::quota::{Quota, RateLimit};
+use ringcast::store::{KeyRecord, ProjectRecord, StoreContents};
+
+const KEYS: usize = 10_000;
+const PROJECTS: usize = 100;
+
+/// A cache holding `KEYS` active keys spread over `PROJECTS` projects; returns the keys.
+fn populated_cache() -> (Arc<KeyCache>, Vec<String>) {
+    let projects: Vec<ProjectRecord> = (0..PROJECTS)
+        .map(|i| ProjectRecord {
+            id: format!("prj_{i:016x}"),
+            name: format!("p{i}"),
+            rate_limit: RateLimit::parse("1000/s").expect("valid limit"),
+        })
+        .collect();
+    let mut keys = Vec::with_capacity(KEYS);
+    let records = (0..KEYS)
+        .map(|i| {
+            let kind = if i % 2 == 0 {
+                KeyKind::Secret
+            } else {
+                KeyKind::Public
+            };
+            let key = generate_key(kind);
+            let record = KeyRecord {
+                id: format!("key_{i:016x}"),
+                project_id: projects[i % PROJECTS].id.clone(),
+                kind,
+                revoked: false,
+                prefix: key_prefix(&key),
+                hash: hash_key(&key),
+            };
+            keys.push(key);
+            record
+        })
+        .collect();
+    let cache = KeyCache::new();
+    cache.rebuild(StoreContents {
+        projects,
+        keys: records,
+    });
+    (cache, keys)
+}
+
+fn key_lookup(c: &mut Criterion) {
+    let (cache, keys) = populated_cache();
+    let mut group = c.benchmark_group("key_lookup_10k");
+
+    let mut i = 0;
+    group.bench_function("hit", |b| {
+        b.iter(|| {
+            i = (i + 1) % keys.len();
+            let snapshot = cache.load();
+            black_box(snapshot.lookup(black_box(&keys[i])).is_some())
+        })
+    });
+
+    // Well-formed but unknown: pays the full SHA-256 and probe.
+    let unknown = generate_key(KeyKind::Secret);
+    group.bench_function("miss", |b| {
+        b.iter(|| {
+            let snapshot = cache.load();
+            black_box(snapshot.lookup(black_box(&unknown)).is_some())
+        })
+    });
+
+    // Garbage is refused by the length/shape check before hashing.
+    let garbage = "x".repeat(4096);
+    group.bench_function("miss_malformed", |b| {
+        b.iter(|| {
+            let snapshot = cache.load();
+            black_box(snapshot.lookup(black_box(&garbage)).is_some())
+        })
+    });
+    group.finish();
+}
+
+fn quota_check(c: &mut Criterion) {
+    let mut group = c.benchmark_group("quota_check");
+
+    // Always allowed: the synthetic clock advances one emission interval per check.
+    let limit = RateLimit::parse("10000000/s").expect("valid limit");
+    let step = limit.emission_interval_ns();
+    let quota = Quota::new(limit);
+    let mut now = 1_000_000_000u64;
+    group.bench_function("allowed", |b| {
+        b.iter(|| {
+            now += step;
+            let decision = quota.check(black_box(now));
+            debug_assert!(decision.allowed);
+            black_box(decision)
+        })
+    });
+
+    // Always denied: an exhausted quota at a fixed instant (no CAS, just the load).
+    let quota = Quota::new(RateLimit::parse("1/min").expect("valid limit"));
+    let now = 1_000_000_000u64;
+    assert!(quota.check(now).allowed);
+    group.bench_function("denied", |b| {
+        b.iter(|| {
+            let decision = quota.check(black_box(now));
+            debug_assert!(!decision.allowed);
+            black_box(decision)
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, key_lookup, quota_check);
+criterion_main!(benches);
