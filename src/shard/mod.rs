@@ -16,10 +16,11 @@ use crate::server::worker::Worker;
 use crate::ws::conn::CLOSE_REVOKED;
 
 use mailbox::{Broadcast, Envelope, Mailbox};
+use registry::Registry;
 
-/// Deliver one broadcast to this worker's subscribers of its channel.
-pub fn fan_out(worker: &Worker, msg: &Broadcast) -> usize {
-    let registry = worker.registry.borrow();
+/// Deliver one broadcast to this worker's subscribers of its channel. Returns how
+/// many connections took the frame.
+pub fn fan_out(registry: &Registry, msg: &Broadcast) -> usize {
     let Some(subs) = registry.subscribers(msg.project, &msg.channel) else {
         return 0;
     };
@@ -50,7 +51,7 @@ pub async fn run_mailbox(worker: Rc<Worker>, mailbox: Arc<Mailbox>) {
         while let Some(envelope) = mailbox.try_recv() {
             match envelope {
                 Envelope::Broadcast(msg) => {
-                    fan_out(&worker, &msg);
+                    fan_out(&worker.registry.borrow(), &msg);
                 }
                 Envelope::KeysChanged => enforce_revocations(&worker),
                 Envelope::Shutdown => worker.begin_shutdown(),

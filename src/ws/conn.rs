@@ -126,6 +126,14 @@ impl WsConn {
         self.queued_bytes.get()
     }
 
+    /// Drop every queued frame (benches drive the fan-out without a socket).
+    #[doc(hidden)]
+    pub fn discard_queued(&self) -> usize {
+        let n = self.queue.borrow_mut().drain(..).count();
+        self.queued_bytes.set(0);
+        n
+    }
+
     /// Queue a frame. Returns `false` when the connection is closing or was just
     /// closed for exceeding its backlog. Never blocks, never copies the frame.
     pub fn send(self: &Rc<Self>, frame: Bytes) -> bool {
