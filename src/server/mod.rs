@@ -76,7 +76,10 @@ pub fn run_cli(cli: &Cli, args: &ServeArgs) -> anyhow::Result<()> {
     let mut store = crate::store::open_store(&config.data_dir, config.redis.as_deref())
         .with_context(|| format!("cannot open the key store in {}", config.data_dir.display()))?;
     if args.dev {
-        if let Some((project, secret, public)) = crate::admin::dev_bootstrap(&mut *store)? {
+        let rate = crate::quota::RateLimit::parse(&config.default_rate_limit)?;
+        if let Some((project, secret, public)) =
+            crate::admin::dev_bootstrap_with(&mut *store, rate)?
+        {
             let line = serde_json::json!({
                 "dev_project": {"id": project.id, "name": project.name, "rate_limit": project.rate_limit.to_string()},
                 "secret_key": secret,
