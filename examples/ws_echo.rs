@@ -1,0 +1,161 @@
+//! An echo server on ringcast's own WebSocket layer, for the Autobahn|Testsuite.
+//!
+//! `cargo run --release --example ws_echo -- --listen 127.0.0.1:PORT`
+//!
+//! It runs exactly the code the server runs for a WebSocket connection: the request head
+//! parser (`ringcast::http::parse`), the upgrade handshake (`ringcast::ws::handshake`),
+//! the frame codec and reassembly (`ws::frame`, `ws::message`) and the reader/writer
+//! tasks (`ws::conn`), on one monoio runtime. Only the [`Session`] differs: every text
+//! and binary message is sent back with the same opcode, which is all the suite needs.
+//!
+//! Invariants: nothing here re-implements framing or the handshake (then the suite would
+//! test this file, not ringcast); any path is accepted, since the suite picks its own.
+//! Limits are raised above the server's defaults because case group 9 sends messages of
+//! up to 16 MiB; the limit logic itself is the same code.
+
+use std::os::fd::AsRawFd;
+use std::rc::Rc;
+use std::time::Instant;
+
+use monoio::io::{AsyncReadRent, AsyncWriteRentExt, Splitable};
+use monoio::net::{TcpListener, TcpStream};
+use ringcast::http::parse::parse_head;
+use ringcast::http::response::{write_error, Extra};
+use ringcast::ws::conn::{read_loop, write_loop, ConnMeta, ReadLimits, Session, WsConn};
+use ringcast::ws::frame::{frame, CloseReason, Opcode};
+use ringcast::ws::handshake;
+
+/// Largest message echoed: group 9 sends up to 16 MiB; headroom for reassembly.
+const MAX_MESSAGE: usize = 64 * 1024 * 1024;
+/// Echo backlog: a 16 MiB echo plus whatever the suite pipelines behind it.
+const SEND_BACKLOG: usize = 256 * 1024 * 1024;
+/// Request head limits, as the server's defaults.
+const MAX_HEAD: usize = 16 * 1024;
+const MAX_HEADERS: usize = 64;
+
+/// The echo handler in place of ringcast's client protocol.
+struct Echo;
+
+impl Session for Echo {
+    fn on_message(
+        &mut self,
+        conn: &Rc<WsConn>,
+        opcode: Opcode,
+        payload: &mut [u8],
+    ) -> Result<(), CloseReason> {
+        conn.send(frame(opcode, payload));
+        Ok(())
+    }
+
+    fn on_end(&mut self, _conn: &Rc<WsConn>) {}
+}
+
+fn listen_addr() -> String {
+    let mut args = std::env::args().skip(1);
+    let mut listen = "127.0.0.1:9001".to_string();
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--listen" => listen = args.next().expect("--listen needs an address"),
+            other => {
+                if let Some(v) = other.strip_prefix("--listen=") {
+                    listen = v.to_string();
+                } else {
+                    eprintln!("usage: ws_echo [--listen ADDR]");
+                    std::process::exit(2);
+                }
+            }
+        }
+    }
+    listen
+}
+
+fn main() {
+    let addr = listen_addr();
+    let mut rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
+        .enable_timer()
+        .build()
+        .expect("monoio runtime");
+    rt.block_on(async move {
+        let listener = TcpListener::bind(addr.as_str()).expect("bind");
+        println!(
+            "ws_echo listening on ws://{}",
+            listener.local_addr().expect("local addr")
+        );
+        let started = Instant::now();
+        let mut next_id = 0u64;
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            next_id += 1;
+            monoio::spawn(serve(stream, next_id, started));
+        }
+    });
+}
+
+/// Read the upgrade request, answer it with the server's handshake code, then run the
+/// server's reader and writer tasks with the echo session.
+async fn serve(mut stream: TcpStream, id: u64, started: Instant) {
+    let _ = stream.set_nodelay(true);
+    let mut buf: Vec<u8> = Vec::with_capacity(4096);
+    let head = loop {
+        match parse_head(&buf, MAX_HEAD, MAX_HEADERS) {
+            Ok(Some(head)) => break head,
+            Ok(None) => {}
+            Err(e) => {
+                let mut out = Vec::new();
+                write_error(&mut out, e.into(), Extra::default());
+                let _ = stream.write_all(out).await;
+                return;
+            }
+        }
+        if buf.len() == buf.capacity() {
+            buf.reserve(4096);
+        }
+        let spare = Vec::with_capacity(4096);
+        let (res, chunk) = stream.read(spare).await;
+        match res {
+            Ok(n) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+            _ => return,
+        }
+    };
+    let mut out = Vec::new();
+    match handshake::validate(&head, &buf) {
+        Ok(key) => handshake::write_switching(&mut out, key),
+        Err(err) => {
+            write_error(&mut out, err, Extra::default());
+            let _ = stream.write_all(out).await;
+            return;
+        }
+    }
+    let (res, _) = stream.write_all(out).await;
+    if res.is_err() {
+        return;
+    }
+    // Bytes after the head are the first frames; the reader handles them first.
+    let leftover = buf.split_off(head.head_len);
+    let conn = Rc::new(WsConn::new(
+        id,
+        ConnMeta {
+            project: 0,
+            key_id: "echo".into(),
+        },
+        stream.as_raw_fd(),
+        SEND_BACKLOG,
+        0,
+    ));
+    let (rd, wr) = stream.into_split();
+    monoio::spawn(write_loop(wr, conn.clone()));
+    let limits = ReadLimits {
+        max_message: MAX_MESSAGE,
+    };
+    read_loop(
+        rd,
+        conn,
+        &mut Echo,
+        limits,
+        move || started.elapsed().as_secs() as u32,
+        leftover,
+    )
+    .await;
+}
