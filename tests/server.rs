@@ -555,3 +555,35 @@ fn sigterm_closes_websockets_with_1001_and_exits_zero() {
     assert_eq!(reader.join().unwrap(), Some(1001));
     assert!(start.elapsed() < Duration::from_secs(6));
 }
+
+#[test]
+fn per_project_websocket_limit_answers_503_and_frees_on_close() {
+    let s = Server::start_with(Options {
+        config: "max_ws_connections_per_project = 2\n".into(),
+        ..Options::default()
+    });
+    let p = s.project("lim", "100/s");
+    let other = s.project("other", "100/s");
+    let first = s.ws(&p.public);
+    let _second = s.ws(&p.public);
+    match tungstenite::connect(s.ws_url(&p.public)) {
+        Err(tungstenite::Error::Http(resp)) => {
+            assert_eq!(resp.status().as_u16(), 503);
+            let body: Value =
+                serde_json::from_slice(resp.body().as_deref().unwrap_or(b"")).unwrap();
+            assert_eq!(body["error"]["code"], "unavailable");
+        }
+        other => panic!("expected 503, got {:?}", other.map(|_| ())),
+    }
+    // Another project is not affected.
+    let _o = s.ws(&other.public);
+    drop(first);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        match tungstenite::connect(s.ws_url(&p.public)) {
+            Ok(_) => break,
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => panic!("slot was not released: {e}"),
+        }
+    }
+}

@@ -30,6 +30,9 @@ pub struct ProjectState {
     /// Dense, stable for the process lifetime; namespaces the project's channels.
     pub index: u32,
     pub quota: Quota,
+    /// WebSocket connections of this project open on this node, across all workers
+    /// (for `max_ws_connections_per_project`). Shared by a renamed project's new state.
+    pub ws_connections: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// What an active key resolves to.
@@ -174,6 +177,7 @@ impl KeyCache {
                         name: record.name,
                         index: existing.index,
                         quota: existing.quota.clone_state(),
+                        ws_connections: Arc::clone(&existing.ws_connections),
                     });
                     replacement.quota.set_limit(record.rate_limit);
                     replacement
@@ -187,6 +191,7 @@ impl KeyCache {
                         name: record.name,
                         index,
                         quota: Quota::new(record.rate_limit),
+                        ws_connections: Arc::default(),
                     })
                 }
             };

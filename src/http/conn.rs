@@ -38,6 +38,31 @@ enum Outcome {
 struct Upgrade {
     project: u32,
     key_id: Box<str>,
+    _slot: ProjectSlot,
+}
+
+/// One of a project's WebSocket connections on this node; released on drop.
+struct ProjectSlot(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl ProjectSlot {
+    /// Take a slot unless the project is at `limit` (0 = unlimited).
+    fn take(
+        counter: &std::sync::Arc<std::sync::atomic::AtomicUsize>,
+        limit: usize,
+    ) -> Option<Self> {
+        let prev = counter.fetch_add(1, Ordering::AcqRel);
+        if limit > 0 && prev >= limit {
+            counter.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(ProjectSlot(counter.clone()))
+    }
+}
+
+impl Drop for ProjectSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Answer 503 and close: the worker is at its connection limit.
@@ -295,10 +320,18 @@ fn upgrade(worker: &Rc<Worker>, head: &RequestHead, req: &[u8], out: &mut Vec<u8
             ApiError::Unauthorized("the API key is unknown or revoked"),
         );
     };
+    let limit = worker.shared.config.max_ws_connections_per_project;
+    let Some(slot) = ProjectSlot::take(&entry.project.ws_connections, limit) else {
+        return answer(
+            out,
+            ApiError::Unavailable("the project has reached its WebSocket connection limit"),
+        );
+    };
     crate::ws::handshake::write_switching(out, key);
     Outcome::Upgrade(Upgrade {
         project: entry.project.index,
         key_id: entry.key_id.as_str().into(),
+        _slot: slot,
     })
 }
 
