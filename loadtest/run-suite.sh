@@ -20,8 +20,8 @@ cd "$ROOT"
 SMOKE=0
 REPS=3
 TARGETS="ringcast nchan"
-RC_PORT="${RC_PORT:-18080}"
-NCHAN_PORT="${NCHAN_PORT:-18090}"
+RC_PORT="${RC_PORT:-28080}"
+NCHAN_PORT="${NCHAN_PORT:-28090}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --smoke) SMOKE=1 ;;
@@ -69,6 +69,13 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
+port_free() { # PORT: refuse to start on a port another process already serves
+  if curl -s -o /dev/null --max-time 1 "http://127.0.0.1:$1/"; then
+    echo "run-suite.sh: 127.0.0.1:$1 is already in use; set RC_PORT / NCHAN_PORT" >&2
+    exit 1
+  fi
+}
+
 wait_http() { # URL: bounded wait (10 s) for an HTTP answer
   for _ in $(seq 1 100); do
     if curl -s -o /dev/null --max-time 1 "$1"; then return 0; fi
@@ -92,9 +99,11 @@ setup_ringcast_keys() {
 
 start_ringcast() {
   stop_ringcast
+  port_free "$RC_PORT"
   "$RC" serve --data-dir "$TMP/rc" --listen "127.0.0.1:$RC_PORT" --workers 2 >>"$TMP/ringcast.log" 2>&1 &
   RC_PID=$!
   wait_http "http://127.0.0.1:$RC_PORT/health"
+  kill -0 "$RC_PID" 2>/dev/null || { echo "run-suite.sh: ringcast exited:" >&2; tail -20 "$TMP/ringcast.log" >&2; exit 1; }
 }
 
 ensure_nchan_installed() {
@@ -110,6 +119,7 @@ ensure_nchan_installed() {
 
 start_nchan() {
   stop_nchan
+  port_free "$NCHAN_PORT"
   local dir="$TMP/nchan"
   mkdir -p "$dir/logs" "$dir/tmp"
   sed "s/127.0.0.1:8090/127.0.0.1:$NCHAN_PORT/" "$ROOT/loadtest/nchan/nginx.conf" >"$dir/nginx.conf"
