@@ -7,14 +7,23 @@
 //! request once its first byte arrived (408, then close: idle half-open requests cannot
 //! pile up) and the keep-alive idle time (silent close). A response that makes the
 //! stream untrustworthy (400 on framing, 411, 413, 431) closes the connection after it.
+//!
+//! The loop is generic over the [`Transport`]: a plain `TcpStream` or a
+//! [`crate::tls::TlsStream`] whose handshake is done. Each is monomorphised separately,
+//! so plaintext keeps its direct io_uring reads and writes. A pending read is only ever
+//! dropped by a timeout, after which the connection is answered (408) and closed, never
+//! read again.
 
 use std::ops::Range;
+use std::os::fd::{AsRawFd, RawFd};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use monoio::buf::IoBufMut;
-use monoio::io::{AsyncReadRent, AsyncWriteRentExt, Splitable};
+use monoio::io::{
+    AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, OwnedReadHalf, OwnedWriteHalf, Splitable,
+};
 use monoio::net::TcpStream;
 
 use super::parse::{parse_head, query_param, Method, RequestHead};
@@ -22,8 +31,50 @@ use super::response::{write_error, write_json, Extra};
 use super::ApiError;
 use crate::auth::KeyKind;
 use crate::server::worker::{ConnGuard, Worker};
-use crate::ws::conn::{read_loop, write_loop, ConnMeta, ReadLimits, WsConn};
+use crate::tls::{TlsReader, TlsStream, TlsWriter};
+use crate::ws::conn::{read_loop, write_loop, ConnMeta, FrameWrite, ReadLimits, WsConn};
 use crate::ws::protocol::{connected_frame, ClientSession};
+
+/// A connected byte stream the HTTP loop can serve, and how it becomes a WebSocket.
+pub trait Transport: AsyncReadRent + AsyncWriteRent + 'static {
+    /// The reader task's half.
+    type Reader: AsyncReadRent + 'static;
+    /// The writer task's half.
+    type Writer: FrameWrite + 'static;
+    /// Split after an upgrade; the descriptor is the TCP socket, for `WsConn::abort`.
+    fn into_ws_halves(self) -> (RawFd, Self::Reader, Self::Writer);
+    /// Before the server closes the connection: TLS sends close_notify so the client
+    /// sees a clean end; plaintext needs nothing (dropping the socket sends FIN).
+    fn before_close(&mut self) -> impl std::future::Future<Output = ()> {
+        std::future::ready(())
+    }
+}
+
+impl Transport for TcpStream {
+    type Reader = OwnedReadHalf<TcpStream>;
+    type Writer = OwnedWriteHalf<TcpStream>;
+
+    fn into_ws_halves(self) -> (RawFd, Self::Reader, Self::Writer) {
+        let fd = self.as_raw_fd();
+        let (rd, wr) = self.into_split();
+        (fd, rd, wr)
+    }
+}
+
+impl Transport for TlsStream {
+    type Reader = TlsReader;
+    type Writer = TlsWriter;
+
+    fn into_ws_halves(self) -> (RawFd, Self::Reader, Self::Writer) {
+        let fd = self.raw_fd();
+        let (rd, wr) = self.into_halves();
+        (fd, rd, wr)
+    }
+
+    async fn before_close(&mut self) {
+        let _ = self.shutdown().await;
+    }
+}
 
 /// What routing decided for one request.
 enum Outcome {
@@ -73,7 +124,7 @@ pub async fn refuse_busy(mut stream: TcpStream) {
 }
 
 /// Serve one accepted connection until it closes.
-pub async fn serve(worker: Rc<Worker>, mut stream: TcpStream, guard: ConnGuard) {
+pub async fn serve<S: Transport>(worker: Rc<Worker>, mut stream: S, guard: ConnGuard) {
     let cfg = &worker.shared.config;
     let max_buffer = cfg.max_header_bytes + cfg.max_body_bytes;
     let mut buf: Vec<u8> = Vec::with_capacity(4096);
@@ -125,7 +176,10 @@ pub async fn serve(worker: Rc<Worker>, mut stream: TcpStream, guard: ConnGuard) 
                     return;
                 }
             }
-            return websocket(worker, stream, u, buf, guard).await;
+            // A task of its own: this HTTP task's state (its buffers, its read and
+            // timeout futures) is freed instead of living as long as the socket.
+            monoio::spawn(websocket(worker, stream, u, buf, guard));
+            return;
         }
         if !out.is_empty() {
             let (res, mut written) = stream.write_all(std::mem::take(&mut out)).await;
@@ -136,9 +190,11 @@ pub async fn serve(worker: Rc<Worker>, mut stream: TcpStream, guard: ConnGuard) 
             out = written;
         }
         if close {
+            stream.before_close().await;
             return;
         }
         if worker.is_stopping() && buf.is_empty() {
+            stream.before_close().await;
             return;
         }
         // Read more, under the header/body timeout or the keep-alive idle timeout.
@@ -251,8 +307,10 @@ fn health(worker: &Worker, out: &mut Vec<u8>) {
     let queued = shared.mailboxes.max_len();
     let queues_ok = queued <= shared.config.mailbox_high_water();
     let stopping = shared.shutting_down.load(Ordering::Relaxed);
+    // Single node: nothing to check. Cluster mode: both bridge connections are up.
+    let cluster_ok = shared.cluster.as_ref().map_or(true, |c| c.is_ok());
     let version = version();
-    if db_ok && queues_ok && !stopping {
+    if db_ok && queues_ok && !stopping && cluster_ok {
         let body = format!("{{\"status\":\"ok\",\"version\":\"{version}\"}}");
         write_json(out, 200, body.as_bytes(), Extra::default());
         return;
@@ -265,7 +323,11 @@ fn health(worker: &Worker, out: &mut Vec<u8>) {
     let mut checks = serde_json::json!({
         "database": if db_ok { "ok" } else { "the key store does not answer" },
         "queues": queues,
-        "cluster": "not configured",
+        "cluster": match &shared.cluster {
+            None => "not configured",
+            Some(_) if cluster_ok => "ok",
+            Some(_) => "Redis is unreachable; serving local subscribers only",
+        },
     });
     if stopping {
         checks["server"] = "shutting down".into();
@@ -336,16 +398,15 @@ fn upgrade(worker: &Rc<Worker>, head: &RequestHead, req: &[u8], out: &mut Vec<u8
 }
 
 /// Run an upgraded connection: writer task spawned, reader in this task.
-async fn websocket(
+async fn websocket<S: Transport>(
     worker: Rc<Worker>,
-    stream: TcpStream,
+    stream: S,
     upgrade: Upgrade,
     leftover: Vec<u8>,
     _guard: ConnGuard,
 ) {
-    use std::os::fd::AsRawFd;
     let cfg = &worker.shared.config;
-    let fd = stream.as_raw_fd();
+    let (fd, rd, wr) = stream.into_ws_halves();
     let conn = Rc::new(WsConn::new(
         worker.next_conn_id(),
         ConnMeta {
@@ -361,12 +422,14 @@ async fn websocket(
     let limits = ReadLimits {
         max_message: cfg.max_frame_bytes,
     };
-    let (rd, wr) = stream.into_split();
     worker.register_ws(conn.clone());
     monoio::spawn(write_loop(wr, conn.clone()));
     let mut session = ClientSession::new(worker.clone());
     let clock_worker = worker.clone();
+    // An empty leftover still owns the 4 KiB HTTP read buffer: free it now, not when
+    // the connection ends (it would be most of an idle connection's memory).
     let pending = if leftover.is_empty() {
+        drop(leftover);
         Vec::new()
     } else {
         leftover
