@@ -15,6 +15,8 @@
 //! - [`auth`]: keys, their hashes, the in-memory key snapshot and its watcher.
 //! - [`quota`]: per-project GCRA on atomics. [`store`]: the SQLite project/key store.
 //! - [`admin`]: the project/key subcommands of the CLI.
+//! - [`cluster`]: the Redis bridge of cluster mode (relay out, interest-routed
+//!   subscriptions in), on its own threads.
 //!
 //! Invariants that hold across modules: the hot path never blocks and never allocates
 //! per subscriber; one published message is encoded once into one `Bytes` that every
@@ -26,6 +28,7 @@
 pub mod admin;
 pub mod auth;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod http;
 pub mod ids;

@@ -111,10 +111,21 @@ pub fn run(
         listeners.push(bind_listener(addr)?);
     }
 
+    // Cluster mode: the bridge threads start now and connect in the background (a Redis
+    // that is down at this instant only makes health degraded until it answers).
+    let cluster = match config.redis.as_deref() {
+        Some(url) => Some(crate::cluster::Cluster::start(
+            url,
+            keys.clone(),
+            mailboxes.clone(),
+        )?),
+        None => None,
+    };
     let shared = Arc::new(Shared {
         config,
         keys: keys.clone(),
         mailboxes: mailboxes.clone(),
+        cluster: cluster.clone(),
         shutting_down: AtomicBool::new(false),
         db_ok: db_ok.clone(),
     });
@@ -186,6 +197,9 @@ pub fn run(
         std::thread::sleep(Duration::from_millis(10));
     }
     stop_watcher.store(true, Ordering::SeqCst);
+    if let Some(cluster) = &cluster {
+        cluster.stop();
+    }
     for t in threads {
         if t.is_finished() {
             let _ = t.join();

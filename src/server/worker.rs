@@ -32,6 +32,9 @@ pub struct Shared {
     pub config: Config,
     pub keys: Arc<KeyCache>,
     pub mailboxes: Mailboxes,
+    /// Cluster mode's Redis bridge; `None` on a single node. Its `is_ok` is the
+    /// `"cluster"` health check.
+    pub cluster: Option<Arc<crate::cluster::Cluster>>,
     pub shutting_down: AtomicBool,
     /// Whether the key store answered on its last check.
     pub db_ok: Arc<AtomicBool>,
@@ -39,7 +42,18 @@ pub struct Shared {
 
 impl Fanout for Shared {
     fn broadcast(&self, msg: Arc<Broadcast>) -> bool {
-        self.mailboxes.broadcast(msg)
+        match &self.cluster {
+            None => self.mailboxes.broadcast(msg),
+            // Relay only what was accepted locally: a 503 here means no node delivers it.
+            // The relay is an `Arc` clone into a bounded queue: no allocation, no wait.
+            Some(cluster) => {
+                if !self.mailboxes.broadcast(Arc::clone(&msg)) {
+                    return false;
+                }
+                cluster.relay(msg);
+                true
+            }
+        }
     }
 
     fn shutting_down(&self) -> bool {

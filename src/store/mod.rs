@@ -1,7 +1,8 @@
 //! The project/key store: the durable side of the control plane.
 //!
-//! [`Store`] is a trait so that cluster mode can put projects and keys in Redis later;
-//! today [`SqliteStore`] (one file in the data directory) is the only implementation.
+//! [`Store`] is a trait with two implementations: [`SqliteStore`] (one file in the data
+//! directory, single node) and [`RedisStore`] (cluster mode, `--redis URL`: every node
+//! and every admin command share one Redis).
 //! Invariants every implementation keeps:
 //! - Only [`KeyHash`]es and display prefixes of keys are stored, never a full key. A
 //!   full key is returned once, by the call that created it.
@@ -10,8 +11,10 @@
 //! - Revocation is permanent: a revoked key never becomes active again.
 //! - Nothing here runs on a worker thread: store calls may block on I/O and locks.
 
+mod redis;
 mod sqlite;
 
+pub use self::redis::RedisStore;
 pub use sqlite::SqliteStore;
 
 use std::path::{Path, PathBuf};
@@ -70,6 +73,9 @@ pub enum StoreError {
     /// A stored row that this build cannot interpret.
     #[error("corrupt store: {0}")]
     Corrupt(String),
+    /// Redis did not answer, or answered with an error (cluster mode).
+    #[error("Redis error: {0}")]
+    Redis(String),
 }
 
 /// Projects and keys, wherever they live. Methods take `&mut self` because a store is a
@@ -120,11 +126,11 @@ pub trait Store: Send {
     fn is_empty(&mut self) -> Result<bool, StoreError>;
 }
 
-/// Open the store the command line points at: SQLite in `data_dir`, or Redis in cluster
-/// mode (not built yet).
+/// Open the store the command line points at: SQLite in `data_dir`, or Redis at `redis`
+/// in cluster mode (the data directory is then not used for keys).
 pub fn open_store(data_dir: &Path, redis: Option<&str>) -> Result<Box<dyn Store>, StoreError> {
     match redis {
-        Some(_) => Err(StoreError::Invalid("cluster mode not built yet".into())),
+        Some(url) => Ok(Box::new(RedisStore::open(url)?)),
         None => Ok(Box::new(SqliteStore::open(data_dir)?)),
     }
 }
@@ -163,11 +169,14 @@ mod tests {
     }
 
     #[test]
-    fn redis_is_not_built_yet() {
+    fn a_bad_redis_url_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let err = open_store(dir.path(), Some("redis://localhost"))
+        let err = open_store(dir.path(), Some("not a url")).err().unwrap();
+        assert!(matches!(err, StoreError::Invalid(_)), "{err}");
+        // Nothing listens on port 1: the store cannot open, and says it is Redis.
+        let err = open_store(dir.path(), Some("redis://127.0.0.1:1"))
             .err()
             .unwrap();
-        assert!(matches!(err, StoreError::Invalid(_)), "{err}");
+        assert!(matches!(err, StoreError::Redis(_)), "{err}");
     }
 }

@@ -49,10 +49,15 @@ impl ClientSession {
             ));
             return;
         }
-        self.worker
-            .registry
-            .borrow_mut()
-            .subscribe(conn.meta.project, channel, conn);
+        let first = {
+            let mut registry = self.worker.registry.borrow_mut();
+            let first = registry.subscribers(conn.meta.project, channel).is_none();
+            registry.subscribe(conn.meta.project, channel, conn);
+            first
+        };
+        if first {
+            self.interest(conn.meta.project, channel, true);
+        }
         self.subscriptions.push(channel.into());
         conn.send(reply("subscribed", channel));
     }
@@ -60,12 +65,27 @@ impl ClientSession {
     fn unsubscribe(&mut self, conn: &Rc<WsConn>, channel: &str) {
         if let Some(pos) = self.subscriptions.iter().position(|c| &**c == channel) {
             self.subscriptions.swap_remove(pos);
-            self.worker
-                .registry
-                .borrow_mut()
-                .unsubscribe(conn.meta.project, channel, conn.id);
+            let last = {
+                let mut registry = self.worker.registry.borrow_mut();
+                registry.unsubscribe(conn.meta.project, channel, conn.id)
+                    && registry.subscribers(conn.meta.project, channel).is_none()
+            };
+            if last {
+                self.interest(conn.meta.project, channel, false);
+            }
         }
         conn.send(reply("unsubscribed", channel));
+    }
+}
+
+impl ClientSession {
+    /// Cluster mode: tell the bridge that this worker's first subscriber of a channel
+    /// arrived (`on`) or its last one left, so the node subscribes in Redis only to
+    /// channels someone here wants. Never per client, never on the fan-out path.
+    fn interest(&self, project: u32, channel: &str, on: bool) {
+        if let Some(cluster) = &self.worker.shared.cluster {
+            cluster.interest(project, channel, on);
+        }
     }
 }
 
@@ -136,8 +156,15 @@ impl Session for ClientSession {
 
     fn on_end(&mut self, conn: &Rc<WsConn>) {
         let mut registry = self.worker.registry.borrow_mut();
+        let cluster = self.worker.shared.cluster.as_deref();
         for channel in self.subscriptions.drain(..) {
-            registry.unsubscribe(conn.meta.project, &channel, conn.id);
+            if registry.unsubscribe(conn.meta.project, &channel, conn.id)
+                && registry.subscribers(conn.meta.project, &channel).is_none()
+            {
+                if let Some(cluster) = cluster {
+                    cluster.interest(conn.meta.project, &channel, false);
+                }
+            }
         }
         drop(registry);
         self.worker.remove_ws(conn);

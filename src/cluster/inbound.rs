@@ -1,0 +1,224 @@
+//! The subscriber thread: Redis → this node's mailboxes, for exactly the channels this
+//! node's clients want.
+//!
+//! State: `wanted`, Redis channel → how many workers have a local subscriber on it. It
+//! is updated from the interest queue whether or not Redis is reachable, so after a
+//! reconnect the thread re-subscribes to exactly what is wanted *then*, in batches of
+//! [`RESUBSCRIBE_BATCH`].
+//!
+//! The connection reads with a short timeout ([`POLL`]): between reads the thread
+//! applies interest changes, so a new subscription reaches Redis within a few
+//! milliseconds of a client's `subscribe`. A read timeout leaves the RESP decoder's
+//! partial state intact (redis-rs keeps it across `WouldBlock`), so a timeout in the
+//! middle of a large message loses nothing. SUBSCRIBE/UNSUBSCRIBE wait for their reply
+//! under [`IO_TIMEOUT`] instead; a timeout there drops the connection (its reply stream
+//! can no longer be trusted) and the reconnect restores everything.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use crossbeam_channel::Receiver;
+
+use super::outbound::ProjectIndex;
+use super::{
+    connect, sleep_unless_stopped, wire, Backoff, Cluster, Interest, IO_TIMEOUT, RESUBSCRIBE_BATCH,
+};
+use crate::auth::KeyCache;
+use crate::shard::mailbox::{Broadcast, Mailboxes};
+
+/// Longest a read waits before the thread looks at interest changes again.
+pub const POLL: Duration = Duration::from_millis(5);
+
+/// Subscription changes to send to Redis.
+#[derive(Default)]
+struct Pending {
+    subscribe: Vec<String>,
+    unsubscribe: Vec<String>,
+}
+
+/// Apply queued interest changes to `wanted`; collect the Redis-level transitions.
+fn drain_interest(
+    rx: &Receiver<Interest>,
+    keys: &KeyCache,
+    projects: &mut ProjectIndex,
+    wanted: &mut HashMap<String, u32>,
+    pending: &mut Pending,
+) {
+    while let Ok(change) = rx.try_recv() {
+        let Some(project) = projects.get(keys, change.project) else {
+            continue;
+        };
+        let name = wire::redis_channel(&project.id, &change.channel);
+        if change.on {
+            let count = wanted.entry(name.clone()).or_insert(0);
+            *count += 1;
+            if *count == 1 {
+                pending.unsubscribe.retain(|c| *c != name);
+                pending.subscribe.push(name);
+            }
+        } else if let Some(count) = wanted.get_mut(&name) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                wanted.remove(&name);
+                pending.subscribe.retain(|c| *c != name);
+                pending.unsubscribe.push(name);
+            }
+        }
+    }
+}
+
+pub(crate) fn run(
+    cluster: &Cluster,
+    client: &redis::Client,
+    keys: &KeyCache,
+    mailboxes: &Mailboxes,
+    rx: &Receiver<Interest>,
+) {
+    let mut backoff = Backoff::new();
+    let mut projects = ProjectIndex::new();
+    let mut wanted: HashMap<String, u32> = HashMap::new();
+    while !cluster.stopping() {
+        let mut pending = Pending::default();
+        drain_interest(rx, keys, &mut projects, &mut wanted, &mut pending);
+        let mut conn = match connect(client) {
+            Ok(c) => c,
+            Err(e) => {
+                if cluster.inbound_ok.swap(false, Ordering::Relaxed) {
+                    tracing::warn!(error = %e, "cluster subscriber: Redis unavailable");
+                }
+                sleep_unless_stopped(cluster, backoff.next_delay());
+                continue;
+            }
+        };
+        let result = subscribed_loop(
+            cluster,
+            &mut conn,
+            keys,
+            mailboxes,
+            rx,
+            &mut projects,
+            &mut wanted,
+            &mut backoff,
+        );
+        cluster.inbound_ok.store(false, Ordering::Relaxed);
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "cluster subscriber: Redis connection lost; reconnecting");
+            sleep_unless_stopped(cluster, backoff.next_delay());
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn subscribed_loop(
+    cluster: &Cluster,
+    conn: &mut redis::Connection,
+    keys: &KeyCache,
+    mailboxes: &Mailboxes,
+    rx: &Receiver<Interest>,
+    projects: &mut ProjectIndex,
+    wanted: &mut HashMap<String, u32>,
+    backoff: &mut Backoff,
+) -> redis::RedisResult<()> {
+    let mut pubsub = conn.as_pubsub();
+    // Restore: everything wanted now, in bounded batches.
+    pubsub.set_read_timeout(Some(IO_TIMEOUT))?;
+    let all: Vec<&String> = wanted.keys().collect();
+    for chunk in all.chunks(RESUBSCRIBE_BATCH) {
+        pubsub.subscribe(chunk)?;
+    }
+    // A PING round trip proves the connection works even with nothing to restore.
+    pubsub.ping::<()>()?;
+    if !cluster.inbound_ok.swap(true, Ordering::Relaxed) {
+        tracing::info!(
+            channels = wanted.len(),
+            "cluster subscriber connected to Redis"
+        );
+    }
+    backoff.reset();
+    pubsub.set_read_timeout(Some(POLL))?;
+    let mut last_traffic = Instant::now();
+    let own = cluster.node_id();
+    while !cluster.stopping() {
+        let mut pending = Pending::default();
+        drain_interest(rx, keys, projects, wanted, &mut pending);
+        if !pending.subscribe.is_empty() || !pending.unsubscribe.is_empty() {
+            pubsub.set_read_timeout(Some(IO_TIMEOUT))?;
+            for chunk in pending.subscribe.chunks(RESUBSCRIBE_BATCH) {
+                pubsub.subscribe(chunk)?;
+            }
+            for chunk in pending.unsubscribe.chunks(RESUBSCRIBE_BATCH) {
+                pubsub.unsubscribe(chunk)?;
+            }
+            pubsub.set_read_timeout(Some(POLL))?;
+        }
+        // Take everything that has arrived; a timeout means "nothing more for now".
+        loop {
+            match pubsub.get_message() {
+                Ok(msg) => {
+                    last_traffic = Instant::now();
+                    deliver(cluster, keys, mailboxes, own, &msg);
+                }
+                Err(e) if e.is_timeout() => break,
+                Err(e) => return Err(e),
+            }
+        }
+        if last_traffic.elapsed() >= IO_TIMEOUT {
+            // Quiet connection: make sure it is still alive (a half-open TCP connection
+            // would otherwise look healthy forever).
+            pubsub.set_read_timeout(Some(IO_TIMEOUT))?;
+            pubsub.ping::<()>()?;
+            pubsub.set_read_timeout(Some(POLL))?;
+            last_traffic = Instant::now();
+        }
+    }
+    Ok(())
+}
+
+/// Hand one message from another node to every worker.
+fn deliver(cluster: &Cluster, keys: &KeyCache, mailboxes: &Mailboxes, own: u64, msg: &redis::Msg) {
+    let Some((project_id, channel)) = wire::parse_channel(msg.get_channel_name()) else {
+        return;
+    };
+    let payload = msg.get_payload_bytes();
+    let Some((origin, frame)) = wire::decode_payload(payload) else {
+        cluster
+            .stats
+            .receive_dropped
+            .fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    if origin == own {
+        return; // already delivered locally when it was accepted
+    }
+    let snapshot = keys.load();
+    let Some(project) = snapshot.project(project_id) else {
+        cluster
+            .stats
+            .receive_dropped
+            .fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    let broadcast = Arc::new(Broadcast {
+        project: project.index,
+        channel: channel.into(),
+        // One copy per message per node; every local subscriber shares it.
+        frame: Bytes::copy_from_slice(frame),
+    });
+    if mailboxes.broadcast(broadcast) {
+        cluster.stats.received.fetch_add(1, Ordering::Relaxed);
+    } else {
+        let dropped = cluster
+            .stats
+            .receive_dropped
+            .fetch_add(1, Ordering::Relaxed);
+        if dropped.is_power_of_two() {
+            tracing::warn!(
+                dropped,
+                "cluster subscriber: mailboxes full; dropping remote messages"
+            );
+        }
+    }
+}

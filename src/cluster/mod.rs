@@ -1,0 +1,257 @@
+//! Cluster mode: the bridge between this node's workers and the other nodes, through
+//! Redis pub/sub. The bridge is "just another producer" into the same per-worker
+//! mailboxes as local publishes.
+//!
+//! Two control-plane threads, each with its own Redis connection (workers never touch
+//! Redis and never wait for it):
+//! - [`outbound`] (`ringcast-relay`): every publish accepted on this node is queued here
+//!   as the same `Arc<Broadcast>` the local workers got (a reference count, no copy, no
+//!   allocation on the publish path) through a bounded crossbeam queue, and PUBLISHed to
+//!   the Redis channel of its (project id, channel), in batches pipelined on one
+//!   connection: one round trip per batch, not per message. A full queue drops the relay
+//!   (counted) and never delays the publish: local subscribers are served regardless.
+//! - [`inbound`] (`ringcast-subscribe`): SUBSCRIBEs to exactly the Redis channels that
+//!   this node's clients want. Workers report a channel's first local subscriber and its
+//!   last unsubscribe ([`Cluster::interest`]); the thread keeps a per-node refcount (how
+//!   many workers want it), so Redis sees one subscription per node and channel, never
+//!   one per client. Received messages from other nodes are pushed into every worker's
+//!   mailbox with [`Mailboxes::broadcast`]; this node's own messages (which Redis echoes
+//!   back) are skipped by origin id, so each publish is delivered exactly once per
+//!   subscriber cluster-wide.
+//!
+//! Faults: when either connection fails, [`Cluster::is_ok`] turns false (`/health`
+//! answers 503 with `"cluster"` failing), the thread reconnects with capped, jittered
+//! exponential backoff, and the inbound thread restores its subscriptions in batches of
+//! [`RESUBSCRIBE_BATCH`] channels per SUBSCRIBE. Messages published while Redis is away
+//! are delivered locally and not relayed (Redis pub/sub has no replay): cross-node
+//! delivery is at most once across an outage and exactly once otherwise.
+//!
+//! Ordering: one publisher connection's publishes are accepted in order on one worker,
+//! queued in order on one relay queue, published in order on one Redis connection and
+//! received in order on one subscriber connection, so subscribers on every node see
+//! them in publish order per channel.
+
+pub mod inbound;
+pub mod outbound;
+pub mod wire;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+
+use crate::auth::KeyCache;
+use crate::shard::mailbox::{Broadcast, Mailboxes};
+
+/// Relays waiting for the outbound thread. At ~1 µs per pipelined PUBLISH this is tens
+/// of milliseconds of backlog: more would only deliver stale messages after a stall.
+pub const RELAY_QUEUE: usize = 16_384;
+/// Most PUBLISH commands in one pipeline.
+pub const MAX_BATCH: usize = 512;
+/// Channels per SUBSCRIBE when restoring after a reconnect (no storm of single commands,
+/// no single enormous command either).
+pub const RESUBSCRIBE_BATCH: usize = 256;
+/// First reconnect delay; doubles up to [`MAX_BACKOFF`].
+pub const MIN_BACKOFF: Duration = Duration::from_millis(100);
+pub const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// Connect/read/write timeout of a bridge connection's commands; also how long a dead
+/// Redis can go unnoticed at most while the connection is idle (a PING is sent this
+/// often).
+pub const IO_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Why the cluster bridge could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("invalid Redis URL: {0}")]
+    Url(String),
+    #[error("cannot start cluster thread: {0}")]
+    Thread(#[from] std::io::Error),
+}
+
+/// A change of this node's interest in a (project, channel): sent by a worker when its
+/// first local subscriber arrives (`on`) or its last one leaves.
+#[derive(Debug)]
+pub struct Interest {
+    pub project: u32,
+    pub channel: Box<str>,
+    pub on: bool,
+}
+
+/// Counters, for logs and metrics.
+#[derive(Debug, Default)]
+pub struct ClusterStats {
+    pub relayed: AtomicU64,
+    /// Relays dropped: the queue was full or Redis was away.
+    pub relay_dropped: AtomicU64,
+    pub received: AtomicU64,
+    /// Remote messages dropped: a mailbox was full, or the project is unknown here.
+    pub receive_dropped: AtomicU64,
+}
+
+/// The handle workers and the server hold.
+pub struct Cluster {
+    node_id: u64,
+    relay_tx: Sender<Arc<Broadcast>>,
+    interest_tx: Sender<Interest>,
+    inbound_ok: AtomicBool,
+    outbound_ok: AtomicBool,
+    stop: AtomicBool,
+    pub stats: ClusterStats,
+}
+
+impl Cluster {
+    /// Start both bridge threads. Connection failures are not errors here: the threads
+    /// keep retrying and health reports the cluster as failing meanwhile.
+    pub fn start(
+        url: &str,
+        keys: Arc<KeyCache>,
+        mailboxes: Mailboxes,
+    ) -> Result<Arc<Cluster>, ClusterError> {
+        let client = redis::Client::open(url).map_err(|e| ClusterError::Url(e.to_string()))?;
+        let (relay_tx, relay_rx) = crossbeam_channel::bounded(RELAY_QUEUE);
+        // Unbounded on purpose: losing an interest change would silently cut a channel
+        // off. Its size is bounded by subscribe/unsubscribe traffic, which the thread
+        // drains every few milliseconds.
+        let (interest_tx, interest_rx) = crossbeam_channel::unbounded();
+        let cluster = Arc::new(Cluster {
+            node_id: rand::random(),
+            relay_tx,
+            interest_tx,
+            inbound_ok: AtomicBool::new(false),
+            outbound_ok: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            stats: ClusterStats::default(),
+        });
+        spawn_outbound(&cluster, client.clone(), keys.clone(), relay_rx)?;
+        spawn_inbound(&cluster, client, keys, mailboxes, interest_rx)?;
+        Ok(cluster)
+    }
+
+    /// This node's random id, carried in every payload it publishes.
+    pub fn node_id(&self) -> u64 {
+        self.node_id
+    }
+
+    /// Queue a locally accepted publish for the other nodes. Never blocks, never
+    /// allocates (an `Arc` clone into a preallocated ring).
+    pub fn relay(&self, msg: Arc<Broadcast>) {
+        match self.relay_tx.try_send(msg) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                self.stats.relay_dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Report a channel's first local subscriber on a worker (`on`) or its last one
+    /// leaving. Called only on those transitions, never per client or per message.
+    pub fn interest(&self, project: u32, channel: &str, on: bool) {
+        let _ = self.interest_tx.send(Interest {
+            project,
+            channel: channel.into(),
+            on,
+        });
+    }
+
+    /// Both Redis connections are up.
+    pub fn is_ok(&self) -> bool {
+        self.inbound_ok.load(Ordering::Relaxed) && self.outbound_ok.load(Ordering::Relaxed)
+    }
+
+    /// Ask both threads to exit (within about [`IO_TIMEOUT`]).
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+    }
+
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+}
+
+fn spawn_outbound(
+    cluster: &Arc<Cluster>,
+    client: redis::Client,
+    keys: Arc<KeyCache>,
+    rx: Receiver<Arc<Broadcast>>,
+) -> std::io::Result<()> {
+    let cluster = cluster.clone();
+    std::thread::Builder::new()
+        .name("ringcast-relay".into())
+        .spawn(move || outbound::run(&cluster, &client, &keys, &rx))?;
+    Ok(())
+}
+
+fn spawn_inbound(
+    cluster: &Arc<Cluster>,
+    client: redis::Client,
+    keys: Arc<KeyCache>,
+    mailboxes: Mailboxes,
+    rx: Receiver<Interest>,
+) -> std::io::Result<()> {
+    let cluster = cluster.clone();
+    std::thread::Builder::new()
+        .name("ringcast-subscribe".into())
+        .spawn(move || inbound::run(&cluster, &client, &keys, &mailboxes, &rx))?;
+    Ok(())
+}
+
+/// Capped exponential backoff with jitter, so that nodes that lost Redis together do not
+/// all come back in the same millisecond.
+pub(crate) struct Backoff(Duration);
+
+impl Backoff {
+    pub(crate) fn new() -> Backoff {
+        Backoff(MIN_BACKOFF)
+    }
+
+    pub(crate) fn reset(&mut self) {
+        self.0 = MIN_BACKOFF;
+    }
+
+    /// The next delay (between half and all of the current step), then double the step.
+    pub(crate) fn next_delay(&mut self) -> Duration {
+        let step = self.0;
+        self.0 = (self.0 * 2).min(MAX_BACKOFF);
+        let half = step / 2;
+        half + half.mul_f64(rand::random::<f64>())
+    }
+}
+
+/// Connect with the bridge's timeouts.
+pub(crate) fn connect(client: &redis::Client) -> redis::RedisResult<redis::Connection> {
+    let conn = client.get_connection_with_timeout(IO_TIMEOUT)?;
+    conn.set_write_timeout(Some(IO_TIMEOUT))?;
+    conn.set_read_timeout(Some(IO_TIMEOUT))?;
+    Ok(conn)
+}
+
+/// Sleep `d` in small steps, returning early when the cluster is stopping.
+pub(crate) fn sleep_unless_stopped(cluster: &Cluster, d: Duration) {
+    let deadline = std::time::Instant::now() + d;
+    while !cluster.stopping() {
+        let now = std::time::Instant::now();
+        if now >= deadline {
+            return;
+        }
+        std::thread::sleep((deadline - now).min(Duration::from_millis(20)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_to_a_cap_with_jitter() {
+        let mut b = Backoff::new();
+        let mut last = Duration::ZERO;
+        for _ in 0..20 {
+            last = b.next_delay();
+            assert!(last <= MAX_BACKOFF);
+        }
+        assert!(last >= MAX_BACKOFF / 2);
+        b.reset();
+        assert!(b.next_delay() <= MIN_BACKOFF);
+    }
+}

@@ -1,0 +1,144 @@
+//! The relay thread: local publishes → Redis PUBLISH, pipelined.
+//!
+//! It blocks on the relay queue, then takes everything already waiting (up to
+//! [`MAX_BATCH`]) and sends it as one pipeline: under load one round trip carries
+//! hundreds of messages; when idle a single message goes out at once (no batching
+//! delay). While Redis is unreachable the queue is drained and dropped (counted), so
+//! nothing stale is published minutes later when Redis returns.
+//!
+//! Project indexes are per process; the channel name in Redis needs the project *id*, so
+//! the thread keeps an index → id table rebuilt whenever the key snapshot changes
+//! (indexes are never reused, so a table entry never goes stale).
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+
+use super::{connect, sleep_unless_stopped, wire, Backoff, Cluster, IO_TIMEOUT, MAX_BATCH};
+use crate::auth::{KeyCache, ProjectState};
+use crate::shard::mailbox::Broadcast;
+
+/// Project index → project, for the snapshot generation it was built from.
+pub(crate) struct ProjectIndex {
+    generation: u64,
+    by_index: HashMap<u32, Arc<ProjectState>>,
+}
+
+impl ProjectIndex {
+    pub(crate) fn new() -> ProjectIndex {
+        ProjectIndex {
+            generation: u64::MAX,
+            by_index: HashMap::new(),
+        }
+    }
+
+    pub(crate) fn get(&mut self, keys: &KeyCache, index: u32) -> Option<&Arc<ProjectState>> {
+        let snapshot = keys.load();
+        if snapshot.generation() != self.generation || !self.by_index.contains_key(&index) {
+            self.generation = snapshot.generation();
+            self.by_index = snapshot
+                .projects()
+                .map(|p| (p.index, Arc::clone(p)))
+                .collect();
+        }
+        self.by_index.get(&index)
+    }
+}
+
+pub(crate) fn run(
+    cluster: &Cluster,
+    client: &redis::Client,
+    keys: &KeyCache,
+    rx: &Receiver<Arc<Broadcast>>,
+) {
+    let mut backoff = Backoff::new();
+    let mut projects = ProjectIndex::new();
+    let mut batch: Vec<Arc<Broadcast>> = Vec::with_capacity(MAX_BATCH);
+    while !cluster.stopping() {
+        let mut conn = match connect(client).and_then(|mut c| {
+            redis::cmd("PING").query::<()>(&mut c)?;
+            Ok(c)
+        }) {
+            Ok(c) => c,
+            Err(e) => {
+                if cluster.outbound_ok.swap(false, Ordering::Relaxed) {
+                    tracing::warn!(error = %e, "cluster relay: Redis unavailable");
+                }
+                drop_queued(cluster, rx);
+                sleep_unless_stopped(cluster, backoff.next_delay());
+                continue;
+            }
+        };
+        if !cluster.outbound_ok.swap(true, Ordering::Relaxed) {
+            tracing::info!("cluster relay connected to Redis");
+        }
+        backoff.reset();
+        if let Err(e) = relay_until_error(cluster, &mut conn, keys, rx, &mut projects, &mut batch) {
+            cluster.outbound_ok.store(false, Ordering::Relaxed);
+            tracing::warn!(error = %e, "cluster relay: Redis connection lost; reconnecting");
+            cluster
+                .stats
+                .relay_dropped
+                .fetch_add(batch.len() as u64, Ordering::Relaxed);
+            batch.clear();
+        }
+    }
+    cluster.outbound_ok.store(false, Ordering::Relaxed);
+}
+
+fn drop_queued(cluster: &Cluster, rx: &Receiver<Arc<Broadcast>>) {
+    let mut n = 0u64;
+    while rx.try_recv().is_ok() {
+        n += 1;
+    }
+    cluster.stats.relay_dropped.fetch_add(n, Ordering::Relaxed);
+}
+
+fn relay_until_error(
+    cluster: &Cluster,
+    conn: &mut redis::Connection,
+    keys: &KeyCache,
+    rx: &Receiver<Arc<Broadcast>>,
+    projects: &mut ProjectIndex,
+    batch: &mut Vec<Arc<Broadcast>>,
+) -> redis::RedisResult<()> {
+    let node = cluster.node_id();
+    while !cluster.stopping() {
+        match rx.recv_timeout(IO_TIMEOUT) {
+            Ok(first) => batch.push(first),
+            Err(RecvTimeoutError::Timeout) => {
+                // Idle: prove the connection is alive so health tells the truth.
+                redis::cmd("PING").query::<()>(conn)?;
+                continue;
+            }
+            Err(RecvTimeoutError::Disconnected) => return Ok(()),
+        }
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(msg) => batch.push(msg),
+                Err(_) => break,
+            }
+        }
+        let mut pipe = redis::pipe();
+        for msg in batch.iter() {
+            let Some(project) = projects.get(keys, msg.project) else {
+                continue;
+            };
+            pipe.cmd("PUBLISH")
+                .arg(wire::redis_channel(&project.id, &msg.channel))
+                .arg(wire::encode_payload(node, &msg.frame))
+                .ignore();
+        }
+        if !pipe.is_empty() {
+            pipe.query::<()>(conn)?;
+        }
+        cluster
+            .stats
+            .relayed
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        batch.clear();
+    }
+    Ok(())
+}

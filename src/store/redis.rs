@@ -1,0 +1,382 @@
+//! [`RedisStore`]: projects and keys in Redis, for cluster mode (`--redis URL`).
+//!
+//! Every node's watcher and every admin command talk to the same Redis, so a key created
+//! or revoked anywhere is seen by every node at its next poll of [`Store::change_token`]
+//! (250 ms by default): the token is one `GET` of an integer, cheap enough to poll, which
+//! makes a separate pub/sub invalidation channel unnecessary.
+//!
+//! Layout (all under the [`PREFIX`] namespace), chosen so that no write is a
+//! read-modify-write of a shared value:
+//! - `projects` hash: id → JSON `{name, seq}` (immutable once written);
+//! - `rate_limits` hash: project id → `"100/s"` (the one mutable project field);
+//! - `keys` hash: key id → JSON `{project_id, kind, prefix, hash, seq}` (immutable);
+//! - `key_hashes` hash: hex SHA-256 → key id (revocation by full key);
+//! - `revoked` set: revoked key ids (revocation is a set insert: idempotent, permanent);
+//! - `version`: INCR'd in the same MULTI/EXEC as every change (the change token);
+//! - `seq`: a counter that orders projects and keys "oldest first".
+//!
+//! Invariants: only hashes and display prefixes are stored; every change and its
+//! `version` bump commit atomically (MULTI/EXEC); [`Store::load_all`] is one MULTI/EXEC,
+//! so it is one consistent view. A failed call drops the connection; the next call
+//! reconnects (with [`IO_TIMEOUT`] bounding every wait), so a watcher polling a dead
+//! Redis fails fast and recovers by itself.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::{validate_project_name, KeyRecord, ProjectRecord, Store, StoreContents, StoreError};
+use crate::auth::key::{generate_id, generate_key, hash_key, key_prefix, KeyHash, KeyKind};
+use crate::quota::RateLimit;
+
+/// Namespace of every Redis key ringcast writes.
+pub const PREFIX: &str = "ringcast:";
+
+/// Longest wait for a connect, a read or a write. A control-plane call that takes longer
+/// is treated as Redis being unavailable (health goes degraded, the last snapshot stays).
+pub const IO_TIMEOUT: Duration = Duration::from_secs(2);
+
+#[derive(Serialize, Deserialize)]
+struct StoredProject {
+    name: String,
+    seq: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StoredKey {
+    project_id: String,
+    kind: String,
+    prefix: String,
+    /// Hex SHA-256 of the full key.
+    hash: String,
+    seq: u64,
+}
+
+fn k(name: &str) -> String {
+    format!("{PREFIX}{name}")
+}
+
+/// A connection to the Redis store. One per thread; reconnects lazily after an error.
+pub struct RedisStore {
+    client: redis::Client,
+    conn: Option<redis::Connection>,
+}
+
+impl From<redis::RedisError> for StoreError {
+    fn from(e: redis::RedisError) -> StoreError {
+        StoreError::Redis(e.to_string())
+    }
+}
+
+impl RedisStore {
+    /// Parse `url` and connect once, so a wrong URL or an unreachable Redis fails now.
+    pub fn open(url: &str) -> Result<RedisStore, StoreError> {
+        let client = redis::Client::open(url)
+            .map_err(|e| StoreError::Invalid(format!("invalid Redis URL: {e}")))?;
+        let mut store = RedisStore { client, conn: None };
+        store.with(|c| redis::cmd("PING").query::<()>(c))?;
+        Ok(store)
+    }
+
+    /// Run `f` on a live connection; on error drop the connection (it may be broken
+    /// mid-reply) so the next call starts clean.
+    fn with<T>(
+        &mut self,
+        f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>,
+    ) -> Result<T, StoreError> {
+        if self.conn.is_none() {
+            let conn = self.client.get_connection_with_timeout(IO_TIMEOUT)?;
+            conn.set_read_timeout(Some(IO_TIMEOUT))?;
+            conn.set_write_timeout(Some(IO_TIMEOUT))?;
+            self.conn = Some(conn);
+        }
+        let Some(conn) = self.conn.as_mut() else {
+            return Err(StoreError::Redis("no connection".into()));
+        };
+        let result = f(conn);
+        if result.is_err() {
+            self.conn = None;
+        }
+        Ok(result?)
+    }
+
+    fn next_seq(&mut self) -> Result<u64, StoreError> {
+        self.with(|c| redis::cmd("INCR").arg(k("seq")).query(c))
+    }
+
+    fn project_exists(&mut self, project_id: &str) -> Result<bool, StoreError> {
+        self.with(|c| {
+            redis::cmd("HEXISTS")
+                .arg(k("projects"))
+                .arg(project_id)
+                .query(c)
+        })
+    }
+
+    fn new_key(
+        &mut self,
+        project_id: &str,
+        kind: KeyKind,
+    ) -> Result<(KeyRecord, String, String), StoreError> {
+        let key = generate_key(kind);
+        let record = KeyRecord {
+            id: generate_id("key_"),
+            project_id: project_id.to_string(),
+            kind,
+            revoked: false,
+            prefix: key_prefix(&key),
+            hash: hash_key(&key),
+        };
+        let stored = StoredKey {
+            project_id: project_id.to_string(),
+            kind: kind.as_str().to_string(),
+            prefix: record.prefix.clone(),
+            hash: record.hash.to_hex(),
+            seq: self.next_seq()?,
+        };
+        let json = serde_json::to_string(&stored)
+            .map_err(|e| StoreError::Corrupt(format!("cannot encode key: {e}")))?;
+        Ok((record, key, json))
+    }
+
+    fn read_projects(&mut self) -> Result<Vec<ProjectRecord>, StoreError> {
+        let (projects, limits): (HashMap<String, String>, HashMap<String, String>) =
+            self.with(|c| {
+                redis::pipe()
+                    .atomic()
+                    .cmd("HGETALL")
+                    .arg(k("projects"))
+                    .cmd("HGETALL")
+                    .arg(k("rate_limits"))
+                    .query(c)
+            })?;
+        decode_projects(projects, &limits)
+    }
+}
+
+fn decode_projects(
+    projects: HashMap<String, String>,
+    limits: &HashMap<String, String>,
+) -> Result<Vec<ProjectRecord>, StoreError> {
+    let mut out = Vec::with_capacity(projects.len());
+    for (id, json) in projects {
+        let stored: StoredProject = serde_json::from_str(&json)
+            .map_err(|e| StoreError::Corrupt(format!("project {id}: {e}")))?;
+        let limit = limits
+            .get(&id)
+            .ok_or_else(|| StoreError::Corrupt(format!("project {id}: no rate limit")))?;
+        let rate_limit = RateLimit::parse(limit)
+            .map_err(|e| StoreError::Corrupt(format!("project {id}: {e}")))?;
+        out.push((
+            stored.seq,
+            ProjectRecord {
+                id,
+                name: stored.name,
+                rate_limit,
+            },
+        ));
+    }
+    out.sort_by_key(|(seq, _)| *seq);
+    Ok(out.into_iter().map(|(_, p)| p).collect())
+}
+
+fn decode_keys(
+    keys: HashMap<String, String>,
+    revoked: &HashSet<String>,
+    only_project: Option<&str>,
+) -> Result<Vec<KeyRecord>, StoreError> {
+    let mut out = Vec::new();
+    for (id, json) in keys {
+        let stored: StoredKey = serde_json::from_str(&json)
+            .map_err(|e| StoreError::Corrupt(format!("key {id}: {e}")))?;
+        if only_project.is_some_and(|p| p != stored.project_id) {
+            continue;
+        }
+        let kind = KeyKind::parse(&stored.kind)
+            .ok_or_else(|| StoreError::Corrupt(format!("key {id}: unknown kind")))?;
+        let hash = hex::decode(&stored.hash)
+            .ok()
+            .and_then(|h| <[u8; 32]>::try_from(h.as_slice()).ok())
+            .ok_or_else(|| StoreError::Corrupt(format!("key {id}: hash is not 32 bytes")))?;
+        out.push((
+            stored.seq,
+            KeyRecord {
+                revoked: revoked.contains(&id),
+                id,
+                project_id: stored.project_id,
+                kind,
+                prefix: stored.prefix,
+                hash: KeyHash(hash),
+            },
+        ));
+    }
+    out.sort_by_key(|(seq, _)| *seq);
+    Ok(out.into_iter().map(|(_, k)| k).collect())
+}
+
+fn project_not_found(id: &str) -> StoreError {
+    StoreError::NotFound(format!("no project with id {id:?}"))
+}
+
+impl Store for RedisStore {
+    fn create_project(
+        &mut self,
+        name: &str,
+        rate_limit: RateLimit,
+    ) -> Result<(ProjectRecord, String, String), StoreError> {
+        validate_project_name(name)?;
+        let project = ProjectRecord {
+            id: generate_id("prj_"),
+            name: name.to_string(),
+            rate_limit,
+        };
+        let stored = serde_json::to_string(&StoredProject {
+            name: name.to_string(),
+            seq: self.next_seq()?,
+        })
+        .map_err(|e| StoreError::Corrupt(format!("cannot encode project: {e}")))?;
+        let (sk, secret, sk_json) = self.new_key(&project.id, KeyKind::Secret)?;
+        let (pk, public, pk_json) = self.new_key(&project.id, KeyKind::Public)?;
+        self.with(|c| {
+            redis::pipe()
+                .atomic()
+                .hset(k("projects"), &project.id, &stored)
+                .hset(k("rate_limits"), &project.id, rate_limit.to_string())
+                .hset(k("keys"), &sk.id, &sk_json)
+                .hset(k("key_hashes"), sk.hash.to_hex(), &sk.id)
+                .hset(k("keys"), &pk.id, &pk_json)
+                .hset(k("key_hashes"), pk.hash.to_hex(), &pk.id)
+                .incr(k("version"), 1)
+                .query::<()>(c)
+        })?;
+        Ok((project, secret, public))
+    }
+
+    fn list_projects(&mut self) -> Result<Vec<ProjectRecord>, StoreError> {
+        self.read_projects()
+    }
+
+    fn set_rate_limit(
+        &mut self,
+        project_id: &str,
+        rate_limit: RateLimit,
+    ) -> Result<ProjectRecord, StoreError> {
+        // Projects are never deleted, so "exists" cannot change between the two calls.
+        if !self.project_exists(project_id)? {
+            return Err(project_not_found(project_id));
+        }
+        self.with(|c| {
+            redis::pipe()
+                .atomic()
+                .hset(k("rate_limits"), project_id, rate_limit.to_string())
+                .incr(k("version"), 1)
+                .query::<()>(c)
+        })?;
+        self.read_projects()?
+            .into_iter()
+            .find(|p| p.id == project_id)
+            .ok_or_else(|| project_not_found(project_id))
+    }
+
+    fn create_key(
+        &mut self,
+        project_id: &str,
+        kind: KeyKind,
+    ) -> Result<(KeyRecord, String), StoreError> {
+        if !self.project_exists(project_id)? {
+            return Err(project_not_found(project_id));
+        }
+        let (record, key, json) = self.new_key(project_id, kind)?;
+        self.with(|c| {
+            redis::pipe()
+                .atomic()
+                .hset(k("keys"), &record.id, &json)
+                .hset(k("key_hashes"), record.hash.to_hex(), &record.id)
+                .incr(k("version"), 1)
+                .query::<()>(c)
+        })?;
+        Ok((record, key))
+    }
+
+    fn revoke_key(&mut self, key_or_id: &str) -> Result<String, StoreError> {
+        let (id, shown) = if KeyKind::of_key(key_or_id).is_some() {
+            let hex = hash_key(key_or_id).to_hex();
+            let id: Option<String> =
+                self.with(|c| redis::cmd("HGET").arg(k("key_hashes")).arg(hex).query(c))?;
+            // Never echo a full (possibly valid) key into logs or terminals.
+            (id, key_prefix(key_or_id))
+        } else {
+            let exists: bool =
+                self.with(|c| redis::cmd("HEXISTS").arg(k("keys")).arg(key_or_id).query(c))?;
+            (exists.then(|| key_or_id.to_string()), key_or_id.to_string())
+        };
+        let id = id.ok_or_else(|| StoreError::NotFound(format!("no key matches {shown:?}")))?;
+        // A set insert: revoking twice is a no-op, and nothing ever removes a member.
+        self.with(|c| {
+            redis::pipe()
+                .atomic()
+                .sadd(k("revoked"), &id)
+                .incr(k("version"), 1)
+                .query::<()>(c)
+        })?;
+        Ok(id)
+    }
+
+    fn list_keys(&mut self, project_id: &str) -> Result<Vec<KeyRecord>, StoreError> {
+        if !self.project_exists(project_id)? {
+            return Err(project_not_found(project_id));
+        }
+        let (keys, revoked): (HashMap<String, String>, HashSet<String>) = self.with(|c| {
+            redis::pipe()
+                .atomic()
+                .cmd("HGETALL")
+                .arg(k("keys"))
+                .cmd("SMEMBERS")
+                .arg(k("revoked"))
+                .query(c)
+        })?;
+        decode_keys(keys, &revoked, Some(project_id))
+    }
+
+    fn load_all(&mut self) -> Result<StoreContents, StoreError> {
+        // One MULTI/EXEC: projects, limits, keys and revocations from the same instant.
+        type All = (
+            HashMap<String, String>,
+            HashMap<String, String>,
+            HashMap<String, String>,
+            HashSet<String>,
+        );
+        let (projects, limits, keys, revoked): All = self.with(|c| {
+            redis::pipe()
+                .atomic()
+                .cmd("HGETALL")
+                .arg(k("projects"))
+                .cmd("HGETALL")
+                .arg(k("rate_limits"))
+                .cmd("HGETALL")
+                .arg(k("keys"))
+                .cmd("SMEMBERS")
+                .arg(k("revoked"))
+                .query(c)
+        })?;
+        Ok(StoreContents {
+            projects: decode_projects(projects, &limits)?,
+            keys: decode_keys(keys, &revoked, None)?,
+        })
+    }
+
+    fn change_token(&mut self) -> Result<u64, StoreError> {
+        let version: Option<u64> = self.with(|c| redis::cmd("GET").arg(k("version")).query(c))?;
+        Ok(version.unwrap_or(0))
+    }
+
+    fn ping(&mut self) -> Result<(), StoreError> {
+        self.with(|c| redis::cmd("PING").query::<()>(c))
+    }
+
+    fn is_empty(&mut self) -> Result<bool, StoreError> {
+        let n: u64 = self.with(|c| redis::cmd("HLEN").arg(k("projects")).query(c))?;
+        Ok(n == 0)
+    }
+}

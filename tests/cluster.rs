@@ -1,0 +1,425 @@
+//! Cluster mode, black box: a real `redis-server` on a free loopback port, two real
+//! `ringcast serve --redis URL` processes, the real CLI against Redis, real HTTP and
+//! WebSocket clients.
+//!
+//! Without `redis-server` on the PATH every test here prints why and passes, unless
+//! `RINGCAST_REQUIRE_TOOLS=1` (CI sets it), which turns the skip into a failure.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{next_json, parse_response, set_timeout, subscribe, Ws, BIN};
+use serde_json::{json, Value};
+
+/// A redis-server child on a fixed port, restartable on the same port and directory.
+struct Redis {
+    port: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl Redis {
+    /// `None` (after saying why) when redis-server is missing and tools are optional.
+    fn start() -> Option<Redis> {
+        let found = Command::new("redis-server")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !found {
+            if std::env::var("RINGCAST_REQUIRE_TOOLS").is_ok_and(|v| v == "1") {
+                panic!("redis-server is not installed and RINGCAST_REQUIRE_TOOLS=1");
+            }
+            eprintln!("SKIP: redis-server is not installed (apt-get install redis-server)");
+            return None;
+        }
+        // Redis needs a concrete port: take a free one from the kernel and release it.
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let mut redis = Redis {
+            port,
+            dir: tempfile::tempdir().expect("tempdir"),
+            child: None,
+        };
+        redis.spawn();
+        Some(redis)
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.conn().is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn conn(&self) -> redis::RedisResult<redis::Connection> {
+        let client = redis::Client::open(self.url())?;
+        let mut c = client.get_connection_with_timeout(Duration::from_secs(1))?;
+        redis::cmd("PING").query::<()>(&mut c)?;
+        Ok(c)
+    }
+
+    /// Save a snapshot (so a restart keeps projects and keys, like a production Redis
+    /// with persistence), then kill the server hard.
+    fn kill(&mut self) {
+        let mut c = self.conn().expect("redis conn");
+        redis::cmd("SAVE").query::<()>(&mut c).expect("SAVE");
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Subscribers (nodes) that Redis has for a ringcast channel.
+    fn numsub(&self, project_id: &str, channel: &str) -> u64 {
+        let name = format!("ringcast:m:{project_id}:{channel}");
+        let Ok(mut c) = self.conn() else {
+            return 0;
+        };
+        redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(&name)
+            .query::<(String, u64)>(&mut c)
+            .map(|(_, n)| n)
+            .unwrap_or(0)
+    }
+
+    fn wait_numsub(&self, project_id: &str, channel: &str, want: u64) {
+        wait_for(&format!("{want} Redis subscribers of {channel}"), || {
+            self.numsub(project_id, channel) == want
+        });
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The CLI against Redis.
+fn cli(redis: &Redis, args: &[&str]) -> Value {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .arg("--data-dir")
+        .arg(dir.path())
+        .args(["--redis", &redis.url()])
+        .args(args)
+        .output()
+        .expect("run ringcast CLI");
+    assert!(
+        out.status.success(),
+        "ringcast {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("CLI prints JSON")
+}
+
+struct Project {
+    id: String,
+    secret: String,
+    public: String,
+}
+
+fn project(redis: &Redis, name: &str, rate: &str) -> Project {
+    let v = cli(redis, &["project", "create", name, "--rate-limit", rate]);
+    Project {
+        id: v["project"]["id"].as_str().unwrap().to_string(),
+        secret: v["secret_key"].as_str().unwrap().to_string(),
+        public: v["public_key"].as_str().unwrap().to_string(),
+    }
+}
+
+/// One `ringcast serve --redis URL` process.
+struct Node {
+    addr: SocketAddr,
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Node {
+    fn start(redis: &Redis) -> Node {
+        let dir = tempfile::tempdir().unwrap();
+        let data: PathBuf = dir.path().join("data");
+        let mut child = Command::new(BIN)
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--redis", &redis.url()])
+            .args(["serve", "--listen", "127.0.0.1:0", "--workers", "2"])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn ringcast serve");
+        let addr = wait_listening(&mut child, &data);
+        Node {
+            addr,
+            child,
+            _dir: dir,
+        }
+    }
+
+    fn raw(&self, bytes: &[u8]) -> Vec<u8> {
+        let mut s = TcpStream::connect(self.addr).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(bytes).expect("write");
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        out
+    }
+
+    fn health(&self) -> (u16, Value) {
+        let resp = self.raw(b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+        let (s, _, v) = parse_response(&resp);
+        (s, v)
+    }
+
+    fn publish(&self, key: &str, channel: &str, data: Value) -> (u16, String, Value) {
+        let body = json!({"channel": channel, "event": "e", "data": data}).to_string();
+        let req = format!(
+            "POST /api/v1/publish HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\nConnection: close\r\nX-Api-Key: {key}\r\nContent-Type: application/json\r\n\r\n{body}",
+            body.len()
+        );
+        parse_response(&self.raw(req.as_bytes()))
+    }
+
+    fn ws(&self, key: &str) -> Ws {
+        let url = format!("ws://{}/api/v1/ws?key={}", self.addr, key);
+        let (mut ws, _) = tungstenite::connect(url).expect("ws connect");
+        set_timeout(&mut ws, Duration::from_secs(10));
+        assert_eq!(next_json(&mut ws)["type"], "connected");
+        ws
+    }
+
+    /// Wait until this node accepts `secret` (keys arrive through the watcher).
+    fn wait_key(&self, secret: &str) {
+        wait_for("the node to know the key", || {
+            self.publish(secret, "warmup", json!("x")).0 != 401
+        });
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn wait_listening(child: &mut Child, data: &Path) -> SocketAddr {
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(rest) = line.strip_prefix("ringcast listening on http://") {
+                let _ = tx.send(rest.split_whitespace().next().unwrap_or("").to_string());
+            }
+        }
+    });
+    let addr = rx
+        .recv_timeout(Duration::from_secs(20))
+        .unwrap_or_else(|_| panic!("node ({}) did not start", data.display()));
+    addr.parse().expect("address")
+}
+
+fn wait_health(node: &Node, status: u16) -> Value {
+    let mut last = Value::Null;
+    wait_for(&format!("health {status}"), || {
+        let (s, v) = node.health();
+        last = v;
+        s == status
+    });
+    last
+}
+
+/// The `data` of the next message frame.
+fn next_message(ws: &mut Ws) -> Value {
+    let v = next_json(ws);
+    assert_eq!(v["type"], "message", "{v}");
+    v["data"].clone()
+}
+
+fn expect_silence(ws: &mut Ws, d: Duration) {
+    common::expect_silence(ws, d);
+}
+
+#[test]
+fn cross_node_delivery_exactly_once_in_order() {
+    let Some(redis) = Redis::start() else { return };
+    let a = Node::start(&redis);
+    let b = Node::start(&redis);
+    let p = project(&redis, "shop", "100000/s");
+    let other = project(&redis, "other", "100000/s");
+    a.wait_key(&p.secret);
+    b.wait_key(&p.secret);
+    b.wait_key(&other.secret);
+    assert_eq!(a.health().0, 200, "{}", a.health().1);
+
+    let mut on_a = a.ws(&p.public);
+    let mut on_b = b.ws(&p.public);
+    let mut on_b2 = b.ws(&p.public);
+    subscribe(&mut on_a, "news");
+    subscribe(&mut on_b, "news");
+    subscribe(&mut on_b2, "news");
+    // Per node, not per client: two clients on b make one Redis subscription.
+    redis.wait_numsub(&p.id, "news", 2);
+
+    // Another project's subscriber on the same channel name gets nothing.
+    let mut foreign = b.ws(&other.public);
+    subscribe(&mut foreign, "news");
+
+    for i in 0..20 {
+        assert_eq!(
+            a.publish(&p.secret, "news", json!({"n": i, "from": "a"})).0,
+            202
+        );
+        assert_eq!(
+            b.publish(&p.secret, "news", json!({"n": i, "from": "b"})).0,
+            202
+        );
+    }
+    for ws in [&mut on_a, &mut on_b, &mut on_b2] {
+        let mut next = [0, 0];
+        for _ in 0..40 {
+            let d = next_message(ws);
+            let who = usize::from(d["from"] == "b");
+            assert_eq!(d["n"], next[who], "publish order per publisher: {d}");
+            next[who] += 1;
+        }
+        assert_eq!(next, [20, 20]);
+        expect_silence(ws, Duration::from_millis(300));
+    }
+    expect_silence(&mut foreign, Duration::from_millis(100));
+
+    // Last local unsubscribe on b: the node leaves the Redis channel.
+    for ws in [&mut on_b, &mut on_b2] {
+        common::send_json(ws, json!({"type": "unsubscribe", "channel": "news"}));
+        assert_eq!(next_json(ws)["type"], "unsubscribed");
+    }
+    redis.wait_numsub(&p.id, "news", 1);
+    drop(on_a);
+    redis.wait_numsub(&p.id, "news", 0);
+}
+
+#[test]
+fn keys_and_revocations_reach_every_node_within_a_second() {
+    let Some(redis) = Redis::start() else { return };
+    let a = Node::start(&redis);
+    let b = Node::start(&redis);
+    let p = project(&redis, "keys", "1000/s");
+    a.wait_key(&p.secret);
+    b.wait_key(&p.secret);
+
+    let listed = cli(&redis, &["project", "list"]);
+    assert_eq!(listed["projects"][0]["id"], p.id.as_str());
+    let extra = cli(&redis, &["key", "create", &p.id, "--kind", "secret"]);
+    let extra = extra["key"].as_str().unwrap().to_string();
+    let started = Instant::now();
+    a.wait_key(&extra);
+    b.wait_key(&extra);
+    assert!(started.elapsed() < Duration::from_secs(2));
+
+    let mut ws_a = a.ws(&p.public);
+    let mut ws_b = b.ws(&p.public);
+    let revoked = cli(&redis, &["key", "revoke", &p.public]);
+    assert!(revoked["revoked"].as_str().is_some());
+    cli(&redis, &["key", "revoke", &p.secret]);
+    let started = Instant::now();
+    for ws in [&mut ws_a, &mut ws_b] {
+        assert_eq!(common::close_code(ws), Some(4001));
+    }
+    for node in [&a, &b] {
+        wait_for("revoked secret key refused", || {
+            node.publish(&p.secret, "x", json!("y")).0 == 401
+        });
+    }
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "revocation took {:?}",
+        started.elapsed()
+    );
+    // The other secret key still works on both.
+    assert_eq!(a.publish(&extra, "x", json!("y")).0, 202);
+    assert_eq!(b.publish(&extra, "x", json!("y")).0, 202);
+    let keys = cli(&redis, &["key", "list", &p.id]);
+    let states: Vec<&str> = keys["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["revoked", "revoked", "active"]);
+}
+
+#[test]
+fn redis_outage_keeps_local_delivery_and_recovers() {
+    let Some(mut redis) = Redis::start() else {
+        return;
+    };
+    let a = Node::start(&redis);
+    let b = Node::start(&redis);
+    let p = project(&redis, "outage", "100000/s");
+    a.wait_key(&p.secret);
+    b.wait_key(&p.secret);
+    let mut on_a = a.ws(&p.public);
+    let mut on_b = b.ws(&p.public);
+    subscribe(&mut on_a, "c");
+    subscribe(&mut on_b, "c");
+    redis.wait_numsub(&p.id, "c", 2);
+    wait_health(&a, 200);
+
+    redis.kill();
+    for node in [&a, &b] {
+        let v = wait_health(node, 503);
+        assert_eq!(v["status"], "degraded", "{v}");
+        assert_ne!(v["checks"]["cluster"], "ok", "{v}");
+    }
+    // Local subscribers are still served, from local publishes.
+    assert_eq!(a.publish(&p.secret, "c", json!("local")).0, 202);
+    assert_eq!(next_message(&mut on_a), json!("local"));
+
+    redis.spawn();
+    for node in [&a, &b] {
+        wait_health(node, 200);
+    }
+    // Subscriptions were restored by the bridge, without any client resubscribing.
+    redis.wait_numsub(&p.id, "c", 2);
+    assert_eq!(a.publish(&p.secret, "c", json!("after")).0, 202);
+    assert_eq!(next_message(&mut on_a), json!("after"));
+    assert_eq!(next_message(&mut on_b), json!("after"));
+    // "local" was published while Redis was away: b never gets it (no replay).
+    expect_silence(&mut on_b, Duration::from_millis(200));
+}
