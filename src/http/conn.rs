@@ -241,13 +241,13 @@ fn route(worker: &Rc<Worker>, head: &RequestHead, req: &[u8], out: &mut Vec<u8>)
     match path {
         b"/api/v1/publish" => {
             if head.method() != Method::Post {
-                return answer(out, ApiError::MethodNotAllowed);
+                return answer(out, ApiError::MethodNotAllowed("POST"));
             }
             publish(worker, head, req, out)
         }
         b"/health" => {
             if !matches!(head.method(), Method::Get | Method::Head) {
-                return answer(out, ApiError::MethodNotAllowed);
+                return answer(out, ApiError::MethodNotAllowed("GET, HEAD"));
             }
             if head.content_length.unwrap_or(0) > 0 {
                 // A body on GET is unusual; it must still be skipped whole.

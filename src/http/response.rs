@@ -21,7 +21,8 @@ pub enum ApiError {
     RateLimited,
     Unavailable(&'static str),
     NotFound,
-    MethodNotAllowed,
+    /// The methods the path does accept, for the `Allow` header (RFC 9110 §15.5.6).
+    MethodNotAllowed(&'static str),
     BadRequest(&'static str),
     LengthRequired,
     HeadersTooLarge,
@@ -40,7 +41,7 @@ impl ApiError {
             | ApiError::BadRequest(_) => 400,
             ApiError::Unauthorized(_) => 401,
             ApiError::NotFound => 404,
-            ApiError::MethodNotAllowed => 405,
+            ApiError::MethodNotAllowed(_) => 405,
             ApiError::RequestTimeout => 408,
             ApiError::LengthRequired => 411,
             ApiError::PayloadTooLarge => 413,
@@ -64,7 +65,7 @@ impl ApiError {
             ApiError::RateLimited => "rate_limited",
             ApiError::Unavailable(_) | ApiError::TooManyConnections => "unavailable",
             ApiError::NotFound => "not_found",
-            ApiError::MethodNotAllowed => "method_not_allowed",
+            ApiError::MethodNotAllowed(_) => "method_not_allowed",
             ApiError::BadRequest(_) => "bad_request",
             ApiError::LengthRequired => "length_required",
             ApiError::HeadersTooLarge => "headers_too_large",
@@ -98,7 +99,7 @@ impl ApiError {
                 write!(out, "the server has too many open connections")
             }
             ApiError::NotFound => write!(out, "no such endpoint"),
-            ApiError::MethodNotAllowed => write!(out, "method not allowed on this endpoint"),
+            ApiError::MethodNotAllowed(_) => write!(out, "method not allowed on this endpoint"),
             ApiError::BadRequest(why) => write!(out, "{why}"),
             ApiError::LengthRequired => write!(
                 out,
@@ -174,6 +175,10 @@ fn reason(status: u16) -> &'static str {
 
 /// Append a complete JSON response to `out`.
 pub fn write_json(out: &mut Vec<u8>, status: u16, body: &[u8], extra: Extra) {
+    write_response(out, status, body, extra, None);
+}
+
+fn write_response(out: &mut Vec<u8>, status: u16, body: &[u8], extra: Extra, allow: Option<&str>) {
     let _ = write!(
         out,
         "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
@@ -190,6 +195,9 @@ pub fn write_json(out: &mut Vec<u8>, status: u16, body: &[u8], extra: Extra) {
     if let Some(secs) = extra.retry_after_s {
         let _ = write!(out, "Retry-After: {secs}\r\n");
     }
+    if let Some(methods) = allow {
+        let _ = write!(out, "Allow: {methods}\r\n");
+    }
     if extra.close {
         out.extend_from_slice(b"Connection: close\r\n");
     }
@@ -203,7 +211,11 @@ pub fn write_error(out: &mut Vec<u8>, err: ApiError, mut extra: Extra) {
     if matches!(err, ApiError::Unavailable(_) | ApiError::TooManyConnections) {
         extra.retry_after_s.get_or_insert(1);
     }
-    write_json(out, err.status(), &err.body(), extra);
+    let allow = match err {
+        ApiError::MethodNotAllowed(methods) => Some(methods),
+        _ => None,
+    };
+    write_response(out, err.status(), &err.body(), extra, allow);
 }
 
 #[cfg(test)]
@@ -229,6 +241,19 @@ mod tests {
             assert_eq!(v["error"]["code"], err.code());
             assert!(!v["error"]["message"].as_str().unwrap().is_empty());
         }
+    }
+
+    #[test]
+    fn method_not_allowed_names_the_allowed_methods() {
+        let mut out = Vec::new();
+        write_error(
+            &mut out,
+            ApiError::MethodNotAllowed("GET, HEAD"),
+            Extra::default(),
+        );
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with("HTTP/1.1 405 "));
+        assert!(text.contains("\r\nAllow: GET, HEAD\r\n"));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use crate::http::ApiError;
 /// Check the upgrade request; returns the `Sec-WebSocket-Key` value.
 pub fn validate<'a>(head: &RequestHead, buf: &'a [u8]) -> Result<&'a [u8], ApiError> {
     if head.method() != Method::Get {
-        return Err(ApiError::MethodNotAllowed);
+        return Err(ApiError::MethodNotAllowed("GET"));
     }
     if !head.upgrade_websocket || !head.connection_upgrade {
         return Err(ApiError::BadRequest(
