@@ -37,4 +37,5 @@ pub mod quota;
 pub mod server;
 pub mod shard;
 pub mod store;
+pub mod tls;
 pub mod ws;

@@ -423,3 +423,35 @@ fn redis_outage_keeps_local_delivery_and_recovers() {
     // "local" was published while Redis was away: b never gets it (no replay).
     expect_silence(&mut on_b, Duration::from_millis(200));
 }
+
+#[test]
+fn the_quota_is_shared_by_the_cluster() {
+    let Some(redis) = Redis::start() else { return };
+    let a = Node::start(&redis);
+    let b = Node::start(&redis);
+    // 10/min: each node's own GCRA would allow 10 at once, so 20 without sharing.
+    let p = project(&redis, "quota", "10/min");
+    a.wait_key(&p.secret);
+    b.wait_key(&p.secret);
+    // Let both nodes' leases come online (the quota thread ticks every 20 ms).
+    std::thread::sleep(Duration::from_millis(300));
+    let mut accepted = [0u32; 2];
+    for i in 0..40 {
+        let (node, slot) = if i % 2 == 0 { (&a, 0) } else { (&b, 1) };
+        let (status, head, _) = node.publish(&p.secret, "q", json!({"i": i}));
+        match status {
+            202 => accepted[slot] += 1,
+            429 => assert!(common::header(&head, "retry-after").is_some(), "{head}"),
+            other => panic!("unexpected status {other}: {head}"),
+        }
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    let total = accepted[0] + accepted[1];
+    // The warm-up publishes may or may not have spent leased tokens; never more than 10.
+    assert!(
+        total <= 10,
+        "cluster accepted {total} ({accepted:?}) over a 10/min limit"
+    );
+    assert!(total >= 6, "leasing starved the project: {accepted:?}");
+    assert!(accepted[0] > 0 && accepted[1] > 0, "{accepted:?}");
+}

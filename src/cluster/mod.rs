@@ -19,6 +19,10 @@
 //!   back) are skipped by origin id, so each publish is delivered exactly once per
 //!   subscriber cluster-wide.
 //!
+//! - [`leases`] (`ringcast-quota`): tops up each project's leased share of the
+//!   cluster-wide quota (blocks of tokens from an atomic Lua script; see
+//!   [`crate::quota::lease`]).
+//!
 //! Faults: when either connection fails, [`Cluster::is_ok`] turns false (`/health`
 //! answers 503 with `"cluster"` failing), the thread reconnects with capped, jittered
 //! exponential backoff, and the inbound thread restores its subscriptions in batches of
@@ -32,6 +36,7 @@
 //! them in publish order per channel.
 
 pub mod inbound;
+pub mod leases;
 pub mod outbound;
 pub mod wire;
 
@@ -124,6 +129,11 @@ impl Cluster {
             stats: ClusterStats::default(),
         });
         spawn_outbound(&cluster, client.clone(), keys.clone(), relay_rx)?;
+        let (c, k) = (cluster.clone(), keys.clone());
+        let quota_client = client.clone();
+        std::thread::Builder::new()
+            .name("ringcast-quota".into())
+            .spawn(move || leases::run(&c, &quota_client, &k))?;
         spawn_inbound(&cluster, client, keys, mailboxes, interest_rx)?;
         Ok(cluster)
     }

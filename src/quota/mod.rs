@@ -17,12 +17,13 @@
 //! - Time is monotonic nanoseconds from [`now_ns`]; a clock that appears to go backwards
 //!   (a caller passing an older `now`) only makes the quota stricter, never looser.
 
+pub mod lease;
 mod rate_limit;
 
 pub use rate_limit::{Per, RateLimit, RateLimitError};
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 const NANOS_PER_SECOND: u64 = 1_000_000_000;
@@ -59,6 +60,9 @@ pub struct Quota {
     limit: AtomicU64,
     /// Theoretical arrival time, in [`now_ns`] nanoseconds. 0 = never used.
     tat: AtomicU64,
+    /// Cluster mode: this node's share of the cluster-wide budget (see [`lease`]).
+    /// Unset on a single node; set once, by the cluster's quota thread.
+    lease: OnceLock<Arc<lease::Lease>>,
 }
 
 impl Quota {
@@ -66,7 +70,18 @@ impl Quota {
         Quota {
             limit: AtomicU64::new(limit.pack()),
             tat: AtomicU64::new(0),
+            lease: OnceLock::new(),
         }
+    }
+
+    /// Cluster mode: spend leased tokens too (first caller wins; returns the lease in
+    /// force).
+    pub fn attach_lease(&self, lease: Arc<lease::Lease>) -> &Arc<lease::Lease> {
+        self.lease.get_or_init(|| lease)
+    }
+
+    pub fn lease(&self) -> Option<&Arc<lease::Lease>> {
+        self.lease.get()
     }
 
     /// Change the limit, effective from the next check. The share of the burst already
@@ -117,6 +132,7 @@ impl Quota {
         Quota {
             limit: AtomicU64::new(self.limit.load(Ordering::Relaxed)),
             tat: AtomicU64::new(self.tat.load(Ordering::Relaxed)),
+            lease: self.lease.clone(),
         }
     }
 
@@ -125,6 +141,17 @@ impl Quota {
         let limit = self.limit();
         let interval = limit.emission_interval_ns();
         let burst = limit.burst_ns();
+        // Cluster mode: no leased token, no publish (whatever this node's GCRA says).
+        let lease = self.lease.get();
+        if lease.is_some_and(|l| !l.try_take()) {
+            return Decision {
+                allowed: false,
+                limit: limit.count,
+                remaining: 0,
+                reset_s: 1,
+                retry_after_s: 1,
+            };
+        }
 
         let mut tat = self.tat.load(Ordering::Relaxed);
         loop {
@@ -132,6 +159,9 @@ impl Quota {
             let new_tat = start.saturating_add(interval);
             let debt = new_tat - now_ns; // no underflow: new_tat >= start >= now_ns
             if debt > burst {
+                if let Some(lease) = lease {
+                    lease.refund();
+                }
                 // Denied: the TAT stays put. Retry when `debt` has drained to `burst`.
                 let wait = debt - burst;
                 let pending = tat.saturating_sub(now_ns);

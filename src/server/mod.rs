@@ -1,6 +1,8 @@
 //! Start-up, the worker threads, and graceful shutdown.
 //!
-//! Order at start: configuration → key store → key snapshot → mailboxes → listeners
+//! Order at start: configuration → TLS certificate and key (if configured; a bad file
+//! stops the start here, before the store is opened or anything listens) → key store →
+//! key snapshot → mailboxes → listeners
 //! (worker 0 binds first so that port 0 resolves to one port that every other worker
 //! then shares through SO_REUSEPORT) → the key watcher → one pinned worker thread per
 //! core. If io_uring cannot be used, every worker runs monoio's epoll driver instead and
@@ -38,6 +40,17 @@ pub enum ServeError {
     },
     #[error("cannot start worker thread: {0}")]
     Thread(std::io::Error),
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsConfigError),
+}
+
+/// The TLS configuration named by `config`, if any.
+fn load_tls(config: &Config) -> Result<Option<Arc<rustls::ServerConfig>>, ServeError> {
+    match (&config.tls_cert, &config.tls_key) {
+        (Some(cert), Some(key)) => Ok(Some(crate::tls::load_server_config(cert, key)?)),
+        // `Config::validate` rejects one without the other.
+        _ => Ok(None),
+    }
 }
 
 fn init_tracing() {
@@ -70,9 +83,7 @@ pub fn bind_listener(addr: SocketAddr) -> Result<TcpListener, ServeError> {
 pub fn run_cli(cli: &Cli, args: &ServeArgs) -> anyhow::Result<()> {
     init_tracing();
     let config = Config::load(args, &cli.data_dir, cli.redis.as_deref())?;
-    if config.tls_cert.is_some() {
-        anyhow::bail!("TLS is not available in this build yet");
-    }
+    let tls = load_tls(&config)?;
     let mut store = crate::store::open_store(&config.data_dir, config.redis.as_deref())
         .with_context(|| format!("cannot open the key store in {}", config.data_dir.display()))?;
     if args.dev {
@@ -90,7 +101,7 @@ pub fn run_cli(cli: &Cli, args: &ServeArgs) -> anyhow::Result<()> {
     }
     let keys = KeyCache::new();
     keys.rebuild(store.load_all()?);
-    run(config, store, keys)
+    serve(config, tls, store, keys)
 }
 
 /// Run the server with an opened store until a signal stops it.
@@ -99,6 +110,17 @@ pub fn run(
     store: Box<dyn crate::store::Store>,
     keys: Arc<KeyCache>,
 ) -> anyhow::Result<()> {
+    let tls = load_tls(&config)?;
+    serve(config, tls, store, keys)
+}
+
+fn serve(
+    config: Config,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    store: Box<dyn crate::store::Store>,
+    keys: Arc<KeyCache>,
+) -> anyhow::Result<()> {
+    let scheme = if tls.is_some() { "https" } else { "http" };
     let workers = config.workers.max(1);
     let mailboxes = Mailboxes::new(workers, config.mailbox_capacity);
     let db_ok = Arc::new(AtomicBool::new(true));
@@ -128,6 +150,7 @@ pub fn run(
         cluster: cluster.clone(),
         shutting_down: AtomicBool::new(false),
         db_ok: db_ok.clone(),
+        tls,
     });
 
     let stop_watcher = Arc::new(AtomicBool::new(false));
@@ -169,7 +192,7 @@ pub fn run(
     let mut stdout = std::io::stdout();
     let _ = writeln!(
         stdout,
-        "ringcast listening on http://{addr} ({workers} workers, {})",
+        "ringcast listening on {scheme}://{addr} ({workers} workers, {})",
         if uring { "io_uring" } else { "epoll" }
     );
     let _ = stdout.flush();

@@ -4,6 +4,10 @@
 //! Everything in [`Worker`] is thread-local (`Rc`, `RefCell`, `Cell`); the type system
 //! keeps it off other cores. The only shared parts are in [`Shared`] (config, key
 //! snapshot, mailboxes, flags), read without locks on the hot path.
+//!
+//! The accept loop only accepts and spawns: a TLS handshake runs in the connection's own
+//! task, bounded by the header-read timeout, so a slow or silent client never holds up
+//! the next accept.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -38,6 +42,8 @@ pub struct Shared {
     pub shutting_down: AtomicBool,
     /// Whether the key store answered on its last check.
     pub db_ok: Arc<AtomicBool>,
+    /// Serve HTTPS/WSS with this configuration; `None` = plaintext.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl Fanout for Shared {
@@ -197,13 +203,19 @@ async fn accept_loop(worker: &Rc<Worker>, listener: TcpListener) {
         match accepted {
             Ok((stream, _peer)) => {
                 let _ = stream.set_nodelay(true);
-                match worker.admit() {
-                    Some(guard) => {
+                match (worker.admit(), &worker.shared.tls) {
+                    (Some(guard), None) => {
                         monoio::spawn(crate::http::conn::serve(worker.clone(), stream, guard));
                     }
-                    None => {
+                    (Some(guard), Some(tls)) => {
+                        monoio::spawn(serve_tls(worker.clone(), stream, tls.clone(), guard));
+                    }
+                    (None, None) => {
                         monoio::spawn(crate::http::conn::refuse_busy(stream));
                     }
+                    // A plaintext 503 would be noise to a TLS client, and a handshake
+                    // is the work an overloaded worker must not take on: just close.
+                    (None, Some(_)) => drop(stream),
                 }
             }
             Err(e) => {
@@ -212,6 +224,22 @@ async fn accept_loop(worker: &Rc<Worker>, listener: TcpListener) {
                 monoio::time::sleep(Duration::from_millis(50)).await;
             }
         }
+    }
+}
+
+/// Handshake, then serve HTTP over TLS. A failed or timed-out handshake (a plaintext
+/// request on the TLS port, a scanner, a silent client) just closes this connection.
+async fn serve_tls(
+    worker: Rc<Worker>,
+    stream: monoio::net::TcpStream,
+    tls: Arc<rustls::ServerConfig>,
+    guard: ConnGuard,
+) {
+    let limit = worker.shared.config.header_read_timeout();
+    match monoio::time::timeout(limit, crate::tls::accept(tls, stream)).await {
+        Ok(Ok(stream)) => crate::http::conn::serve(worker, stream, guard).await,
+        Ok(Err(e)) => tracing::debug!(worker = worker.index, error = %e, "TLS handshake failed"),
+        Err(_) => tracing::debug!(worker = worker.index, "TLS handshake timed out"),
     }
 }
 

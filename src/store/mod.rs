@@ -11,7 +11,7 @@
 //! - Revocation is permanent: a revoked key never becomes active again.
 //! - Nothing here runs on a worker thread: store calls may block on I/O and locks.
 
-mod redis;
+pub mod redis;
 mod sqlite;
 
 pub use self::redis::RedisStore;

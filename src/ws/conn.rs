@@ -4,7 +4,11 @@
 //! Invariants:
 //! - The writer owns the write half and is the only task that writes to the socket. It
 //!   drains a bounded local queue of shared `Bytes` frames; frames waiting together leave
-//!   in one `writev` (coalescing), never one syscall each.
+//!   in one write (coalescing), never one syscall each: one `writev` on plaintext
+//!   ([`FrameWrite`] for a TCP write half), one batch of TLS records on TLS (`crate::tls`).
+//! - Both tasks are generic over the stream ([`AsyncReadRent`] for the reader,
+//!   [`FrameWrite`] for the writer), monomorphised per transport: plaintext pays nothing
+//!   for TLS existing.
 //! - The queue is bounded in bytes (`send_backlog_bytes`): a push past the bound drops
 //!   the backlog, queues a 4008 close frame and never slows the caller (the fan-out).
 //! - The reader owns the read half. An io_uring read is never raced in a `select!`
@@ -16,7 +20,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::os::fd::RawFd;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
@@ -24,8 +28,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use monoio::buf::IoVecBuf;
-use monoio::io::{AsyncReadRent, AsyncWriteRent, OwnedReadHalf, OwnedWriteHalf};
+use monoio::io::{AsyncReadRent, AsyncWriteRent, OwnedWriteHalf};
 use monoio::net::TcpStream;
+use monoio::BufResult;
 
 use super::frame::{self, decode_frame, CloseReason, Opcode};
 use super::message::{Assembler, Incoming};
@@ -186,7 +191,8 @@ impl WsConn {
         });
     }
 
-    /// Shut the socket down now: pending reads see EOF, pending writes fail.
+    /// Shut the socket down now: pending reads see EOF, pending writes fail. On TLS this
+    /// is the TCP socket under the session: no close_notify, which is what an abort means.
     pub fn abort(&self) {
         if self.fd_open.get() {
             // SAFETY: `fd_open` is true only while the reader still owns its half of
@@ -214,7 +220,7 @@ impl WsConn {
 
     /// Move queued frames into `batch`. `None` when the writer should stop; otherwise
     /// whether the batch ends with the close frame.
-    async fn next_batch(&self, batch: &mut IoBatch) -> Option<bool> {
+    async fn next_batch(&self, batch: &mut FrameBatch) -> Option<bool> {
         poll_fn(|cx| {
             let mut q = self.queue.borrow_mut();
             if q.is_empty() {
@@ -251,14 +257,20 @@ impl WsConn {
     }
 }
 
-/// Frames handed to one `writev`, with their iovecs.
+/// Frames handed to the stream in one write, with their iovecs (built only by the
+/// plaintext writer; TLS hands the frames to rustls as slices).
 #[derive(Default)]
-struct IoBatch {
+pub struct FrameBatch {
     bufs: Vec<Bytes>,
     iov: Vec<libc::iovec>,
 }
 
-impl IoBatch {
+impl FrameBatch {
+    /// The frames still to write, oldest first (the first may be partly written already).
+    pub fn frames(&self) -> &[Bytes] {
+        &self.bufs
+    }
+
     fn rebuild(&mut self) {
         self.iov.clear();
         self.iov.extend(self.bufs.iter().map(|b| libc::iovec {
@@ -286,7 +298,7 @@ impl IoBatch {
 // SAFETY: the iovecs point into the `Bytes` held in `bufs`, which are neither moved nor
 // mutated while the runtime owns the batch (the struct is only touched again after the
 // operation returns it), so every pointer stays valid for the operation's lifetime.
-unsafe impl IoVecBuf for IoBatch {
+unsafe impl IoVecBuf for FrameBatch {
     fn read_iovec_ptr(&self) -> *const libc::iovec {
         self.iov.as_ptr()
     }
@@ -296,16 +308,41 @@ unsafe impl IoVecBuf for IoBatch {
     }
 }
 
+/// The write side of a WebSocket connection, as the writer task needs it.
+///
+/// `write_frames` hands the front of the batch to the stream and returns how many bytes
+/// were taken (a partial write is fine: the writer advances and calls again). It must
+/// take at least one byte of a non-empty batch or fail. `close_write` ends the sending side
+/// after the close frame (TLS: close_notify first).
+pub trait FrameWrite {
+    fn write_frames(
+        &mut self,
+        batch: FrameBatch,
+    ) -> impl Future<Output = BufResult<usize, FrameBatch>>;
+    fn close_write(&mut self) -> impl Future<Output = std::io::Result<()>>;
+}
+
+/// Plaintext: one `writev` per batch, straight from the shared frames (no copy).
+impl FrameWrite for OwnedWriteHalf<TcpStream> {
+    async fn write_frames(&mut self, mut batch: FrameBatch) -> BufResult<usize, FrameBatch> {
+        batch.rebuild();
+        self.writev(batch).await
+    }
+
+    async fn close_write(&mut self) -> std::io::Result<()> {
+        self.shutdown().await
+    }
+}
+
 /// The writer task: drain the queue into the socket until closed.
-pub async fn write_loop(mut wr: OwnedWriteHalf<TcpStream>, conn: Rc<WsConn>) {
-    let mut batch = IoBatch::default();
+pub async fn write_loop<W: FrameWrite>(mut wr: W, conn: Rc<WsConn>) {
+    let mut batch = FrameBatch::default();
     loop {
         let Some(ends_with_close) = conn.next_batch(&mut batch).await else {
             break;
         };
         while !batch.bufs.is_empty() {
-            batch.rebuild();
-            let (res, b) = wr.writev(batch).await;
+            let (res, b) = wr.write_frames(batch).await;
             batch = b;
             match res {
                 Ok(n) if n > 0 => batch.advance(n),
@@ -318,10 +355,10 @@ pub async fn write_loop(mut wr: OwnedWriteHalf<TcpStream>, conn: Rc<WsConn>) {
         }
         if batch.bufs.capacity() > 8 {
             // A burst grew the batch; an idle connection should not keep it.
-            batch = IoBatch::default();
+            batch = FrameBatch::default();
         }
         if ends_with_close {
-            let _ = wr.shutdown().await;
+            let _ = wr.close_write().await;
             break;
         }
     }
@@ -351,8 +388,8 @@ pub struct ReadLimits {
 
 /// The reader task: decode frames, run the session, answer pings and closes. Returns
 /// when the connection is over; the socket is shut down by then.
-pub async fn read_loop<S: Session>(
-    mut rd: OwnedReadHalf<TcpStream>,
+pub async fn read_loop<S: Session, R: AsyncReadRent>(
+    mut rd: R,
     conn: Rc<WsConn>,
     session: &mut S,
     limits: ReadLimits,

@@ -2,6 +2,11 @@
 //! directory, create projects through the real CLI, and talk to it with real clients
 //! (ureq for HTTP, tungstenite for WebSocket, raw TcpStream for protocol abuse).
 //! The server is stopped (SIGTERM, then kill) when the handle drops.
+//!
+//! TLS: [`TlsFiles::generate`] makes a self-signed certificate (rcgen) for 127.0.0.1,
+//! [`Server::start_tls`] passes it with `--tls-cert/--tls-key`, and from then on every
+//! helper (`raw`, `publish`, `health`, `project`, `ws`) speaks TLS trusting exactly that
+//! certificate. [`Server::raw_plain`] still sends plaintext, to the TLS port too.
 
 #![allow(dead_code)]
 
@@ -9,6 +14,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -48,6 +54,99 @@ pub struct Server {
     pub data_dir: PathBuf,
     child: Option<Child>,
     _tmp: Option<tempfile::TempDir>,
+    /// Set for a TLS server: the client configuration trusting its certificate.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+}
+
+/// A self-signed certificate for 127.0.0.1 and localhost, written as PEM files.
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub cert_der: Vec<u8>,
+    _dir: tempfile::TempDir,
+}
+
+impl TlsFiles {
+    pub fn generate() -> TlsFiles {
+        let ck = rcgen::generate_simple_self_signed(vec![
+            "127.0.0.1".to_string(),
+            "localhost".to_string(),
+        ])
+        .expect("generate certificate");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cert = dir.path().join("cert.pem");
+        let key = dir.path().join("key.pem");
+        std::fs::write(&cert, ck.cert.pem()).unwrap();
+        std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
+        TlsFiles {
+            cert,
+            key,
+            cert_der: ck.cert.der().to_vec(),
+            _dir: dir,
+        }
+    }
+
+    /// A rustls client trusting only this certificate, offering `alpn`.
+    pub fn client_config(&self, alpn: &[&[u8]]) -> Arc<rustls::ClientConfig> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(rustls::pki_types::CertificateDer::from(
+                self.cert_der.clone(),
+            ))
+            .expect("add root");
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        Arc::new(cfg)
+    }
+
+    /// A ureq agent trusting only this certificate (statuses are not errors).
+    pub fn agent(&self) -> ureq::Agent {
+        let root = ureq::tls::Certificate::from_der(&self.cert_der).to_owned();
+        let tls = ureq::tls::TlsConfig::builder()
+            .root_certs(ureq::tls::RootCerts::new_with_certs(&[root]))
+            .build();
+        ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .tls_config(tls)
+            .build()
+            .into()
+    }
+}
+
+/// Either a plain or a TLS client connection, for the raw helpers.
+pub enum Conn {
+    Plain(TcpStream),
+    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
+}
+
+impl Read for Conn {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Conn::Plain(s) => s.read(buf),
+            Conn::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Conn {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Conn::Plain(s) => s.write(buf),
+            Conn::Tls(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Conn::Plain(s) => s.flush(),
+            Conn::Tls(s) => s.flush(),
+        }
+    }
 }
 
 pub struct Options {
@@ -77,13 +176,36 @@ impl Server {
             data_dir,
             child: None,
             _tmp: None,
+            tls: None,
         };
-        server.spawn(&opts, tmp.path());
+        server.spawn(&opts, tmp.path(), &[]);
         server._tmp = Some(tmp);
         server
     }
 
-    fn spawn(&mut self, opts: &Options, dir: &Path) {
+    /// Start with `--tls-cert/--tls-key` from `files`; helpers then speak TLS.
+    pub fn start_tls(opts: Options, files: &TlsFiles) -> Server {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let data_dir = tmp.path().join("data");
+        let mut server = Server {
+            addr: "127.0.0.1:0".parse().unwrap(),
+            data_dir,
+            child: None,
+            _tmp: None,
+            tls: Some(files.client_config(&[b"http/1.1"])),
+        };
+        let args = [
+            "--tls-cert".as_ref(),
+            files.cert.as_os_str(),
+            "--tls-key".as_ref(),
+            files.key.as_os_str(),
+        ];
+        server.spawn(&opts, tmp.path(), &args);
+        server._tmp = Some(tmp);
+        server
+    }
+
+    fn spawn(&mut self, opts: &Options, dir: &Path, extra: &[&std::ffi::OsStr]) {
         let config = dir.join("ringcast.toml");
         std::fs::write(&config, &opts.config).expect("write config");
         // Create the database before the server starts, so projects can be added by
@@ -96,6 +218,7 @@ impl Server {
             .arg(opts.workers.to_string())
             .arg("--config")
             .arg(&config)
+            .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -106,7 +229,10 @@ impl Server {
         std::thread::spawn(move || {
             let mut lines = BufReader::new(stdout).lines();
             while let Some(Ok(line)) = lines.next() {
-                if let Some(rest) = line.strip_prefix("ringcast listening on http://") {
+                let rest = line
+                    .strip_prefix("ringcast listening on http://")
+                    .or_else(|| line.strip_prefix("ringcast listening on https://"));
+                if let Some(rest) = rest {
                     let addr = rest.split_whitespace().next().unwrap_or("").to_string();
                     let _ = tx.send(addr);
                 }
@@ -120,7 +246,39 @@ impl Server {
     }
 
     pub fn url(&self, path: &str) -> String {
-        format!("http://{}{}", self.addr, path)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}{}", self.addr, path)
+    }
+
+    /// A client connection: TLS (handshake done) when the server is a TLS server.
+    pub fn connect(&self) -> Conn {
+        let tcp = TcpStream::connect(self.addr).expect("connect");
+        tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        match &self.tls {
+            None => Conn::Plain(tcp),
+            Some(cfg) => {
+                let name = rustls::pki_types::ServerName::IpAddress(self.addr.ip().into());
+                let conn = rustls::ClientConnection::new(cfg.clone(), name).expect("tls client");
+                let mut stream = rustls::StreamOwned::new(conn, tcp);
+                while stream.conn.is_handshaking() {
+                    stream
+                        .conn
+                        .complete_io(&mut stream.sock)
+                        .expect("TLS handshake");
+                }
+                Conn::Tls(Box::new(stream))
+            }
+        }
+    }
+
+    /// Send raw bytes as plaintext, whatever the server speaks; read until it closes.
+    pub fn raw_plain(&self, bytes: &[u8]) -> Vec<u8> {
+        let mut s = TcpStream::connect(self.addr).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let _ = s.write_all(bytes);
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        out
     }
 
     pub fn project(&self, name: &str, rate: &str) -> Project {
@@ -178,8 +336,7 @@ impl Server {
 
     /// Send raw bytes on a new connection and read until the server closes it.
     pub fn raw(&self, bytes: &[u8]) -> Vec<u8> {
-        let mut s = TcpStream::connect(self.addr).expect("connect");
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut s = self.connect();
         s.write_all(bytes).expect("write");
         let mut out = Vec::new();
         let _ = s.read_to_end(&mut out);
@@ -193,12 +350,25 @@ impl Server {
     }
 
     pub fn ws_url(&self, key: &str) -> String {
-        format!("ws://{}/api/v1/ws?key={}", self.addr, key)
+        let scheme = if self.tls.is_some() { "wss" } else { "ws" };
+        format!("{scheme}://{}/api/v1/ws?key={}", self.addr, key)
     }
 
     /// Connect a WebSocket client and read the `connected` frame.
     pub fn ws(&self, key: &str) -> Ws {
-        let (mut ws, _) = tungstenite::connect(self.ws_url(key)).expect("ws connect");
+        let (mut ws, _) = match &self.tls {
+            None => tungstenite::connect(self.ws_url(key)).expect("ws connect"),
+            Some(cfg) => {
+                let tcp = TcpStream::connect(self.addr).expect("connect");
+                tungstenite::client_tls_with_config(
+                    self.ws_url(key),
+                    tcp,
+                    None,
+                    Some(tungstenite::Connector::Rustls(cfg.clone())),
+                )
+                .expect("wss connect")
+            }
+        };
         set_timeout(&mut ws, Duration::from_secs(10));
         let hello = next_json(&mut ws);
         assert_eq!(hello["type"], "connected", "{hello}");
@@ -245,8 +415,10 @@ impl Drop for Server {
 }
 
 pub fn set_timeout(ws: &mut Ws, d: Duration) {
-    if let MaybeTlsStream::Plain(s) = ws.get_mut() {
-        s.set_read_timeout(Some(d)).unwrap();
+    match ws.get_mut() {
+        MaybeTlsStream::Plain(s) => s.set_read_timeout(Some(d)).unwrap(),
+        MaybeTlsStream::Rustls(s) => s.sock.set_read_timeout(Some(d)).unwrap(),
+        _ => {}
     }
 }
 

@@ -1,0 +1,304 @@
+//! TLS black-box tests: the real binary started with `--tls-cert/--tls-key` on a
+//! certificate generated here (rcgen), talked to by real TLS clients that trust exactly
+//! that certificate: ureq (HTTPS), tungstenite over rustls (WSS), and rustls directly
+//! where the test is about the handshake or the bytes.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use serde_json::{json, Value};
+
+fn start() -> (Server, TlsFiles) {
+    let files = TlsFiles::generate();
+    let server = Server::start_tls(Options::default(), &files);
+    (server, files)
+}
+
+#[test]
+fn https_health_and_publish() {
+    let (s, files) = start();
+    assert!(s.url("/health").starts_with("https://"));
+    let agent = files.agent();
+    let mut resp = agent.get(s.url("/health")).call().unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let v: Value = serde_json::from_str(&resp.body_mut().read_to_string().unwrap()).unwrap();
+    assert_eq!(v["status"], "ok");
+
+    let p = s.project("tls", "1000/s");
+    let mut resp = agent
+        .post(s.url("/api/v1/publish"))
+        .header("X-Api-Key", &p.secret)
+        .content_type("application/json")
+        .send(r#"{"channel":"news","event":"e","data":{"x":1}}"#)
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 202);
+    assert_eq!(resp.headers().get("ratelimit-limit").unwrap(), "1000");
+    let v: Value = serde_json::from_str(&resp.body_mut().read_to_string().unwrap()).unwrap();
+    assert!(v["id"].as_str().is_some_and(|id| !id.is_empty()));
+
+    // Errors keep their contract over TLS too.
+    let resp = agent
+        .post(s.url("/api/v1/publish"))
+        .header("X-Api-Key", "sk_nope")
+        .content_type("application/json")
+        .send("{}")
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 401);
+}
+
+#[test]
+fn keep_alive_and_a_large_body_over_tls() {
+    let (s, _files) = start();
+    let p = s.project("big", "100000/s");
+    // A 60 KiB body spans several TLS records; three requests share one connection.
+    let data = "x".repeat(60 * 1024);
+    let body = json!({"channel": "c", "event": "e", "data": data}).to_string();
+    let mut conn = s.connect();
+    let mut req = Vec::new();
+    for i in 0..3 {
+        let close = if i == 2 { "Connection: close\r\n" } else { "" };
+        req.extend_from_slice(
+            format!(
+                "POST /api/v1/publish HTTP/1.1\r\nHost: t\r\nX-Api-Key: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{close}\r\n",
+                p.secret,
+                body.len()
+            )
+            .as_bytes(),
+        );
+        req.extend_from_slice(body.as_bytes());
+    }
+    conn.write_all(&req).unwrap();
+    let mut out = Vec::new();
+    let _ = conn.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out);
+    assert_eq!(text.matches("HTTP/1.1 202 Accepted").count(), 3, "{text}");
+}
+
+#[test]
+fn alpn_is_http11() {
+    let (s, files) = start();
+    let cfg = files.client_config(&[b"h2", b"http/1.1"]);
+    let name = rustls::pki_types::ServerName::IpAddress(s.addr.ip().into());
+    let mut conn = rustls::ClientConnection::new(cfg, name).unwrap();
+    let mut tcp = TcpStream::connect(s.addr).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    while conn.is_handshaking() {
+        conn.complete_io(&mut tcp).unwrap();
+    }
+    assert_eq!(conn.alpn_protocol(), Some(&b"http/1.1"[..]));
+}
+
+#[test]
+fn tls12_is_accepted() {
+    let (s, files) = start();
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(rustls::pki_types::CertificateDer::from(
+            files.cert_der.clone(),
+        ))
+        .unwrap();
+    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS12])
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::IpAddress(s.addr.ip().into());
+    let conn = rustls::ClientConnection::new(Arc::new(cfg), name).unwrap();
+    let tcp = TcpStream::connect(s.addr).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut stream = rustls::StreamOwned::new(conn, tcp);
+    stream
+        .write_all(b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut out = Vec::new();
+    let _ = stream.read_to_end(&mut out);
+    assert_eq!(
+        stream.conn.protocol_version(),
+        Some(rustls::ProtocolVersion::TLSv1_2)
+    );
+    assert!(String::from_utf8_lossy(&out).starts_with("HTTP/1.1 200 OK"));
+}
+
+#[test]
+fn wss_subscriber_receives_a_published_message() {
+    let (s, _files) = start();
+    let p = s.project("ws", "1000/s");
+    let mut ws = s.ws(&p.public);
+    subscribe(&mut ws, "news");
+    // A second subscriber on the same channel: fan-out over TLS reaches both.
+    let mut ws2 = s.ws(&p.public);
+    subscribe(&mut ws2, "news");
+    for i in 0..20 {
+        let (status, _) = s.publish(&p.secret, "news", "tick", json!({"i": i}));
+        assert_eq!(status, 202);
+    }
+    for w in [&mut ws, &mut ws2] {
+        for i in 0..20 {
+            let m = next_json(w);
+            assert_eq!(m["type"], "message", "{m}");
+            assert_eq!(m["channel"], "news");
+            assert_eq!(m["event"], "tick");
+            assert_eq!(m["data"], json!({"i": i}));
+        }
+    }
+    // The client protocol works in the other direction too.
+    send_json(&mut ws, json!({"type": "ping"}));
+    assert_eq!(next_json(&mut ws)["type"], "pong");
+}
+
+#[test]
+fn wss_refuses_a_secret_key_with_401() {
+    let (s, files) = start();
+    let p = s.project("ws401", "1000/s");
+    let tcp = TcpStream::connect(s.addr).unwrap();
+    let err = tungstenite::client_tls_with_config(
+        s.ws_url(&p.secret),
+        tcp,
+        None,
+        Some(tungstenite::Connector::Rustls(
+            files.client_config(&[b"http/1.1"]),
+        )),
+    )
+    .unwrap_err();
+    match err {
+        tungstenite::HandshakeError::Failure(tungstenite::Error::Http(resp)) => {
+            assert_eq!(resp.status().as_u16(), 401)
+        }
+        other => panic!("expected HTTP 401, got {other:?}"),
+    }
+}
+
+#[test]
+fn plaintext_to_the_tls_port_is_refused_and_the_server_keeps_serving() {
+    let (s, files) = start();
+    for _ in 0..3 {
+        let out = s.raw_plain(b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+        // At most a TLS alert record (0x15), never an HTTP answer.
+        assert!(
+            !out.starts_with(b"HTTP/"),
+            "{:?}",
+            String::from_utf8_lossy(&out)
+        );
+        assert!(out.is_empty() || out[0] == 0x15, "{out:?}");
+    }
+    // A client that connects and says nothing is cut at the header-read timeout; it
+    // does not hold up others meanwhile.
+    let _silent = TcpStream::connect(s.addr).unwrap();
+    let (status, body) = s.health();
+    assert_eq!(status, 200, "{body}");
+    let resp = files.agent().get(s.url("/health")).call().unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+}
+
+#[test]
+fn silent_tls_client_is_cut_at_the_header_timeout() {
+    let files = TlsFiles::generate();
+    let s = Server::start_tls(
+        Options {
+            config: "header_read_timeout_ms = 300\n".into(),
+            ..Options::default()
+        },
+        &files,
+    );
+    let mut tcp = TcpStream::connect(s.addr).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let start = std::time::Instant::now();
+    let mut buf = [0u8; 16];
+    let n = tcp.read(&mut buf).unwrap_or(0);
+    assert_eq!(n, 0);
+    assert!(start.elapsed() < Duration::from_secs(3));
+}
+
+fn serve_fails(args: &[&std::ffi::OsStr]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--workers", "1"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "serve should fail");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!stdout.contains("listening"), "it listened: {stdout}");
+    String::from_utf8_lossy(&out.stderr).to_string()
+}
+
+#[test]
+fn bad_certificate_or_key_stops_the_start_with_a_clear_error() {
+    let files = TlsFiles::generate();
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.pem");
+    let garbage = dir.path().join("garbage.pem");
+    std::fs::write(&garbage, "this is not PEM\n").unwrap();
+
+    let err = serve_fails(&[
+        "--tls-cert".as_ref(),
+        missing.as_os_str(),
+        "--tls-key".as_ref(),
+        files.key.as_os_str(),
+    ]);
+    assert!(err.contains("cannot read TLS certificate file"), "{err}");
+    assert!(err.contains("missing.pem"), "{err}");
+
+    let err = serve_fails(&[
+        "--tls-cert".as_ref(),
+        garbage.as_os_str(),
+        "--tls-key".as_ref(),
+        files.key.as_os_str(),
+    ]);
+    assert!(err.contains("holds no PEM certificate"), "{err}");
+
+    let err = serve_fails(&[
+        "--tls-cert".as_ref(),
+        files.cert.as_os_str(),
+        "--tls-key".as_ref(),
+        garbage.as_os_str(),
+    ]);
+    assert!(err.contains("no usable PEM private key"), "{err}");
+
+    // A certificate given as the key (a PEM file, but no key in it).
+    let err = serve_fails(&[
+        "--tls-cert".as_ref(),
+        files.cert.as_os_str(),
+        "--tls-key".as_ref(),
+        files.cert.as_os_str(),
+    ]);
+    assert!(err.contains("no usable PEM private key"), "{err}");
+
+    // A key that does not belong to the certificate.
+    let other = TlsFiles::generate();
+    let err = serve_fails(&[
+        "--tls-cert".as_ref(),
+        files.cert.as_os_str(),
+        "--tls-key".as_ref(),
+        other.key.as_os_str(),
+    ]);
+    assert!(err.contains("not usable together"), "{err}");
+}
+
+#[test]
+fn tls_from_the_config_file() {
+    let files = TlsFiles::generate();
+    let config = format!(
+        "tls_cert = {:?}\ntls_key = {:?}\n",
+        files.cert.display().to_string(),
+        files.key.display().to_string()
+    );
+    // Started through the config file only; the helpers still need to know it is TLS.
+    let mut s = Server::start_with(Options {
+        config,
+        ..Options::default()
+    });
+    s.tls = Some(files.client_config(&[b"http/1.1"]));
+    let (status, body) = s.health();
+    assert_eq!(status, 200, "{body}");
+}
