@@ -14,6 +14,8 @@
 //!   racing on a fresh `1000/min` quota get exactly 1000 allowed between them).
 //! - The limit is packed into a second `AtomicU64`, so a check always sees a consistent
 //!   (count, period) pair, and [`Quota::set_limit`] applies from the next check on.
+//! - [`Quota::peek`] reads the same state without taking a unit (rate headers of answers
+//!   that consumed nothing); it never changes the TAT.
 //! - Time is monotonic nanoseconds from [`now_ns`]; a clock that appears to go backwards
 //!   (a caller passing an older `now`) only makes the quota stricter, never looser.
 
@@ -193,6 +195,31 @@ impl Quota {
             }
         }
     }
+
+    /// What the project's quota looks like at `now_ns`, without taking a unit:
+    /// `allowed` says whether a check now would pass, `remaining` how many would.
+    pub fn peek(&self, now_ns: u64) -> Decision {
+        let limit = self.limit();
+        let interval = limit.emission_interval_ns();
+        let burst = limit.burst_ns();
+        let tat = self.tat.load(Ordering::Relaxed);
+        let debt_now = tat.saturating_sub(now_ns);
+        let debt_next = debt_now.saturating_add(interval);
+        let allowed = debt_next <= burst;
+        Decision {
+            allowed,
+            limit: limit.count,
+            // Capped: a limit change can leave a debt the new burst does not cover.
+            remaining: (burst.saturating_sub(debt_now) / interval.max(1))
+                .min(u64::from(limit.count)) as u32,
+            reset_s: ceil_seconds(debt_now),
+            retry_after_s: if allowed {
+                0
+            } else {
+                ceil_seconds(debt_next - burst).max(1)
+            },
+        }
+    }
 }
 
 fn ceil_seconds(ns: u64) -> u64 {
@@ -237,6 +264,34 @@ mod tests {
         let t2 = t1 + SEC;
         let allowed = (0..20).filter(|_| q.check(t2).allowed).count();
         assert_eq!(allowed, 10);
+    }
+
+    #[test]
+    fn peek_agrees_with_check_and_takes_nothing() {
+        let q = Quota::new(limit("10/s"));
+        let t0 = 5 * SEC;
+        let d = q.peek(t0);
+        assert!(d.allowed);
+        assert_eq!(
+            (d.limit, d.remaining, d.reset_s, d.retry_after_s),
+            (10, 10, 0, 0)
+        );
+        for i in 0..10 {
+            let after = q.check(t0);
+            assert_eq!(q.peek(t0).remaining, after.remaining, "after check {i}");
+            assert_eq!(q.peek(t0).reset_s, after.reset_s);
+        }
+        // Peeking at an empty bucket any number of times leaves it as it was.
+        for _ in 0..100 {
+            let d = q.peek(t0);
+            assert!(!d.allowed);
+            assert_eq!(d.remaining, 0);
+            assert_eq!(d.retry_after_s, 1);
+        }
+        let denied = q.check(t0);
+        assert_eq!(q.peek(t0).retry_after_s, denied.retry_after_s);
+        assert!(q.check(t0 + SEC / 10).allowed);
+        assert!(!q.check(t0 + SEC / 10).allowed);
     }
 
     #[test]
