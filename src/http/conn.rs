@@ -308,7 +308,7 @@ fn health(worker: &Worker, out: &mut Vec<u8>) {
     let queues_ok = queued <= shared.config.mailbox_high_water();
     let stopping = shared.shutting_down.load(Ordering::Relaxed);
     // Single node: nothing to check. Cluster mode: both bridge connections are up.
-    let cluster_ok = shared.cluster.as_ref().map_or(true, |c| c.is_ok());
+    let cluster_ok = shared.cluster.as_ref().is_none_or(|c| c.is_ok());
     let version = version();
     if db_ok && queues_ok && !stopping && cluster_ok {
         let body = format!("{{\"status\":\"ok\",\"version\":\"{version}\"}}");
