@@ -236,9 +236,11 @@ impl Config {
         Duration::from_secs(self.http_idle_timeout_s)
     }
 
-    /// Mailbox length above which health is degraded.
+    /// Mailbox length above which health is degraded. In u128: a huge configured
+    /// capacity must not overflow (found by tests/fuzz_props.rs).
     pub fn mailbox_high_water(&self) -> usize {
-        (self.mailbox_capacity * self.mailbox_high_water_pct as usize / 100).max(1)
+        ((self.mailbox_capacity as u128 * u128::from(self.mailbox_high_water_pct) / 100) as usize)
+            .max(1)
     }
 }
 
