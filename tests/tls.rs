@@ -302,3 +302,155 @@ fn tls_from_the_config_file() {
     let (status, body) = s.health();
     assert_eq!(status, 200, "{body}");
 }
+
+/// Not a test: the figures behind docs/tls-bench.md, TLS beside plaintext from one run.
+/// `cargo test --release --test tls -- --ignored --nocapture tls_vs_plain_figures`
+/// Knobs: BENCH_CONNS (publisher connections, 8), BENCH_SECS (per phase, 5),
+/// BENCH_SUBS (subscribers, 200), BENCH_MSGS (messages fanned out, 500).
+#[test]
+#[ignore]
+fn tls_vs_plain_figures() {
+    let env = |k: &str, d: usize| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let conns = env("BENCH_CONNS", 8);
+    let secs = env("BENCH_SECS", 5) as u64;
+    let subs = env("BENCH_SUBS", 200);
+    let msgs = env("BENCH_MSGS", 500);
+    let files = TlsFiles::generate();
+    let opts = || Options {
+        workers: 2,
+        config: "send_backlog_bytes = 67108864\n".into(),
+    };
+    let plain = Server::start_with(opts());
+    let tls = Server::start_tls(opts(), &files);
+    for (name, s) in [("plain", &plain), ("tls", &tls)] {
+        let p = s.project("bench", "10000000/s");
+        let cpu0 = server_cpu_s(s.pid());
+        let (rate, requests) = publish_rate(s, &p.secret, conns, Duration::from_secs(secs));
+        let cpu1 = server_cpu_s(s.pid());
+        let (deliveries, elapsed) = fanout(s, &p, subs, msgs);
+        let cpu2 = server_cpu_s(s.pid());
+        println!(
+            "{name}: publish {rate:.0} req/s ({conns} keep-alive conns, {secs} s), server CPU \
+             {:.2} us/request; fan-out {deliveries} deliveries to {subs} subscribers in \
+             {:.3} s = {:.0}/s, server CPU {:.3} us/delivery",
+            (cpu1 - cpu0) * 1e6 / requests as f64,
+            elapsed.as_secs_f64(),
+            deliveries as f64 / elapsed.as_secs_f64(),
+            (cpu2 - cpu1) * 1e6 / deliveries as f64,
+        );
+    }
+}
+
+/// User + system CPU seconds the server process has used so far.
+fn server_cpu_s(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the parenthesised command name; utime and stime are 14 and 15.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
+    // USER_HZ is 100 on every Linux ABI ringcast runs on.
+    ticks / 100.0
+}
+
+fn publish_rate(s: &Server, key: &str, conns: usize, dur: Duration) -> (f64, u64) {
+    let body = r#"{"channel":"bench","event":"e","data":{"n":1}}"#;
+    let req = format!(
+        "POST /api/v1/publish HTTP/1.1\r\nHost: t\r\nX-Api-Key: {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let done = std::sync::atomic::AtomicU64::new(0);
+    let start = std::time::Instant::now();
+    std::thread::scope(|scope| {
+        for _ in 0..conns {
+            scope.spawn(|| {
+                let mut c = s.connect();
+                let mut buf = vec![0u8; 4096];
+                let mut n = 0u64;
+                while start.elapsed() < dur {
+                    c.write_all(req.as_bytes()).unwrap();
+                    // One response: head + a short JSON body; read until it is whole.
+                    let mut got = Vec::new();
+                    loop {
+                        let k = c.read(&mut buf).unwrap();
+                        assert!(k > 0, "server closed");
+                        got.extend_from_slice(&buf[..k]);
+                        if let Some(h) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                            let head = String::from_utf8_lossy(&got[..h]).to_string();
+                            assert!(head.starts_with("HTTP/1.1 202"), "{head}");
+                            let len: usize =
+                                header(&head, "content-length").unwrap().parse().unwrap();
+                            if got.len() >= h + 4 + len {
+                                break;
+                            }
+                        }
+                    }
+                    n += 1;
+                }
+                done.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+            });
+        }
+    });
+    let n = done.into_inner();
+    (n as f64 / start.elapsed().as_secs_f64(), n)
+}
+
+fn fanout(s: &Server, p: &Project, subs: usize, msgs: usize) -> (usize, Duration) {
+    let ready = std::sync::Barrier::new(subs + 1);
+    let mut elapsed = Duration::ZERO;
+    let total = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        let mut handles = Vec::new();
+        for _ in 0..subs {
+            handles.push(scope.spawn(|| {
+                let mut ws = s.ws(&p.public);
+                subscribe(&mut ws, "fan");
+                ready.wait();
+                for _ in 0..msgs {
+                    let m = next_json(&mut ws);
+                    assert_eq!(m["type"], "message");
+                }
+                total.fetch_add(msgs, std::sync::atomic::Ordering::Relaxed);
+                std::time::Instant::now()
+            }));
+        }
+        ready.wait();
+        let start = std::time::Instant::now();
+        let mut c = s.connect();
+        let body = r#"{"channel":"fan","event":"e","data":{"n":1}}"#;
+        let req = format!(
+            "POST /api/v1/publish HTTP/1.1\r\nHost: t\r\nX-Api-Key: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            p.secret,
+            body.len()
+        );
+        // Pipelined in chunks of 50: publishing is not what this phase measures.
+        let mut sent = 0;
+        let mut buf = vec![0u8; 65536];
+        while sent < msgs {
+            let k = (msgs - sent).min(50);
+            c.write_all(req.repeat(k).as_bytes()).unwrap();
+            let mut answers = 0;
+            let mut got = Vec::new();
+            while answers < k {
+                let n = c.read(&mut buf).unwrap();
+                assert!(n > 0);
+                got.extend_from_slice(&buf[..n]);
+                answers = String::from_utf8_lossy(&got)
+                    .matches("HTTP/1.1 202")
+                    .count();
+            }
+            sent += k;
+        }
+        let last = handles
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .max()
+            .unwrap();
+        elapsed = last - start;
+    });
+    (total.into_inner(), elapsed)
+}
