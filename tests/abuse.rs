@@ -527,3 +527,45 @@ fn a_good_client_is_served_while_others_misbehave() {
     assert_eq!(payload, br#"{"type":"pong"}"#);
     still_serving(&server, &p, "mixed");
 }
+
+/// A burst of 300 publishes pipelined in one write on one connection: every one is
+/// answered 202 in order, and a subscriber (on whichever worker) receives all of them
+/// once, in publish order. This is RELIABILITY.md's ordering promise under load.
+#[test]
+fn pipelined_burst_from_one_connection_arrives_once_in_order() {
+    let (server, p) = start();
+    let mut subs: Vec<Ws> = (0..4).map(|_| server.ws(&p.public)).collect();
+    for ws in subs.iter_mut() {
+        subscribe(ws, "burst");
+    }
+    let n = 300;
+    let mut wire = Vec::new();
+    for i in 0..n {
+        let body = format!(r#"{{"channel":"burst","event":"e","data":{{"i":{i}}}}}"#);
+        wire.extend_from_slice(
+            format!(
+                "POST /api/v1/publish HTTP/1.1\r\nHost: t\r\nX-Api-Key: {}\r\n\
+                 Content-Type: application/json\r\nContent-Length: {}\r\n{}\r\n",
+                p.secret,
+                body.len(),
+                if i == n - 1 {
+                    "Connection: close\r\n"
+                } else {
+                    ""
+                }
+            )
+            .as_bytes(),
+        );
+        wire.extend_from_slice(body.as_bytes());
+    }
+    let answers = String::from_utf8(server.raw(&wire)).unwrap();
+    assert_eq!(answers.matches("HTTP/1.1 202 ").count(), n, "{answers}");
+    for ws in subs.iter_mut() {
+        for i in 0..n {
+            let msg = next_json(ws);
+            assert_eq!(msg["data"]["i"], i, "{msg}");
+        }
+        expect_silence(ws, Duration::from_millis(100));
+    }
+    still_serving(&server, &p, "pipelined burst");
+}
