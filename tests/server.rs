@@ -587,3 +587,48 @@ fn per_project_websocket_limit_answers_503_and_frees_on_close() {
         }
     }
 }
+
+#[test]
+fn rate_headers_on_every_publish_answer_once_the_key_is_known() {
+    let s = Server::start_with(Options {
+        config: "max_body_bytes = 512\n".into(),
+        ..Options::default()
+    });
+    let p = s.project("hdr", "50/s");
+    let big = format!(
+        r#"{{"channel":"c","event":"e","data":"{}"}}"#,
+        "x".repeat(600)
+    );
+    let cases: [(&str, &[u8], u16); 4] = [
+        (
+            "application/json",
+            br#"{"channel":"c","event":"e","data":{}}"#,
+            202,
+        ),
+        ("application/json", b"{bad", 400),
+        ("text/plain", b"{}", 415),
+        ("application/json", big.as_bytes(), 413),
+    ];
+    for (ct, body, want) in cases {
+        let (status, head, _) = s.raw_publish(&p.secret, ct, body);
+        assert_eq!(status, want);
+        assert_eq!(
+            header(&head, "ratelimit-limit").as_deref(),
+            Some("50"),
+            "{want}"
+        );
+        assert!(header(&head, "ratelimit-remaining").is_some(), "{want}");
+        assert!(header(&head, "ratelimit-reset").is_some(), "{want}");
+    }
+    // Refused requests spend nothing: only the one 202 (and the key probe's 400s) ran.
+    let (_, head, _) = s.raw_publish(&p.secret, "text/plain", b"{}");
+    let remaining: u32 = header(&head, "ratelimit-remaining")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(remaining >= 48, "{remaining}");
+    // Without a known key there is no project, hence no rate headers.
+    let (status, head, _) = s.raw_publish("", "application/json", b"{}");
+    assert_eq!(status, 401);
+    assert!(header(&head, "ratelimit-limit").is_none());
+}

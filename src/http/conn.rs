@@ -293,7 +293,12 @@ fn publish(worker: &Rc<Worker>, head: &RequestHead, req: &[u8], out: &mut Vec<u8
         max_body,
     ) {
         Ok(auth) => auth,
-        Err(err) => return answer(out, err),
+        Err(refusal) => {
+            refusal.write(out);
+            return Outcome::Answered {
+                close: refusal.error.closes_connection(),
+            };
+        }
     };
     let body = &req[head.head_len..head.head_len + length];
     let mut parser = worker.parser.borrow_mut();

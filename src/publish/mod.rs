@@ -27,6 +27,32 @@ pub struct Authorized {
 /// A cheap handle to the authenticated key's project.
 pub type KeyEntryRef = Arc<crate::auth::ProjectState>;
 
+/// A refusal decided from the head; `project` is set once the key was recognised, so
+/// the answer can still carry the project's rate headers.
+pub struct Refusal {
+    pub error: ApiError,
+    pub project: Option<KeyEntryRef>,
+}
+
+impl Refusal {
+    /// Append the answer, with rate headers when the project is known (peeked, so a
+    /// refused request spends nothing).
+    pub fn write(&self, out: &mut Vec<u8>) {
+        let rate = self
+            .project
+            .as_ref()
+            .map(|p| rate_headers(&p.quota.peek(now_ns())));
+        write_error(
+            out,
+            self.error,
+            Extra {
+                rate,
+                ..Extra::default()
+            },
+        );
+    }
+}
+
 /// Check everything that the head alone decides. On success the body may be read.
 pub fn authorize(
     keys: &crate::auth::KeySnapshot,
@@ -34,38 +60,46 @@ pub fn authorize(
     content_type: Option<&[u8]>,
     content_length: Option<usize>,
     max_body: usize,
-) -> Result<Authorized, ApiError> {
-    let key = match api_key {
-        None => return Err(ApiError::Unauthorized("the X-Api-Key header is missing")),
-        Some(raw) => std::str::from_utf8(raw)
-            .map_err(|_| ApiError::Unauthorized("the API key is not valid"))?,
+) -> Result<Authorized, Refusal> {
+    let refuse = |error| Refusal {
+        error,
+        project: None,
     };
-    let entry: &KeyEntry = match KeyKind::of_key(key) {
-        Some(KeyKind::Secret) => keys
-            .lookup(key)
-            .ok_or(ApiError::Unauthorized("the API key is unknown or revoked"))?,
-        Some(KeyKind::Public) => {
-            return Err(ApiError::Unauthorized(
-                "a public key cannot publish; use the project's secret key",
-            ))
-        }
+    let key = match api_key {
         None => {
-            return Err(ApiError::Unauthorized(
+            return Err(refuse(ApiError::Unauthorized(
+                "the X-Api-Key header is missing",
+            )))
+        }
+        Some(raw) => std::str::from_utf8(raw)
+            .map_err(|_| refuse(ApiError::Unauthorized("the API key is not valid")))?,
+    };
+    let public =
+        ApiError::Unauthorized("a public key cannot publish; use the project's secret key");
+    let entry: &KeyEntry = match KeyKind::of_key(key) {
+        Some(KeyKind::Secret) => keys.lookup(key).ok_or(refuse(ApiError::Unauthorized(
+            "the API key is unknown or revoked",
+        )))?,
+        Some(KeyKind::Public) => return Err(refuse(public)),
+        None => {
+            return Err(refuse(ApiError::Unauthorized(
                 "the API key is not a secret key (sk_...)",
-            ))
+            )))
         }
     };
     if entry.kind != KeyKind::Secret {
-        return Err(ApiError::Unauthorized(
-            "a public key cannot publish; use the project's secret key",
-        ));
+        return Err(refuse(public));
     }
+    let known = |error| Refusal {
+        error,
+        project: Some(entry.project.clone()),
+    };
     match content_type {
         Some(ct) if crate::http::parse::is_json_media_type(ct) => {}
-        _ => return Err(ApiError::UnsupportedMediaType),
+        _ => return Err(known(ApiError::UnsupportedMediaType)),
     }
     match content_length {
-        Some(n) if n > max_body => return Err(ApiError::PayloadTooLarge),
+        Some(n) if n > max_body => return Err(known(ApiError::PayloadTooLarge)),
         _ => {}
     }
     Ok(Authorized {
@@ -100,7 +134,13 @@ pub fn accept(
 ) {
     let msg = match parser.parse(body) {
         Ok(msg) => msg,
-        Err(err) => return write_error(out, err, Extra::default()),
+        Err(error) => {
+            return Refusal {
+                error,
+                project: Some(auth.entry.clone()),
+            }
+            .write(out)
+        }
     };
     let decision = auth.entry.quota.check(now_ns());
     let rate = Some(rate_headers(&decision));
