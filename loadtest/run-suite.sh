@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # run-suite.sh: the standard load-test suite of issue 4, ringcast and nginx+Nchan side
 # by side, or (--smoke) one short fan-out against ringcast that fails unless every
-# expected message arrived exactly once.
+# expected message arrived exactly once, or (--cluster) cross-node fan-out on two
+# ringcast nodes sharing a local redis-server (issue 6).
 #
 # Usage:
 #   loadtest/run-suite.sh                 # full suite, 3 repetitions, both targets
 #   loadtest/run-suite.sh --reps 1        # one repetition
 #   loadtest/run-suite.sh --only ringcast # or --only nchan
+#   loadtest/run-suite.sh --only-scenario ramp   # one scenario: floor idle-10k idle-19k
+#                                         #   publish fanout wide burst ramp
 #   loadtest/run-suite.sh --smoke         # CI: 5 s fanout against ringcast, exit 1 unless ratio 1.0
+#   loadtest/run-suite.sh --cluster       # 2 nodes (--workers 1 each) + redis: cross-node vs same-node
 #
 # Results: one JSON line per run in loadtest/results/<UTC timestamp>.jsonl (not committed).
 # Invariants: servers listen on loopback only and are stopped on exit (trap); every
@@ -18,20 +22,33 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
 
 SMOKE=0
+CLUSTER=0
+SCENARIO=""
 REPS=3
 TARGETS="ringcast nchan"
 RC_PORT="${RC_PORT:-28080}"
 NCHAN_PORT="${NCHAN_PORT:-28090}"
+RC2_PORT="${RC2_PORT:-28081}"     # --cluster: the second node
+REDIS_PORT="${REDIS_PORT:-28379}" # --cluster: its own redis-server
 while [ $# -gt 0 ]; do
   case "$1" in
     --smoke) SMOKE=1 ;;
     --reps) REPS="$2"; shift ;;
     --only) TARGETS="$2"; shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    --only-scenario) SCENARIO="$2"; shift ;;
+    --cluster) CLUSTER=1 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "run-suite.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
 done
+
+SCENARIOS="floor idle-10k idle-19k publish fanout wide burst ramp"
+if [ -n "$SCENARIO" ] && ! echo " $SCENARIOS " | grep -q " $SCENARIO "; then
+  echo "run-suite.sh: unknown scenario $SCENARIO (one of: $SCENARIOS)" >&2
+  exit 2
+fi
+want() { [ -z "$SCENARIO" ] || [ "$SCENARIO" = "$1" ]; }
 
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
@@ -42,6 +59,8 @@ RC="$ROOT/target/release/ringcast"
 
 TMP="$(mktemp -d /tmp/ringcast-suite.XXXXXX)"
 RC_PID=""
+RC2_PID=""
+REDIS_PID=""
 NGINX_MASTER=""
 
 stop_ringcast() {
@@ -62,16 +81,26 @@ stop_nchan() {
   NGINX_MASTER=""
 }
 
+stop_pid() { # PID: TERM, bounded wait (10 s), then KILL
+  if [ -n "$1" ] && kill -0 "$1" 2>/dev/null; then
+    kill -TERM "$1" 2>/dev/null || true
+    for _ in $(seq 1 100); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$1" 2>/dev/null || true
+  fi
+}
+
 cleanup() {
   stop_ringcast
   stop_nchan
+  stop_pid "$RC2_PID"
+  stop_pid "$REDIS_PID"
   rm -rf "$TMP"
 }
 trap cleanup EXIT INT TERM
 
 port_free() { # PORT: refuse to start on a port another process already serves
-  if curl -s -o /dev/null --max-time 1 "http://127.0.0.1:$1/"; then
-    echo "run-suite.sh: 127.0.0.1:$1 is already in use; set RC_PORT / NCHAN_PORT" >&2
+  if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then
+    echo "run-suite.sh: 127.0.0.1:$1 is already in use; set RC_PORT / RC2_PORT / NCHAN_PORT / REDIS_PORT" >&2
     exit 1
   fi
 }
@@ -172,6 +201,59 @@ mkdir -p "$ROOT/loadtest/results"
 RESULTS="$ROOT/loadtest/results/$(date -u +%Y%m%dT%H%M%SZ).jsonl"
 echo "== results: $RESULTS" >&2
 
+# --cluster: two ringcast nodes (--workers 1 each) on one local redis-server; fanout
+# with subscribers on node 1 and publishers on node 2 (cross-node), then both on node 1
+# (same node, same cluster) for comparison, at 100/s and at CLUSTER_HIGH_RATE/s,
+# and a ramp of each.
+if [ "$CLUSTER" = 1 ]; then
+  command -v redis-server >/dev/null || { echo "run-suite.sh: redis-server is missing: apt-get install -y redis-server" >&2; exit 1; }
+  HIGH="${CLUSTER_HIGH_RATE:-200}"
+  port_free "$REDIS_PORT"; port_free "$RC_PORT"; port_free "$RC2_PORT"
+  mkdir -p "$TMP/redis" "$TMP/n1" "$TMP/n2"
+  redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
+    --dir "$TMP/redis" >"$TMP/redis.log" 2>&1 &
+  REDIS_PID=$!
+  for _ in $(seq 1 100); do redis-cli -p "$REDIS_PORT" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
+  redis-cli -p "$REDIS_PORT" ping | grep -q PONG || { echo "run-suite.sh: redis-server did not start" >&2; cat "$TMP/redis.log" >&2; exit 1; }
+  REDIS_URL="redis://127.0.0.1:$REDIS_PORT"
+  "$RC" --redis "$REDIS_URL" project create bench --rate-limit 10000000/s >"$TMP/keys.json"
+  SK="$(sed -n 's/.*"secret_key":"\(sk_[^"]*\)".*/\1/p' "$TMP/keys.json")"
+  PK="$(sed -n 's/.*"public_key":"\(pk_[^"]*\)".*/\1/p' "$TMP/keys.json")"
+  [ -n "$SK" ] && [ -n "$PK" ] || { echo "run-suite.sh: no keys from: $(cat "$TMP/keys.json")" >&2; exit 1; }
+  "$RC" --redis "$REDIS_URL" serve --data-dir "$TMP/n1" --listen "127.0.0.1:$RC_PORT" --workers 1 >>"$TMP/node1.log" 2>&1 &
+  RC_PID=$!
+  "$RC" --redis "$REDIS_URL" serve --data-dir "$TMP/n2" --listen "127.0.0.1:$RC2_PORT" --workers 1 >>"$TMP/node2.log" 2>&1 &
+  RC2_PID=$!
+  wait_http "http://127.0.0.1:$RC_PORT/health"
+  wait_http "http://127.0.0.1:$RC2_PORT/health"
+  N1="http://127.0.0.1:$RC_PORT"
+  N2="http://127.0.0.1:$RC2_PORT"
+  crun() { # NAME REP PUBLISH_URL -- loadtest mode args...
+    local name="$1" rep="$2" purl="$3"
+    shift 4
+    echo "== cluster $name rep $rep: loadtest --url $N1 --publish-url $purl $*" >&2
+    if ! "$LT" --quiet --target ringcast --url "$N1" --publish-url "$purl" \
+        --secret-key "$SK" --public-key "$PK" --server-pid "$RC_PID" --server-pid "$RC2_PID" \
+        --label "cluster-$name/r$rep" "$@" >>"$RESULTS"; then
+      echo "   (cluster $name rep $rep reported a failure; see its JSON line)" >&2
+    fi
+    sleep 2
+  }
+  for rep in $(seq 1 "$REPS"); do
+    for r in 100 "$HIGH"; do
+      crun "cross-$r" "$rep" "$N2" -- fanout --subs 1000 --channels 1 --rate "$r" --duration 10
+      crun "same-$r" "$rep" "$N1" -- fanout --subs 1000 --channels 1 --rate "$r" --duration 10
+    done
+    if want ramp; then
+      crun cross-ramp "$rep" "$N2" -- ramp --subs 1000 --channels 1 --start-rate 50 --step-duration 5 --max-steps 10
+      crun same-ramp "$rep" "$N1" -- ramp --subs 1000 --channels 1 --start-rate 50 --step-duration 5 --max-steps 10
+    fi
+  done
+  kill -0 "$RC_PID" 2>/dev/null && kill -0 "$RC2_PID" 2>/dev/null || { echo "run-suite.sh: a node exited" >&2; tail -5 "$TMP"/node*.log >&2; }
+  TARGETS=""
+  REPS=0
+fi
+
 for t in $TARGETS; do
   case "$t" in
     ringcast) setup_ringcast_keys ;;
@@ -193,20 +275,28 @@ run() { # TARGET SCENARIO REP -- loadtest mode args...
 }
 
 for rep in $(seq 1 "$REPS"); do
-  echo "== floor rep $rep" >&2
-  "$LT" --label "floor/r$rep" floor --sockets 1000 --duration 3 >>"$RESULTS" || true
+  if want floor; then
+    echo "== floor rep $rep" >&2
+    "$LT" --label "floor/r$rep" floor --sockets 1000 --duration 3 >>"$RESULTS" || true
+  fi
   for t in $TARGETS; do
     # Idle first on a fresh process, so RSS deltas are not hidden by memory an
     # earlier scenario left in the allocator.
+    if want idle-10k; then
+      restart "$t"
+      run "$t" idle-10k "$rep" -- idle --conns 10000 --hold 5
+    fi
+    if want idle-19k; then
+      restart "$t"
+      run "$t" idle-19k "$rep" -- idle --conns 19000 --hold 5
+    fi
     restart "$t"
-    run "$t" idle-10k "$rep" -- idle --conns 10000 --hold 5
-    restart "$t"
-    run "$t" idle-19k "$rep" -- idle --conns 19000 --hold 5
-    restart "$t"
-    run "$t" publish "$rep" -- publish --conns 64 --duration 10
-    run "$t" fanout "$rep" -- fanout --subs 10000 --channels 1 --rate 4 --duration 10
-    run "$t" wide "$rep" -- fanout --subs 10000 --channels 1000 --rate 2000 --duration 10
-    run "$t" burst "$rep" -- fanout --subs 100 --channels 1 --rate 1000 --duration 10
+    if want publish; then run "$t" publish "$rep" -- publish --conns 64 --duration 10; fi
+    if want fanout; then run "$t" fanout "$rep" -- fanout --subs 10000 --channels 1 --rate 4 --duration 10; fi
+    if want wide; then run "$t" wide "$rep" -- fanout --subs 10000 --channels 1000 --rate 2000 --duration 10; fi
+    if want burst; then run "$t" burst "$rep" -- fanout --subs 100 --channels 1 --rate 1000 --duration 10; fi
+    # Rate doubled from 2/s, then bisected, 5 s steps, until p99 > 250 ms or a loss.
+    if want ramp; then run "$t" ramp "$rep" -- ramp --subs 10000 --channels 1 --start-rate 2 --step-duration 5 --drain 3 --max-steps 12; fi
   done
 done
 stop_ringcast
@@ -224,6 +314,11 @@ for line in open(sys.argv[1]):
             f'{x["variant"]}={x.get("sender_cpu_us_per_frame")}us' for x in v["variants"]))
     elif v["mode"] == "idle":
         print(f'{v.get("label",""):14} {v["target"]:8} bytes/conn={v.get("server_bytes_per_connection")}')
+    elif v["mode"] == "ramp":
+        b = v.get("best") or {}
+        lf = v.get("lowest_failure") or {}
+        print(f'{v.get("label",""):14} {v["target"]:8} ramp best={v.get("best_rate")}/s deliv/s={v.get("sustained_deliveries_per_s")} '
+              f'p99={b.get("p99_ms")}ms cpu%={b.get("server_cpu_pct")} first_fail={lf.get("rate")} ({lf.get("why")})')
     elif v["mode"] == "publish":
         print(f'{v.get("label",""):14} {v["target"]:8} req/s={v["requests_per_s"]} '
               f'cpu_us/publish={cpu.get("server_cpu_us_per_accepted_publish")}')

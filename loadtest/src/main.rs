@@ -17,9 +17,11 @@ mod floor;
 mod http;
 mod net;
 mod publisher;
+mod ramp;
 mod stats;
 mod subs;
 mod target;
+mod trend;
 mod ws;
 mod wsconn;
 
@@ -52,6 +54,10 @@ struct Common {
     /// Base URL of the server; must be loopback.
     #[arg(long, default_value = "http://127.0.0.1:8080", global = true)]
     url: String,
+    /// Publish to this URL instead of --url (loopback only): subscribers stay on --url.
+    /// For cluster runs: subscribe on one node, publish on another.
+    #[arg(long, global = true)]
+    publish_url: Option<String>,
     /// ringcast secret key for publishing (sk_...).
     #[arg(long, env = "LOADTEST_SECRET_KEY", default_value = "", global = true)]
     secret_key: String,
@@ -122,6 +128,43 @@ enum Mode {
         inflight: usize,
         #[arg(long, default_value_t = 0)]
         pad: usize,
+    },
+    /// Fan-out with the rate raised step by step (double, then bisect) until p99 >
+    /// --p99-limit-ms or anything is lost; reports the highest passing rate.
+    Ramp {
+        #[arg(long, default_value_t = 10000)]
+        subs: usize,
+        #[arg(long, default_value_t = 1)]
+        channels: u32,
+        /// Publishes per second of the first step.
+        #[arg(long, default_value_t = 1.0)]
+        start_rate: f64,
+        #[arg(long, default_value_t = 0.1)]
+        min_rate: f64,
+        #[arg(long, default_value_t = 100000.0)]
+        max_rate: f64,
+        /// Seconds of publishing per step.
+        #[arg(long, default_value_t = 5.0)]
+        step_duration: f64,
+        /// Seconds to wait for late deliveries after each step's last publish.
+        #[arg(long, default_value_t = 3.0)]
+        drain: f64,
+        #[arg(long, default_value_t = 250.0)]
+        p99_limit_ms: f64,
+        /// Bisection stops when the lowest failing rate is within this fraction of the best pass.
+        #[arg(long, default_value_t = 0.1)]
+        tolerance: f64,
+        #[arg(long, default_value_t = 12)]
+        max_steps: usize,
+        /// Seconds of pause between steps (closed connections settle).
+        #[arg(long, default_value_t = 2.0)]
+        pause: f64,
+        #[arg(long, default_value_t = 8)]
+        pub_conns: usize,
+        #[arg(long, default_value_t = 60.0)]
+        connect_timeout: f64,
+        #[arg(long, default_value_t = 256)]
+        inflight: usize,
     },
     /// Open N WebSocket connections, hold them, report server RSS per connection.
     Idle {
@@ -249,6 +292,48 @@ fn main() {
                     pad: *pad,
                 },
             ),
+            Mode::Ramp {
+                subs,
+                channels,
+                start_rate,
+                min_rate,
+                max_rate,
+                step_duration,
+                drain,
+                p99_limit_ms,
+                tolerance,
+                max_steps,
+                pause,
+                pub_conns,
+                connect_timeout,
+                inflight,
+            } => run_ramp(
+                &cli.common,
+                &t,
+                &RampArgs {
+                    fanout: FanoutArgs {
+                        subs: *subs,
+                        channels: *channels,
+                        rate: *start_rate,
+                        duration: *step_duration,
+                        pub_conns: *pub_conns,
+                        pub_threads: 1,
+                        drain: *drain,
+                        connect_timeout: *connect_timeout,
+                        inflight: *inflight,
+                        pad: 0,
+                    },
+                    search: ramp::Search::new(
+                        *start_rate,
+                        *min_rate,
+                        *max_rate,
+                        *tolerance,
+                        (*max_steps).min(40),
+                    ),
+                    p99_limit_ms: *p99_limit_ms,
+                    pause: *pause,
+                },
+            ),
             Mode::Idle {
                 conns,
                 hold,
@@ -325,6 +410,7 @@ fn r3(x: f64) -> f64 {
 
 fn make_target(c: &Common) -> Result<Target, String> {
     let endpoint = net::parse_url(&c.url)?;
+    let publish_endpoint = c.publish_url.as_deref().map(net::parse_url).transpose()?;
     if c.target == Kind::Ringcast && (c.secret_key.is_empty() || c.public_key.is_empty()) {
         return Err("ringcast needs --secret-key sk_... and --public-key pk_... (or LOADTEST_SECRET_KEY / LOADTEST_PUBLIC_KEY)".into());
     }
@@ -332,6 +418,7 @@ fn make_target(c: &Common) -> Result<Target, String> {
     Ok(Target {
         kind: c.target,
         endpoint,
+        publish_endpoint,
         secret_key: c.secret_key.clone(),
         public_key: c.public_key.clone(),
         tag: format!("{:x}", (nanos / 1000) ^ u64::from(std::process::id()) << 20)
@@ -562,7 +649,7 @@ fn start_publishers(
     let handles = (0..threads)
         .map(|i| {
             let plan = publisher::PubPlan {
-                target: t.clone(),
+                target: t.for_publishers(),
                 conns: (conns / threads + usize::from(i < conns % threads)).max(1),
                 rate: rate.map(|r| r / threads as f64),
                 duration: secs(duration),
@@ -861,7 +948,8 @@ fn run_fanout(c: &Common, t: &Target, a: &FanoutArgs) -> Result<Value, String> {
     let mut v = json!({
         "mode": "fanout", "target": t.kind.name(),
         "params": {"subs": a.subs, "channels": channels, "rate": a.rate, "duration_s": a.duration,
-                   "pub_conns": a.pub_conns, "threads": c.threads, "pad": a.pad},
+                   "pub_conns": a.pub_conns, "threads": c.threads, "pad": a.pad,
+                   "publish_url": c.publish_url},
         "subscribers_ready": ready,
         "connect_time_s": r3(connect_time.as_secs_f64()),
         "connect_latency": summarize(&subs_t.connect).to_json(),
@@ -918,6 +1006,123 @@ fn run_fanout(c: &Common, t: &Target, a: &FanoutArgs) -> Result<Value, String> {
         ),
         ("server CPU %", v["cpu"]["server_cpu_pct"].to_string()),
         ("harness CPU %", v["cpu"]["harness_cpu_pct"].to_string()),
+    ]);
+    Ok(v)
+}
+
+struct RampArgs {
+    /// The fanout of every step; `rate` is replaced by the search's.
+    fanout: FanoutArgs,
+    search: ramp::Search,
+    p99_limit_ms: f64,
+    pause: f64,
+}
+
+fn run_ramp(c: &Common, t: &Target, a: &RampArgs) -> Result<Value, String> {
+    let start = Instant::now();
+    let mut search = a.search.clone();
+    let mut steps: Vec<Value> = Vec::new();
+    let mut best: Option<Value> = None;
+    let mut aborted: Option<String> = None;
+    // Bounded: the search ends after at most max_steps (<= 40) steps.
+    while let Some(rate) = search.next() {
+        let mut st = t.clone();
+        st.tag = format!("{}s{}", t.tag, search.steps);
+        let fa = FanoutArgs { rate, ..a.fanout };
+        progress(
+            c,
+            "ramp",
+            start,
+            format!(
+                "step {}: {rate}/s x {} subs for {}s",
+                search.steps + 1,
+                fa.subs,
+                fa.duration
+            ),
+        );
+        let v = run_fanout(c, &st, &fa)?;
+        if v["subscribers_ready"].as_u64() == Some(0) {
+            aborted = Some(format!("step at {rate}/s: no subscriber connected"));
+            break;
+        }
+        let (pass, why) = ramp::judge(&v, rate, fa.duration, a.p99_limit_ms);
+        let step = ramp::step_json(&v, rate, fa.duration, pass, &why);
+        eprintln!(
+            "ramp step {}: {rate}/s {} ({}) p99 {} ms, {} deliveries/s",
+            search.steps + 1,
+            if pass { "PASS" } else { "FAIL" },
+            if why.is_empty() { "ok" } else { why.as_str() },
+            step["p99_ms"],
+            step["sustained_deliveries_per_s"]
+        );
+        search.record(rate, pass);
+        if pass
+            && best
+                .as_ref()
+                .map_or(true, |b| b["rate"].as_f64() < Some(rate))
+        {
+            best = Some(step.clone());
+        }
+        steps.push(step);
+        if search.next().is_some() {
+            std::thread::sleep(secs(a.pause));
+        }
+    }
+    let lowest_fail = steps
+        .iter()
+        .filter(|s| s["pass"] == json!(false))
+        .min_by(|x, y| {
+            x["rate"]
+                .as_f64()
+                .partial_cmp(&y["rate"].as_f64())
+                .unwrap_or(std::cmp::Ordering::Equal)
+        })
+        .cloned();
+    let f = &a.fanout;
+    let mut v = json!({
+        "mode": "ramp", "target": t.kind.name(),
+        "params": {"subs": f.subs, "channels": f.channels, "step_duration_s": f.duration,
+                   "drain_s": f.drain, "p99_limit_ms": a.p99_limit_ms, "start_rate": a.search.start,
+                   "max_rate": a.search.max_rate, "tolerance": a.search.tolerance,
+                   "max_steps": a.search.max_steps, "pub_conns": f.pub_conns, "threads": c.threads,
+                   "publish_url": c.publish_url},
+        "steps": steps,
+        "best": best,
+        "lowest_failure": lowest_fail,
+        "best_rate": best.as_ref().map(|b| b["rate"].clone()),
+        "sustained_deliveries_per_s": best.as_ref().map(|b| b["sustained_deliveries_per_s"].clone()),
+        "elapsed_s": r1(start.elapsed().as_secs_f64()),
+        "aborted": aborted,
+    });
+    v["ok"] = json!(best.is_some() && aborted.is_none());
+    eprintln!(
+        "ramp against {} ({} subs, {} channel(s), {}s steps):",
+        t.kind.name(),
+        f.subs,
+        f.channels,
+        f.duration
+    );
+    table(&[
+        (
+            "steps",
+            v["steps"].as_array().map_or(0, Vec::len).to_string(),
+        ),
+        ("best rate (publishes/s)", v["best_rate"].to_string()),
+        (
+            "sustained deliveries/s",
+            v["sustained_deliveries_per_s"].to_string(),
+        ),
+        (
+            "best p99 ms",
+            best.as_ref()
+                .map_or("null".into(), |b| b["p99_ms"].to_string()),
+        ),
+        (
+            "lowest failing rate",
+            lowest_fail
+                .as_ref()
+                .map_or("none".into(), |l| format!("{} ({})", l["rate"], l["why"])),
+        ),
     ]);
     Ok(v)
 }
@@ -1035,25 +1240,31 @@ fn run_soak(c: &Common, t: &Target, a: &SoakArgs) -> Result<Value, String> {
     let mut next_sample = Instant::now();
     let mut last_progress = Instant::now();
     let end = start + secs(a.duration);
+    let mut take_sample = |samples: &mut Vec<Value>| {
+        let s = snapshot(c);
+        let x = start.elapsed().as_secs_f64();
+        let open = run
+            .shared
+            .ready
+            .load(Relaxed)
+            .saturating_sub(run.shared.closed.load(Relaxed));
+        samples.push(
+            json!({"t_s": r1(x), "rss_bytes": s.server.rss_bytes, "fds": s.server.fds,
+                            "open": open, "opened": run.shared.opened.load(Relaxed),
+                            "flips": run.shared.flips.load(Relaxed),
+                            "delivered": run.shared.received.load(Relaxed)}),
+        );
+        points_rss.push((x, s.server.rss_bytes as f64));
+        points_fds.push((x, s.server.fds as f64));
+    };
     // Bounded by the duration.
     while Instant::now() < end {
         if Instant::now() >= next_sample {
-            next_sample += every;
-            let s = snapshot(c);
-            let x = start.elapsed().as_secs_f64();
-            let open = run
-                .shared
-                .ready
-                .load(Relaxed)
-                .saturating_sub(run.shared.closed.load(Relaxed));
-            samples.push(
-                json!({"t_s": r1(x), "rss_bytes": s.server.rss_bytes, "fds": s.server.fds,
-                                "open": open, "delivered": run.shared.received.load(Relaxed)}),
-            );
-            if x >= a.warmup {
-                points_rss.push((x, s.server.rss_bytes as f64));
-                points_fds.push((x, s.server.fds as f64));
+            // Skip missed ticks (a stalled machine) instead of bunching samples.
+            while next_sample <= Instant::now() {
+                next_sample += every;
             }
+            take_sample(&mut samples);
         }
         if last_progress.elapsed() >= Duration::from_secs(1) {
             last_progress = Instant::now();
@@ -1062,10 +1273,11 @@ fn run_soak(c: &Common, t: &Target, a: &SoakArgs) -> Result<Value, String> {
                 "soak",
                 start,
                 format!(
-                    "opened {} ready {} closed {} published {} delivered {}",
+                    "opened {} ready {} closed {} flips {} published {} delivered {}",
                     run.shared.opened.load(Relaxed),
                     run.shared.ready.load(Relaxed),
                     run.shared.closed.load(Relaxed),
+                    run.shared.flips.load(Relaxed),
                     pubs.shared.accepted.load(Relaxed),
                     run.shared.received.load(Relaxed)
                 ),
@@ -1073,12 +1285,16 @@ fn run_soak(c: &Common, t: &Target, a: &SoakArgs) -> Result<Value, String> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+    // One last sample at the end, with the churn still running.
+    take_sample(&mut samples);
+    let flips = run.shared.flips.load(Relaxed);
     pubs.shared.stop.store(true, Relaxed);
     let p = join_publishers(pubs, channels);
     let s1 = snapshot(c);
     let subs_t = join_subscribers(run);
-    let per_min = |pts: &[(f64, f64)]| stats::slope(pts).map(|s| r3(s * 60.0));
-    let rss_slope = per_min(&points_rss);
+    let rss_trend = trend::summary(&points_rss, a.warmup);
+    let fds_trend = trend::summary(&points_fds, a.warmup);
+    let rss_slope = rss_trend["slope_per_min"].as_f64();
     let mut v = json!({
         "mode": "soak", "target": t.kind.name(),
         "params": {"conns": a.conns, "channels": channels, "rate": a.rate, "duration_s": a.duration,
@@ -1086,11 +1302,14 @@ fn run_soak(c: &Common, t: &Target, a: &SoakArgs) -> Result<Value, String> {
                    "max_life_s": a.max_life, "flip_every_s": a.flip_every, "pad_max": a.pad},
         "publish": p.json,
         "received": subs_t.received,
+        "subscription_changes": flips,
         "latency": summarize(&subs_t.latency).to_json(),
         "subscribers": subs_t.json,
         "samples": samples,
         "rss_slope_bytes_per_min": rss_slope,
-        "fds_slope_per_min": per_min(&points_fds),
+        "fds_slope_per_min": fds_trend["slope_per_min"],
+        "rss_after_warmup": rss_trend,
+        "fds_after_warmup": fds_trend,
         "cpu": cpu_json(c, &s0, &s1, subs_t.received, "delivery"),
     });
     v["ok"] = json!(subs_t.received > 0);

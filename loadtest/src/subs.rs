@@ -35,6 +35,8 @@ pub struct Shared {
     pub stop: AtomicBool,
     /// Churn mode: connections (re)opened so far.
     pub opened: AtomicU64,
+    /// Churn mode: subscription changes (unsubscribe old + subscribe new) sent so far.
+    pub flips: AtomicU64,
 }
 
 /// Soak-mode churn: lifetimes and subscription changes.
@@ -265,6 +267,7 @@ pub fn run(plan: SubPlan, shared: Arc<Shared>) -> SubResult {
                             let ok = slot.conn.subscribe(&plan.target, old, false).is_ok()
                                 && slot.conn.subscribe(&plan.target, new, true).is_ok();
                             slot.conn.channels[0] = new;
+                            shared.flips.fetch_add(1, Relaxed);
                             if !ok {
                                 close = true;
                             }

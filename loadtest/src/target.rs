@@ -34,6 +34,9 @@ impl Kind {
 pub struct Target {
     pub kind: Kind,
     pub endpoint: Endpoint,
+    /// Where publishes go when it is not `endpoint` (`--publish-url`: subscribe on one
+    /// cluster node, publish on another).
+    pub publish_endpoint: Option<Endpoint>,
     pub secret_key: String,
     pub public_key: String,
     /// A per-run channel prefix, so a run never sees messages left by an earlier one.
@@ -86,6 +89,16 @@ pub fn parse_stamp(data: &[u8]) -> Option<(u64, u64)> {
 }
 
 impl Target {
+    /// This target as the publishers see it: `endpoint` replaced by the publish
+    /// endpoint when one is set.
+    pub fn for_publishers(&self) -> Target {
+        let mut t = self.clone();
+        if let Some(e) = &self.publish_endpoint {
+            t.endpoint = e.clone();
+        }
+        t
+    }
+
     /// The channel name of channel index `ch` (per-run prefix).
     pub fn channel_name(&self, ch: u32) -> String {
         format!("lt{}c{}", self.tag, ch)
@@ -198,10 +211,24 @@ mod tests {
         Target {
             kind,
             endpoint: crate::net::parse_url("http://127.0.0.1:8080").unwrap(),
+            publish_endpoint: None,
             secret_key: "sk_x".into(),
             public_key: "pk_y".into(),
             tag: "ab".into(),
         }
+    }
+
+    #[test]
+    fn publishers_use_the_publish_endpoint_when_set() {
+        let mut t = target(Kind::Ringcast);
+        assert_eq!(t.for_publishers().endpoint.addr, t.endpoint.addr);
+        t.publish_endpoint = Some(crate::net::parse_url("http://127.0.0.1:8081").unwrap());
+        let p = t.for_publishers();
+        assert_eq!(p.endpoint.addr.port(), 8081);
+        assert_eq!(p.endpoint.host, "127.0.0.1:8081");
+        // Subscribers keep the original endpoint and the same channel names.
+        assert_eq!(t.endpoint.addr.port(), 8080);
+        assert_eq!(p.channel_name(3), t.channel_name(3));
     }
 
     /// Split a request we wrote into head and body and check Content-Length matches.
