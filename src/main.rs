@@ -9,7 +9,33 @@ use ringcast::cli::{Cli, Command};
 #[global_allocator]
 static GLOBAL: MiMalloc = MiMalloc;
 
+/// mimalloc option that must be set before the allocator starts, i.e. in the
+/// environment of the process (mimalloc reads it at load time, before `main`).
+const ALLOCATOR_ENV: (&str, &str) = ("MIMALLOC_ARENA_EAGER_COMMIT", "0");
+
+/// Re-execute once with the allocator option in the environment. With mimalloc's
+/// default (commit whole arenas eagerly on Linux) an idle WebSocket connection costs
+/// about twice the RSS, and the empty server 18 MB instead of 8 MB (BENCHMARKS.md,
+/// "idle"). Setting the option from `main` is too late: the first arena already exists.
+/// If the exec fails, the server simply runs with the defaults.
+fn reexec_with_allocator_env() {
+    use std::os::unix::process::CommandExt;
+    let (name, value) = ALLOCATOR_ENV;
+    if std::env::var_os(name).is_some() {
+        return;
+    }
+    let mut args = std::env::args_os();
+    let argv0 = args.next().unwrap_or_default();
+    let err = std::process::Command::new("/proc/self/exe")
+        .arg0(argv0)
+        .args(args)
+        .env(name, value)
+        .exec();
+    eprintln!("note: could not re-execute with {name}={value} ({err}); using allocator defaults");
+}
+
 fn main() {
+    reexec_with_allocator_env();
     let cli = Cli::parse();
     let result: anyhow::Result<()> = match &cli.command {
         Command::Serve(args) => ringcast::server::run_cli(&cli, args),

@@ -178,7 +178,7 @@ pub async fn serve<S: Transport>(worker: Rc<Worker>, mut stream: S, guard: ConnG
             }
             // A task of its own: this HTTP task's state (its buffers, its read and
             // timeout futures) is freed instead of living as long as the socket.
-            monoio::spawn(websocket(worker, stream, u, buf, guard));
+            websocket(worker, stream, u, buf, guard);
             return;
         }
         if !out.is_empty() {
@@ -403,12 +403,12 @@ fn upgrade(worker: &Rc<Worker>, head: &RequestHead, req: &[u8], out: &mut Vec<u8
 }
 
 /// Run an upgraded connection: writer task spawned, reader in this task.
-async fn websocket<S: Transport>(
+fn websocket<S: Transport>(
     worker: Rc<Worker>,
     stream: S,
     upgrade: Upgrade,
     leftover: Vec<u8>,
-    _guard: ConnGuard,
+    guard: ConnGuard,
 ) {
     let cfg = &worker.shared.config;
     let (fd, rd, wr) = stream.into_ws_halves();
@@ -429,8 +429,7 @@ async fn websocket<S: Transport>(
     };
     worker.register_ws(conn.clone());
     monoio::spawn(write_loop(wr, conn.clone()));
-    let mut session = ClientSession::new(worker.clone());
-    let clock_worker = worker.clone();
+    let session = ClientSession::new(worker.clone());
     // An empty leftover still owns the 4 KiB HTTP read buffer: free it now, not when
     // the connection ends (it would be most of an idle connection's memory).
     let pending = if leftover.is_empty() {
@@ -439,12 +438,29 @@ async fn websocket<S: Transport>(
     } else {
         leftover
     };
+    let held = (guard, upgrade._slot);
+    monoio::spawn(reader_task(
+        rd, conn, session, limits, worker, pending, held,
+    ));
+}
+
+/// The reader's task. Kept apart from the upgrade so that the task that lives as long
+/// as the socket holds only the reader's small state (an idle connection's cost).
+async fn reader_task<R: AsyncReadRent>(
+    rd: R,
+    conn: Rc<WsConn>,
+    mut session: ClientSession,
+    limits: ReadLimits,
+    worker: Rc<Worker>,
+    pending: Vec<u8>,
+    _held: (ConnGuard, ProjectSlot),
+) {
     read_loop(
         rd,
         conn,
         &mut session,
         limits,
-        move || clock_worker.clock(),
+        move || worker.clock(),
         pending,
     )
     .await;

@@ -43,7 +43,7 @@ pub const CLOSE_GRACE: Duration = Duration::from_secs(2);
 pub const SLOW_CLOSE_GRACE: Duration = Duration::from_secs(10);
 /// Read size while idle: client-to-server traffic is small control JSON, and the
 /// buffer stays parked in the pending read of every idle connection.
-const IDLE_READ: usize = 512;
+const IDLE_READ: usize = 128;
 /// Read size while a larger frame is being assembled.
 const BULK_READ: usize = 8192;
 /// Most frames handed to one `writev`.
@@ -152,6 +152,11 @@ impl WsConn {
         }
         let mut q = self.queue.borrow_mut();
         let was_empty = q.is_empty();
+        if q.capacity() == 0 {
+            // Most connections never hold more than one frame: start with room for
+            // one instead of the default four (idle connections keep this capacity).
+            q.reserve_exact(1);
+        }
         q.push_back(frame);
         self.queued_bytes.set(total);
         drop(q);
@@ -234,6 +239,9 @@ impl WsConn {
             while batch.bufs.len() < MAX_BATCH {
                 let Some(f) = q.pop_front() else { break };
                 taken += f.len();
+                if batch.bufs.capacity() == 0 {
+                    batch.bufs.reserve_exact(q.len() + 1);
+                }
                 batch.bufs.push(f);
             }
             self.queued_bytes
@@ -273,6 +281,8 @@ impl FrameBatch {
 
     fn rebuild(&mut self) {
         self.iov.clear();
+        // Sized to the batch: one frame (the common case) costs one iovec, not four.
+        self.iov.reserve_exact(self.bufs.len());
         self.iov.extend(self.bufs.iter().map(|b| libc::iovec {
             iov_base: b.as_ptr() as *mut libc::c_void,
             iov_len: b.len(),
@@ -358,7 +368,8 @@ pub async fn write_loop<W: FrameWrite>(mut wr: W, conn: Rc<WsConn>) {
             batch = FrameBatch::default();
         }
         if ends_with_close {
-            let _ = wr.close_write().await;
+            // Boxed: a rare path whose future would otherwise enlarge every idle writer.
+            let _ = Box::pin(wr.close_write()).await;
             break;
         }
     }
@@ -440,7 +451,7 @@ pub async fn read_loop<S: Session, R: AsyncReadRent>(
     }
     // Let the close reply (ours or the echo of the peer's) leave before shutting down.
     if conn.state.get() == State::Closing {
-        let _ = monoio::time::timeout(CLOSE_GRACE, conn.wait_done()).await;
+        let _ = Box::pin(monoio::time::timeout(CLOSE_GRACE, conn.wait_done())).await;
     }
     conn.abort();
     conn.fd_open.set(false);
