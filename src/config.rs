@@ -68,6 +68,11 @@ pub struct Config {
     /// Unsent bytes queued for one WebSocket connection before it is closed with 4008.
     /// Default 1048576 (1 MiB).
     pub send_backlog_bytes: usize,
+    /// Write coalescing window per WebSocket connection, milliseconds. A connection
+    /// written to less than this long ago waits for the window to pass, so frames
+    /// published in quick succession leave in one write. Connections that receive less
+    /// than one message per window are never delayed. Default 2. 0 = write at once.
+    pub write_coalesce_ms: u64,
     /// Most open connections (HTTP and WebSocket) per worker. Default 25000.
     /// Over: HTTP 503 and the connection is closed.
     pub max_connections_per_worker: usize,
@@ -107,6 +112,7 @@ impl Default for Config {
             max_frame_bytes: 16 * 1024,
             max_subscriptions_per_connection: 100,
             send_backlog_bytes: 1024 * 1024,
+            write_coalesce_ms: 2,
             max_connections_per_worker: 25_000,
             max_ws_connections_per_project: 0,
             mailbox_capacity: 8192,
@@ -213,6 +219,11 @@ impl Config {
         if self.mailbox_high_water_pct == 0 || self.mailbox_high_water_pct > 100 {
             return Err(ConfigError::Invalid(
                 "mailbox_high_water_pct must be between 1 and 100".into(),
+            ));
+        }
+        if self.write_coalesce_ms > 1000 {
+            return Err(ConfigError::Invalid(
+                "write_coalesce_ms must be at most 1000".into(),
             ));
         }
         if self.workers > 1024 {

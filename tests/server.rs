@@ -632,3 +632,52 @@ fn rate_headers_on_every_publish_answer_once_the_key_is_known() {
     assert_eq!(status, 401);
     assert!(header(&head, "ratelimit-limit").is_none());
 }
+
+#[test]
+fn head_health_has_no_body_and_keeps_the_stream_in_step() {
+    let s = Server::start();
+    let resp = s.raw(
+        b"HEAD /health HTTP/1.1\r\nHost: t\r\n\r\nGET /nope HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+    );
+    let text = String::from_utf8(resp).unwrap();
+    let (first, rest) = text.split_once("\r\n\r\n").unwrap();
+    assert!(first.starts_with("HTTP/1.1 200 OK"), "{text}");
+    assert!(header(first, "content-length").is_some());
+    assert!(
+        rest.starts_with("HTTP/1.1 404 "),
+        "HEAD must not send a body: {text}"
+    );
+}
+
+#[test]
+fn messages_published_in_quick_succession_all_arrive_in_order() {
+    // Write coalescing must never reorder, drop or hold back the last frame.
+    let s = Server::start_with(Options {
+        config: "write_coalesce_ms = 20\n".into(),
+        ..Options::default()
+    });
+    let p = s.project("co", "1000000/s");
+    let mut ws = s.ws(&p.public);
+    subscribe(&mut ws, "c");
+    let body = r#"{"channel":"c","event":"e","data":{"i":N}}"#;
+    let mut req = String::new();
+    for i in 0..200 {
+        let b = body.replace('N', &i.to_string());
+        req.push_str(&format!(
+            "POST /api/v1/publish HTTP/1.1\r\nHost: t\r\nX-Api-Key: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}",
+            p.secret,
+            b.len()
+        ));
+        if i % 50 == 49 {
+            req.push_str("GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+            let resp = String::from_utf8(s.raw(req.as_bytes())).unwrap();
+            assert_eq!(resp.matches("202 Accepted").count(), 50);
+            req.clear();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    for i in 0..200 {
+        assert_eq!(next_json(&mut ws)["data"]["i"], i);
+    }
+    expect_silence(&mut ws, Duration::from_millis(100));
+}

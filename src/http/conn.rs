@@ -18,7 +18,7 @@ use std::ops::Range;
 use std::os::fd::{AsRawFd, RawFd};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use monoio::buf::IoBufMut;
 use monoio::io::{
@@ -259,7 +259,14 @@ fn route(worker: &Rc<Worker>, head: &RequestHead, req: &[u8], out: &mut Vec<u8>)
                     return Outcome::NeedMore;
                 }
             }
+            let start = out.len();
             health(worker, out);
+            if head.method() == Method::Head {
+                // Same head (Content-Length included), no body (RFC 9110 §9.3.2).
+                if let Some(end) = out[start..].windows(4).position(|w| w == b"\r\n\r\n") {
+                    out.truncate(start + end + 4);
+                }
+            }
             Outcome::Answered { close: false }
         }
         b"/api/v1/ws" => upgrade(worker, head, req, out),
@@ -422,6 +429,7 @@ fn websocket<S: Transport>(
         cfg.send_backlog_bytes,
         worker.clock(),
     ));
+    conn.set_write_coalesce(Duration::from_millis(cfg.write_coalesce_ms));
     let connection_id = worker.ids.next_id();
     conn.send(connected_frame(connection_id.as_str(), cfg.heartbeat_s));
     let limits = ReadLimits {

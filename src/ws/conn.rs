@@ -24,7 +24,7 @@ use std::future::{poll_fn, Future};
 use std::os::fd::RawFd;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use monoio::buf::IoVecBuf;
@@ -89,6 +89,8 @@ pub struct WsConn {
     waiter: Cell<Option<Waker>>,
     /// Worker-clock second of the last frame from the client.
     last_seen: Cell<u32>,
+    /// Write coalescing window in milliseconds (0 = off), see [`WsConn::set_write_coalesce`].
+    coalesce_ms: Cell<u16>,
 }
 
 impl WsConn {
@@ -106,6 +108,7 @@ impl WsConn {
             writer: Cell::new(None),
             waiter: Cell::new(None),
             last_seen: Cell::new(now_s),
+            coalesce_ms: Cell::new(0),
         }
     }
 
@@ -223,32 +226,46 @@ impl WsConn {
         }
     }
 
-    /// Move queued frames into `batch`. `None` when the writer should stop; otherwise
-    /// whether the batch ends with the close frame.
-    async fn next_batch(&self, batch: &mut FrameBatch) -> Option<bool> {
+    /// Coalesce writes to this connection: a write that would follow the previous one
+    /// by less than `window` waits until `window` has passed, so frames published in
+    /// quick succession leave in one `writev`. A connection receiving less than one
+    /// frame per window is never delayed; a hot one trades at most `window` of latency
+    /// for one syscall (and its kernel TCP work) per batch instead of per frame.
+    pub fn set_write_coalesce(&self, window: Duration) {
+        self.coalesce_ms
+            .set(window.as_millis().min(u128::from(u16::MAX)) as u16);
+    }
+
+    /// Wait until a frame is queued (`true`), or the writer should stop (`false`).
+    async fn wait_frames(&self) -> bool {
         poll_fn(|cx| {
-            let mut q = self.queue.borrow_mut();
-            if q.is_empty() {
-                if self.state.get() != State::Open {
-                    return Poll::Ready(None);
-                }
-                self.writer.set(Some(cx.waker().clone()));
-                return Poll::Pending;
+            if !self.queue.borrow().is_empty() {
+                return Poll::Ready(true);
             }
-            let mut taken = 0usize;
-            while batch.bufs.len() < MAX_BATCH {
-                let Some(f) = q.pop_front() else { break };
-                taken += f.len();
-                if batch.bufs.capacity() == 0 {
-                    batch.bufs.reserve_exact(q.len() + 1);
-                }
-                batch.bufs.push(f);
+            if self.state.get() != State::Open {
+                return Poll::Ready(false);
             }
-            self.queued_bytes
-                .set(self.queued_bytes.get().saturating_sub(taken));
-            Poll::Ready(Some(q.is_empty() && self.state.get() == State::Closing))
+            self.writer.set(Some(cx.waker().clone()));
+            Poll::Pending
         })
         .await
+    }
+
+    /// Move queued frames into `batch`; whether the batch ends with the close frame.
+    fn take_batch(&self, batch: &mut FrameBatch) -> bool {
+        let mut q = self.queue.borrow_mut();
+        let mut taken = 0usize;
+        while batch.bufs.len() < MAX_BATCH {
+            let Some(f) = q.pop_front() else { break };
+            taken += f.len();
+            if batch.bufs.capacity() == 0 {
+                batch.bufs.reserve_exact(q.len() + 1);
+            }
+            batch.bufs.push(f);
+        }
+        self.queued_bytes
+            .set(self.queued_bytes.get().saturating_sub(taken));
+        q.is_empty() && self.state.get() == State::Closing
     }
 
     /// Wait until the writer is done (close frame flushed, or socket dead).
@@ -347,10 +364,18 @@ impl FrameWrite for OwnedWriteHalf<TcpStream> {
 /// The writer task: drain the queue into the socket until closed.
 pub async fn write_loop<W: FrameWrite>(mut wr: W, conn: Rc<WsConn>) {
     let mut batch = FrameBatch::default();
+    let mut last_write: Option<Instant> = None;
     loop {
-        let Some(ends_with_close) = conn.next_batch(&mut batch).await else {
+        if !conn.wait_frames().await {
             break;
-        };
+        }
+        let window = Duration::from_millis(u64::from(conn.coalesce_ms.get()));
+        if let Some(since) = last_write.map(|t| t.elapsed()) {
+            if since < window && conn.is_open() {
+                monoio::time::sleep(window - since).await;
+            }
+        }
+        let ends_with_close = conn.take_batch(&mut batch);
         while !batch.bufs.is_empty() {
             let (res, b) = wr.write_frames(batch).await;
             batch = b;
@@ -362,6 +387,9 @@ pub async fn write_loop<W: FrameWrite>(mut wr: W, conn: Rc<WsConn>) {
                     return;
                 }
             }
+        }
+        if !window.is_zero() {
+            last_write = Some(Instant::now());
         }
         if batch.bufs.capacity() > 8 {
             // A burst grew the batch; an idle connection should not keep it.
