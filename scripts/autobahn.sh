@@ -8,14 +8,16 @@
 #
 #   scripts/autobahn.sh [CASES]
 #
-# Environment: AUTOBAHN_TOOLS (default /work/shared/tools/autobahn), AUTOBAHN_VENV
+# Environment: AUTOBAHN_TOOLS (default ../shared/tools/autobahn beside the repo), AUTOBAHN_VENV
 # (default /tmp/autobahn-py3-venv; setup.sh is run when it has no wstest), plus
 # everything run.sh reads (AUTOBAHN_OUT, AUTOBAHN_TIMEOUT, ...).
 # The tools are used in place; they are never copied into this repository.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-TOOLS="${AUTOBAHN_TOOLS:-/work/shared/tools/autobahn}"
+REPO_ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+TOOLS="${AUTOBAHN_TOOLS:-$REPO_ROOT/../shared/tools/autobahn}"
+[ -d "$TOOLS" ] || TOOLS=/work/shared/tools/autobahn
 VENV="${AUTOBAHN_VENV:-/tmp/autobahn-py3-venv}"
 export AUTOBAHN_VENV="$VENV"
 
