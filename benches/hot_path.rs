@@ -12,6 +12,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use ringcast::publish::encode::message_frame;
 use ringcast::publish::PublishParser;
 use ringcast::shard::fan_out;
+use ringcast::shard::interest::channel_hash;
 use ringcast::shard::mailbox::{Broadcast, Mailboxes};
 use ringcast::shard::registry::Registry;
 use ringcast::ws::conn::{ConnMeta, WsConn};
@@ -101,6 +102,7 @@ fn mailbox(c: &mut Criterion) {
     group.bench_function("1024", |b| {
         let boxes = Mailboxes::new(1, 1 << 20);
         let mb = boxes.get(0).expect("one mailbox");
+        mb.interest.add(channel_hash(0, "c"));
         let msg = Arc::new(Broadcast {
             project: 0,
             channel: "c".into(),

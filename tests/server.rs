@@ -262,6 +262,9 @@ fn full_mailbox_gives_503_and_degraded_health() {
         config: "mailbox_capacity = 2\nmailbox_high_water_pct = 50\n".into(),
     });
     let p = s.project("m", "100000/s");
+    // A subscriber on the channel: workers without one are never sent the message.
+    let mut ws = s.ws(&p.public);
+    subscribe(&mut ws, "c");
     // Pipelined in one write: the worker answers them all before draining its mailbox.
     let body = r#"{"channel":"c","event":"e","data":{}}"#;
     let one = format!(

@@ -169,6 +169,10 @@ pub async fn serve<S: Transport>(worker: Rc<Worker>, mut stream: S, guard: ConnG
             }
         }
         buf.drain(..consumed);
+        if worker.mailbox.has_mail() {
+            // Busy workers must drain their mailbox themselves (see `shard::drain`).
+            crate::shard::drain(&worker);
+        }
         if let Some(u) = upgrade {
             if !out.is_empty() {
                 let (res, _) = stream.write_all(std::mem::take(&mut out)).await;

@@ -75,6 +75,8 @@ pub struct Worker {
     pub parser: RefCell<PublishParser>,
     pub registry: RefCell<Registry>,
     pub conns: RefCell<HashMap<u64, Rc<WsConn>>>,
+    /// This worker's mailbox (the only cross-core path into it).
+    pub mailbox: Arc<Mailbox>,
     open: Cell<usize>,
     next_conn: Cell<u64>,
     started: Instant,
@@ -92,13 +94,15 @@ impl Drop for ConnGuard {
 }
 
 impl Worker {
-    pub fn new(index: usize, shared: Arc<Shared>) -> Worker {
+    pub fn new(index: usize, shared: Arc<Shared>, mailbox: Arc<Mailbox>) -> Worker {
+        let registry = RefCell::new(Registry::new(mailbox.interest.clone()));
         Worker {
+            mailbox,
+            registry,
             index,
             shared,
             ids: IdGen::new(index),
             parser: RefCell::new(PublishParser::new()),
-            registry: RefCell::new(Registry::default()),
             conns: RefCell::new(HashMap::new()),
             open: Cell::new(0),
             next_conn: Cell::new(0),
@@ -260,8 +264,8 @@ pub fn run(
     let body = async move {
         listener.set_nonblocking(true)?;
         let listener = TcpListener::from_std(listener)?;
-        let worker = Rc::new(Worker::new(index, shared));
-        monoio::spawn(crate::shard::run_mailbox(worker.clone(), mailbox));
+        let worker = Rc::new(Worker::new(index, shared, mailbox));
+        monoio::spawn(crate::shard::run_mailbox(worker.clone()));
         monoio::spawn(heartbeat(worker.clone()));
         accept_loop(&worker, listener).await;
         // Shutdown: give WebSockets time to receive 1001 and queued messages.

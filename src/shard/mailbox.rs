@@ -18,6 +18,8 @@ use atomic_waker::AtomicWaker;
 use bytes::Bytes;
 use crossbeam_channel::{Receiver, Sender};
 
+use super::interest::{channel_hash, InterestFilter};
+
 /// One accepted publish, encoded once.
 #[derive(Debug)]
 pub struct Broadcast {
@@ -45,6 +47,8 @@ pub struct Mailbox {
     reserved: AtomicUsize,
     waker: AtomicWaker,
     asleep: AtomicBool,
+    /// The channels this mailbox's worker has subscribers for.
+    pub interest: Arc<InterestFilter>,
 }
 
 impl Mailbox {
@@ -59,6 +63,7 @@ impl Mailbox {
             reserved: AtomicUsize::new(0),
             waker: AtomicWaker::new(),
             asleep: AtomicBool::new(false),
+            interest: Arc::default(),
         }
     }
 
@@ -87,6 +92,11 @@ impl Mailbox {
         if self.asleep.swap(false, Ordering::AcqRel) {
             self.waker.wake();
         }
+    }
+
+    /// Whether anything (broadcast or control) is waiting. Cheap: two atomic loads.
+    pub fn has_mail(&self) -> bool {
+        !self.rx.is_empty()
     }
 
     /// Take one envelope without waiting.
@@ -138,18 +148,32 @@ impl Mailboxes {
         self.boxes.get(worker).cloned()
     }
 
-    /// Queue a broadcast on every worker, or on none. `false` when any mailbox is full.
+    /// Queue a broadcast on every worker that has subscribers for its channel, or on
+    /// none. `false` when any of those mailboxes is full. Workers without a subscriber
+    /// of the channel are skipped (see `interest`): no queue traffic, no wake-up.
     pub fn broadcast(&self, msg: Arc<Broadcast>) -> bool {
+        let hash = channel_hash(msg.project, &msg.channel);
+        let mut wanted = [false; 64];
+        let many = self.boxes.len() > wanted.len();
         for (i, mb) in self.boxes.iter().enumerate() {
-            if !mb.try_reserve() {
-                for undo in &self.boxes[..i] {
-                    undo.reserved.fetch_sub(1, Ordering::AcqRel);
+            // Beyond 64 workers every mailbox takes the message (rare; still correct).
+            let want = many || mb.interest.may_want(hash);
+            if !many {
+                wanted[i] = want;
+            }
+            if want && !mb.try_reserve() {
+                for (j, undo) in self.boxes[..i].iter().enumerate() {
+                    if many || wanted[j] {
+                        undo.reserved.fetch_sub(1, Ordering::AcqRel);
+                    }
                 }
                 return false;
             }
         }
-        for mb in self.boxes.iter() {
-            mb.push(Envelope::Broadcast(msg.clone()));
+        for (i, mb) in self.boxes.iter().enumerate() {
+            if many || wanted[i] {
+                mb.push(Envelope::Broadcast(msg.clone()));
+            }
         }
         true
     }
@@ -171,6 +195,13 @@ impl Mailboxes {
 mod tests {
     use super::*;
 
+    /// Every worker listens to channel "c" of project 0.
+    fn interested(boxes: &Mailboxes) {
+        for mb in boxes.boxes.iter() {
+            mb.interest.add(channel_hash(0, "c"));
+        }
+    }
+
     fn msg() -> Arc<Broadcast> {
         Arc::new(Broadcast {
             project: 0,
@@ -182,6 +213,7 @@ mod tests {
     #[test]
     fn all_or_nothing_when_full() {
         let boxes = Mailboxes::new(2, 2);
+        interested(&boxes);
         assert!(boxes.broadcast(msg()));
         // Fill worker 1 only.
         assert!(boxes.boxes[1].try_reserve());
@@ -196,8 +228,20 @@ mod tests {
     }
 
     #[test]
+    fn workers_without_subscribers_are_skipped() {
+        let boxes = Mailboxes::new(2, 1);
+        boxes.boxes[1].interest.add(channel_hash(0, "c"));
+        // Capacity 1: worker 0 would be full on the second message if it took them.
+        assert!(boxes.broadcast(msg()));
+        assert!(!boxes.broadcast(msg()), "worker 1 is full now");
+        assert_eq!(boxes.boxes[0].len(), 0);
+        assert_eq!(boxes.boxes[1].len(), 1);
+    }
+
+    #[test]
     fn control_ignores_capacity() {
         let boxes = Mailboxes::new(1, 1);
+        interested(&boxes);
         assert!(boxes.broadcast(msg()));
         boxes.control(|| Envelope::Shutdown);
         let mb = boxes.get(0).unwrap();
@@ -209,6 +253,7 @@ mod tests {
     #[test]
     fn cross_thread_push_and_drain() {
         let boxes = Mailboxes::new(1, 1 << 16);
+        interested(&boxes);
         let mb = boxes.get(0).unwrap();
         let producer = {
             let boxes = boxes.clone();

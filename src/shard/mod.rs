@@ -6,16 +6,16 @@
 //! per subscriber, and a full or slow subscriber never delays the others (its own
 //! bounded queue decides, see `ws::conn`).
 
+pub mod interest;
 pub mod mailbox;
 pub mod registry;
 
 use std::rc::Rc;
-use std::sync::Arc;
 
 use crate::server::worker::Worker;
 use crate::ws::conn::CLOSE_REVOKED;
 
-use mailbox::{Broadcast, Envelope, Mailbox};
+use mailbox::{Broadcast, Envelope};
 use registry::Registry;
 
 /// Deliver one broadcast to this worker's subscribers of its channel. Returns how
@@ -44,18 +44,33 @@ pub fn enforce_revocations(worker: &Worker) {
     }
 }
 
+/// Take and handle everything in the worker's mailbox now; returns how many envelopes.
+///
+/// Called by the drain loop below, and also by busy connection tasks: monoio handles
+/// wake-ups from other threads only when its local run queue empties, so a worker kept
+/// busy by its own HTTP traffic would otherwise leave its mailbox (fed by the other
+/// cores) undrained until it fills. Draining here is safe: fan-out is synchronous and
+/// never awaits.
+pub fn drain(worker: &Worker) -> usize {
+    let mut n = 0;
+    while let Some(envelope) = worker.mailbox.try_recv() {
+        n += 1;
+        match envelope {
+            Envelope::Broadcast(msg) => {
+                fan_out(&worker.registry.borrow(), &msg);
+            }
+            Envelope::KeysChanged => enforce_revocations(worker),
+            Envelope::Shutdown => worker.begin_shutdown(),
+        }
+    }
+    n
+}
+
 /// The drain loop: wake on the doorbell, drain the whole mailbox, repeat.
-pub async fn run_mailbox(worker: Rc<Worker>, mailbox: Arc<Mailbox>) {
+pub async fn run_mailbox(worker: Rc<Worker>) {
+    let mailbox = worker.mailbox.clone();
     loop {
         mailbox.ready().await;
-        while let Some(envelope) = mailbox.try_recv() {
-            match envelope {
-                Envelope::Broadcast(msg) => {
-                    fan_out(&worker.registry.borrow(), &msg);
-                }
-                Envelope::KeysChanged => enforce_revocations(&worker),
-                Envelope::Shutdown => worker.begin_shutdown(),
-            }
-        }
+        drain(&worker);
     }
 }

@@ -9,9 +9,11 @@
 
 use std::collections::HashMap;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use indexmap::IndexMap;
 
+use super::interest::{channel_hash, InterestFilter};
 use crate::ws::conn::WsConn;
 
 pub type Subscribers = IndexMap<u64, Rc<WsConn>>;
@@ -19,15 +21,28 @@ pub type Subscribers = IndexMap<u64, Rc<WsConn>>;
 #[derive(Default)]
 pub struct Registry {
     projects: HashMap<u32, HashMap<Box<str>, Subscribers>>,
+    /// Published to other cores: which channels have local subscribers.
+    interest: Arc<InterestFilter>,
 }
 
 impl Registry {
+    /// A registry whose channel set is mirrored into `interest`.
+    pub fn new(interest: Arc<InterestFilter>) -> Registry {
+        Registry {
+            projects: HashMap::new(),
+            interest,
+        }
+    }
+
     /// Add `conn` to a channel. Returns `false` when it was already subscribed.
     pub fn subscribe(&mut self, project: u32, channel: &str, conn: &Rc<WsConn>) -> bool {
         let channels = self.projects.entry(project).or_default();
         let subs = match channels.get_mut(channel) {
             Some(s) => s,
-            None => channels.entry(channel.into()).or_default(),
+            None => {
+                self.interest.add(channel_hash(project, channel));
+                channels.entry(channel.into()).or_default()
+            }
         };
         subs.insert(conn.id, conn.clone()).is_none()
     }
@@ -43,6 +58,7 @@ impl Registry {
         let removed = subs.swap_remove(&conn_id).is_some();
         if subs.is_empty() {
             channels.remove(channel);
+            self.interest.remove(channel_hash(project, channel));
             if channels.is_empty() {
                 self.projects.remove(&project);
             }
