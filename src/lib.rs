@@ -11,12 +11,15 @@
 //! - [`publish`]: the publish endpoint: simd-json parse, validation, frame encoding.
 //! - [`ws`]: upgrade handshake, frame codec, the client protocol per connection.
 //! - [`shard`]: a worker's subscription table, its mailbox (the only cross-core path),
-//!   and the fan-out loop.
+//!   the interest filter that lets publishers skip cores without subscribers, and the
+//!   fan-out loop.
 //! - [`auth`]: keys, their hashes, the in-memory key snapshot and its watcher.
 //! - [`quota`]: per-project GCRA on atomics. [`store`]: the SQLite project/key store.
 //! - [`admin`]: the project/key subcommands of the CLI.
 //! - [`cluster`]: the Redis bridge of cluster mode (relay out, interest-routed
 //!   subscriptions in), on its own threads.
+//! - [`tls`]: certificate loading and the rustls transport (HTTPS and WSS).
+//! - [`ids`]: message and connection ids without cross-core coordination.
 //!
 //! Invariants that hold across modules: the hot path never blocks and never allocates
 //! per subscriber; one published message is encoded once into one `Bytes` that every

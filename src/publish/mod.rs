@@ -1,5 +1,6 @@
 //! The publish endpoint: parse ([`parse`]), validate, authenticate, apply the quota,
-//! encode once ([`encode`]) and hand the one encoded frame to every worker's mailbox.
+//! encode once ([`encode`]) and hand the one encoded frame to the mailbox of every worker
+//! that has subscribers of the channel.
 //!
 //! Order of checks, so that the cheapest refusal comes first and a refused request costs
 //! no quota: shutting down (503) → key (401) → Content-Type (415) → declared size (413,
