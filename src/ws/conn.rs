@@ -352,6 +352,13 @@ pub trait FrameWrite {
 /// Plaintext: one `writev` per batch, straight from the shared frames (no copy).
 impl FrameWrite for OwnedWriteHalf<TcpStream> {
     async fn write_frames(&mut self, mut batch: FrameBatch) -> BufResult<usize, FrameBatch> {
+        if batch.bufs.len() == 1 {
+            // One frame (the usual fan-out case): a plain send, no iovec to build or
+            // for the kernel to import. The clone is a reference count.
+            let frame = batch.bufs[0].clone();
+            let (res, _) = self.write(frame).await;
+            return (res, batch);
+        }
         batch.rebuild();
         self.writev(batch).await
     }
