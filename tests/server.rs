@@ -260,6 +260,7 @@ fn full_mailbox_gives_503_and_degraded_health() {
     let s = Server::start_with(Options {
         workers: 1,
         config: "mailbox_capacity = 2\nmailbox_high_water_pct = 50\n".into(),
+        ..Options::default()
     });
     let p = s.project("m", "100000/s");
     // A subscriber on the channel: workers without one are never sent the message.
@@ -506,6 +507,7 @@ fn stalled_subscriber_is_closed_with_4008_and_others_get_everything() {
     let s = Server::start_with(Options {
         workers: 2,
         config: "send_backlog_bytes = 65536\n".into(),
+        ..Options::default()
     });
     let p = s.project("slow", "1000000/s");
     let mut healthy = s.ws(&p.public);
@@ -683,4 +685,38 @@ fn messages_published_in_quick_succession_all_arrive_in_order() {
         assert_eq!(next_json(&mut ws)["data"]["i"], i);
     }
     expect_silence(&mut ws, Duration::from_millis(100));
+}
+
+#[test]
+fn the_epoll_fallback_serves_the_same_contract() {
+    let s = Server::start_with(Options {
+        env: vec![("RINGCAST_FORCE_EPOLL", "1")],
+        ..Options::default()
+    });
+    assert!(s.banner.contains("epoll"), "{}", s.banner);
+    let p = s.project("ep", "100000/s");
+    let mut clients: Vec<Ws> = (0..20).map(|_| s.ws(&p.public)).collect();
+    for ws in clients.iter_mut() {
+        subscribe(ws, "c");
+    }
+    for i in 0..5 {
+        assert_eq!(s.publish(&p.secret, "c", "e", json!({"i": i})).0, 202);
+    }
+    for ws in clients.iter_mut() {
+        for i in 0..5 {
+            assert_eq!(next_json(ws)["data"]["i"], i);
+        }
+    }
+    assert_eq!(s.health().0, 200);
+}
+
+#[test]
+fn the_default_driver_is_io_uring_where_available() {
+    let s = Server::start();
+    assert!(
+        s.banner.contains("io_uring") || s.banner.contains("epoll"),
+        "{}",
+        s.banner
+    );
+    assert!(s.banner.contains("2 workers"), "{}", s.banner);
 }

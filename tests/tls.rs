@@ -324,6 +324,7 @@ fn tls_vs_plain_figures() {
     let opts = || Options {
         workers: 2,
         config: "send_backlog_bytes = 67108864\n".into(),
+        ..Options::default()
     };
     let plain = Server::start_with(opts());
     let tls = Server::start_tls(opts(), &files);

@@ -51,6 +51,8 @@ pub struct Project {
 
 pub struct Server {
     pub addr: SocketAddr,
+    /// The rest of the start line after the address, e.g. "(2 workers, io_uring)".
+    pub banner: String,
     pub data_dir: PathBuf,
     child: Option<Child>,
     _tmp: Option<tempfile::TempDir>,
@@ -152,6 +154,8 @@ impl Write for Conn {
 pub struct Options {
     pub workers: usize,
     pub config: String,
+    /// Extra environment for the server process.
+    pub env: Vec<(&'static str, &'static str)>,
 }
 
 impl Default for Options {
@@ -159,6 +163,7 @@ impl Default for Options {
         Options {
             workers: 2,
             config: String::new(),
+            env: Vec::new(),
         }
     }
 }
@@ -173,6 +178,7 @@ impl Server {
         let data_dir = tmp.path().join("data");
         let mut server = Server {
             addr: "127.0.0.1:0".parse().unwrap(),
+            banner: String::new(),
             data_dir,
             child: None,
             _tmp: None,
@@ -189,6 +195,7 @@ impl Server {
         let data_dir = tmp.path().join("data");
         let mut server = Server {
             addr: "127.0.0.1:0".parse().unwrap(),
+            banner: String::new(),
             data_dir,
             child: None,
             _tmp: None,
@@ -219,6 +226,7 @@ impl Server {
             .arg("--config")
             .arg(&config)
             .args(extra)
+            .envs(opts.env.iter().copied())
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -233,15 +241,17 @@ impl Server {
                     .strip_prefix("ringcast listening on http://")
                     .or_else(|| line.strip_prefix("ringcast listening on https://"));
                 if let Some(rest) = rest {
-                    let addr = rest.split_whitespace().next().unwrap_or("").to_string();
-                    let _ = tx.send(addr);
+                    let _ = tx.send(rest.to_string());
                 }
             }
         });
-        let addr = rx
+        let line = rx
             .recv_timeout(Duration::from_secs(20))
             .expect("server printed its address");
+        let addr = line.split_whitespace().next().unwrap_or("");
         self.addr = addr.parse().expect("address");
+        // "(N workers, io_uring|epoll)"
+        self.banner = line;
         self.child = Some(child);
     }
 
