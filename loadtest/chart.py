@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Chart a run-suite.sh results file: latency percentiles and deliveries/s per scenario,
+ringcast beside nginx+Nchan (medians over repetitions).
+
+Usage: python3 loadtest/chart.py loadtest/results/<ts>.jsonl docs/bench-chart.png
+Needs matplotlib (pip install matplotlib). Reads only the JSON lines the harness prints.
+"""
+import json
+import statistics
+import sys
+from collections import defaultdict
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+SCENARIOS = ["fanout", "wide", "burst"]
+PCTS = [("p50_us", "p50"), ("p90_us", "p90"), ("p99_us", "p99"), ("p999_us", "p99.9")]
+
+
+def load(path):
+    runs = defaultdict(list)
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            d = json.loads(line)
+            if d.get("mode") != "fanout":
+                continue
+            scenario = d.get("label", "").split("/")[0]
+            runs[(scenario, d.get("target"))].append(d)
+    return runs
+
+
+def med(values):
+    return statistics.median(values) if values else 0.0
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    runs = load(sys.argv[1])
+    fig, axes = plt.subplots(1, len(SCENARIOS) + 1, figsize=(18, 4.5))
+    for ax, scenario in zip(axes, SCENARIOS):
+        width = 0.38
+        for i, target in enumerate(["ringcast", "nchan"]):
+            rs = runs.get((scenario, target), [])
+            ys = [med([r["latency"][k] / 1000.0 for r in rs]) for k, _ in PCTS]
+            xs = [j + (i - 0.5) * width for j in range(len(PCTS))]
+            ax.bar(xs, ys, width, label=target)
+        ax.set_xticks(range(len(PCTS)))
+        ax.set_xticklabels([n for _, n in PCTS])
+        ax.set_yscale("log")
+        ax.set_ylabel("publish-to-delivery latency, ms (log)")
+        ax.set_title(scenario)
+        ax.legend()
+    ax = axes[-1]
+    width = 0.38
+    for i, target in enumerate(["ringcast", "nchan"]):
+        ys = [med([r["deliveries_per_s"] for r in runs.get((s, target), [])]) for s in SCENARIOS]
+        xs = [j + (i - 0.5) * width for j in range(len(SCENARIOS))]
+        ax.bar(xs, ys, width, label=target)
+    ax.set_xticks(range(len(SCENARIOS)))
+    ax.set_xticklabels(SCENARIOS)
+    ax.set_ylabel("deliveries/s (median)")
+    ax.set_title("throughput")
+    ax.legend()
+    fig.suptitle("ringcast vs nginx+Nchan, 2 workers each, loopback, 2-core machine (medians)")
+    fig.tight_layout()
+    fig.savefig(sys.argv[2], dpi=90)
+
+
+if __name__ == "__main__":
+    main()
