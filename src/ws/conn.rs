@@ -22,6 +22,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
 use std::os::fd::RawFd;
+use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
@@ -372,6 +373,9 @@ impl FrameWrite for OwnedWriteHalf<TcpStream> {
 pub async fn write_loop<W: FrameWrite>(mut wr: W, conn: Rc<WsConn>) {
     let mut batch = FrameBatch::default();
     let mut last_write: Option<Instant> = None;
+    // Made on the first coalescing delay and re-armed after: boxed so an idle writer's
+    // task stays small, reused so a hot connection does not allocate per batch.
+    let mut timer: Option<Pin<Box<monoio::time::Sleep>>> = None;
     loop {
         if !conn.wait_frames().await {
             break;
@@ -379,7 +383,15 @@ pub async fn write_loop<W: FrameWrite>(mut wr: W, conn: Rc<WsConn>) {
         let window = Duration::from_millis(u64::from(conn.coalesce_ms.get()));
         if let Some(since) = last_write.map(|t| t.elapsed()) {
             if since < window && conn.is_open() {
-                monoio::time::sleep(window - since).await;
+                let deadline = monoio::time::Instant::now() + (window - since);
+                let sleep = match timer.as_mut() {
+                    Some(t) => {
+                        t.as_mut().reset(deadline);
+                        t
+                    }
+                    None => timer.insert(Box::pin(monoio::time::sleep_until(deadline))),
+                };
+                sleep.as_mut().await;
             }
         }
         let ends_with_close = conn.take_batch(&mut batch);
