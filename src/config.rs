@@ -52,10 +52,11 @@ pub struct Config {
     pub max_body_bytes: usize,
     /// Largest request head (request line + headers), bytes. Default 16384. Over: 431.
     pub max_header_bytes: usize,
-    /// Most headers in one request. Default 64. Over: 431.
+    /// Most headers in one request. Default 64, at most 128. Over: 431.
     pub max_headers: usize,
-    /// Time allowed to receive a complete request head once its first byte arrived,
-    /// milliseconds. Default 10000. Over: the connection is closed (408 is sent first).
+    /// Time allowed to receive a whole request (head and body) once its first byte
+    /// arrived, milliseconds. Default 10000. Over: 408, then the connection is closed.
+    /// The TLS handshake gets the same time.
     pub header_read_timeout_ms: u64,
     /// Idle keep-alive HTTP connection lifetime, seconds. Default 60.
     pub http_idle_timeout_s: u64,
@@ -219,6 +220,11 @@ impl Config {
         if self.mailbox_high_water_pct == 0 || self.mailbox_high_water_pct > 100 {
             return Err(ConfigError::Invalid(
                 "mailbox_high_water_pct must be between 1 and 100".into(),
+            ));
+        }
+        if self.max_headers > 128 {
+            return Err(ConfigError::Invalid(
+                "max_headers must be at most 128".into(),
             ));
         }
         if self.write_coalesce_ms > 1000 {

@@ -23,7 +23,9 @@
 //!
 //! Invariants that hold across modules: the hot path never blocks and never allocates
 //! per subscriber; one published message is encoded once into one `Bytes` that every
-//! subscriber on every core shares; every queue is bounded.
+//! subscriber on every core shares; every queue a client or a publisher can fill is
+//! bounded (control envelopes and the cluster's interest changes are not: workers and the
+//! control plane produce them, a few per change).
 
 #![forbid(unsafe_op_in_unsafe_fn)]
 #![warn(rust_2018_idioms)]

@@ -720,3 +720,46 @@ fn the_default_driver_is_io_uring_where_available() {
     );
     assert!(s.banner.contains("2 workers"), "{}", s.banner);
 }
+
+#[test]
+fn an_answer_before_the_body_arrived_closes_the_connection() {
+    // Otherwise the late body bytes would be read as the next request (desync).
+    let s = Server::start();
+    for head in [
+        "POST /nope HTTP/1.1\r\nHost: t\r\nContent-Length: 33\r\n\r\n",
+        "POST /api/v1/publish HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: 40\r\n\r\n",
+    ] {
+        let mut c = std::net::TcpStream::connect(s.addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        use std::io::{Read, Write};
+        c.write_all(head.as_bytes()).unwrap();
+        let mut first = vec![0u8; 4096];
+        let n = c.read(&mut first).unwrap();
+        let text = String::from_utf8_lossy(&first[..n]).to_string();
+        assert!(text.starts_with("HTTP/1.1 4"), "{text}");
+        // The "body" that follows looks like a request; it must not be answered.
+        let _ = c.write_all(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n");
+        let mut rest = Vec::new();
+        let _ = c.read_to_end(&mut rest);
+        let rest = String::from_utf8_lossy(&rest);
+        assert!(!rest.contains("HTTP/1.1 200"), "desync: {rest}");
+    }
+    assert_eq!(s.health().0, 200);
+}
+
+#[test]
+fn deeply_nested_client_frames_get_an_error_and_the_socket_stays_up() {
+    let s = Server::start();
+    let p = s.project("nest", "100/s");
+    let mut ws = s.ws(&p.public);
+    let deep = format!(
+        r#"{{"type":"ping","x":{}{}}}"#,
+        "[".repeat(8000),
+        "]".repeat(8000)
+    );
+    ws.send(tungstenite::Message::text(deep)).unwrap();
+    assert_eq!(next_json(&mut ws)["code"], "invalid_json");
+    send_json(&mut ws, json!({"type": "ping"}));
+    assert_eq!(next_json(&mut ws), json!({"type": "pong"}));
+    assert_eq!(s.health().0, 200);
+}

@@ -120,7 +120,7 @@ impl Drop for ProjectSlot {
 pub async fn refuse_busy(mut stream: TcpStream) {
     let mut out = Vec::new();
     write_error(&mut out, ApiError::TooManyConnections, Extra::default());
-    let _ = stream.write_all(out).await;
+    let _ = monoio::time::timeout(Duration::from_secs(1), stream.write_all(out)).await;
 }
 
 /// Serve one accepted connection until it closes.
@@ -150,13 +150,14 @@ pub async fn serve<S: Transport>(worker: Rc<Worker>, mut stream: S, guard: ConnG
             match route(&worker, &head, req, &mut out) {
                 Outcome::NeedMore => break,
                 Outcome::Answered { close: c } => {
-                    consumed += head.head_len
-                        + head
-                            .content_length
-                            .unwrap_or(0)
-                            .min(req.len() - head.head_len);
+                    let body = head.content_length.unwrap_or(0);
+                    let buffered = req.len() - head.head_len;
+                    consumed += head.head_len + body.min(buffered);
                     request_started = None;
-                    if c || !head.keep_alive() {
+                    // Answered before its whole body arrived (a refusal decided from the
+                    // head): the rest of that body would be read as the next request,
+                    // so the connection ends here instead.
+                    if c || !head.keep_alive() || body > buffered {
                         close = true;
                         break;
                     }
@@ -175,9 +176,10 @@ pub async fn serve<S: Transport>(worker: Rc<Worker>, mut stream: S, guard: ConnG
         }
         if let Some(u) = upgrade {
             if !out.is_empty() {
-                let (res, _) = stream.write_all(std::mem::take(&mut out)).await;
-                if res.is_err() {
-                    return;
+                let write = stream.write_all(std::mem::take(&mut out));
+                match monoio::time::timeout(cfg.http_idle_timeout(), write).await {
+                    Ok((Ok(_), _)) => {}
+                    _ => return,
                 }
             }
             // A task of its own: this HTTP task's state (its buffers, its read and
@@ -186,12 +188,20 @@ pub async fn serve<S: Transport>(worker: Rc<Worker>, mut stream: S, guard: ConnG
             return;
         }
         if !out.is_empty() {
-            let (res, mut written) = stream.write_all(std::mem::take(&mut out)).await;
-            if res.is_err() {
-                return;
+            // A client that sends requests but never reads its answers must not hold
+            // the connection (and its slot) forever: writes share the idle timeout.
+            let write = stream.write_all(std::mem::take(&mut out));
+            match monoio::time::timeout(cfg.http_idle_timeout(), write).await {
+                Ok((Ok(_), mut written)) => {
+                    written.clear();
+                    out = written;
+                }
+                _ => return,
             }
-            written.clear();
-            out = written;
+        }
+        if buf.is_empty() && buf.capacity() > 8192 {
+            // A large request grew the buffer; an idle keep-alive connection gives it back.
+            buf = Vec::with_capacity(4096);
         }
         if close {
             stream.before_close().await;
@@ -228,7 +238,8 @@ pub async fn serve<S: Transport>(worker: Rc<Worker>, mut stream: S, guard: ConnG
                 if request_started.is_some() || len > 0 {
                     let mut out = Vec::new();
                     write_error(&mut out, ApiError::RequestTimeout, Extra::default());
-                    let _ = stream.write_all(out).await;
+                    let write = stream.write_all(out);
+                    let _ = monoio::time::timeout(Duration::from_secs(1), write).await;
                 }
                 return;
             }
@@ -289,9 +300,8 @@ fn publish(worker: &Rc<Worker>, head: &RequestHead, req: &[u8], out: &mut Vec<u8
     let shared = &worker.shared;
     let max_body = shared.config.max_body_bytes;
     let length = head.content_length.unwrap_or(0);
-    if length <= max_body && req.len() < head.head_len + length {
-        return Outcome::NeedMore;
-    }
+    // Everything the head decides is decided before waiting for the body, so a refused
+    // request never makes the server buffer it (the connection then closes, see `serve`).
     if shared.shutting_down.load(Ordering::Relaxed) {
         return answer(out, ApiError::Unavailable("the service is shutting down"));
     }
@@ -311,6 +321,10 @@ fn publish(worker: &Rc<Worker>, head: &RequestHead, req: &[u8], out: &mut Vec<u8
             };
         }
     };
+    if req.len() < head.head_len + length {
+        // Authorized, body still arriving (the head is checked again when it has).
+        return Outcome::NeedMore;
+    }
     let body = &req[head.head_len..head.head_len + length];
     let mut parser = worker.parser.borrow_mut();
     crate::publish::accept(&auth, body, &mut parser, &worker.ids, &**shared, out);

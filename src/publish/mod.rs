@@ -3,9 +3,9 @@
 //! that has subscribers of the channel.
 //!
 //! Order of checks, so that the cheapest refusal comes first and a refused request costs
-//! no quota: shutting down (503) → key (401) → Content-Type (415) → declared size (413,
-//! before the body is read) → body parse and validation (400) → quota (429) → mailboxes
-//! (503). Nothing here blocks or allocates per subscriber: the frame is one `Bytes`.
+//! no quota: shutting down (503) → key (401) → Content-Type (415) → declared size (413)
+//! — all four from the head, before the body is waited for — then body parse and
+//! validation (400) → quota (429) → mailboxes (503). Nothing here blocks or allocates per subscriber: the frame is one `Bytes`.
 
 pub mod encode;
 pub mod parse;

@@ -1,13 +1,14 @@
 //! The only cross-core path: each worker's bounded mailbox and its doorbell.
 //!
-//! A publish pushes one `Arc<Broadcast>` into every worker's mailbox. Capacity is
-//! reserved on all mailboxes before anything is pushed, so a broadcast is either queued
-//! for every worker or for none (the publish then answers 503): never half-delivered.
+//! A publish pushes one `Arc<Broadcast>` into the mailbox of every worker that has a
+//! subscriber of its channel (see `interest`). Capacity is reserved on all of those
+//! mailboxes before anything is pushed, so a broadcast is either queued for every one of
+//! them or for none (the publish then answers 503): never half-delivered.
 //! The doorbell is rung only when the worker is asleep (Dekker-style: each side writes
 //! its flag, fences, then reads the other's), so a busy worker takes no wake-up cost.
 //! Control envelopes (key changes, shutdown) bypass the capacity: they are rare and must
-//! never be refused. Cost: a broadcast is N channel sends and at most N wake-ups, N =
-//! workers; the mailboxes are made once at start and kept.
+//! never be refused. Cost: a broadcast is at most N channel sends and N wake-ups, N =
+//! workers with subscribers of the channel; the mailboxes are made once at start and kept.
 
 use std::future::poll_fn;
 use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};

@@ -47,6 +47,10 @@ pub const SLOW_CLOSE_GRACE: Duration = Duration::from_secs(10);
 const IDLE_READ: usize = 128;
 /// Read size while a larger frame is being assembled.
 const BULK_READ: usize = 8192;
+/// What one queued frame costs beyond its bytes (its queue slot and the shared buffer's
+/// header), charged against the backlog so that a flood of tiny frames (pongs to a ping
+/// flood from a client that never reads) is bounded in memory, not just in bytes.
+const QUEUE_SLOT_COST: usize = 64;
 /// Most frames handed to one `writev`.
 const MAX_BATCH: usize = 64;
 
@@ -149,7 +153,7 @@ impl WsConn {
         if self.state.get() != State::Open {
             return false;
         }
-        let total = self.queued_bytes.get() + frame.len();
+        let total = self.queued_bytes.get() + frame.len() + QUEUE_SLOT_COST;
         if total > self.backlog_limit {
             self.close(CLOSE_SLOW, "slow consumer: send backlog exceeded");
             return false;
@@ -258,7 +262,7 @@ impl WsConn {
         let mut taken = 0usize;
         while batch.bufs.len() < MAX_BATCH {
             let Some(f) = q.pop_front() else { break };
-            taken += f.len();
+            taken += f.len() + QUEUE_SLOT_COST;
             if batch.bufs.capacity() == 0 {
                 batch.bufs.reserve_exact(q.len() + 1);
             }
@@ -561,6 +565,7 @@ fn process<S: Session>(
                 }
             }
         };
+        asm.release();
         if let Err(reason) = outcome {
             conn.close(reason.code, reason.reason);
             keep_reading = false;

@@ -84,6 +84,14 @@ impl Assembler {
         }
     }
 
+    /// Give back the memory of a reassembled message once it has been handled, so a
+    /// connection that once sent a large fragmented message does not keep its buffer.
+    pub fn release(&mut self) {
+        if self.opcode.is_none() && self.parts.capacity() > 1024 {
+            self.parts = Vec::new();
+        }
+    }
+
     /// Fail fast on text fragments that can never become valid UTF-8 (an incomplete
     /// sequence at the very end is fine: the next fragment may finish it).
     fn check_partial_text(&self) -> Result<(), CloseReason> {

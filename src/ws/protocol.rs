@@ -102,6 +102,15 @@ impl Session for ClientSession {
                 "binary frames are not supported",
             ));
         }
+        // simd-json builds (and drops) a value tree recursively: bound the nesting first
+        // so a deeply nested frame cannot exhaust the worker's stack.
+        if nesting_depth(payload) > MAX_CLIENT_JSON_DEPTH {
+            conn.send(error_frame(
+                "invalid_json",
+                "the frame is nested too deeply",
+            ));
+            return Ok(());
+        }
         let value = match simd_json::to_borrowed_value(payload) {
             Ok(v) => v,
             Err(_) => {
@@ -171,6 +180,39 @@ impl Session for ClientSession {
     }
 }
 
+/// Client frames are flat control messages; anything nested deeper is refused.
+const MAX_CLIENT_JSON_DEPTH: usize = 32;
+
+/// Deepest `{`/`[` nesting of a JSON text, ignoring brackets inside strings. Stops
+/// counting once past the limit; malformed text is left to the parser.
+fn nesting_depth(text: &[u8]) -> usize {
+    let (mut depth, mut max, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for &b in text {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => {
+                depth += 1;
+                max = max.max(depth);
+                if max > MAX_CLIENT_JSON_DEPTH {
+                    return max;
+                }
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
+}
+
 /// `{"type":"pong"}` as a complete frame.
 const PONG: &[u8] = b"\x81\x0f{\"type\":\"pong\"}";
 
@@ -206,6 +248,15 @@ pub fn connected_frame(connection_id: &str, heartbeat_s: u64) -> Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nesting_depth_ignores_strings() {
+        assert_eq!(nesting_depth(br#"{"type":"ping"}"#), 1);
+        assert_eq!(nesting_depth(br#"{"a":[[{}]]}"#), 4);
+        assert_eq!(nesting_depth(br#"{"a":"[[[[\"[["}"#), 1);
+        let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
+        assert!(nesting_depth(deep.as_bytes()) > MAX_CLIENT_JSON_DEPTH);
+    }
 
     #[test]
     fn pong_constant_is_a_valid_frame() {
