@@ -3,7 +3,8 @@
 scenarios, and the ramp's sustained deliveries/s (highest rate with p99 <= 250 ms and
 nothing lost), ringcast beside nginx+Nchan (medians over repetitions).
 
-Usage: python3 loadtest/chart.py loadtest/results/<ts>.jsonl docs/bench-chart.png
+Usage: python3 loadtest/chart.py RESULTS.jsonl [MORE.jsonl ...] OUT.png
+With several files, a scenario's runs come from the last file that has that scenario.
 Needs matplotlib (pip install matplotlib). Reads only the JSON lines the harness prints.
 """
 import json
@@ -20,7 +21,15 @@ SCENARIOS = ["fanout", "wide", "burst"]
 PCTS = [("p50_us", "p50"), ("p90_us", "p90"), ("p99_us", "p99"), ("p999_us", "p99.9")]
 
 
-def load(path):
+def load(paths):
+    merged = {}
+    for path in paths:
+        for key, rs in load_one(path).items():
+            merged[key] = rs
+    return merged
+
+
+def load_one(path):
     runs = defaultdict(list)
     with open(path) as f:
         for line in f:
@@ -40,9 +49,9 @@ def med(values):
 
 
 def main():
-    if len(sys.argv) != 3:
+    if len(sys.argv) < 3:
         sys.exit(__doc__)
-    runs = load(sys.argv[1])
+    runs = load(sys.argv[1:-1])
     fig, axes = plt.subplots(1, len(SCENARIOS) + 1, figsize=(18, 4.5))
     for ax, scenario in zip(axes, SCENARIOS):
         width = 0.38
@@ -69,7 +78,7 @@ def main():
     ax.set_title("ramp (10k subs): sustained deliveries/s")
     fig.suptitle("ringcast vs nginx+Nchan, 2 workers each, loopback, 2-core machine (medians)")
     fig.tight_layout()
-    fig.savefig(sys.argv[2], dpi=90)
+    fig.savefig(sys.argv[-1], dpi=90)
 
 
 if __name__ == "__main__":

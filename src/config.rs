@@ -72,7 +72,7 @@ pub struct Config {
     /// Write coalescing window per WebSocket connection, milliseconds. A connection
     /// written to less than this long ago waits for the window to pass, so frames
     /// published in quick succession leave in one write. Connections that receive less
-    /// than one message per window are never delayed. Default 2. 0 = write at once.
+    /// than one message per window are never delayed. Default 3. 0 = write at once.
     pub write_coalesce_ms: u64,
     /// Most open connections (HTTP and WebSocket) per worker. Default 25000.
     /// Over: HTTP 503 and the connection is closed.
@@ -113,7 +113,7 @@ impl Default for Config {
             max_frame_bytes: 16 * 1024,
             max_subscriptions_per_connection: 100,
             send_backlog_bytes: 1024 * 1024,
-            write_coalesce_ms: 2,
+            write_coalesce_ms: 3,
             max_connections_per_worker: 25_000,
             max_ws_connections_per_project: 0,
             mailbox_capacity: 8192,
