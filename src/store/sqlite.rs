@@ -79,8 +79,22 @@ impl SqliteStore {
         conn.busy_timeout(BUSY_TIMEOUT)?;
         // Returns the mode now in force; a filesystem without shared memory (some network
         // mounts) keeps the rollback journal, which is slower but still correct.
-        let mode: String =
-            conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))?;
+        // Switching a fresh file to WAL needs an exclusive lock, and SQLite does not call
+        // the busy handler for it: when several processes (or the CLI and a starting
+        // server) open a new directory at once, retry for as long as the busy timeout.
+        let deadline = std::time::Instant::now() + BUSY_TIMEOUT;
+        let mode: String = loop {
+            match conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0)) {
+                Ok(mode) => break mode,
+                Err(rusqlite::Error::SqliteFailure(e, _))
+                    if e.code == rusqlite::ErrorCode::DatabaseBusy
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
         if !mode.eq_ignore_ascii_case("wal") {
             tracing::warn!(path = %path.display(), %mode, "SQLite WAL mode unavailable");
         }
