@@ -308,7 +308,7 @@ fn tls_from_the_config_file() {
 /// Knobs: BENCH_CONNS (publisher connections, 8), BENCH_SECS (per phase, 5),
 /// BENCH_SUBS (subscribers, 200), BENCH_MSGS (messages fanned out, 500).
 #[test]
-#[ignore]
+#[ignore = "benchmark, not a check: produces the figures of docs/tls-bench.md; run by hand with --ignored"]
 fn tls_vs_plain_figures() {
     let env = |k: &str, d: usize| {
         std::env::var(k)

@@ -196,62 +196,88 @@ mod tests {
         assert!(stopping.elapsed() < Duration::from_secs(1));
     }
 
-    /// A store whose answers can be switched off, to see `db_ok` follow it.
-    struct Flaky {
+    /// A real SQLite store behind a switch: while it is off, every call fails as a
+    /// database that stopped answering would, so `db_ok` can be seen to follow it.
+    struct Switchable {
+        inner: SqliteStore,
         up: Arc<AtomicBool>,
-        token: u64,
     }
 
-    impl Store for Flaky {
-        fn create_project(
-            &mut self,
-            _: &str,
-            _: RateLimit,
-        ) -> Result<(ProjectRecord, String, String), StoreError> {
-            unimplemented!()
-        }
-        fn list_projects(&mut self) -> Result<Vec<ProjectRecord>, StoreError> {
-            unimplemented!()
-        }
-        fn set_rate_limit(&mut self, _: &str, _: RateLimit) -> Result<ProjectRecord, StoreError> {
-            unimplemented!()
-        }
-        fn create_key(&mut self, _: &str, _: KeyKind) -> Result<(KeyRecord, String), StoreError> {
-            unimplemented!()
-        }
-        fn revoke_key(&mut self, _: &str) -> Result<String, StoreError> {
-            unimplemented!()
-        }
-        fn list_keys(&mut self, _: &str) -> Result<Vec<KeyRecord>, StoreError> {
-            unimplemented!()
-        }
-        fn load_all(&mut self) -> Result<StoreContents, StoreError> {
-            Ok(StoreContents::default())
-        }
-        fn change_token(&mut self) -> Result<u64, StoreError> {
+    impl Switchable {
+        fn check(&self) -> Result<(), StoreError> {
             if self.up.load(Ordering::SeqCst) {
-                Ok(self.token)
+                Ok(())
             } else {
-                Err(StoreError::Invalid("down".into()))
+                Err(StoreError::Invalid("switched off".into()))
             }
         }
+    }
+
+    impl Store for Switchable {
+        fn create_project(
+            &mut self,
+            name: &str,
+            rate: RateLimit,
+        ) -> Result<(ProjectRecord, String, String), StoreError> {
+            self.check()?;
+            self.inner.create_project(name, rate)
+        }
+        fn list_projects(&mut self) -> Result<Vec<ProjectRecord>, StoreError> {
+            self.check()?;
+            self.inner.list_projects()
+        }
+        fn set_rate_limit(
+            &mut self,
+            id: &str,
+            rate: RateLimit,
+        ) -> Result<ProjectRecord, StoreError> {
+            self.check()?;
+            self.inner.set_rate_limit(id, rate)
+        }
+        fn create_key(
+            &mut self,
+            id: &str,
+            kind: KeyKind,
+        ) -> Result<(KeyRecord, String), StoreError> {
+            self.check()?;
+            self.inner.create_key(id, kind)
+        }
+        fn revoke_key(&mut self, key_or_id: &str) -> Result<String, StoreError> {
+            self.check()?;
+            self.inner.revoke_key(key_or_id)
+        }
+        fn list_keys(&mut self, id: &str) -> Result<Vec<KeyRecord>, StoreError> {
+            self.check()?;
+            self.inner.list_keys(id)
+        }
+        fn load_all(&mut self) -> Result<StoreContents, StoreError> {
+            self.check()?;
+            self.inner.load_all()
+        }
+        fn change_token(&mut self) -> Result<u64, StoreError> {
+            self.check()?;
+            self.inner.change_token()
+        }
         fn ping(&mut self) -> Result<(), StoreError> {
-            self.change_token().map(|_| ())
+            self.check()?;
+            self.inner.ping()
         }
         fn is_empty(&mut self) -> Result<bool, StoreError> {
-            Ok(true)
+            self.check()?;
+            self.inner.is_empty()
         }
     }
 
     #[test]
     fn db_ok_follows_the_store_and_the_snapshot_survives_outages() {
+        let dir = tempfile::tempdir().unwrap();
         let up = Arc::new(AtomicBool::new(true));
         let cache = KeyCache::new();
         let db_ok = Arc::new(AtomicBool::new(true));
         let mut watcher = Watcher::new(
-            Box::new(Flaky {
+            Box::new(Switchable {
+                inner: SqliteStore::open(dir.path()).unwrap(),
                 up: Arc::clone(&up),
-                token: 7,
             }),
             Arc::clone(&cache),
             Box::new(|| {}),
