@@ -45,6 +45,24 @@ pub struct KeyRecord {
     pub hash: KeyHash,
 }
 
+impl KeyRecord {
+    /// A new random key for a project and the record that stores it (hash and prefix
+    /// only). Every store mints keys here, so they all look and hash the same.
+    pub fn mint(project_id: &str, kind: KeyKind) -> (KeyRecord, String) {
+        use crate::auth::key::{generate_id, generate_key, hash_key, key_prefix};
+        let key = generate_key(kind);
+        let record = KeyRecord {
+            id: generate_id("key_"),
+            project_id: project_id.to_string(),
+            kind,
+            revoked: false,
+            prefix: key_prefix(&key),
+            hash: hash_key(&key),
+        };
+        (record, key)
+    }
+}
+
 /// One consistent read of the whole store (revoked keys included), from which the
 /// in-memory key snapshot is built.
 #[derive(Clone, Debug, Default)]

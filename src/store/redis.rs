@@ -27,7 +27,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::{validate_project_name, KeyRecord, ProjectRecord, Store, StoreContents, StoreError};
-use crate::auth::key::{generate_id, generate_key, hash_key, key_prefix, KeyHash, KeyKind};
+use crate::auth::key::{generate_id, hash_key, key_prefix, KeyHash, KeyKind};
 use crate::quota::RateLimit;
 
 /// Namespace of every Redis key ringcast writes.
@@ -119,15 +119,7 @@ impl RedisStore {
         project_id: &str,
         kind: KeyKind,
     ) -> Result<(KeyRecord, String, String), StoreError> {
-        let key = generate_key(kind);
-        let record = KeyRecord {
-            id: generate_id("key_"),
-            project_id: project_id.to_string(),
-            kind,
-            revoked: false,
-            prefix: key_prefix(&key),
-            hash: hash_key(&key),
-        };
+        let (record, key) = KeyRecord::mint(project_id, kind);
         let stored = StoredKey {
             project_id: project_id.to_string(),
             kind: kind.as_str().to_string(),

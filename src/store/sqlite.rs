@@ -22,7 +22,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 
 use super::{validate_project_name, KeyRecord, ProjectRecord, Store, StoreContents, StoreError};
-use crate::auth::key::{generate_id, generate_key, hash_key, key_prefix, KeyHash, KeyKind};
+use crate::auth::key::{generate_id, hash_key, key_prefix, KeyHash, KeyKind};
 use crate::quota::RateLimit;
 
 /// File name of the database inside the data directory.
@@ -163,15 +163,7 @@ fn insert_key(
     project_id: &str,
     kind: KeyKind,
 ) -> Result<(KeyRecord, String), StoreError> {
-    let key = generate_key(kind);
-    let record = KeyRecord {
-        id: generate_id("key_"),
-        project_id: project_id.to_string(),
-        kind,
-        revoked: false,
-        prefix: key_prefix(&key),
-        hash: hash_key(&key),
-    };
+    let (record, key) = KeyRecord::mint(project_id, kind);
     tx.execute(
         "INSERT INTO keys (id, project_id, kind, hash, prefix, created_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
@@ -498,11 +490,11 @@ mod tests {
         assert!(nf(store.list_keys("prj_nope").map(|_| ())));
         assert!(nf(store.revoke_key("key_nope").map(|_| ())));
         assert!(nf(store
-            .revoke_key(&generate_key(KeyKind::Secret))
+            .revoke_key(&crate::auth::key::generate_key(KeyKind::Secret))
             .map(|_| ())));
         assert!(nf(store.revoke_key("").map(|_| ())));
         let err = store
-            .revoke_key(&generate_key(KeyKind::Public))
+            .revoke_key(&crate::auth::key::generate_key(KeyKind::Public))
             .unwrap_err();
         assert!(err.to_string().contains('…'), "full key echoed: {err}");
     }

@@ -174,23 +174,15 @@ impl Server {
     }
 
     pub fn start_with(opts: Options) -> Server {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let data_dir = tmp.path().join("data");
-        let mut server = Server {
-            addr: "127.0.0.1:0".parse().unwrap(),
-            banner: String::new(),
-            data_dir,
-            child: None,
-            _tmp: None,
-            tls: None,
-        };
-        server.spawn(&opts, tmp.path(), &[]);
-        server._tmp = Some(tmp);
-        server
+        Server::launch(opts, None)
     }
 
     /// Start with `--tls-cert/--tls-key` from `files`; helpers then speak TLS.
     pub fn start_tls(opts: Options, files: &TlsFiles) -> Server {
+        Server::launch(opts, Some(files))
+    }
+
+    fn launch(opts: Options, tls: Option<&TlsFiles>) -> Server {
         let tmp = tempfile::tempdir().expect("tempdir");
         let data_dir = tmp.path().join("data");
         let mut server = Server {
@@ -199,14 +191,17 @@ impl Server {
             data_dir,
             child: None,
             _tmp: None,
-            tls: Some(files.client_config(&[b"http/1.1"])),
+            tls: tls.map(|f| f.client_config(&[b"http/1.1"])),
         };
-        let args = [
-            "--tls-cert".as_ref(),
-            files.cert.as_os_str(),
-            "--tls-key".as_ref(),
-            files.key.as_os_str(),
-        ];
+        let args: Vec<&std::ffi::OsStr> = match tls {
+            Some(f) => vec![
+                "--tls-cert".as_ref(),
+                f.cert.as_os_str(),
+                "--tls-key".as_ref(),
+                f.key.as_os_str(),
+            ],
+            None => Vec::new(),
+        };
         server.spawn(&opts, tmp.path(), &args);
         server._tmp = Some(tmp);
         server
