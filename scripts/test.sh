@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Every test of the project, Rust and browser alike, in one command:
+#
+#   bash scripts/test.sh
+#
+# On a fresh Debian machine it first installs what is missing: redis-server (cluster
+# tests) and Debian's chromium (browser tests; a browser is never downloaded by npm),
+# the npm packages of tests/browser (and clients/js if it ever has any), and Python's
+# requests (examples/publish.py). Then: cargo test --workspace, a build of the binary the
+# browser tests start, the JavaScript client's unit tests, and the browser tests.
+#
+# Environment: RINGCAST_BIN (binary for the browser tests; default target/debug/ringcast,
+# built here), CHROMIUM_PATH (default /usr/bin/chromium), SKIP_CARGO_TEST=1 to run only the
+# JavaScript and browser parts.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n== %s (%s)\n' "$1" "$(date +%T)"; }
+
+step "system packages"
+need_pkgs=()
+command -v redis-server >/dev/null 2>&1 || need_pkgs+=(redis-server)
+if [ -z "${CHROMIUM_PATH:-}" ] && [ ! -x /usr/bin/chromium ]; then
+  need_pkgs+=(chromium)
+fi
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  if command -v apt-get >/dev/null 2>&1; then
+    echo "installing: ${need_pkgs[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+  else
+    echo "missing ${need_pkgs[*]} and no apt-get: install them by hand" >&2
+  fi
+fi
+
+step "npm packages"
+for dir in tests/browser clients/js; do
+  if grep -q '"dependencies"\|"devDependencies"' "$dir/package.json" && [ ! -d "$dir/node_modules" ]; then
+    (cd "$dir" && npm install --no-package-lock --no-audit --no-fund)
+  fi
+done
+
+step "python packages"
+if ! python3 -c 'import requests' >/dev/null 2>&1; then
+  python3 -m pip install -q requests
+fi
+
+if [ "${SKIP_CARGO_TEST:-0}" != 1 ]; then
+  step "cargo test --workspace"
+  cargo test --workspace
+fi
+
+if [ -z "${RINGCAST_BIN:-}" ]; then
+  step "cargo build --bin ringcast (for the browser tests)"
+  cargo build --bin ringcast
+  export RINGCAST_BIN=target/debug/ringcast
+fi
+
+step "JavaScript client unit tests (clients/js)"
+(cd clients/js && node --test)
+
+step "browser and end-to-end tests (tests/browser)"
+(cd tests/browser && node --test --test-concurrency=1)
+
+step "all tests passed"
