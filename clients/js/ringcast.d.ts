@@ -88,7 +88,7 @@ export interface RingcastOptions {
   random?: () => number;
 }
 
-declare class Emitter<Events extends Record<string, (...args: any[]) => void>> {
+declare class Emitter<Events> {
   on<E extends keyof Events>(event: E, listener: Events[E]): this;
   off<E extends keyof Events>(event: E, listener: Events[E]): this;
 }
