@@ -199,6 +199,7 @@ export class Ringcast extends Emitter {
     if (!options.key) throw new TypeError("options.key (a public key pk_...) is required");
     this.url = url;
     this.options = options;
+    this._socketUrl(); // throws now on a URL that can never work
     this.minReconnectDelayMs = options.minReconnectDelayMs ?? 500;
     this.maxReconnectDelayMs = Math.max(
       this.minReconnectDelayMs,
@@ -276,9 +277,17 @@ export class Ringcast extends Emitter {
 
   _socketUrl() {
     const base = globalThis.location?.href;
-    const u = base ? new URL(this.url, base) : new URL(this.url);
+    let u;
+    try {
+      u = base ? new URL(this.url, base) : new URL(this.url);
+    } catch {
+      throw new TypeError(`not a WebSocket URL: ${this.url}`);
+    }
     if (u.protocol === "http:") u.protocol = "ws:";
     if (u.protocol === "https:") u.protocol = "wss:";
+    if (u.protocol !== "ws:" && u.protocol !== "wss:") {
+      throw new TypeError(`not a WebSocket URL (ws://, wss://, http:// or https://): ${this.url}`);
+    }
     u.searchParams.set("key", this.options.key);
     return u.toString();
   }

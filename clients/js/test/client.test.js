@@ -51,6 +51,12 @@ test("http(s) URLs become ws(s) URLs", () => {
   assert.equal(url.searchParams.get("key"), "pk_test");
 });
 
+test("a URL that can never work is refused at construction", () => {
+  assert.throws(() => new Ringcast("not a url", { key: "pk_x" }), TypeError);
+  assert.throws(() => new Ringcast("ftp://h/api/v1/ws", { key: "pk_x" }), TypeError);
+  assert.throws(() => new Ringcast("ws://h/api/v1/ws", {}), TypeError);
+});
+
 test("subscribe before connecting sends nothing until connected, then once", () => {
   const { Socket, client } = setup();
   const got = [];
