@@ -230,6 +230,7 @@ export class Ringcast extends Emitter {
     this._lastFrameAt = 0;
     this._pingSentAt = 0;
     this._connectedAt = 0;
+    this._socketError = undefined; // detail of the current socket's error event, if any
   }
 
   /** Open the connection (again). Does nothing while connecting or connected. */
@@ -294,6 +295,7 @@ export class Ringcast extends Emitter {
 
   _open() {
     this._setState("connecting");
+    if (this.state !== "connecting") return; // a state listener closed the client
     const Ctor = this._WebSocket;
     if (typeof Ctor !== "function") {
       this._emitError(
@@ -317,8 +319,11 @@ export class Ringcast extends Emitter {
     ws.onmessage = (ev) => {
       if (ws === this._ws) this._onFrame(ev.data);
     };
-    ws.onerror = () => {
-      // Browsers give no detail here; the close event that follows says what happened.
+    this._socketError = undefined;
+    ws.onerror = (ev) => {
+      // Browsers give no detail here (the close event that follows says what happened);
+      // Node's `ws` does ("Unexpected server response: 401"): keep it for that close.
+      if (ws === this._ws) this._socketError = ev?.message ?? ev?.error?.message;
     };
     ws.onclose = (ev) => {
       if (ws === this._ws) this._onClose(ev.code, ev.reason);
@@ -357,7 +362,8 @@ export class Ringcast extends Emitter {
     const wasConnected = this.state === "connected";
     this._drop(1000);
     const name = CLOSE_NAMES[code] ?? "connection_closed";
-    const message = `connection closed (${code}${reason ? `: ${reason}` : ""})`;
+    const detail = reason || this._socketError;
+    const message = `connection closed (${code}${detail ? `: ${detail}` : ""})`;
     this._emitError(new RingcastError(name, message, { closeCode: code, reason }));
     if (code === CloseCodes.KEY_REVOKED) {
       this._setState("closed");

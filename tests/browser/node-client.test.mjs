@@ -69,5 +69,7 @@ test("Node: an unknown key is refused at the upgrade and retried with backoff, n
   // Attempts 2 and 3 waited at least 100 ms each.
   assert.ok(elapsed >= 200, `3 attempts in ${elapsed} ms`);
   assert.ok(errors.length >= 2 && errors.every((e) => e.code === "connection_lost"), errors.map((e) => e.code).join());
+  // Node's ws says why: the upgrade was refused with 401.
+  assert.match(errors[0].message, /401/);
   assert.equal(client.state, "closed");
 });
