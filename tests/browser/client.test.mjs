@@ -7,7 +7,7 @@ import assert from "node:assert/strict";
 import path from "node:path";
 import {
   repoRoot, cli, startServer, createProject, publish, staticServer, launchBrowser,
-  waitFor, watchPage, cleanupAll,
+  waitFor, watchPage, cleanupAll, tcpProxy,
 } from "./helpers.mjs";
 
 let browser;
@@ -24,12 +24,12 @@ before(async () => {
 after(cleanupAll);
 
 /** A fresh page with the client module loaded; `options` go to new Ringcast(). */
-async function openPage(server, key, options = {}) {
+async function openPage(server, key, options = {}, wsUrl = server.wsUrl) {
   const page = await browser.newPage();
   const problems = watchPage(page);
   await page.goto(`${site.url}/`);
   await page.waitForFunction(() => window.t !== undefined);
-  await page.evaluate(([url, k, o]) => window.t.start(url, k, o), [server.wsUrl, key, options]);
+  await page.evaluate(([url, k, o]) => window.t.start(url, k, o), [wsUrl, key, options]);
   return { page, problems };
 }
 
@@ -216,5 +216,38 @@ test("a publish before connect and after close is not received; connect() again 
   assert.deepEqual(msgs.map((m) => m.event), ["seen"]);
   assert.equal(msgs[0].id, res.body.id);
   assert.equal(await read(page, () => window.t.attempts), 2);
+  await page.close();
+});
+
+test("dead connection (the network path goes silent): detected by heartbeat, reconnect, resubscribe", async () => {
+  const server = await startServer({ config: "heartbeat_s = 1\n" });
+  const project = await createProject(server);
+  const proxy = await tcpProxy(server.addr);
+  const { page } = await openPage(
+    server,
+    project.public,
+    { minReconnectDelayMs: 50, maxReconnectDelayMs: 200, heartbeatMarginMs: 500 },
+    `ws://127.0.0.1:${proxy.port}/api/v1/ws`,
+  );
+  await page.evaluate(() => window.t.subscribe("news"));
+  await waitSubscribed(page, "news");
+  assert.equal(proxy.connections, 1);
+
+  proxy.freeze(); // no close frame, no FIN: only the heartbeat can tell
+  const frozenAt = Date.now();
+  await waitFor(() => read(page, () => window.t.errors.some((e) => e.code === "heartbeat_timeout")), {
+    timeout: 15000,
+    message: "heartbeat_timeout",
+  });
+  const detectedAfter = Date.now() - frozenAt;
+  // 3 x heartbeat_s + margin = 3.5 s after the last frame, which came at most 1 s before the freeze.
+  assert.ok(detectedAfter >= 2000 && detectedAfter < 8000, `detected after ${detectedAfter} ms`);
+  await waitSubscribed(page, "news", 2);
+  assert.equal(proxy.connections, 2);
+  const res = await publish(server, project.secret, "news", "after", { ok: true });
+  const [msg] = await waitMessages(page, 1);
+  assert.equal(msg.id, res.body.id);
+  const states = await read(page, () => window.t.states);
+  assert.deepEqual(states, ["connecting", "connected", "disconnected", "connecting", "connected"]);
   await page.close();
 });

@@ -309,3 +309,55 @@ export function watchPage(page) {
   });
   return problems;
 }
+
+// ---- a TCP proxy that can play dead ------------------------------------------------
+
+/**
+ * A TCP proxy on 127.0.0.1:0 to `target` ("host:port"). `freeze()` makes every
+ * connection open now go silent both ways without closing it (a dead network path);
+ * connections made later work normally. Returns {port, connections, freeze(), close()}.
+ */
+export async function tcpProxy(target) {
+  const net = await import("node:net");
+  const [host, port] = [target.slice(0, target.lastIndexOf(":")), Number(target.split(":").pop())];
+  const pairs = new Set();
+  const proxy = {
+    connections: 0,
+    freeze() {
+      for (const pair of pairs) pair.frozen = true;
+    },
+  };
+  const server = net.createServer((client) => {
+    proxy.connections += 1;
+    const upstream = net.connect(port, host);
+    const pair = { client, upstream, frozen: false };
+    pairs.add(pair);
+    const forward = (from, to) => {
+      from.on("data", (chunk) => {
+        if (!pair.frozen) to.write(chunk);
+      });
+      from.on("end", () => {
+        if (!pair.frozen) to.end();
+      });
+      from.on("error", () => to.destroy());
+      from.on("close", () => {
+        pairs.delete(pair);
+        if (!pair.frozen) to.destroy();
+      });
+    };
+    forward(client, upstream);
+    forward(upstream, client);
+  });
+  await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
+  proxy.port = server.address().port;
+  proxy.close = () =>
+    new Promise((resolve) => {
+      for (const { client, upstream } of pairs) {
+        client.destroy();
+        upstream.destroy();
+      }
+      server.close(() => resolve());
+    });
+  onCleanup(proxy.close);
+  return proxy;
+}
