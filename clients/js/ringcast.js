@@ -381,6 +381,7 @@ export class Ringcast extends Emitter {
   /** The connection is gone (not by the application): wait, then try again. */
   _lost() {
     this._setState("disconnected");
+    if (this.state !== "disconnected") return; // a state listener closed the client
     const delay = backoffDelay(
       this._attempt,
       this.minReconnectDelayMs,

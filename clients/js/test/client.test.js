@@ -204,6 +204,18 @@ test("close() by the application: state closed, socket closed, nothing scheduled
   assert.equal(Socket.instances.length, 1);
 });
 
+test("close() from a state listener stops everything at once", () => {
+  const { clock, Socket, client } = setup();
+  client.on("state", (s) => {
+    if (s === "disconnected") client.close();
+  });
+  client.connect();
+  Socket.last.accept();
+  Socket.last.serverClose(1006);
+  assert.equal(client.state, "closed");
+  assert.deepEqual(clock.pending(), []);
+});
+
 test("close() while waiting to reconnect cancels the reconnect", () => {
   const { clock, Socket, client } = setup();
   client.connect();
