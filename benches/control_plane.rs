@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 
-use ringcast::auth::key::{generate_key, hash_key, key_prefix, KeyKind};
-use ringcast::auth::KeyCache;
-use ringcast::quota::{Quota, RateLimit};
-use ringcast::store::{KeyRecord, ProjectRecord, StoreContents};
+use ringcast::{
+    generate_key, hash_key, key_prefix, KeyCache, KeyKind, KeyRecord, ProjectRecord, Quota,
+    RateLimit, StoreContents,
+};
 
 const KEYS: usize = 10_000;
 const PROJECTS: usize = 100;

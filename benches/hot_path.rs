@@ -9,13 +9,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
-use ringcast::publish::encode::message_frame;
-use ringcast::publish::PublishParser;
-use ringcast::shard::fan_out;
-use ringcast::shard::interest::channel_hash;
-use ringcast::shard::mailbox::{Broadcast, Mailboxes};
-use ringcast::shard::registry::Registry;
-use ringcast::ws::conn::{ConnMeta, WsConn};
+use ringcast::bench::{channel_hash, fan_out, Broadcast, Mailboxes, Registry};
+use ringcast::{message_frame, PublishParser, WsConn};
 
 fn body_of(size: usize) -> Vec<u8> {
     let head = r#"{"channel":"orders","event":"order.created","data":{"pad":""#;
@@ -64,14 +59,8 @@ fn fanout(c: &mut Criterion) {
     for subs in [1usize, 100, 10_000] {
         let mut registry = Registry::default();
         let conns: Vec<Rc<WsConn>> = (0..subs as u64)
-            .map(|id| {
-                let meta = ConnMeta {
-                    project: 0,
-                    key_id: "k".into(),
-                };
-                // No socket: fd -1 is never touched because nothing aborts.
-                Rc::new(WsConn::new(id, meta, -1, usize::MAX / 2, 0))
-            })
+            // No socket: fd -1 is never touched because nothing aborts.
+            .map(|id| Rc::new(WsConn::new(id, -1, usize::MAX / 2, 0)))
             .collect();
         for conn in &conns {
             registry.subscribe(0, "orders", conn);
@@ -86,7 +75,7 @@ fn fanout(c: &mut Criterion) {
             b.iter(|| {
                 let n = fan_out(&registry, &msg);
                 for conn in &conns {
-                    conn.discard_queued();
+                    conn.take_queued();
                 }
                 n
             })

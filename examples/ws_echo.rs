@@ -3,7 +3,7 @@
 //! `cargo run --release --example ws_echo -- --listen 127.0.0.1:PORT`
 //!
 //! It runs exactly the code the server runs for a WebSocket connection: the request head
-//! parser (`ringcast::http::parse`), the upgrade handshake (`ringcast::ws::handshake`),
+//! parser (`http::parse`), the upgrade checks and answer (`http::upgrade`, `ws::handshake`),
 //! the frame codec and reassembly (`ws::frame`, `ws::message`) and the reader/writer
 //! tasks (`ws::conn`), on one monoio runtime. Only the [`Session`] differs: every text
 //! and binary message is sent back with the same opcode, which is all the suite needs.
@@ -19,11 +19,10 @@ use std::time::Instant;
 
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt, Splitable};
 use monoio::net::{TcpListener, TcpStream};
-use ringcast::http::parse::parse_head;
-use ringcast::http::response::{write_error, Extra};
-use ringcast::ws::conn::{read_loop, write_loop, ConnMeta, ReadLimits, Session, WsConn};
-use ringcast::ws::frame::{frame, CloseReason, Opcode};
-use ringcast::ws::handshake;
+use ringcast::{
+    frame, parse_head, read_loop, validate_upgrade, write_error, write_loop, write_switching,
+    Disconnect, Extra, Opcode, ReadLimits, Session, WsConn,
+};
 
 /// Largest message echoed: group 9 sends up to 16 MiB; headroom for reassembly.
 const MAX_MESSAGE: usize = 64 * 1024 * 1024;
@@ -42,7 +41,7 @@ impl Session for Echo {
         conn: &Rc<WsConn>,
         opcode: Opcode,
         payload: &mut [u8],
-    ) -> Result<(), CloseReason> {
+    ) -> Result<(), Disconnect> {
         conn.send(frame(opcode, payload));
         Ok(())
     }
@@ -120,8 +119,8 @@ async fn serve(mut stream: TcpStream, id: u64, started: Instant) {
         }
     };
     let mut out = Vec::new();
-    match handshake::validate(&head, &buf) {
-        Ok(key) => handshake::write_switching(&mut out, key),
+    match validate_upgrade(&head, &buf) {
+        Ok(key) => write_switching(&mut out, key),
         Err(err) => {
             write_error(&mut out, err, Extra::default());
             let _ = stream.write_all(out).await;
@@ -134,16 +133,7 @@ async fn serve(mut stream: TcpStream, id: u64, started: Instant) {
     }
     // Bytes after the head are the first frames; the reader handles them first.
     let leftover = buf.split_off(head.head_len);
-    let conn = Rc::new(WsConn::new(
-        id,
-        ConnMeta {
-            project: 0,
-            key_id: "echo".into(),
-        },
-        stream.as_raw_fd(),
-        SEND_BACKLOG,
-        0,
-    ));
+    let conn = Rc::new(WsConn::new(id, stream.as_raw_fd(), SEND_BACKLOG, 0));
     let (rd, wr) = stream.into_split();
     monoio::spawn(write_loop(wr, conn.clone()));
     let limits = ReadLimits {

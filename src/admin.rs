@@ -14,7 +14,7 @@ use std::io::Write;
 
 use serde_json::{json, Value};
 
-use crate::auth::key::KeyKind;
+use crate::apikey::KeyKind;
 use crate::cli::{Cli, Command, KeyCommand, KeyKindArg, ProjectCommand};
 use crate::config::Config;
 use crate::quota::{RateLimit, RateLimitError};
@@ -22,7 +22,7 @@ use crate::store::{open_store, ProjectRecord, Store, StoreError};
 
 /// Why an admin command failed.
 #[derive(Debug, thiserror::Error)]
-pub enum AdminError {
+pub(crate) enum AdminError {
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error(transparent)]
@@ -33,7 +33,7 @@ pub enum AdminError {
 
 /// One admin command with its arguments validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Request {
+pub(crate) enum Request {
     CreateProject {
         name: String,
         rate_limit: RateLimit,
@@ -68,7 +68,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
 }
 
 /// Validate a command's arguments without touching any store.
-pub fn parse_request(command: &Command) -> Result<Request, AdminError> {
+pub(crate) fn parse_request(command: &Command) -> Result<Request, AdminError> {
     Ok(match command {
         Command::Serve(_) => return Err(AdminError::NotAdmin("serve")),
         Command::Project(ProjectCommand::Create { name, rate_limit }) => {
@@ -106,7 +106,7 @@ pub fn parse_request(command: &Command) -> Result<Request, AdminError> {
 }
 
 /// Carry out `request` on `store`; the value is what the command prints.
-pub fn execute(store: &mut dyn Store, request: Request) -> Result<Value, AdminError> {
+pub(crate) fn execute(store: &mut dyn Store, request: Request) -> Result<Value, AdminError> {
     Ok(match request {
         Request::CreateProject { name, rate_limit } => {
             let (project, secret, public) = store.create_project(&name, rate_limit)?;
@@ -152,18 +152,10 @@ pub fn execute(store: &mut dyn Store, request: Request) -> Result<Value, AdminEr
     })
 }
 
-/// `serve --dev`: on an empty store, create project `dev` with the default rate limit
-/// and return it with its two keys (for printing once). `None` when projects exist.
-pub fn dev_bootstrap(
-    store: &mut dyn Store,
-) -> Result<Option<(ProjectRecord, String, String)>, StoreError> {
-    let rate_limit = default_rate_limit().map_err(|e| StoreError::Invalid(e.to_string()))?;
-    dev_bootstrap_with(store, rate_limit)
-}
-
-/// [`dev_bootstrap`] with an explicit rate limit (e.g. the serve config's
-/// `default_rate_limit`).
-pub fn dev_bootstrap_with(
+/// `serve --dev`: on an empty store, create project `dev` with `rate_limit` (the serve
+/// config's `default_rate_limit`) and return it with its two keys (for printing once).
+/// `None` when projects exist.
+pub(crate) fn dev_bootstrap_with(
     store: &mut dyn Store,
     rate_limit: RateLimit,
 ) -> Result<Option<(ProjectRecord, String, String)>, StoreError> {
@@ -295,11 +287,18 @@ mod tests {
     fn dev_bootstrap_only_on_an_empty_store() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = SqliteStore::open(dir.path()).unwrap();
-        let (project, secret, public) = dev_bootstrap(&mut store).unwrap().unwrap();
+        let (project, secret, public) =
+            dev_bootstrap_with(&mut store, default_rate_limit().unwrap())
+                .unwrap()
+                .unwrap();
         assert_eq!(project.name, "dev");
         assert_eq!(project.rate_limit.to_string(), "100/s");
         assert!(secret.starts_with("sk_") && public.starts_with("pk_"));
-        assert!(dev_bootstrap(&mut store).unwrap().is_none());
+        assert!(
+            dev_bootstrap_with(&mut store, default_rate_limit().unwrap())
+                .unwrap()
+                .is_none()
+        );
         assert_eq!(store.list_projects().unwrap().len(), 1);
     }
 }

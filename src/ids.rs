@@ -9,14 +9,14 @@
 use std::sync::OnceLock;
 
 /// Length of every id in bytes.
-pub const ID_LEN: usize = 20;
+pub(crate) const ID_LEN: usize = 20;
 
 /// A formatted id, kept inline.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Id([u8; ID_LEN]);
+pub(crate) struct Id([u8; ID_LEN]);
 
 impl Id {
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         // Only hex digits are ever written.
         std::str::from_utf8(&self.0).unwrap_or("")
     }
@@ -41,20 +41,20 @@ fn node_prefix() -> u32 {
 
 /// A per-worker id source. Not `Sync` on purpose: each worker owns one.
 #[derive(Debug)]
-pub struct IdGen {
+pub(crate) struct IdGen {
     high: u64,
     counter: std::cell::Cell<u64>,
 }
 
 impl IdGen {
-    pub fn new(worker: usize) -> IdGen {
+    pub(crate) fn new(worker: usize) -> IdGen {
         IdGen {
             high: ((node_prefix() as u64) << 12) | (worker as u64 & 0xfff),
             counter: std::cell::Cell::new(0),
         }
     }
 
-    pub fn next_id(&self) -> Id {
+    pub(crate) fn next_id(&self) -> Id {
         let n = self.counter.get().wrapping_add(1) & ((1u64 << 36) - 1);
         self.counter.set(n);
         let mut out = [0u8; ID_LEN];

@@ -2,45 +2,103 @@
 //! secret key; every WebSocket client of that project subscribed to exactly that channel
 //! receives it.
 //!
-//! Layout (one concept per module):
-//! - [`cli`]: argument parsing. [`config`]: every knob, its default and unit.
-//! - [`server`]: worker threads (one per core, pinned, monoio on io_uring), listeners,
-//!   connection dispatch, graceful shutdown.
-//! - [`http`]: request head parsing (httparse), body framing, routing, the response and
-//!   error table.
-//! - [`publish`]: the publish endpoint: simd-json parse, validation, frame encoding.
-//! - [`ws`]: upgrade handshake, frame codec, the client protocol per connection.
-//! - [`shard`]: a worker's subscription table, its mailbox (the only cross-core path),
-//!   the interest filter that lets publishers skip cores without subscribers, and the
-//!   fan-out loop.
-//! - [`auth`]: keys, their hashes, the in-memory key snapshot and its watcher.
-//! - [`quota`]: per-project GCRA on atomics. [`store`]: the SQLite project/key store.
-//! - [`admin`]: the project/key subcommands of the CLI.
-//! - [`cluster`]: the Redis bridge of cluster mode (relay out, interest-routed
-//!   subscriptions in), on its own threads.
-//! - [`tls`]: certificate loading and the rustls transport (HTTPS and WSS).
-//! - [`ids`]: message and connection ids without cross-core coordination.
+//! Layout map. Dependencies point down this list only (a module names modules below it,
+//! never above); `scripts/check-layers.py` checks in CI that no import cycle exists.
+//!
+//! - [`server`]: the composition root. Start-up, one pinned monoio worker thread per
+//!   core, listeners, the accept loop, timers, signals and graceful shutdown. The only
+//!   module that starts `http::conn::serve`.
+//! - [`http`]: HTTP/1.1: head parsing (httparse), the connection state machine,
+//!   routing, `/health`, the publish endpoint's head checks, the WebSocket upgrade, the
+//!   response writer. [`tls`]: the rustls transport under it.
+//! - [`node`]: what all workers of a node share (config, key snapshot, mailboxes,
+//!   cluster bridge, health flags); how an accepted publish leaves its worker.
+//! - [`publish`]: parse (simd-json), validate, quota, encode once, hand to the mailboxes.
+//! - [`error`]: the one table of REST rejections (status, code, message).
+//! - [`cluster`]: the Redis bridge (relay out, interest-routed subscriptions in), on its
+//!   own threads; one more producer into the mailboxes and one more interest sink.
+//! - [`client`]: the client protocol on a WebSocket (subscribe, unsubscribe, ping,
+//!   error frames), per connection, above the shard.
+//! - [`shard`]: one core's data-plane state: subscription registry, registered
+//!   WebSockets, mailbox (the only cross-core path), interest filter, admission, stop
+//!   state, fan-out.
+//! - [`ws`]: WebSocket as pure transport: handshake answer, frame codec, reassembly,
+//!   the connection's reader and writer. Knows no project, key or channel.
+//! - [`names`], [`json`], [`close`], [`ids`]: leaves: the channel/event name rule, JSON
+//!   string escaping, the table of close codes, message and connection ids.
+//! - [`auth`]: the in-memory key snapshot and its watcher; [`admin`]: the project/key
+//!   subcommands; [`store`]: SQLite/Redis project and key store; [`config`]: every
+//!   knob, its default and unit; [`quota`]: per-project GCRA on atomics; [`cli`]:
+//!   argument parsing; [`apikey`]: key kinds, generation and hashing.
 //!
 //! Invariants that hold across modules: the hot path never blocks and never allocates
 //! per subscriber; one published message is encoded once into one `Bytes` that every
 //! subscriber on every core shares; every queue a client or a publisher can fill is
 //! bounded (control envelopes and the cluster's interest changes are not: workers and the
 //! control plane produce them, a few per change).
+//!
+//! The public surface below is what the binary, the tests, the benches and the examples
+//! need; everything else is crate-private. Bench-only hooks need the `bench` feature.
 
 #![forbid(unsafe_op_in_unsafe_fn)]
 #![warn(rust_2018_idioms)]
+#![warn(unreachable_pub)]
 
-pub mod admin;
-pub mod auth;
-pub mod cli;
-pub mod cluster;
-pub mod config;
-pub mod http;
-pub mod ids;
-pub mod publish;
-pub mod quota;
-pub mod server;
-pub mod shard;
-pub mod store;
-pub mod tls;
-pub mod ws;
+mod admin;
+mod apikey;
+mod auth;
+mod cli;
+mod client;
+mod close;
+mod cluster;
+mod config;
+mod error;
+mod http;
+mod ids;
+mod json;
+mod names;
+mod node;
+mod publish;
+mod quota;
+mod server;
+mod shard;
+mod store;
+mod tls;
+mod ws;
+
+// The binary: argument parsing and the two entry points.
+pub use admin::run as run_admin;
+pub use cli::{Cli, Command};
+pub use server::run_cli as run_serve;
+
+// Configuration and the control plane (property tests, control-plane benches).
+pub use apikey::{generate_key, hash_key, key_prefix, KeyKind};
+pub use auth::cache::KeyCache;
+pub use config::Config;
+pub use quota::rate_limit::RateLimit;
+pub use quota::Quota;
+pub use store::{KeyRecord, ProjectRecord, StoreContents};
+
+// Parsers and codecs (property tests, hot-path benches).
+pub use http::parse::parse_head;
+pub use publish::encode::message_frame;
+pub use publish::parse::PublishParser;
+
+// The WebSocket transport on its own: the Autobahn echo example runs exactly the
+// server's frame codec, reassembly, reader and writer under an echo session.
+pub use close::{code as close_code, Disconnect};
+pub use http::response::{write_error, Extra};
+pub use http::upgrade::validate as validate_upgrade;
+pub use ws::conn::{read_loop, write_loop, ReadLimits, Session, WsConn};
+pub use ws::frame::{decode_frame, frame, Opcode};
+pub use ws::handshake::write_switching;
+pub use ws::message::{Assembler, Incoming};
+
+/// Hooks for the criterion benches: the fan-out and the mailboxes without sockets.
+#[cfg(feature = "bench")]
+pub mod bench {
+    pub use crate::shard::fan_out;
+    pub use crate::shard::interest::channel_hash;
+    pub use crate::shard::mailbox::{Broadcast, Mailboxes};
+    pub use crate::shard::registry::Registry;
+}

@@ -4,7 +4,7 @@
 use clap::Parser;
 use mimalloc::MiMalloc;
 
-use ringcast::cli::{Cli, Command};
+use ringcast::{Cli, Command};
 
 #[global_allocator]
 static GLOBAL: MiMalloc = MiMalloc;
@@ -38,8 +38,8 @@ fn main() {
     reexec_with_allocator_env();
     let cli = Cli::parse();
     let result: anyhow::Result<()> = match &cli.command {
-        Command::Serve(args) => ringcast::server::run_cli(&cli, args),
-        Command::Project(_) | Command::Key(_) => ringcast::admin::run(&cli),
+        Command::Serve(args) => ringcast::run_serve(&cli, args),
+        Command::Project(_) | Command::Key(_) => ringcast::run_admin(&cli),
     };
     if let Err(err) = result {
         eprintln!("error: {err:#}");

@@ -44,7 +44,7 @@ use rustls::{ServerConfig, ServerConnection};
 use crate::ws::conn::{FrameBatch, FrameWrite};
 
 /// The one application protocol offered: HTTP/1.1 (WebSocket upgrades ride on it).
-pub const ALPN_HTTP11: &[u8] = b"http/1.1";
+pub(crate) const ALPN_HTTP11: &[u8] = b"http/1.1";
 /// Ciphertext read size of the HTTP phase: a publish body up to 64 KiB arrives in a few
 /// reads, and the buffer lives only while the read is pending.
 const HTTP_READ: usize = 16 * 1024;
@@ -59,7 +59,7 @@ const KEEP_OUT: usize = 64 * 1024;
 /// A certificate or key that cannot be used. Every variant names the file; the cause
 /// is its `source` (printed after it by the binary's error chain).
 #[derive(Debug, thiserror::Error)]
-pub enum TlsConfigError {
+pub(crate) enum TlsConfigError {
     #[error("cannot read TLS certificate file {path}")]
     ReadCert { path: PathBuf, source: io::Error },
     #[error("cannot read TLS key file {path}")]
@@ -85,7 +85,10 @@ pub enum TlsConfigError {
 }
 
 /// Read the PEM certificate chain and private key and build the server configuration.
-pub fn load_server_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, TlsConfigError> {
+pub(crate) fn load_server_config(
+    cert: &Path,
+    key: &Path,
+) -> Result<Arc<ServerConfig>, TlsConfigError> {
     // Read first, so a missing file says "cannot read" rather than "not valid PEM".
     let cert_pem = std::fs::read(cert).map_err(|source| TlsConfigError::ReadCert {
         path: cert.to_path_buf(),
@@ -129,7 +132,7 @@ pub fn load_server_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, 
 
 /// Why a handshake did not complete (logged at debug; the connection is just closed).
 #[derive(Debug, thiserror::Error)]
-pub enum HandshakeError {
+pub(crate) enum HandshakeError {
     #[error("cannot start a TLS session: {0}")]
     Session(#[from] rustls::Error),
     #[error("TLS handshake failed: {0}")]
@@ -270,7 +273,7 @@ async fn flush_records<W: AsyncWriteRent>(
 }
 
 /// A TLS connection in its HTTP phase (handshake done, not yet upgraded).
-pub struct TlsStream {
+pub(crate) struct TlsStream {
     tcp: TcpStream,
     session: Rc<RefCell<Session>>,
     out: Vec<u8>,
@@ -278,7 +281,7 @@ pub struct TlsStream {
 
 /// Run the server handshake on an accepted socket. The caller bounds it in time; on
 /// failure the alert rustls prepared is sent (best effort) and the socket is dropped.
-pub async fn accept(
+pub(crate) async fn accept(
     config: Arc<ServerConfig>,
     tcp: TcpStream,
 ) -> Result<TlsStream, HandshakeError> {
@@ -312,22 +315,13 @@ pub async fn accept(
 }
 
 impl TlsStream {
-    /// The negotiated ALPN protocol, if any.
-    pub fn alpn_protocol(&self) -> Option<Vec<u8>> {
-        self.session
-            .borrow()
-            .conn
-            .alpn_protocol()
-            .map(<[u8]>::to_vec)
-    }
-
     /// The descriptor of the TCP socket under the session.
-    pub fn raw_fd(&self) -> RawFd {
+    pub(crate) fn raw_fd(&self) -> RawFd {
         self.tcp.as_raw_fd()
     }
 
     /// Split for a WebSocket: the reader and writer tasks share the session.
-    pub fn into_halves(self) -> (TlsReader, TlsWriter) {
+    pub(crate) fn into_halves(self) -> (TlsReader, TlsWriter) {
         let (rd, wr) = self.tcp.into_split();
         (
             TlsReader {
@@ -412,7 +406,7 @@ impl AsyncWriteRent for TlsStream {
 }
 
 /// The WebSocket reader's half of a TLS connection.
-pub struct TlsReader {
+pub(crate) struct TlsReader {
     tcp: OwnedReadHalf<TcpStream>,
     session: Rc<RefCell<Session>>,
 }
@@ -434,7 +428,7 @@ impl AsyncReadRent for TlsReader {
 }
 
 /// The WebSocket writer's half of a TLS connection.
-pub struct TlsWriter {
+pub(crate) struct TlsWriter {
     tcp: OwnedWriteHalf<TcpStream>,
     session: Rc<RefCell<Session>>,
     out: Vec<u8>,

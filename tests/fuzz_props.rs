@@ -17,12 +17,10 @@
 //! commit that file, and the crash stays a regression test.
 
 use proptest::prelude::*;
-use ringcast::config::Config;
-use ringcast::http::parse::parse_head;
-use ringcast::publish::PublishParser;
-use ringcast::quota::RateLimit;
-use ringcast::ws::frame::{decode_frame, Opcode, PROTOCOL_ERROR, TOO_BIG};
-use ringcast::ws::message::{Assembler, Incoming};
+use ringcast::close_code::{PROTOCOL_ERROR, TOO_BIG};
+use ringcast::{
+    decode_frame, parse_head, Assembler, Config, Incoming, Opcode, PublishParser, RateLimit,
+};
 
 // ---------------------------------------------------------------------------------
 // HTTP request head

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use arc_swap::{ArcSwap, Guard};
 
-use super::key::{hash_key, is_well_formed, KeyHash, KeyKind};
+use crate::apikey::{hash_key, is_well_formed, KeyHash, KeyKind};
 use crate::quota::Quota;
 use crate::store::StoreContents;
 
@@ -78,7 +78,70 @@ pub struct KeySnapshot {
     generation: u64,
 }
 
+/// Why a key was refused (401). One list for both paths that take a key: a publish
+/// (`X-Api-Key`, secret keys only) and a WebSocket upgrade (`?key=`, public keys only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyRefusal {
+    /// No key, or an empty one, where a key of this kind was needed.
+    Missing(KeyKind),
+    /// Not UTF-8.
+    Malformed,
+    /// A key of the other kind, or of neither.
+    WrongKind {
+        wanted: KeyKind,
+        got: Option<KeyKind>,
+    },
+    /// Well formed, but no active key has it: never issued, or revoked.
+    UnknownOrRevoked,
+}
+
+impl KeyRefusal {
+    /// The human sentence of the 401 answer.
+    pub fn message(self) -> &'static str {
+        match self {
+            KeyRefusal::Missing(KeyKind::Secret) => "the X-Api-Key header is missing",
+            KeyRefusal::Missing(KeyKind::Public) => "the key query parameter is missing",
+            KeyRefusal::Malformed => "the API key is not valid",
+            KeyRefusal::WrongKind {
+                wanted: KeyKind::Secret,
+                got: Some(KeyKind::Public),
+            } => "a public key cannot publish; use the project's secret key",
+            KeyRefusal::WrongKind {
+                wanted: KeyKind::Secret,
+                ..
+            } => "the API key is not a secret key (sk_...)",
+            KeyRefusal::WrongKind {
+                wanted: KeyKind::Public,
+                ..
+            } => "WebSocket connections need a public key (pk_...)",
+            KeyRefusal::UnknownOrRevoked => "the API key is unknown or revoked",
+        }
+    }
+}
+
 impl KeySnapshot {
+    /// The one key check of the data plane: `raw` (as the client sent it) must be an
+    /// active key of kind `wanted`. The kind is decided from the prefix before any
+    /// hashing, so a key of the wrong kind costs no lookup.
+    pub fn authenticate(
+        &self,
+        raw: Option<&[u8]>,
+        wanted: KeyKind,
+    ) -> Result<&KeyEntry, KeyRefusal> {
+        let raw = raw
+            .filter(|r| !r.is_empty())
+            .ok_or(KeyRefusal::Missing(wanted))?;
+        let key = std::str::from_utf8(raw).map_err(|_| KeyRefusal::Malformed)?;
+        let got = KeyKind::of_key(key);
+        if got != Some(wanted) {
+            return Err(KeyRefusal::WrongKind { wanted, got });
+        }
+        match self.lookup(key) {
+            Some(entry) if entry.kind == wanted => Ok(entry),
+            _ => Err(KeyRefusal::UnknownOrRevoked),
+        }
+    }
+
     /// The active key `key`, if any. Malformed input is refused before hashing.
     pub fn lookup(&self, key: &str) -> Option<&KeyEntry> {
         if !is_well_formed(key) {
@@ -234,7 +297,7 @@ impl KeyCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auth::key::{generate_key, key_prefix};
+    use crate::apikey::{generate_key, key_prefix};
     use crate::quota::RateLimit;
     use crate::store::{KeyRecord, ProjectRecord};
 

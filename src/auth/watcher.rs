@@ -23,12 +23,12 @@ use super::cache::KeyCache;
 use crate::store::{Store, StoreError};
 
 /// Longest the thread sleeps without looking at the stop flag.
-pub const STOP_POLL: Duration = Duration::from_millis(50);
+pub(crate) const STOP_POLL: Duration = Duration::from_millis(50);
 
 /// The watcher's state; [`Watcher::poll`] is one check. Build one to load the cache
 /// synchronously at start-up (so start-up fails on a broken database), then
 /// [`Watcher::spawn`] it.
-pub struct Watcher {
+pub(crate) struct Watcher {
     store: Box<dyn Store>,
     cache: Arc<KeyCache>,
     on_change: Box<dyn Fn() + Send>,
@@ -37,7 +37,7 @@ pub struct Watcher {
 }
 
 impl Watcher {
-    pub fn new(
+    pub(crate) fn new(
         store: Box<dyn Store>,
         cache: Arc<KeyCache>,
         on_change: Box<dyn Fn() + Send>,
@@ -55,7 +55,7 @@ impl Watcher {
     /// Check the store once. `Ok(true)` when a new snapshot was published (and
     /// `on_change` called), `Ok(false)` when nothing changed. The first poll always
     /// loads.
-    pub fn poll(&mut self) -> Result<bool, StoreError> {
+    pub(crate) fn poll(&mut self) -> Result<bool, StoreError> {
         let result = self.refresh();
         let was_ok = self.db_ok.swap(result.is_ok(), Ordering::Release);
         // Log transitions only: a database down for an hour is one warning, not 14,400.
@@ -82,7 +82,7 @@ impl Watcher {
     }
 
     /// Run [`Watcher::poll`] every `interval` on a new thread until `stop` is set.
-    pub fn spawn(
+    pub(crate) fn spawn(
         mut self,
         interval: Duration,
         stop: Arc<AtomicBool>,
@@ -100,7 +100,7 @@ impl Watcher {
 }
 
 /// Start the watcher thread (see the module docs). Its first poll loads the cache.
-pub fn spawn_watcher(
+pub(crate) fn spawn_watcher(
     store: Box<dyn Store>,
     cache: Arc<KeyCache>,
     interval: Duration,
@@ -129,7 +129,7 @@ fn sleep_unless_stopped(interval: Duration, stop: &AtomicBool) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auth::key::KeyKind;
+    use crate::apikey::KeyKind;
     use crate::quota::RateLimit;
     use crate::store::{KeyRecord, ProjectRecord, SqliteStore, StoreContents};
     use std::sync::atomic::AtomicUsize;
@@ -257,10 +257,6 @@ mod tests {
         fn change_token(&mut self) -> Result<u64, StoreError> {
             self.check()?;
             self.inner.change_token()
-        }
-        fn ping(&mut self) -> Result<(), StoreError> {
-            self.check()?;
-            self.inner.ping()
         }
         fn is_empty(&mut self) -> Result<bool, StoreError> {
             self.check()?;

@@ -30,7 +30,7 @@ use crate::auth::KeyCache;
 use crate::shard::mailbox::{Broadcast, Mailboxes};
 
 /// Longest a read waits before the thread looks at interest changes again.
-pub const POLL: Duration = Duration::from_millis(5);
+pub(crate) const POLL: Duration = Duration::from_millis(5);
 
 /// Subscription changes to send to Redis.
 #[derive(Default)]

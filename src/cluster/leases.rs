@@ -18,7 +18,7 @@ use crate::store::redis::PREFIX;
 
 /// How often balances are checked. A busy project spends half a block in more than this
 /// only above 5 × its per-second count per node, and then waits at most one tick.
-pub const TICK: Duration = Duration::from_millis(20);
+pub(crate) const TICK: Duration = Duration::from_millis(20);
 
 pub(crate) fn run(cluster: &Cluster, client: &redis::Client, keys: &KeyCache) {
     let script = redis::Script::new(LEASE_SCRIPT);

@@ -35,10 +35,10 @@
 //! received in order on one subscriber connection, so subscribers on every node see
 //! them in publish order per channel.
 
-pub mod inbound;
-pub mod leases;
-pub mod outbound;
-pub mod wire;
+pub(crate) mod inbound;
+pub(crate) mod leases;
+pub(crate) mod outbound;
+pub(crate) mod wire;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -51,23 +51,23 @@ use crate::shard::mailbox::{Broadcast, Mailboxes};
 
 /// Relays waiting for the outbound thread. At ~1 µs per pipelined PUBLISH this is tens
 /// of milliseconds of backlog: more would only deliver stale messages after a stall.
-pub const RELAY_QUEUE: usize = 16_384;
+pub(crate) const RELAY_QUEUE: usize = 16_384;
 /// Most PUBLISH commands in one pipeline.
-pub const MAX_BATCH: usize = 512;
+pub(crate) const MAX_BATCH: usize = 512;
 /// Channels per SUBSCRIBE when restoring after a reconnect (no storm of single commands,
 /// no single enormous command either).
-pub const RESUBSCRIBE_BATCH: usize = 256;
+pub(crate) const RESUBSCRIBE_BATCH: usize = 256;
 /// First reconnect delay; doubles up to [`MAX_BACKOFF`].
-pub const MIN_BACKOFF: Duration = Duration::from_millis(100);
-pub const MAX_BACKOFF: Duration = Duration::from_secs(2);
+pub(crate) const MIN_BACKOFF: Duration = Duration::from_millis(100);
+pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// Connect/read/write timeout of a bridge connection's commands; also how long a dead
 /// Redis can go unnoticed at most while the connection is idle (a PING is sent this
 /// often).
-pub const IO_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const IO_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Why the cluster bridge could not start.
 #[derive(Debug, thiserror::Error)]
-pub enum ClusterError {
+pub(crate) enum ClusterError {
     #[error("invalid Redis URL: {0}")]
     Url(String),
     #[error("cannot start cluster thread: {0}")]
@@ -77,7 +77,7 @@ pub enum ClusterError {
 /// A change of this node's interest in a (project, channel): sent by a worker when its
 /// first local subscriber arrives (`on`) or its last one leaves.
 #[derive(Debug)]
-pub struct Interest {
+pub(crate) struct Interest {
     pub project: u32,
     pub channel: Box<str>,
     pub on: bool,
@@ -85,7 +85,7 @@ pub struct Interest {
 
 /// Counters, for logs and metrics.
 #[derive(Debug, Default)]
-pub struct ClusterStats {
+pub(crate) struct ClusterStats {
     pub relayed: AtomicU64,
     /// Relays dropped: the queue was full or Redis was away.
     pub relay_dropped: AtomicU64,
@@ -95,7 +95,7 @@ pub struct ClusterStats {
 }
 
 /// The handle workers and the server hold.
-pub struct Cluster {
+pub(crate) struct Cluster {
     node_id: u64,
     relay_tx: Sender<Arc<Broadcast>>,
     interest_tx: Sender<Interest>,
@@ -108,7 +108,7 @@ pub struct Cluster {
 impl Cluster {
     /// Start both bridge threads. Connection failures are not errors here: the threads
     /// keep retrying and health reports the cluster as failing meanwhile.
-    pub fn start(
+    pub(crate) fn start(
         url: &str,
         keys: Arc<KeyCache>,
         mailboxes: Mailboxes,
@@ -139,13 +139,13 @@ impl Cluster {
     }
 
     /// This node's random id, carried in every payload it publishes.
-    pub fn node_id(&self) -> u64 {
+    pub(crate) fn node_id(&self) -> u64 {
         self.node_id
     }
 
     /// Queue a locally accepted publish for the other nodes. Never blocks, never
     /// allocates (an `Arc` clone into a preallocated ring).
-    pub fn relay(&self, msg: Arc<Broadcast>) {
+    pub(crate) fn relay(&self, msg: Arc<Broadcast>) {
         match self.relay_tx.try_send(msg) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
@@ -154,23 +154,13 @@ impl Cluster {
         }
     }
 
-    /// Report a channel's first local subscriber on a worker (`on`) or its last one
-    /// leaving. Called only on those transitions, never per client or per message.
-    pub fn interest(&self, project: u32, channel: &str, on: bool) {
-        let _ = self.interest_tx.send(Interest {
-            project,
-            channel: channel.into(),
-            on,
-        });
-    }
-
     /// Both Redis connections are up.
-    pub fn is_ok(&self) -> bool {
+    pub(crate) fn is_ok(&self) -> bool {
         self.inbound_ok.load(Ordering::Relaxed) && self.outbound_ok.load(Ordering::Relaxed)
     }
 
     /// Ask both threads to exit (within about [`IO_TIMEOUT`]).
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         self.stop.store(true, Ordering::Release);
     }
 
@@ -245,6 +235,18 @@ pub(crate) fn sleep_unless_stopped(cluster: &Cluster, d: Duration) {
             return;
         }
         std::thread::sleep((deadline - now).min(Duration::from_millis(20)));
+    }
+}
+
+/// A channel's first local subscriber on a worker (`on`) or its last one leaving, from
+/// the shard. Called only on those transitions, never per client or per message.
+impl crate::shard::InterestSink for Cluster {
+    fn interest(&self, project: u32, channel: &str, on: bool) {
+        let _ = self.interest_tx.send(Interest {
+            project,
+            channel: channel.into(),
+            on,
+        });
     }
 }
 

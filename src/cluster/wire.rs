@@ -12,18 +12,18 @@
 //! Decoding never panics on foreign input: anything malformed is `None`.
 
 /// Prefix of every message channel ringcast subscribes to or publishes on.
-pub const CHANNEL_PREFIX: &str = "ringcast:m:";
+pub(crate) const CHANNEL_PREFIX: &str = "ringcast:m:";
 
 /// Payload format version; a node drops payloads of another version (a mixed-version
 /// cluster during an upgrade loses cross-node messages between the two versions rather
 /// than delivering frames it cannot vouch for).
-pub const VERSION: u8 = 1;
+pub(crate) const VERSION: u8 = 1;
 
 /// Bytes before the frame in a payload.
-pub const HEADER_LEN: usize = 9;
+pub(crate) const HEADER_LEN: usize = 9;
 
 /// The Redis channel of `channel` in project `project_id`.
-pub fn redis_channel(project_id: &str, channel: &str) -> String {
+pub(crate) fn redis_channel(project_id: &str, channel: &str) -> String {
     let mut s = String::with_capacity(CHANNEL_PREFIX.len() + project_id.len() + 1 + channel.len());
     s.push_str(CHANNEL_PREFIX);
     s.push_str(project_id);
@@ -33,14 +33,14 @@ pub fn redis_channel(project_id: &str, channel: &str) -> String {
 }
 
 /// Split a Redis channel into (project id, channel).
-pub fn parse_channel(redis_channel: &str) -> Option<(&str, &str)> {
+pub(crate) fn parse_channel(redis_channel: &str) -> Option<(&str, &str)> {
     let rest = redis_channel.strip_prefix(CHANNEL_PREFIX)?;
     let (project, channel) = rest.split_once(':')?;
     (!project.is_empty() && !channel.is_empty()).then_some((project, channel))
 }
 
 /// The payload for `frame` published by node `origin`.
-pub fn encode_payload(origin: u64, frame: &[u8]) -> Vec<u8> {
+pub(crate) fn encode_payload(origin: u64, frame: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER_LEN + frame.len());
     out.push(VERSION);
     out.extend_from_slice(&origin.to_le_bytes());
@@ -49,7 +49,7 @@ pub fn encode_payload(origin: u64, frame: &[u8]) -> Vec<u8> {
 }
 
 /// (origin node, frame) of a payload.
-pub fn decode_payload(payload: &[u8]) -> Option<(u64, &[u8])> {
+pub(crate) fn decode_payload(payload: &[u8]) -> Option<(u64, &[u8])> {
     if payload.len() <= HEADER_LEN || payload[0] != VERSION {
         return None;
     }

@@ -1,5 +1,13 @@
-//! HTTP/1.1 for the REST interface: head parsing ([`parse`]), the response and error
-//! table ([`response`]), and the keep-alive connection loop with routing ([`conn`]).
+//! HTTP/1.1 for the REST interface and the WebSocket upgrade.
+//!
+//! - [`parse`]: request heads (httparse) as offsets into the read buffer.
+//! - [`conn`]: one connection's state ([`conn::HttpConn`]) and its read → serve →
+//!   flush steps, keep-alive and pipelining.
+//! - [`route`]: the routing table, answering with an [`outcome::Outcome`]; [`publish`], [`health`] and [`upgrade`] are its
+//!   endpoints; [`response`] writes every answer from the one error table
+//!   ([`crate::error`]).
+//! - [`transport`]: plain TCP or TLS under the same loop; [`service`]: what one worker's
+//!   HTTP side holds (the node, its shard, the publish parser, id generator).
 //!
 //! Why httparse directly and not monoio-http's codec: the hot path wants the head as
 //! offsets into the connection's own read buffer (no `http::HeaderMap`, no per-request
@@ -9,11 +17,19 @@
 //! allocations per request and hides the buffer we need for the upgrade; the part we would
 //! keep from it (httparse) is what we use here.
 
-pub mod conn;
-pub mod parse;
-pub mod response;
+pub(crate) mod conn;
+pub(crate) mod health;
+pub(crate) mod outcome;
+pub(crate) mod parse;
+pub(crate) mod publish;
+pub(crate) mod response;
+pub(crate) mod route;
+pub(crate) mod service;
+pub(crate) mod transport;
+pub(crate) mod upgrade;
 
-pub use response::ApiError;
+pub(crate) use response::ApiError;
+pub(crate) use service::Service;
 
 /// Errors found while parsing a request head. Each maps to one [`ApiError`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

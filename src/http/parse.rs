@@ -190,13 +190,13 @@ fn trim(mut s: &[u8]) -> &[u8] {
 }
 
 /// Whether a Content-Type value names JSON (`application/json`, any parameters).
-pub fn is_json_media_type(value: &[u8]) -> bool {
+pub(crate) fn is_json_media_type(value: &[u8]) -> bool {
     let media = value.split(|&b| b == b';').next().unwrap_or(b"");
     trim(media).eq_ignore_ascii_case(b"application/json")
 }
 
 /// Find a query parameter's raw (still percent-encoded) value.
-pub fn query_param<'a>(query: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
+pub(crate) fn query_param<'a>(query: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
     query.split(|&b| b == b'&').find_map(|pair| {
         let mut it = pair.splitn(2, |&b| b == b'=');
         let k = it.next()?;

@@ -1,205 +1,87 @@
-//! The publish endpoint: parse ([`parse`]), validate, authenticate, apply the quota,
-//! encode once ([`encode`]) and hand the one encoded frame to the mailbox of every worker
-//! that has subscribers of the channel.
+//! The publish endpoint's work once the HTTP layer has authenticated the key and read
+//! the body: parse and validate ([`parse`]), apply the quota, encode once ([`encode`])
+//! and hand the one encoded frame to the mailbox of every worker that has subscribers
+//! of the channel ([`Fanout`]).
 //!
-//! Order of checks, so that the cheapest refusal comes first and a refused request costs
-//! no quota: shutting down (503) → key (401) → Content-Type (415) → declared size (413)
-//! — all four from the head, before the body is waited for — then body parse and
-//! validation (400) → quota (429) → mailboxes (503). Nothing here blocks or allocates per subscriber: the frame is one `Bytes`.
+//! Order of checks, so that the cheapest refusal comes first: body parse and validation
+//! (400) → quota (429) → shutting down / mailboxes (503). The answer is a value
+//! ([`Answer`]); writing it as HTTP is the caller's job. Nothing here blocks or
+//! allocates per subscriber: the frame is one `Bytes`.
 
-pub mod encode;
-pub mod parse;
+pub(crate) mod encode;
+pub(crate) mod parse;
 
 use std::sync::Arc;
 
-use crate::auth::{KeyEntry, KeyKind};
-use crate::http::response::{write_error, write_json, Extra, RateHeaders};
-use crate::http::ApiError;
+use crate::auth::ProjectState;
+use crate::error::{ApiError, Unavailable};
+use crate::ids::{Id, IdGen};
 use crate::quota::{now_ns, Decision};
 use crate::shard::mailbox::Broadcast;
 
-pub use parse::{Publish, PublishParser};
+pub(crate) use parse::PublishParser;
 
-/// The project a request was authenticated for, kept between the head and the body.
-pub struct Authorized {
-    pub entry: KeyEntryRef,
-}
-
-/// A cheap handle to the authenticated key's project.
-pub type KeyEntryRef = Arc<crate::auth::ProjectState>;
-
-/// A refusal decided from the head; `project` is set once the key was recognised, so
-/// the answer can still carry the project's rate headers.
-pub struct Refusal {
-    pub error: ApiError,
-    pub project: Option<KeyEntryRef>,
-}
-
-impl Refusal {
-    /// Append the answer, with rate headers when the project is known (peeked, so a
-    /// refused request spends nothing).
-    pub fn write(&self, out: &mut Vec<u8>) {
-        let rate = self
-            .project
-            .as_ref()
-            .map(|p| rate_headers(&p.quota.peek(now_ns())));
-        write_error(
-            out,
-            self.error,
-            Extra {
-                rate,
-                ..Extra::default()
-            },
-        );
-    }
-}
-
-/// Check everything that the head alone decides. On success the body may be read.
-pub fn authorize(
-    keys: &crate::auth::KeySnapshot,
-    api_key: Option<&[u8]>,
-    content_type: Option<&[u8]>,
-    content_length: Option<usize>,
-    max_body: usize,
-) -> Result<Authorized, Refusal> {
-    let refuse = |error| Refusal {
-        error,
-        project: None,
-    };
-    let key = match api_key {
-        None => {
-            return Err(refuse(ApiError::Unauthorized(
-                "the X-Api-Key header is missing",
-            )))
-        }
-        Some(raw) => std::str::from_utf8(raw)
-            .map_err(|_| refuse(ApiError::Unauthorized("the API key is not valid")))?,
-    };
-    let public =
-        ApiError::Unauthorized("a public key cannot publish; use the project's secret key");
-    let entry: &KeyEntry = match KeyKind::of_key(key) {
-        Some(KeyKind::Secret) => keys.lookup(key).ok_or(refuse(ApiError::Unauthorized(
-            "the API key is unknown or revoked",
-        )))?,
-        Some(KeyKind::Public) => return Err(refuse(public)),
-        None => {
-            return Err(refuse(ApiError::Unauthorized(
-                "the API key is not a secret key (sk_...)",
-            )))
-        }
-    };
-    if entry.kind != KeyKind::Secret {
-        return Err(refuse(public));
-    }
-    let known = |error| Refusal {
-        error,
-        project: Some(entry.project.clone()),
-    };
-    match content_type {
-        Some(ct) if crate::http::parse::is_json_media_type(ct) => {}
-        _ => return Err(known(ApiError::UnsupportedMediaType)),
-    }
-    match content_length {
-        Some(n) if n > max_body => return Err(known(ApiError::PayloadTooLarge)),
-        _ => {}
-    }
-    Ok(Authorized {
-        entry: entry.project.clone(),
-    })
-}
-
-fn rate_headers(d: &Decision) -> RateHeaders {
-    RateHeaders {
-        limit: d.limit,
-        remaining: d.remaining,
-        reset_s: d.reset_s,
-    }
+/// The outcome of one publish, for the caller to write.
+#[derive(Debug)]
+pub(crate) struct Answer {
+    /// The accepted message's id, or why it was refused.
+    pub outcome: Result<Id, ApiError>,
+    /// The project's quota after this request (taken on success, peeked on a refusal
+    /// that spent nothing).
+    pub rate: Decision,
+    /// `Retry-After` for a 429.
+    pub retry_after_s: Option<u64>,
 }
 
 /// What the caller needs to broadcast an accepted publish.
-pub trait Fanout {
+pub(crate) trait Fanout {
     /// Hand one encoded message to every worker; `false` when any mailbox is full.
     fn broadcast(&self, msg: Arc<Broadcast>) -> bool;
     /// Whether the service is shutting down.
     fn shutting_down(&self) -> bool;
 }
 
-/// Handle a publish whose body has been read; the answer is appended to `out`.
-pub fn accept(
-    auth: &Authorized,
+/// Handle a publish whose body has been read, for an authenticated project.
+pub(crate) fn accept(
+    project: &ProjectState,
     body: &[u8],
     parser: &mut PublishParser,
-    ids: &crate::ids::IdGen,
+    ids: &IdGen,
     fanout: &dyn Fanout,
-    out: &mut Vec<u8>,
-) {
+) -> Answer {
+    let refused = |error, rate| Answer {
+        outcome: Err(error),
+        rate,
+        retry_after_s: None,
+    };
     let msg = match parser.parse(body) {
         Ok(msg) => msg,
-        Err(error) => {
-            return Refusal {
-                error,
-                project: Some(auth.entry.clone()),
-            }
-            .write(out)
-        }
+        Err(error) => return refused(error, project.quota.peek(now_ns())),
     };
-    let decision = auth.entry.quota.check(now_ns());
-    let rate = Some(rate_headers(&decision));
+    let decision = project.quota.check(now_ns());
     if !decision.allowed {
-        return write_error(
-            out,
-            ApiError::RateLimited,
-            Extra {
-                rate,
-                retry_after_s: Some(decision.retry_after_s.max(1)),
-                close: false,
-            },
-        );
+        return Answer {
+            outcome: Err(ApiError::RateLimited),
+            retry_after_s: Some(decision.retry_after_s.max(1)),
+            rate: decision,
+        };
     }
     if fanout.shutting_down() {
-        return write_error(
-            out,
-            ApiError::Unavailable("the service is shutting down"),
-            Extra {
-                rate,
-                ..Extra::default()
-            },
-        );
+        return refused(ApiError::Unavailable(Unavailable::ShuttingDown), decision);
     }
     let id = ids.next_id();
     let frame = encode::message_frame(msg.channel, msg.event, msg.data, id.as_str());
     let broadcast = Arc::new(Broadcast {
-        project: auth.entry.index,
+        project: project.index,
         channel: msg.channel.into(),
         frame,
     });
     if !fanout.broadcast(broadcast) {
-        return write_error(
-            out,
-            ApiError::Unavailable("a shard queue is full; retry shortly"),
-            Extra {
-                rate,
-                ..Extra::default()
-            },
-        );
+        return refused(ApiError::Unavailable(Unavailable::QueueFull), decision);
     }
-    let mut body = [0u8; 32];
-    let n = {
-        let prefix = b"{\"id\":\"";
-        body[..prefix.len()].copy_from_slice(prefix);
-        let idb = id.as_str().as_bytes();
-        body[prefix.len()..prefix.len() + idb.len()].copy_from_slice(idb);
-        let end = prefix.len() + idb.len();
-        body[end..end + 2].copy_from_slice(b"\"}");
-        end + 2
-    };
-    write_json(
-        out,
-        202,
-        &body[..n],
-        Extra {
-            rate,
-            ..Extra::default()
-        },
-    );
+    Answer {
+        outcome: Ok(id),
+        rate: decision,
+        retry_after_s: None,
+    }
 }

@@ -16,10 +16,8 @@ use std::ops::Range;
 
 use simd_json::{Buffers, Node, Tape};
 
-use crate::http::ApiError;
-
-/// Longest `channel` or `event`, in Unicode scalar values.
-pub const MAX_NAME_CHARS: usize = 100;
+use crate::error::ApiError;
+use crate::names::NameError;
 
 /// A validated publish, borrowing from the parser's scratch and the original body.
 #[derive(Debug, Clone, Copy)]
@@ -145,27 +143,20 @@ fn name_field<'a>(name: &'static str, value: Option<Kind<'a>>) -> Result<&'a str
     Ok(s)
 }
 
-/// Shared by the publish body and the WebSocket subscribe frame.
-pub fn validate_name(name: &'static str, s: &str) -> Result<(), ApiError> {
-    if s.is_empty() {
-        return Err(ApiError::InvalidField(name, "must not be empty"));
-    }
-    // Byte length bounds the char count from above: skip counting for short strings.
-    if s.len() > MAX_NAME_CHARS && s.chars().count() > MAX_NAME_CHARS {
-        return Err(ApiError::FieldTooLong(name));
-    }
-    if s.bytes().any(|b| b < 0x20 || b == 0x7f) {
-        return Err(ApiError::InvalidField(
-            name,
-            "must not contain control characters",
-        ));
-    }
-    Ok(())
+/// A channel or event name, checked by the one rule both APIs share (`crate::names`).
+pub(crate) fn validate_name(name: &'static str, s: &str) -> Result<(), ApiError> {
+    crate::names::check(s).map_err(|e| match e {
+        NameError::Empty => ApiError::InvalidField(name, "must not be empty"),
+        NameError::TooLong => ApiError::FieldTooLong(name),
+        NameError::ControlCharacter => {
+            ApiError::InvalidField(name, "must not contain control characters")
+        }
+    })
 }
 
 /// Span of the value of the last top-level `key` in a JSON object. The text must be
 /// valid JSON (simd-json checked it); on anything unexpected the answer is `None`.
-pub fn top_level_value(text: &[u8], key: &[u8]) -> Option<Range<usize>> {
+pub(crate) fn top_level_value(text: &[u8], key: &[u8]) -> Option<Range<usize>> {
     let mut p = skip_ws(text, 0);
     if text.get(p) != Some(&b'{') {
         return None;

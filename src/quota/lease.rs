@@ -24,11 +24,11 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use super::RateLimit;
 
 /// A block is this fraction of the limit's count.
-pub const BLOCK_DIVISOR: u32 = 10;
+pub(crate) const BLOCK_DIVISOR: u32 = 10;
 
 /// KEYS[1] = bucket key; ARGV = count, period in ms, tokens wanted. Returns the tokens
 /// granted (0..=wanted). The bucket starts full and expires when idle for two periods.
-pub const LEASE_SCRIPT: &str = r"
+pub(crate) const LEASE_SCRIPT: &str = r"
 local count = tonumber(ARGV[1])
 local period = tonumber(ARGV[2])
 local want = tonumber(ARGV[3])
@@ -54,7 +54,7 @@ return grant
 ";
 
 /// Tokens per lease request for `limit`.
-pub fn block_size(limit: RateLimit) -> i64 {
+pub(crate) fn block_size(limit: RateLimit) -> i64 {
     i64::from((limit.count / BLOCK_DIVISOR).max(1))
 }
 

@@ -19,10 +19,10 @@
 //! - Time is monotonic nanoseconds from [`now_ns`]; a clock that appears to go backwards
 //!   (a caller passing an older `now`) only makes the quota stricter, never looser.
 
-pub mod lease;
-mod rate_limit;
+pub(crate) mod lease;
+pub(crate) mod rate_limit;
 
-pub use rate_limit::{Per, RateLimit, RateLimitError};
+pub(crate) use rate_limit::{RateLimit, RateLimitError};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -34,7 +34,7 @@ const NANOS_PER_SECOND: u64 = 1_000_000_000;
 ///
 /// `Instant` is monotonic but opaque; quotas need a plain integer to store in an atomic.
 /// u64 nanoseconds last 584 years of process uptime.
-pub fn now_ns() -> u64 {
+pub(crate) fn now_ns() -> u64 {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
     let epoch = *EPOCH.get_or_init(Instant::now);
     // `as u64` cannot truncate within 584 years of uptime.

@@ -9,7 +9,7 @@ use std::str::FromStr;
 
 /// Largest accepted count. 10 million per second keeps the emission interval at 100 ns
 /// or more, far above the rounding of integer nanoseconds.
-pub const MAX_COUNT: u32 = 10_000_000;
+pub(crate) const MAX_COUNT: u32 = 10_000_000;
 
 /// The period a [`RateLimit`] counts over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

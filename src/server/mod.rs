@@ -13,7 +13,7 @@
 //! stops accepting, closes its WebSockets with 1001, and the process exits 0 within
 //! `shutdown_grace_ms` plus one second.
 
-pub mod worker;
+pub(crate) mod worker;
 
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
@@ -28,11 +28,11 @@ use crate::cli::{Cli, ServeArgs};
 use crate::config::Config;
 use crate::shard::mailbox::{Envelope, Mailboxes};
 
-use worker::Shared;
+use crate::node::Node;
 
 /// Errors that stop the server from starting.
 #[derive(Debug, thiserror::Error)]
-pub enum ServeError {
+pub(crate) enum ServeError {
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -63,7 +63,7 @@ fn init_tracing() {
 }
 
 /// Bind one SO_REUSEPORT listener.
-pub fn bind_listener(addr: SocketAddr) -> Result<TcpListener, ServeError> {
+pub(crate) fn bind_listener(addr: SocketAddr) -> Result<TcpListener, ServeError> {
     let make = || -> std::io::Result<TcpListener> {
         let socket = socket2::Socket::new(
             socket2::Domain::for_address(addr),
@@ -104,16 +104,6 @@ pub fn run_cli(cli: &Cli, args: &ServeArgs) -> anyhow::Result<()> {
     serve(config, tls, store, keys)
 }
 
-/// Run the server with an opened store until a signal stops it.
-pub fn run(
-    config: Config,
-    store: Box<dyn crate::store::Store>,
-    keys: Arc<KeyCache>,
-) -> anyhow::Result<()> {
-    let tls = load_tls(&config)?;
-    serve(config, tls, store, keys)
-}
-
 fn serve(
     config: Config,
     tls: Option<Arc<rustls::ServerConfig>>,
@@ -143,14 +133,13 @@ fn serve(
         )?),
         None => None,
     };
-    let shared = Arc::new(Shared {
+    let shared = Arc::new(Node {
         config,
         keys: keys.clone(),
         mailboxes: mailboxes.clone(),
         cluster: cluster.clone(),
         shutting_down: AtomicBool::new(false),
         db_ok: db_ok.clone(),
-        tls,
     });
 
     let stop_watcher = Arc::new(AtomicBool::new(false));
@@ -172,15 +161,22 @@ fn serve(
     let cores = core_affinity::get_core_ids().unwrap_or_default();
     let mut threads = Vec::with_capacity(workers);
     for (index, listener) in listeners.into_iter().enumerate() {
-        let shared = shared.clone();
         let Some(mailbox) = mailboxes.get(index) else {
             continue;
         };
-        let core = (!cores.is_empty()).then(|| cores[index % cores.len()]);
+        let setup = worker::WorkerSetup {
+            index,
+            node: shared.clone(),
+            listener,
+            mailbox,
+            tls: tls.clone(),
+            core: (!cores.is_empty()).then(|| cores[index % cores.len()]),
+            uring,
+        };
         let handle = std::thread::Builder::new()
             .name(format!("ringcast-w{index}"))
             .spawn(move || {
-                if let Err(e) = worker::run(index, shared, listener, mailbox, core, uring) {
+                if let Err(e) = worker::run(setup) {
                     tracing::error!(worker = index, error = %e, "worker stopped");
                 }
             })

@@ -1,25 +1,313 @@
-//! A worker's share of the fan-out: its mailbox ([`mailbox`], the only cross-core
-//! path), its subscription table ([`registry`]) and the drain loop that connects them.
+//! One core's share of the data plane: the [`Shard`] owns this worker's subscription
+//! table ([`registry`]), its WebSocket connections, its mailbox ([`mailbox`], the only
+//! cross-core path), admission (the open-connection bound) and its stop state
+//! ([`stop`]); [`interest`] publishes which channels it has subscribers for.
 //!
-//! Invariants: a broadcast is looked up once per worker and its one `Bytes` frame is
-//! handed to each local subscriber by reference count; nothing is allocated or copied
-//! per subscriber, and a full or slow subscriber never delays the others (its own
-//! bounded queue decides, see `ws::conn`).
+//! Invariants:
+//! - A broadcast is looked up once per worker and its one `Bytes` frame is handed to
+//!   each local subscriber by reference count; nothing is allocated or copied per
+//!   subscriber, and a full or slow subscriber never delays the others (its own bounded
+//!   queue decides, see `ws::conn`).
+//! - Registry transitions (first subscriber of a channel here, last one gone) are turned
+//!   into interest-filter and cluster updates in exactly one place: [`Shard::subscribe`]
+//!   and [`Shard::unsubscribe`].
+//! - Everything here is thread-local (`Rc`, `RefCell`, `Cell`): the type system keeps a
+//!   shard on its own core. Nothing here knows HTTP, keys' text, or the client protocol's
+//!   frames; the transport below (`ws`) knows no project.
 
-pub mod interest;
-pub mod mailbox;
-pub mod registry;
+pub(crate) mod interest;
+pub(crate) mod mailbox;
+pub(crate) mod registry;
+pub(crate) mod stop;
 
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use crate::server::worker::Worker;
-use crate::ws::conn::CLOSE_REVOKED;
+use crate::auth::KeyCache;
+use crate::close::Disconnect;
+use crate::ws::conn::WsConn;
+use crate::ws::frame::{self, Opcode};
 
-use mailbox::{Broadcast, Envelope};
-use registry::Registry;
+use interest::channel_hash;
+use mailbox::{Broadcast, Envelope, Mailbox};
+use registry::{Registry, Subscribed, Unsubscribed};
+use stop::StopSignal;
 
-/// Deliver one broadcast to this worker's subscribers of its channel. Returns how
-/// many connections took the frame.
+/// Told when this core gains its first subscriber of a channel or loses its last one
+/// (cluster mode: the node subscribes in Redis only to channels someone here wants).
+/// Called on a worker, at most once per transition, never on the fan-out path: it must
+/// not block.
+pub(crate) trait InterestSink: Send + Sync {
+    fn interest(&self, project: u32, channel: &str, on: bool);
+}
+
+/// A registered WebSocket and what the shard must know of it beyond the transport.
+struct Member {
+    conn: Rc<WsConn>,
+    /// Id of the key it was opened with: revocation closes it.
+    key_id: Box<str>,
+}
+
+/// What a shard needs from the node at start.
+pub(crate) struct ShardSetup {
+    pub index: usize,
+    pub keys: Arc<KeyCache>,
+    pub mailbox: Arc<Mailbox>,
+    pub sink: Option<Arc<dyn InterestSink>>,
+    /// Open connections (HTTP and WebSocket) this worker accepts at once.
+    pub max_connections: usize,
+}
+
+/// One worker's data-plane state.
+pub(crate) struct Shard {
+    index: usize,
+    keys: Arc<KeyCache>,
+    mailbox: Arc<Mailbox>,
+    sink: Option<Arc<dyn InterestSink>>,
+    registry: RefCell<Registry>,
+    members: RefCell<HashMap<u64, Member>>,
+    max_connections: usize,
+    open: Cell<usize>,
+    next_conn: Cell<u64>,
+    started: Instant,
+    stop: StopSignal,
+}
+
+/// One admitted connection; the shard's open count drops when it does.
+pub(crate) struct ConnGuard(Rc<Shard>);
+
+impl Drop for ConnGuard {
+    fn drop(&mut self) {
+        self.0.open.set(self.0.open.get().saturating_sub(1));
+    }
+}
+
+/// One of a project's WebSocket connections on this node; released on drop.
+pub(crate) struct ProjectSlot(Arc<AtomicUsize>);
+
+impl ProjectSlot {
+    /// Take a slot unless the project is at `limit` (0 = unlimited).
+    pub(crate) fn take(counter: &Arc<AtomicUsize>, limit: usize) -> Option<Self> {
+        let prev = counter.fetch_add(1, Ordering::AcqRel);
+        if limit > 0 && prev >= limit {
+            counter.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(ProjectSlot(counter.clone()))
+    }
+}
+
+impl Drop for ProjectSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Shard {
+    pub(crate) fn new(setup: ShardSetup) -> Shard {
+        Shard {
+            index: setup.index,
+            keys: setup.keys,
+            mailbox: setup.mailbox,
+            sink: setup.sink,
+            registry: RefCell::new(Registry::new()),
+            members: RefCell::new(HashMap::new()),
+            max_connections: setup.max_connections,
+            open: Cell::new(0),
+            next_conn: Cell::new(0),
+            started: Instant::now(),
+            stop: StopSignal::default(),
+        }
+    }
+
+    pub(crate) fn index(&self) -> usize {
+        self.index
+    }
+
+    /// Coarse worker clock in seconds (heartbeat bookkeeping).
+    pub(crate) fn clock(&self) -> u32 {
+        self.started.elapsed().as_secs() as u32
+    }
+
+    /// Count a new connection, or `None` when the worker is at its limit.
+    pub(crate) fn admit(self: &Rc<Self>) -> Option<ConnGuard> {
+        if self.open.get() >= self.max_connections {
+            return None;
+        }
+        self.open.set(self.open.get() + 1);
+        Some(ConnGuard(self.clone()))
+    }
+
+    pub(crate) fn next_conn_id(&self) -> u64 {
+        let id = self.next_conn.get() + 1;
+        self.next_conn.set(id);
+        id
+    }
+
+    /// Make a WebSocket known to the shard (revocation, heartbeat, shutdown reach it).
+    pub(crate) fn register(&self, conn: Rc<WsConn>, key_id: Box<str>) {
+        if self.stop.is_set() {
+            conn.close(Disconnect::SHUTDOWN);
+        }
+        self.members
+            .borrow_mut()
+            .insert(conn.id, Member { conn, key_id });
+    }
+
+    /// Forget a WebSocket whose connection ended.
+    pub(crate) fn remove(&self, conn_id: u64) {
+        self.members.borrow_mut().remove(&conn_id);
+    }
+
+    /// Registered WebSockets.
+    pub(crate) fn websockets(&self) -> usize {
+        self.members.borrow().len()
+    }
+
+    /// Subscribe `conn` to a project's channel, mirroring a first subscriber into the
+    /// interest filter and the cluster.
+    pub(crate) fn subscribe(&self, project: u32, channel: &str, conn: &Rc<WsConn>) -> Subscribed {
+        let t = self.registry.borrow_mut().subscribe(project, channel, conn);
+        if t == Subscribed::First {
+            self.mailbox.interest.add(channel_hash(project, channel));
+            if let Some(sink) = &self.sink {
+                sink.interest(project, channel, true);
+            }
+        }
+        t
+    }
+
+    /// Unsubscribe, mirroring a last subscriber gone into the interest filter and the
+    /// cluster.
+    pub(crate) fn unsubscribe(&self, project: u32, channel: &str, conn_id: u64) -> Unsubscribed {
+        let t = self
+            .registry
+            .borrow_mut()
+            .unsubscribe(project, channel, conn_id);
+        if t == Unsubscribed::Last {
+            self.mailbox.interest.remove(channel_hash(project, channel));
+            if let Some(sink) = &self.sink {
+                sink.interest(project, channel, false);
+            }
+        }
+        t
+    }
+
+    /// Local subscribers of a channel.
+    #[cfg(test)]
+    pub(crate) fn subscriber_count(&self, project: u32, channel: &str) -> usize {
+        self.registry
+            .borrow()
+            .subscribers(project, channel)
+            .map_or(0, |s| s.len())
+    }
+
+    /// Whether anything waits in this shard's mailbox. Cheap: two atomic loads.
+    pub(crate) fn has_mail(&self) -> bool {
+        self.mailbox.has_mail()
+    }
+
+    /// Take and handle everything in the mailbox now; returns how many envelopes.
+    ///
+    /// Called by [`Shard::run_mailbox`], and also by busy connection tasks: monoio
+    /// handles wake-ups from other threads only when its local run queue empties, so a
+    /// worker kept busy by its own HTTP traffic would otherwise leave its mailbox (fed
+    /// by the other cores) undrained until it fills. Draining there is safe: fan-out is
+    /// synchronous and never awaits.
+    pub(crate) fn drain(&self) -> usize {
+        let mut n = 0;
+        while let Some(envelope) = self.mailbox.try_recv() {
+            n += 1;
+            match envelope {
+                Envelope::Broadcast(msg) => {
+                    fan_out(&self.registry.borrow(), &msg);
+                }
+                Envelope::KeysChanged => self.enforce_revocations(),
+                Envelope::Shutdown => self.begin_shutdown(),
+            }
+        }
+        n
+    }
+
+    /// The drain loop: wake on the doorbell, drain the whole mailbox, repeat.
+    pub(crate) async fn run_mailbox(self: Rc<Self>) {
+        let mailbox = self.mailbox.clone();
+        loop {
+            mailbox.ready().await;
+            self.drain();
+        }
+    }
+
+    /// Close every local connection whose key is no longer active.
+    pub(crate) fn enforce_revocations(&self) {
+        let snapshot = self.keys.load();
+        let revoked: Vec<_> = self
+            .members
+            .borrow()
+            .values()
+            .filter(|m| m.conn.is_open() && !snapshot.is_active(&m.key_id))
+            .map(|m| m.conn.clone())
+            .collect();
+        for conn in revoked {
+            conn.close(Disconnect::KEY_REVOKED);
+        }
+    }
+
+    /// One heartbeat tick: ping connections quiet for a period, close those silent for
+    /// three. One pass per worker per period (not a timer per connection) keeps idle
+    /// connections small.
+    pub(crate) fn heartbeat(&self, period: Duration) {
+        let period = period.as_secs().max(1);
+        let now = self.clock();
+        let conns: Vec<_> = self
+            .members
+            .borrow()
+            .values()
+            .map(|m| m.conn.clone())
+            .collect();
+        let ping = frame::frame(Opcode::Ping, &[]);
+        for conn in conns {
+            let silent = u64::from(now.saturating_sub(conn.last_seen()));
+            if silent >= 3 * period {
+                conn.close(Disconnect::HEARTBEAT_TIMEOUT);
+            } else if silent >= period {
+                conn.send(ping.clone());
+            }
+        }
+    }
+
+    pub(crate) fn is_stopping(&self) -> bool {
+        self.stop.is_set()
+    }
+
+    /// Stop accepting and close every WebSocket with 1001 after what is queued.
+    pub(crate) fn begin_shutdown(&self) {
+        if !self.stop.set() {
+            return;
+        }
+        let conns: Vec<_> = self
+            .members
+            .borrow()
+            .values()
+            .map(|m| m.conn.clone())
+            .collect();
+        for conn in conns {
+            conn.close(Disconnect::SHUTDOWN);
+        }
+    }
+
+    /// Resolves once shutdown began.
+    pub(crate) async fn stopped(&self) {
+        self.stop.wait().await
+    }
+}
+
+/// Deliver one broadcast to a registry's subscribers of its channel. Returns how many
+/// connections took the frame.
 pub fn fan_out(registry: &Registry, msg: &Broadcast) -> usize {
     let Some(subs) = registry.subscribers(msg.project, &msg.channel) else {
         return 0;
@@ -33,44 +321,85 @@ pub fn fan_out(registry: &Registry, msg: &Broadcast) -> usize {
     delivered
 }
 
-/// Close every local connection whose key is no longer active.
-pub fn enforce_revocations(worker: &Worker) {
-    let snapshot = worker.shared.keys.load();
-    let conns: Vec<_> = worker.conns.borrow().values().cloned().collect();
-    for conn in conns {
-        if conn.is_open() && !snapshot.is_active(&conn.meta.key_id) {
-            conn.close(CLOSE_REVOKED, "key revoked");
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::shard::mailbox::Mailboxes;
+
+    /// A shard on its own, with a mailbox and an optional recording interest sink.
+    pub(crate) fn shard(sink: Option<Arc<dyn InterestSink>>) -> (Rc<Shard>, Mailboxes) {
+        let mailboxes = Mailboxes::new(1, 16);
+        let shard = Shard::new(ShardSetup {
+            index: 0,
+            keys: KeyCache::new(),
+            mailbox: mailboxes.get(0).expect("one mailbox"),
+            sink,
+            max_connections: 2,
+        });
+        (Rc::new(shard), mailboxes)
+    }
+
+    #[derive(Default)]
+    pub(crate) struct Recorder(pub std::sync::Mutex<Vec<(u32, String, bool)>>);
+    impl InterestSink for Recorder {
+        fn interest(&self, project: u32, channel: &str, on: bool) {
+            self.0
+                .lock()
+                .unwrap()
+                .push((project, channel.to_string(), on));
         }
     }
-}
 
-/// Take and handle everything in the worker's mailbox now; returns how many envelopes.
-///
-/// Called by the drain loop below, and also by busy connection tasks: monoio handles
-/// wake-ups from other threads only when its local run queue empties, so a worker kept
-/// busy by its own HTTP traffic would otherwise leave its mailbox (fed by the other
-/// cores) undrained until it fills. Draining here is safe: fan-out is synchronous and
-/// never awaits.
-pub fn drain(worker: &Worker) -> usize {
-    let mut n = 0;
-    while let Some(envelope) = worker.mailbox.try_recv() {
-        n += 1;
-        match envelope {
-            Envelope::Broadcast(msg) => {
-                fan_out(&worker.registry.borrow(), &msg);
-            }
-            Envelope::KeysChanged => enforce_revocations(worker),
-            Envelope::Shutdown => worker.begin_shutdown(),
-        }
+    #[test]
+    fn transitions_reach_the_filter_and_the_sink_once() {
+        let rec = Arc::new(Recorder::default());
+        let (shard, mailboxes) = shard(Some(rec.clone()));
+        let a = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
+        let b = Rc::new(WsConn::new(2, -1, 1 << 20, 0));
+        let h = channel_hash(3, "news");
+        assert_eq!(shard.subscribe(3, "news", &a), Subscribed::First);
+        assert_eq!(shard.subscribe(3, "news", &b), Subscribed::Added);
+        assert!(mailboxes.get(0).unwrap().interest.may_want(h));
+        assert_eq!(shard.unsubscribe(3, "news", 1), Unsubscribed::Removed);
+        assert_eq!(shard.unsubscribe(3, "news", 2), Unsubscribed::Last);
+        assert!(!mailboxes.get(0).unwrap().interest.may_want(h));
+        let log = rec.0.lock().unwrap().clone();
+        assert_eq!(
+            log,
+            vec![
+                (3, "news".to_string(), true),
+                (3, "news".to_string(), false)
+            ]
+        );
     }
-    n
-}
 
-/// The drain loop: wake on the doorbell, drain the whole mailbox, repeat.
-pub async fn run_mailbox(worker: Rc<Worker>) {
-    let mailbox = worker.mailbox.clone();
-    loop {
-        mailbox.ready().await;
-        drain(&worker);
+    #[test]
+    fn drain_delivers_one_shared_frame_to_each_subscriber() {
+        let (shard, mailboxes) = shard(None);
+        let a = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
+        let b = Rc::new(WsConn::new(2, -1, 1 << 20, 0));
+        shard.subscribe(3, "news", &a);
+        shard.subscribe(3, "news", &b);
+        let frame = bytes::Bytes::from_static(b"\x81\x02{}");
+        let msg = Arc::new(Broadcast {
+            project: 3,
+            channel: "news".into(),
+            frame: frame.clone(),
+        });
+        assert!(mailboxes.broadcast(msg));
+        assert_eq!(shard.drain(), 1);
+        assert_eq!(a.queued_bytes(), b.queued_bytes());
+        assert!(a.queued_bytes() > frame.len());
+        assert_eq!(shard.drain(), 0);
+    }
+
+    #[test]
+    fn admission_is_bounded_and_released() {
+        let (shard, _m) = shard(None);
+        let g1 = shard.admit().expect("first");
+        let _g2 = shard.admit().expect("second");
+        assert!(shard.admit().is_none());
+        drop(g1);
+        assert!(shard.admit().is_some());
     }
 }

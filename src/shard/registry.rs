@@ -6,64 +6,86 @@
 //! 10k subscribers leaving a channel cost 10k constant steps, not 10k scans. Empty
 //! channels and projects are removed so the table only holds what is subscribed.
 //! Channel matching is exact byte equality: `news`, `News` and `news ` differ.
+//!
+//! Every change reports its transition (first subscriber of a channel on this core,
+//! last one gone, nothing changed), so that the one caller that mirrors the table into
+//! the interest filter and the cluster bridge (`Shard`) never has to work it out again.
 
 use std::collections::HashMap;
 use std::rc::Rc;
-use std::sync::Arc;
 
 use indexmap::IndexMap;
 
-use super::interest::{channel_hash, InterestFilter};
 use crate::ws::conn::WsConn;
 
-pub type Subscribers = IndexMap<u64, Rc<WsConn>>;
+pub(crate) type Subscribers = IndexMap<u64, Rc<WsConn>>;
+
+/// What a subscribe changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Subscribed {
+    /// The channel had no subscriber on this core before.
+    First,
+    /// Added beside other local subscribers.
+    Added,
+    /// The connection was already subscribed; nothing changed.
+    Already,
+}
+
+/// What an unsubscribe changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unsubscribed {
+    /// The channel has no subscriber left on this core.
+    Last,
+    /// Removed; others remain.
+    Removed,
+    /// The connection was not subscribed; nothing changed.
+    NotSubscribed,
+}
 
 #[derive(Default)]
 pub struct Registry {
     projects: HashMap<u32, HashMap<Box<str>, Subscribers>>,
-    /// Published to other cores: which channels have local subscribers.
-    interest: Arc<InterestFilter>,
 }
 
 impl Registry {
-    /// A registry whose channel set is mirrored into `interest`.
-    pub fn new(interest: Arc<InterestFilter>) -> Registry {
-        Registry {
-            projects: HashMap::new(),
-            interest,
-        }
+    pub fn new() -> Registry {
+        Registry::default()
     }
 
-    /// Add `conn` to a channel. Returns `false` when it was already subscribed.
-    pub fn subscribe(&mut self, project: u32, channel: &str, conn: &Rc<WsConn>) -> bool {
+    /// Add `conn` to a channel.
+    pub fn subscribe(&mut self, project: u32, channel: &str, conn: &Rc<WsConn>) -> Subscribed {
         let channels = self.projects.entry(project).or_default();
-        let subs = match channels.get_mut(channel) {
-            Some(s) => s,
-            None => {
-                self.interest.add(channel_hash(project, channel));
-                channels.entry(channel.into()).or_default()
-            }
-        };
-        subs.insert(conn.id, conn.clone()).is_none()
+        if let Some(subs) = channels.get_mut(channel) {
+            return match subs.insert(conn.id, conn.clone()) {
+                None => Subscribed::Added,
+                Some(_) => Subscribed::Already,
+            };
+        }
+        let mut subs = Subscribers::default();
+        subs.insert(conn.id, conn.clone());
+        channels.insert(channel.into(), subs);
+        Subscribed::First
     }
 
-    /// Remove a connection from a channel. Returns whether it was subscribed.
-    pub fn unsubscribe(&mut self, project: u32, channel: &str, conn_id: u64) -> bool {
+    /// Remove a connection from a channel.
+    pub fn unsubscribe(&mut self, project: u32, channel: &str, conn_id: u64) -> Unsubscribed {
         let Some(channels) = self.projects.get_mut(&project) else {
-            return false;
+            return Unsubscribed::NotSubscribed;
         };
         let Some(subs) = channels.get_mut(channel) else {
-            return false;
+            return Unsubscribed::NotSubscribed;
         };
-        let removed = subs.swap_remove(&conn_id).is_some();
-        if subs.is_empty() {
-            channels.remove(channel);
-            self.interest.remove(channel_hash(project, channel));
-            if channels.is_empty() {
-                self.projects.remove(&project);
-            }
+        if subs.swap_remove(&conn_id).is_none() {
+            return Unsubscribed::NotSubscribed;
         }
-        removed
+        if !subs.is_empty() {
+            return Unsubscribed::Removed;
+        }
+        channels.remove(channel);
+        if channels.is_empty() {
+            self.projects.remove(&project);
+        }
+        Unsubscribed::Last
     }
 
     pub fn subscribers(&self, project: u32, channel: &str) -> Option<&Subscribers> {
@@ -73,5 +95,32 @@ impl Registry {
     /// Number of (project, channel) pairs with at least one subscriber.
     pub fn channel_count(&self) -> usize {
         self.projects.values().map(HashMap::len).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conn(id: u64) -> Rc<WsConn> {
+        Rc::new(WsConn::new(id, -1, 1 << 20, 0))
+    }
+
+    #[test]
+    fn transitions_are_reported() {
+        let mut r = Registry::new();
+        let (a, b) = (conn(1), conn(2));
+        assert_eq!(r.subscribe(7, "news", &a), Subscribed::First);
+        assert_eq!(r.subscribe(7, "news", &a), Subscribed::Already);
+        assert_eq!(r.subscribe(7, "news", &b), Subscribed::Added);
+        // Another project's channel of the same name is another channel.
+        assert_eq!(r.subscribe(8, "news", &b), Subscribed::First);
+        assert_eq!(r.channel_count(), 2);
+        assert_eq!(r.unsubscribe(7, "news", 1), Unsubscribed::Removed);
+        assert_eq!(r.unsubscribe(7, "news", 1), Unsubscribed::NotSubscribed);
+        assert_eq!(r.unsubscribe(7, "news", 2), Unsubscribed::Last);
+        assert_eq!(r.unsubscribe(7, "other", 2), Unsubscribed::NotSubscribed);
+        assert!(r.subscribers(7, "news").is_none());
+        assert_eq!(r.channel_count(), 1);
     }
 }

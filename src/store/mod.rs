@@ -11,19 +11,19 @@
 //! - Revocation is permanent: a revoked key never becomes active again.
 //! - Nothing here runs on a worker thread: store calls may block on I/O and locks.
 
-pub mod redis;
+pub(crate) mod redis;
 mod sqlite;
 
-pub use self::redis::RedisStore;
-pub use sqlite::SqliteStore;
+pub(crate) use self::redis::RedisStore;
+pub(crate) use sqlite::SqliteStore;
 
 use std::path::{Path, PathBuf};
 
-use crate::auth::key::{KeyHash, KeyKind};
+use crate::apikey::{KeyHash, KeyKind};
 use crate::quota::RateLimit;
 
 /// Longest project name, in characters (same bound as channel names).
-pub const MAX_PROJECT_NAME_CHARS: usize = 100;
+pub(crate) const MAX_PROJECT_NAME_CHARS: usize = 100;
 
 /// A project as stored.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,7 +49,7 @@ impl KeyRecord {
     /// A new random key for a project and the record that stores it (hash and prefix
     /// only). Every store mints keys here, so they all look and hash the same.
     pub fn mint(project_id: &str, kind: KeyKind) -> (KeyRecord, String) {
-        use crate::auth::key::{generate_id, generate_key, hash_key, key_prefix};
+        use crate::apikey::{generate_id, generate_key, hash_key, key_prefix};
         let key = generate_key(kind);
         let record = KeyRecord {
             id: generate_id("key_"),
@@ -73,7 +73,7 @@ pub struct StoreContents {
 
 /// Why a store operation failed. `NotFound` and `Invalid` carry a sentence for the user.
 #[derive(Debug, thiserror::Error)]
-pub enum StoreError {
+pub(crate) enum StoreError {
     #[error("{0}")]
     NotFound(String),
     #[error("{0}")]
@@ -98,7 +98,7 @@ pub enum StoreError {
 
 /// Projects and keys, wherever they live. Methods take `&mut self` because a store is a
 /// connection: one per thread (admin command, watcher), never shared.
-pub trait Store: Send {
+pub(crate) trait Store: Send {
     /// A new project with one secret and one public key. Returns the project, then the
     /// full secret key, then the full public key (shown once, never stored).
     fn create_project(
@@ -137,16 +137,16 @@ pub trait Store: Send {
     /// A value that differs whenever any process committed a change since the last call.
     fn change_token(&mut self) -> Result<u64, StoreError>;
 
-    /// A cheap query proving the store answers (health check).
-    fn ping(&mut self) -> Result<(), StoreError>;
-
     /// True when there are no projects at all (`serve --dev`).
     fn is_empty(&mut self) -> Result<bool, StoreError>;
 }
 
 /// Open the store the command line points at: SQLite in `data_dir`, or Redis at `redis`
 /// in cluster mode (the data directory is then not used for keys).
-pub fn open_store(data_dir: &Path, redis: Option<&str>) -> Result<Box<dyn Store>, StoreError> {
+pub(crate) fn open_store(
+    data_dir: &Path,
+    redis: Option<&str>,
+) -> Result<Box<dyn Store>, StoreError> {
     match redis {
         Some(url) => Ok(Box::new(RedisStore::open(url)?)),
         None => Ok(Box::new(SqliteStore::open(data_dir)?)),
@@ -155,7 +155,7 @@ pub fn open_store(data_dir: &Path, redis: Option<&str>) -> Result<Box<dyn Store>
 
 /// Check a project name: non-empty after trimming, at most [`MAX_PROJECT_NAME_CHARS`]
 /// characters, no control characters (it is printed in terminals and JSON).
-pub fn validate_project_name(name: &str) -> Result<(), StoreError> {
+pub(crate) fn validate_project_name(name: &str) -> Result<(), StoreError> {
     if name.trim().is_empty() {
         return Err(StoreError::Invalid("project name must not be empty".into()));
     }

@@ -27,15 +27,15 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::{validate_project_name, KeyRecord, ProjectRecord, Store, StoreContents, StoreError};
-use crate::auth::key::{generate_id, hash_key, key_prefix, KeyHash, KeyKind};
+use crate::apikey::{generate_id, hash_key, key_prefix, KeyHash, KeyKind};
 use crate::quota::RateLimit;
 
 /// Namespace of every Redis key ringcast writes.
-pub const PREFIX: &str = "ringcast:";
+pub(crate) const PREFIX: &str = "ringcast:";
 
 /// Longest wait for a connect, a read or a write. A control-plane call that takes longer
 /// is treated as Redis being unavailable (health goes degraded, the last snapshot stays).
-pub const IO_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const IO_TIMEOUT: Duration = Duration::from_secs(2);
 
 #[derive(Serialize, Deserialize)]
 struct StoredProject {
@@ -58,7 +58,7 @@ fn k(name: &str) -> String {
 }
 
 /// A connection to the Redis store. One per thread; reconnects lazily after an error.
-pub struct RedisStore {
+pub(crate) struct RedisStore {
     client: redis::Client,
     conn: Option<redis::Connection>,
 }
@@ -71,7 +71,7 @@ impl From<redis::RedisError> for StoreError {
 
 impl RedisStore {
     /// Parse `url` and connect once, so a wrong URL or an unreachable Redis fails now.
-    pub fn open(url: &str) -> Result<RedisStore, StoreError> {
+    pub(crate) fn open(url: &str) -> Result<RedisStore, StoreError> {
         let client = redis::Client::open(url)
             .map_err(|e| StoreError::Invalid(format!("invalid Redis URL: {e}")))?;
         let mut store = RedisStore { client, conn: None };
@@ -361,10 +361,6 @@ impl Store for RedisStore {
     fn change_token(&mut self) -> Result<u64, StoreError> {
         let version: Option<u64> = self.with(|c| redis::cmd("GET").arg(k("version")).query(c))?;
         Ok(version.unwrap_or(0))
-    }
-
-    fn ping(&mut self) -> Result<(), StoreError> {
-        self.with(|c| redis::cmd("PING").query::<()>(c))
     }
 
     fn is_empty(&mut self) -> Result<bool, StoreError> {

@@ -16,17 +16,17 @@
 //!
 //! Never stores a full key: only its SHA-256 and display prefix.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 
 use super::{validate_project_name, KeyRecord, ProjectRecord, Store, StoreContents, StoreError};
-use crate::auth::key::{generate_id, hash_key, key_prefix, KeyHash, KeyKind};
+use crate::apikey::{generate_id, hash_key, key_prefix, KeyHash, KeyKind};
 use crate::quota::RateLimit;
 
 /// File name of the database inside the data directory.
-pub const DB_FILE: &str = "ringcast.db";
+pub(super) const DB_FILE: &str = "ringcast.db";
 
 /// How long a writer waits for another process's write lock before giving up. Admin
 /// writes are tiny, so a few seconds only expires when something is truly stuck.
@@ -62,14 +62,13 @@ const MIGRATIONS: &[&str] = &[
 ];
 
 /// A connection to the SQLite store. One per thread; not shared.
-pub struct SqliteStore {
+pub(crate) struct SqliteStore {
     conn: Connection,
-    path: PathBuf,
 }
 
 impl SqliteStore {
     /// Open (creating if needed) `data_dir/ringcast.db` and bring its schema up to date.
-    pub fn open(data_dir: &Path) -> Result<SqliteStore, StoreError> {
+    pub(crate) fn open(data_dir: &Path) -> Result<SqliteStore, StoreError> {
         std::fs::create_dir_all(data_dir).map_err(|source| StoreError::Io {
             path: data_dir.to_path_buf(),
             source,
@@ -100,12 +99,7 @@ impl SqliteStore {
         }
         conn.pragma_update(None, "foreign_keys", true)?;
         migrate(&mut conn)?;
-        Ok(SqliteStore { conn, path })
-    }
-
-    /// The database file.
-    pub fn path(&self) -> &Path {
-        &self.path
+        Ok(SqliteStore { conn })
     }
 
     /// Run `f` in an immediate write transaction that also bumps the change counter.
@@ -381,16 +375,6 @@ impl Store for SqliteStore {
         Ok(((data_version as u64) << 32) ^ (counter as u64))
     }
 
-    fn ping(&mut self) -> Result<(), StoreError> {
-        // Reads a real table, so a missing or unreadable file fails (`SELECT 1` would not).
-        self.conn.query_row(
-            "SELECT value FROM meta WHERE name = 'change_counter'",
-            [],
-            |_| Ok(()),
-        )?;
-        Ok(())
-    }
-
     fn is_empty(&mut self) -> Result<bool, StoreError> {
         Ok(self
             .conn
@@ -413,7 +397,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut store = SqliteStore::open(dir.path()).unwrap();
         assert!(store.is_empty().unwrap());
-        store.ping().unwrap();
+        store.change_token().unwrap();
 
         let (project, secret, public) = store.create_project("orders", rl("50/s")).unwrap();
         assert!(project.id.starts_with("prj_"));
@@ -490,11 +474,11 @@ mod tests {
         assert!(nf(store.list_keys("prj_nope").map(|_| ())));
         assert!(nf(store.revoke_key("key_nope").map(|_| ())));
         assert!(nf(store
-            .revoke_key(&crate::auth::key::generate_key(KeyKind::Secret))
+            .revoke_key(&crate::apikey::generate_key(KeyKind::Secret))
             .map(|_| ())));
         assert!(nf(store.revoke_key("").map(|_| ())));
         let err = store
-            .revoke_key(&crate::auth::key::generate_key(KeyKind::Public))
+            .revoke_key(&crate::apikey::generate_key(KeyKind::Public))
             .unwrap_err();
         assert!(err.to_string().contains('…'), "full key echoed: {err}");
     }

@@ -33,15 +33,17 @@ use monoio::io::{AsyncReadRent, AsyncWriteRent, OwnedWriteHalf};
 use monoio::net::TcpStream;
 use monoio::BufResult;
 
-use super::frame::{self, decode_frame, CloseReason, Opcode};
+use super::frame::{self, decode_frame, Opcode};
 use super::message::{Assembler, Incoming};
+use crate::close::code::SLOW_CONSUMER;
+use crate::close::Disconnect;
 
 /// How long a closing connection may take to finish its close handshake.
-pub const CLOSE_GRACE: Duration = Duration::from_secs(2);
+pub(crate) const CLOSE_GRACE: Duration = Duration::from_secs(2);
 /// A slow consumer may still be reading its old frames: its 4008 close frame waits
 /// behind them, so it gets longer before the socket is cut (its backlog is already
 /// freed; only the kernel's bounded socket buffer remains).
-pub const SLOW_CLOSE_GRACE: Duration = Duration::from_secs(10);
+pub(crate) const SLOW_CLOSE_GRACE: Duration = Duration::from_secs(10);
 /// Read size while idle: client-to-server traffic is small control JSON, and the
 /// buffer stays parked in the pending read of every idle connection.
 const IDLE_READ: usize = 128;
@@ -54,13 +56,6 @@ const QUEUE_SLOT_COST: usize = 64;
 /// Most frames handed to one `writev`.
 const MAX_BATCH: usize = 64;
 
-/// Close code: the connection's key was revoked.
-pub const CLOSE_REVOKED: u16 = 4001;
-/// Close code: the send backlog exceeded its bound.
-pub const CLOSE_SLOW: u16 = 4008;
-/// Close code: the client stayed silent past the heartbeat timeout.
-pub const CLOSE_HEARTBEAT: u16 = 4009;
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     Open,
@@ -70,19 +65,9 @@ enum State {
     Done,
 }
 
-/// Identity of the connection for the protocol layer.
-#[derive(Debug, Clone)]
-pub struct ConnMeta {
-    /// Dense project index (namespaces channels).
-    pub project: u32,
-    /// Id of the key the connection authenticated with (for revocation).
-    pub key_id: Box<str>,
-}
-
 /// State shared by a connection's reader, writer and the worker's fan-out.
 pub struct WsConn {
     pub id: u64,
-    pub meta: ConnMeta,
     fd: RawFd,
     fd_open: Cell<bool>,
     backlog_limit: usize,
@@ -99,10 +84,9 @@ pub struct WsConn {
 }
 
 impl WsConn {
-    pub fn new(id: u64, meta: ConnMeta, fd: RawFd, backlog_limit: usize, now_s: u32) -> WsConn {
+    pub fn new(id: u64, fd: RawFd, backlog_limit: usize, now_s: u32) -> WsConn {
         WsConn {
             id,
-            meta,
             fd,
             fd_open: Cell::new(true),
             backlog_limit,
@@ -139,12 +123,12 @@ impl WsConn {
         self.queued_bytes.get()
     }
 
-    /// Drop every queued frame (benches drive the fan-out without a socket).
-    #[doc(hidden)]
-    pub fn discard_queued(&self) -> usize {
-        let n = self.queue.borrow_mut().drain(..).count();
+    /// Take every queued frame without a writer (unit tests and benches drive the
+    /// protocol and the fan-out without a socket).
+    #[cfg(any(test, feature = "bench"))]
+    pub fn take_queued(&self) -> Vec<Bytes> {
         self.queued_bytes.set(0);
-        n
+        self.queue.borrow_mut().drain(..).collect()
     }
 
     /// Queue a frame. Returns `false` when the connection is closing or was just
@@ -155,7 +139,7 @@ impl WsConn {
         }
         let total = self.queued_bytes.get() + frame.len() + QUEUE_SLOT_COST;
         if total > self.backlog_limit {
-            self.close(CLOSE_SLOW, "slow consumer: send backlog exceeded");
+            self.close(Disconnect::SLOW_CONSUMER);
             return false;
         }
         let mut q = self.queue.borrow_mut();
@@ -174,26 +158,27 @@ impl WsConn {
         true
     }
 
-    /// Start a server-side close with `code`. The backlog is dropped for a slow
-    /// consumer (it is what made it slow); otherwise queued frames go out first.
-    pub fn close(self: &Rc<Self>, code: u16, reason: &str) {
+    /// Start a server-side close. The backlog is dropped for a slow consumer (it is what
+    /// made it slow); otherwise queued frames go out first.
+    pub fn close(self: &Rc<Self>, why: Disconnect) {
+        let code = why.code;
         if self.state.get() != State::Open {
             return;
         }
         let mut q = self.queue.borrow_mut();
-        if code == CLOSE_SLOW {
+        if code == SLOW_CONSUMER {
             q.clear();
             // Release the queue's memory at once: a slow consumer's backlog may be large.
             q.shrink_to_fit();
             self.queued_bytes.set(0);
         }
-        q.push_back(frame::close_frame(code, reason));
+        q.push_back(frame::close_frame(code, why.reason));
         drop(q);
         self.close_code.set(code);
         self.state.set(State::Closing);
         self.wake_writer();
         let conn = self.clone();
-        let grace = if code == CLOSE_SLOW {
+        let grace = if code == SLOW_CONSUMER {
             SLOW_CLOSE_GRACE
         } else {
             CLOSE_GRACE
@@ -435,7 +420,7 @@ pub trait Session {
         conn: &Rc<WsConn>,
         opcode: Opcode,
         payload: &mut [u8],
-    ) -> Result<(), CloseReason>;
+    ) -> Result<(), Disconnect>;
 
     /// The connection is over (called once, after the socket is shut down).
     fn on_end(&mut self, conn: &Rc<WsConn>);
@@ -526,7 +511,7 @@ fn process<S: Session>(
             Ok(Some(v)) => v,
             Ok(None) => break,
             Err(reason) => {
-                conn.close(reason.code, reason.reason);
+                conn.close(reason);
                 keep_reading = false;
                 off = buf.len();
                 break;
@@ -538,7 +523,7 @@ fn process<S: Session>(
         let incoming = match asm.push(view.opcode, view.fin, payload, limits.max_message) {
             Ok(i) => i,
             Err(reason) => {
-                conn.close(reason.code, reason.reason);
+                conn.close(reason);
                 keep_reading = false;
                 off = buf.len();
                 break;
@@ -552,7 +537,7 @@ fn process<S: Session>(
             }
             Incoming::Pong => Ok(()),
             Incoming::Close(code) => {
-                conn.close(code, "");
+                conn.close(Disconnect::echo(code));
                 keep_reading = false;
                 off = buf.len();
                 break;
@@ -567,7 +552,7 @@ fn process<S: Session>(
         };
         asm.release();
         if let Err(reason) = outcome {
-            conn.close(reason.code, reason.reason);
+            conn.close(reason);
             keep_reading = false;
             off = buf.len();
             break;

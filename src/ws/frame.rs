@@ -18,6 +18,8 @@ use bytes::Bytes;
 use tungstenite::protocol::frame::coding::{Control, Data, OpCode};
 use tungstenite::protocol::frame::FrameHeader;
 
+use crate::close::Disconnect;
+
 /// Frame opcodes ringcast sends or accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Opcode {
@@ -46,26 +48,6 @@ impl Opcode {
     }
 }
 
-/// Why a connection must be closed, as a close code and a reason.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CloseReason {
-    pub code: u16,
-    pub reason: &'static str,
-}
-
-impl CloseReason {
-    pub const fn new(code: u16, reason: &'static str) -> CloseReason {
-        CloseReason { code, reason }
-    }
-}
-
-pub const PROTOCOL_ERROR: u16 = 1002;
-pub const UNSUPPORTED_DATA: u16 = 1003;
-pub const INVALID_PAYLOAD: u16 = 1007;
-pub const TOO_BIG: u16 = 1009;
-pub const GOING_AWAY: u16 = 1001;
-pub const NORMAL: u16 = 1000;
-
 /// One decoded client frame; `payload` indexes the (now unmasked) buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FrameView {
@@ -77,16 +59,16 @@ pub struct FrameView {
 }
 
 /// Decode the frame at the start of `buf`, unmasking its payload in place.
-pub fn decode_frame(buf: &mut [u8], max_payload: usize) -> Result<Option<FrameView>, CloseReason> {
+pub fn decode_frame(buf: &mut [u8], max_payload: usize) -> Result<Option<FrameView>, Disconnect> {
     let mut cursor = Cursor::new(&*buf);
     let (header, len) = match FrameHeader::parse(&mut cursor) {
         Ok(Some(h)) => h,
         Ok(None) => return Ok(None),
-        Err(_) => return Err(CloseReason::new(PROTOCOL_ERROR, "malformed frame header")),
+        Err(_) => return Err(Disconnect::MALFORMED_HEADER),
     };
     let header_len = cursor.position() as usize;
     if header.rsv1 || header.rsv2 || header.rsv3 {
-        return Err(CloseReason::new(PROTOCOL_ERROR, "reserved bits set"));
+        return Err(Disconnect::RESERVED_BITS);
     }
     let opcode = match header.opcode {
         OpCode::Data(Data::Continue) => Opcode::Continuation,
@@ -95,19 +77,16 @@ pub fn decode_frame(buf: &mut [u8], max_payload: usize) -> Result<Option<FrameVi
         OpCode::Control(Control::Close) => Opcode::Close,
         OpCode::Control(Control::Ping) => Opcode::Ping,
         OpCode::Control(Control::Pong) => Opcode::Pong,
-        _ => return Err(CloseReason::new(PROTOCOL_ERROR, "reserved opcode")),
+        _ => return Err(Disconnect::RESERVED_OPCODE),
     };
     let Some(mask) = header.mask else {
-        return Err(CloseReason::new(
-            PROTOCOL_ERROR,
-            "client frames must be masked",
-        ));
+        return Err(Disconnect::UNMASKED);
     };
     if opcode.is_control() && (len > 125 || !header.is_final) {
-        return Err(CloseReason::new(PROTOCOL_ERROR, "invalid control frame"));
+        return Err(Disconnect::INVALID_CONTROL);
     }
     if len > max_payload as u64 {
-        return Err(CloseReason::new(TOO_BIG, "frame too large"));
+        return Err(Disconnect::FRAME_TOO_LARGE);
     }
     let len = len as usize;
     if buf.len() < header_len + len {
@@ -124,7 +103,7 @@ pub fn decode_frame(buf: &mut [u8], max_payload: usize) -> Result<Option<FrameVi
 }
 
 /// XOR the payload with the 4-byte mask, a word at a time.
-pub fn unmask(buf: &mut [u8], mask: [u8; 4]) {
+pub(crate) fn unmask(buf: &mut [u8], mask: [u8; 4]) {
     let word = u32::from_ne_bytes(mask);
     let wide = (u64::from(word) << 32) | u64::from(word);
     let mut chunks = buf.chunks_exact_mut(8);
@@ -139,7 +118,7 @@ pub fn unmask(buf: &mut [u8], mask: [u8; 4]) {
 }
 
 /// Size of a server frame header for `len` payload bytes.
-pub fn header_len(len: usize) -> usize {
+pub(crate) fn header_len(len: usize) -> usize {
     if len < 126 {
         2
     } else if len <= 0xffff {
@@ -150,7 +129,7 @@ pub fn header_len(len: usize) -> usize {
 }
 
 /// Append an unmasked, final frame header.
-pub fn write_header(out: &mut Vec<u8>, opcode: Opcode, len: usize) {
+pub(crate) fn write_header(out: &mut Vec<u8>, opcode: Opcode, len: usize) {
     out.push(0x80 | opcode.byte());
     if len < 126 {
         out.push(len as u8);
@@ -172,7 +151,7 @@ pub fn frame(opcode: Opcode, payload: &[u8]) -> Bytes {
 }
 
 /// A close frame with a code and a reason (the reason is cut to fit 125 bytes).
-pub fn close_frame(code: u16, reason: &str) -> Bytes {
+pub(crate) fn close_frame(code: u16, reason: &str) -> Bytes {
     let mut payload = Vec::with_capacity(2 + reason.len());
     payload.extend_from_slice(&code.to_be_bytes());
     let mut cut = reason.len().min(123);
@@ -184,13 +163,14 @@ pub fn close_frame(code: u16, reason: &str) -> Bytes {
 }
 
 /// Whether a close code received from a peer is allowed on the wire (RFC 6455 §7.4).
-pub fn valid_close_code(code: u16) -> bool {
+pub(crate) fn valid_close_code(code: u16) -> bool {
     matches!(code, 1000..=1003 | 1007..=1011 | 3000..=4999)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::close::code::*;
 
     fn client_frame(first: u8, payload: &[u8], mask: [u8; 4]) -> Vec<u8> {
         let mut out = vec![first];

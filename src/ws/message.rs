@@ -6,9 +6,8 @@
 //! never beyond the message limit (1009). Text is checked to be UTF-8 (1007); a close
 //! frame's code and reason are checked (1002/1007) and turned into the code to echo.
 
-use super::frame::{
-    valid_close_code, CloseReason, Opcode, INVALID_PAYLOAD, NORMAL, PROTOCOL_ERROR, TOO_BIG,
-};
+use super::frame::{valid_close_code, Opcode};
+use crate::close::{code::NORMAL, Disconnect};
 
 /// What one frame completed.
 #[derive(Debug)]
@@ -36,21 +35,18 @@ impl Assembler {
         fin: bool,
         payload: &'a mut [u8],
         max_message: usize,
-    ) -> Result<Incoming<'a>, CloseReason> {
+    ) -> Result<Incoming<'a>, Disconnect> {
         match opcode {
             Opcode::Ping => Ok(Incoming::Ping(payload)),
             Opcode::Pong => Ok(Incoming::Pong),
             Opcode::Close => close_code(payload).map(Incoming::Close),
             Opcode::Text | Opcode::Binary => {
                 if self.opcode.is_some() {
-                    return Err(CloseReason::new(
-                        PROTOCOL_ERROR,
-                        "new message before the previous one ended",
-                    ));
+                    return Err(Disconnect::INTERLEAVED_MESSAGE);
                 }
                 if fin {
                     if opcode == Opcode::Text && std::str::from_utf8(payload).is_err() {
-                        return Err(CloseReason::new(INVALID_PAYLOAD, "text is not UTF-8"));
+                        return Err(Disconnect::INVALID_UTF8);
                     }
                     return Ok(Incoming::Message(opcode, payload));
                 }
@@ -62,13 +58,10 @@ impl Assembler {
             }
             Opcode::Continuation => {
                 let Some(op) = self.opcode else {
-                    return Err(CloseReason::new(
-                        PROTOCOL_ERROR,
-                        "continuation without a start",
-                    ));
+                    return Err(Disconnect::ORPHAN_CONTINUATION);
                 };
                 if self.parts.len() + payload.len() > max_message {
-                    return Err(CloseReason::new(TOO_BIG, "message too large"));
+                    return Err(Disconnect::MESSAGE_TOO_LARGE);
                 }
                 self.parts.extend_from_slice(payload);
                 if !fin {
@@ -77,7 +70,7 @@ impl Assembler {
                 }
                 self.opcode = None;
                 if op == Opcode::Text && std::str::from_utf8(&self.parts).is_err() {
-                    return Err(CloseReason::new(INVALID_PAYLOAD, "text is not UTF-8"));
+                    return Err(Disconnect::INVALID_UTF8);
                 }
                 Ok(Incoming::Message(op, &mut self.parts))
             }
@@ -94,36 +87,30 @@ impl Assembler {
 
     /// Fail fast on text fragments that can never become valid UTF-8 (an incomplete
     /// sequence at the very end is fine: the next fragment may finish it).
-    fn check_partial_text(&self) -> Result<(), CloseReason> {
+    fn check_partial_text(&self) -> Result<(), Disconnect> {
         if self.opcode != Some(Opcode::Text) {
             return Ok(());
         }
         match std::str::from_utf8(&self.parts) {
             Ok(_) => Ok(()),
             Err(e) if e.error_len().is_none() => Ok(()),
-            Err(_) => Err(CloseReason::new(INVALID_PAYLOAD, "text is not UTF-8")),
+            Err(_) => Err(Disconnect::INVALID_UTF8),
         }
     }
 }
 
 /// The code to answer a peer's close frame with.
-fn close_code(payload: &[u8]) -> Result<u16, CloseReason> {
+fn close_code(payload: &[u8]) -> Result<u16, Disconnect> {
     match payload.len() {
         0 => Ok(NORMAL),
-        1 => Err(CloseReason::new(
-            PROTOCOL_ERROR,
-            "close payload of one byte",
-        )),
+        1 => Err(Disconnect::ONE_BYTE_CLOSE),
         _ => {
             let code = u16::from_be_bytes([payload[0], payload[1]]);
             if !valid_close_code(code) {
-                return Err(CloseReason::new(PROTOCOL_ERROR, "invalid close code"));
+                return Err(Disconnect::INVALID_CLOSE_CODE);
             }
             if std::str::from_utf8(&payload[2..]).is_err() {
-                return Err(CloseReason::new(
-                    INVALID_PAYLOAD,
-                    "close reason is not UTF-8",
-                ));
+                return Err(Disconnect::CLOSE_REASON_NOT_UTF8);
             }
             Ok(code)
         }
@@ -133,6 +120,7 @@ fn close_code(payload: &[u8]) -> Result<u16, CloseReason> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::close::code::*;
 
     #[test]
     fn fragments_reassemble() {

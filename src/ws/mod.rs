@@ -1,13 +1,13 @@
-//! WebSocket: the upgrade handshake ([`handshake`]), the frame codec ([`frame`]),
-//! message reassembly ([`message`]), the connection's reader and writer ([`conn`]) and
-//! ringcast's client protocol on top ([`protocol`]).
+//! WebSocket as pure transport: the opening handshake's answer ([`handshake`]), the
+//! frame codec ([`frame`]), message reassembly ([`message`]) and the connection's
+//! reader and writer ([`conn`]) driving a [`conn::Session`].
 //!
-//! The layers below `protocol` know nothing of channels or keys; `examples/ws_echo.rs`
-//! runs them with an echo session so the Autobahn suite tests exactly the code the
-//! server runs.
+//! Invariant: nothing here knows a project, a key or a channel. What a message means is
+//! the session's business (`crate::client` on the server; an echo session in
+//! `examples/ws_echo.rs`, which the Autobahn suite runs, so it tests exactly the
+//! transport the server runs). Close codes come from the one table in `crate::close`.
 
-pub mod conn;
-pub mod frame;
-pub mod handshake;
-pub mod message;
-pub mod protocol;
+pub(crate) mod conn;
+pub(crate) mod frame;
+pub(crate) mod handshake;
+pub(crate) mod message;

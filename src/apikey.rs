@@ -16,9 +16,9 @@ use rand::{RngCore, TryRngCore};
 use sha2::{Digest, Sha256};
 
 /// Random characters after the `sk_`/`pk_` prefix.
-pub const KEY_RANDOM_CHARS: usize = 32;
+pub(crate) const KEY_RANDOM_CHARS: usize = 32;
 /// Length of every generated key, in bytes (all ASCII).
-pub const KEY_LEN: usize = 3 + KEY_RANDOM_CHARS;
+pub(crate) const KEY_LEN: usize = 3 + KEY_RANDOM_CHARS;
 /// Characters of a key shown in listings, before the ellipsis: `sk_` + 4.
 const SHOWN_PREFIX_CHARS: usize = 7;
 
@@ -73,7 +73,7 @@ impl KeyKind {
 pub struct KeyHash(pub [u8; 32]);
 
 impl KeyHash {
-    pub fn to_hex(&self) -> String {
+    pub fn to_hex(self) -> String {
         hex::encode(self.0)
     }
 }
@@ -84,7 +84,7 @@ pub fn hash_key(key: &str) -> KeyHash {
 
 /// True if `key` has the shape of a key we generate. A cheap filter before hashing, so
 /// an 8 KiB garbage header costs a length check, not a SHA-256.
-pub fn is_well_formed(key: &str) -> bool {
+pub(crate) fn is_well_formed(key: &str) -> bool {
     key.len() == KEY_LEN
         && KeyKind::of_key(key).is_some()
         && key.as_bytes()[3..].iter().all(u8::is_ascii_alphanumeric)
@@ -111,7 +111,7 @@ pub fn generate_key(kind: KeyKind) -> String {
 /// A new identifier: `prefix` + 16 lowercase hex characters (64 random bits), e.g.
 /// `prj_…` or `key_…`. Identifiers are not secret; randomness only avoids collisions
 /// between processes without coordination.
-pub fn generate_id(prefix: &str) -> String {
+pub(crate) fn generate_id(prefix: &str) -> String {
     let mut bytes = [0u8; 8];
     OsRng.unwrap_err().fill_bytes(&mut bytes);
     format!("{prefix}{}", hex::encode(bytes))

@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Check that the modules of src/ import each other in one direction only.
+
+Two levels are checked:
+- the crate's top-level modules (`crate::http`, `crate::shard`, ...): no cycle at all;
+- inside each module folder, its sibling files (`ws/conn.rs`, `ws/frame.rs`, ...):
+  no cycle among them (the folder's `mod.rs` may name its children and they may use
+  what it re-exports, so `mod.rs` is left out of this level).
+
+A reference is any `crate::name` / `super::name` path outside a comment. The order
+found (lowest first) is printed so that it can be compared with the layout map in
+src/lib.rs. Exit status 1 on a cycle, with the modules and the lines that close it.
+"""
+import os
+import re
+import sys
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
+CRATE_REF = re.compile(r"\bcrate::([a-z_][a-z0-9_]*)")
+SUPER_REF = re.compile(r"\bsuper::([a-z_][a-z0-9_]*)")
+
+
+def code_lines(path):
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            stripped = line.split("//", 1)[0]
+            if stripped.strip():
+                yield n, stripped
+
+
+def top_module(rel):
+    parts = rel.split(os.sep)
+    if len(parts) == 1:
+        name = parts[0][:-3]
+        return None if name in ("lib", "main") else name
+    return parts[0]
+
+
+def find_cycle(graph):
+    """Return one cycle as a list of nodes, or None (iterative DFS, colours)."""
+    colour = {n: 0 for n in graph}
+    for start in sorted(graph):
+        if colour[start]:
+            continue
+        stack = [(start, iter(sorted(graph[start])))]
+        path = [start]
+        colour[start] = 1
+        while stack:
+            node, it = stack[-1]
+            nxt = next(it, None)
+            if nxt is None:
+                colour[node] = 2
+                stack.pop()
+                path.pop()
+                continue
+            if nxt not in colour:
+                continue
+            if colour[nxt] == 1:
+                return path[path.index(nxt):] + [nxt]
+            if colour[nxt] == 0:
+                colour[nxt] = 1
+                path.append(nxt)
+                stack.append((nxt, iter(sorted(graph[nxt]))))
+    return None
+
+
+def topo(graph):
+    order, seen = [], set()
+
+    def visit(n):
+        if n in seen:
+            return
+        seen.add(n)
+        for m in sorted(graph[n]):
+            visit(m)
+        order.append(n)
+
+    for n in sorted(graph):
+        visit(n)
+    return order
+
+
+def main():
+    files = []
+    for dirpath, _, names in os.walk(ROOT):
+        for name in names:
+            if name.endswith(".rs"):
+                files.append(os.path.relpath(os.path.join(dirpath, name), ROOT))
+    tops = {top_module(f) for f in files} - {None}
+    top_graph = {t: set() for t in tops}
+    where = {}
+    sibling_graphs = {}
+    for rel in sorted(files):
+        me = top_module(rel)
+        parts = rel.split(os.sep)
+        sibling = parts[1][:-3] if len(parts) == 2 and parts[1] != "mod.rs" else None
+        if sibling:
+            sibling_graphs.setdefault(parts[0], {}).setdefault(sibling, set())
+        for n, line in code_lines(os.path.join(ROOT, rel)):
+            for target in CRATE_REF.findall(line):
+                if me and target in tops and target != me:
+                    top_graph[me].add(target)
+                    where.setdefault((me, target), f"{rel}:{n}")
+                if sibling and target == me:
+                    rest = re.findall(r"\bcrate::" + me + r"::([a-z_][a-z0-9_]*)", line)
+                    for r in rest:
+                        if r != sibling:
+                            sibling_graphs[parts[0]].setdefault(sibling, set()).add(r)
+                            where.setdefault((f"{me}/{sibling}", f"{me}/{r}"), f"{rel}:{n}")
+            if sibling:
+                for target in SUPER_REF.findall(line):
+                    if target != sibling:
+                        sibling_graphs[parts[0]][sibling].add(target)
+                        where.setdefault((f"{me}/{sibling}", f"{me}/{target}"), f"{rel}:{n}")
+    failed = False
+    cycle = find_cycle(top_graph)
+    if cycle:
+        failed = True
+        print("cycle between top-level modules: " + " -> ".join(cycle))
+        for a, b in zip(cycle, cycle[1:]):
+            print(f"  {a} -> {b} at {where.get((a, b))}")
+    for folder, graph in sorted(sibling_graphs.items()):
+        graph = {k: {v for v in vs if v in graph} for k, vs in graph.items()}
+        cycle = find_cycle(graph)
+        if cycle:
+            failed = True
+            print(f"cycle inside {folder}/: " + " -> ".join(cycle))
+            for a, b in zip(cycle, cycle[1:]):
+                print(f"  {a} -> {b} at {where.get((f'{folder}/{a}', f'{folder}/{b}'))}")
+    if failed:
+        return 1
+    print("no import cycle; modules from the bottom up:")
+    print("  " + " < ".join(topo(top_graph)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+//! The frames of the client protocol that the server writes itself: replies, error
+//! frames, the `connected` greeting. Each is a complete WebSocket text frame whose JSON
+//! is escaped by `crate::json`, so a channel name can never break out of its string.
+
+use bytes::Bytes;
+
+use crate::json::write_json_str;
+use crate::ws::frame::{self, Opcode};
+
+/// `{"type":"pong"}` as a complete frame.
+pub(crate) const PONG: &[u8] = b"\x81\x0f{\"type\":\"pong\"}";
+
+pub(crate) fn reply(kind: &str, channel: &str) -> Bytes {
+    let mut json = Vec::with_capacity(48 + channel.len());
+    json.extend_from_slice(b"{\"type\":\"");
+    json.extend_from_slice(kind.as_bytes());
+    json.extend_from_slice(b"\",\"channel\":");
+    write_json_str(&mut json, channel);
+    json.push(b'}');
+    frame::frame(Opcode::Text, &json)
+}
+
+/// An error frame that keeps the connection open.
+pub(crate) fn error_frame(code: &str, message: &str) -> Bytes {
+    let mut json = Vec::with_capacity(48 + message.len());
+    json.extend_from_slice(b"{\"type\":\"error\",\"code\":");
+    write_json_str(&mut json, code);
+    json.extend_from_slice(b",\"message\":");
+    write_json_str(&mut json, message);
+    json.push(b'}');
+    frame::frame(Opcode::Text, &json)
+}
+
+/// The frame sent right after the upgrade.
+pub(crate) fn connected_frame(connection_id: &str, heartbeat_s: u64) -> Bytes {
+    let json = format!(
+        "{{\"type\":\"connected\",\"connection_id\":\"{connection_id}\",\"heartbeat_s\":{heartbeat_s}}}"
+    );
+    frame::frame(Opcode::Text, json.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pong_constant_is_a_valid_frame() {
+        assert_eq!(PONG[1] as usize, PONG.len() - 2);
+        let v: serde_json::Value = serde_json::from_slice(&PONG[2..]).unwrap();
+        assert_eq!(v["type"], "pong");
+    }
+
+    #[test]
+    fn replies_escape_channels() {
+        let f = reply("subscribed", "a\"b");
+        let v: serde_json::Value = serde_json::from_slice(&f[2..]).unwrap();
+        assert_eq!(v["channel"], "a\"b");
+        let e = error_frame("invalid_json", "bad");
+        let v: serde_json::Value = serde_json::from_slice(&e[2..]).unwrap();
+        assert_eq!(v["code"], "invalid_json");
+    }
+}

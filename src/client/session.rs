@@ -1,0 +1,325 @@
+//! One client's protocol session over an established WebSocket: subscribe /
+//! unsubscribe / ping from the client; subscribed / unsubscribed / pong / error replies
+//! from the server (docs/protocol.md).
+//!
+//! Invariants: errors that a client can cause with a frame (bad JSON, unknown type,
+//! invalid channel, too many subscriptions) are answered with an error frame and keep
+//! the connection open; only binary frames (1003) and protocol violations close it.
+//! Subscribing twice is idempotent (one delivery per publish, whatever happens), as is
+//! unsubscribing from a channel one is not in. Client frames are parsed with simd-json in
+//! place: the payload buffer is ours and mutable.
+
+use std::rc::Rc;
+
+use bytes::Bytes;
+use simd_json::prelude::{ValueAsScalar, ValueObjectAccess};
+
+use crate::close::Disconnect;
+use crate::shard::registry::Subscribed;
+use crate::shard::Shard;
+use crate::ws::conn::{Session, WsConn};
+use crate::ws::frame::Opcode;
+
+use super::frames::{error_frame, reply, PONG};
+
+/// One client's protocol state, owned by its reader task.
+pub(crate) struct ClientSession {
+    shard: Rc<Shard>,
+    /// The project whose channels this connection sees (from its key).
+    project: u32,
+    /// Most channels one connection may hold (`max_subscriptions_per_connection`).
+    max_subscriptions: usize,
+    /// Channels this connection is subscribed to (bounded by `max_subscriptions`).
+    subscriptions: Vec<Box<str>>,
+}
+
+impl ClientSession {
+    pub(crate) fn new(shard: Rc<Shard>, project: u32, max_subscriptions: usize) -> ClientSession {
+        ClientSession {
+            shard,
+            project,
+            max_subscriptions,
+            subscriptions: Vec::new(),
+        }
+    }
+
+    /// Channels this session holds.
+    #[cfg(test)]
+    pub(crate) fn subscriptions(&self) -> impl Iterator<Item = &str> {
+        self.subscriptions.iter().map(|c| &**c)
+    }
+
+    fn subscribe(&mut self, conn: &Rc<WsConn>, channel: &str) {
+        if self.subscriptions.iter().any(|c| &**c == channel) {
+            conn.send(reply("subscribed", channel));
+            return;
+        }
+        if self.subscriptions.len() >= self.max_subscriptions {
+            conn.send(error_frame(
+                "too_many_subscriptions",
+                "this connection has reached its subscription limit",
+            ));
+            return;
+        }
+        let t = self.shard.subscribe(self.project, channel, conn);
+        debug_assert_ne!(t, Subscribed::Already, "the session and the registry agree");
+        self.subscriptions.push(channel.into());
+        conn.send(reply("subscribed", channel));
+    }
+
+    fn unsubscribe(&mut self, conn: &Rc<WsConn>, channel: &str) {
+        if let Some(pos) = self.subscriptions.iter().position(|c| &**c == channel) {
+            self.subscriptions.swap_remove(pos);
+            self.shard.unsubscribe(self.project, channel, conn.id);
+        }
+        conn.send(reply("unsubscribed", channel));
+    }
+}
+
+impl Session for ClientSession {
+    fn on_message(
+        &mut self,
+        conn: &Rc<WsConn>,
+        opcode: Opcode,
+        payload: &mut [u8],
+    ) -> Result<(), Disconnect> {
+        if opcode != Opcode::Text {
+            return Err(Disconnect::BINARY_UNSUPPORTED);
+        }
+        // simd-json builds (and drops) a value tree recursively: bound the nesting first
+        // so a deeply nested frame cannot exhaust the worker's stack.
+        if nesting_depth(payload) > MAX_CLIENT_JSON_DEPTH {
+            conn.send(error_frame(
+                "invalid_json",
+                "the frame is nested too deeply",
+            ));
+            return Ok(());
+        }
+        let value = match simd_json::to_borrowed_value(payload) {
+            Ok(v) => v,
+            Err(_) => {
+                conn.send(error_frame("invalid_json", "the frame is not valid JSON"));
+                return Ok(());
+            }
+        };
+        let Some(kind) = value.get("type").and_then(|t| t.as_str()) else {
+            conn.send(error_frame(
+                "unknown_type",
+                "the frame needs a string field 'type'",
+            ));
+            return Ok(());
+        };
+        match kind {
+            "ping" => {
+                conn.send(Bytes::from_static(PONG));
+            }
+            "subscribe" | "unsubscribe" => {
+                let channel = match value.get("channel").and_then(|c| c.as_str()) {
+                    Some(c) => c,
+                    None => {
+                        conn.send(error_frame(
+                            "invalid_channel",
+                            "the field 'channel' must be a string",
+                        ));
+                        return Ok(());
+                    }
+                };
+                if crate::names::check(channel).is_err() {
+                    conn.send(error_frame(
+                        "invalid_channel",
+                        "a channel is 1 to 100 characters without control characters",
+                    ));
+                    return Ok(());
+                }
+                if kind == "subscribe" {
+                    self.subscribe(conn, channel);
+                } else {
+                    self.unsubscribe(conn, channel);
+                }
+            }
+            _ => {
+                conn.send(error_frame(
+                    "unknown_type",
+                    "type must be subscribe, unsubscribe or ping",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn on_end(&mut self, conn: &Rc<WsConn>) {
+        for channel in self.subscriptions.drain(..) {
+            self.shard.unsubscribe(self.project, &channel, conn.id);
+        }
+        self.shard.remove(conn.id);
+    }
+}
+
+/// Client frames are flat control messages; anything nested deeper is refused.
+const MAX_CLIENT_JSON_DEPTH: usize = 32;
+
+/// Deepest `{`/`[` nesting of a JSON text, ignoring brackets inside strings. Stops
+/// counting once past the limit; malformed text is left to the parser.
+fn nesting_depth(text: &[u8]) -> usize {
+    let (mut depth, mut max, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for &b in text {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => {
+                depth += 1;
+                max = max.max(depth);
+                if max > MAX_CLIENT_JSON_DEPTH {
+                    return max;
+                }
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shard::tests::{shard, Recorder};
+    use std::sync::Arc;
+
+    fn frames(conn: &WsConn) -> Vec<serde_json::Value> {
+        conn.take_queued()
+            .iter()
+            .map(|f| serde_json::from_slice(&f[2..]).expect("a small JSON text frame"))
+            .collect()
+    }
+
+    fn send(session: &mut ClientSession, conn: &Rc<WsConn>, text: &str) -> Result<(), Disconnect> {
+        let mut payload = text.as_bytes().to_vec();
+        session.on_message(conn, Opcode::Text, &mut payload)
+    }
+
+    fn setup(max: usize) -> (ClientSession, Rc<WsConn>, Rc<Shard>, Arc<Recorder>) {
+        let rec = Arc::new(Recorder::default());
+        let (shard, _mailboxes) = shard(Some(rec.clone()));
+        let conn = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
+        (ClientSession::new(shard.clone(), 9, max), conn, shard, rec)
+    }
+
+    #[test]
+    fn nesting_depth_ignores_strings() {
+        assert_eq!(nesting_depth(br#"{"type":"ping"}"#), 1);
+        assert_eq!(nesting_depth(br#"{"a":[[{}]]}"#), 4);
+        assert_eq!(nesting_depth(br#"{"a":"[[[[\"[["}"#), 1);
+        let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
+        assert!(nesting_depth(deep.as_bytes()) > MAX_CLIENT_JSON_DEPTH);
+    }
+
+    #[test]
+    fn subscribe_is_idempotent_and_registers_once() {
+        let (mut s, conn, shard, rec) = setup(8);
+        send(&mut s, &conn, r#"{"type":"subscribe","channel":"news"}"#).unwrap();
+        send(&mut s, &conn, r#"{"type":"subscribe","channel":"news"}"#).unwrap();
+        let replies = frames(&conn);
+        assert_eq!(replies.len(), 2);
+        for r in &replies {
+            assert_eq!(r["type"], "subscribed");
+            assert_eq!(r["channel"], "news");
+        }
+        assert_eq!(shard.subscriber_count(9, "news"), 1);
+        // Another project's channel of the same name is untouched.
+        assert_eq!(shard.subscriber_count(10, "news"), 0);
+        assert_eq!(rec.0.lock().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn unsubscribe_answers_even_when_not_subscribed() {
+        let (mut s, conn, shard, rec) = setup(8);
+        send(&mut s, &conn, r#"{"type":"unsubscribe","channel":"news"}"#).unwrap();
+        send(&mut s, &conn, r#"{"type":"subscribe","channel":"news"}"#).unwrap();
+        send(&mut s, &conn, r#"{"type":"unsubscribe","channel":"news"}"#).unwrap();
+        let kinds: Vec<_> = frames(&conn).iter().map(|f| f["type"].clone()).collect();
+        assert_eq!(kinds, ["unsubscribed", "subscribed", "unsubscribed"]);
+        assert_eq!(shard.subscriber_count(9, "news"), 0);
+        let log = rec.0.lock().unwrap().clone();
+        assert_eq!(
+            log,
+            vec![(9, "news".into(), true), (9, "news".into(), false)]
+        );
+    }
+
+    #[test]
+    fn the_subscription_limit_answers_an_error_and_keeps_the_rest() {
+        let (mut s, conn, shard, _rec) = setup(2);
+        for c in ["a", "b", "c"] {
+            let text = format!(r#"{{"type":"subscribe","channel":"{c}"}}"#);
+            send(&mut s, &conn, &text).unwrap();
+        }
+        let replies = frames(&conn);
+        assert_eq!(replies[2]["type"], "error");
+        assert_eq!(replies[2]["code"], "too_many_subscriptions");
+        assert_eq!(shard.subscriber_count(9, "c"), 0);
+        assert_eq!(s.subscriptions().count(), 2);
+    }
+
+    #[test]
+    fn bad_frames_get_error_frames_and_keep_the_connection() {
+        let (mut s, conn, _shard, _rec) = setup(8);
+        let cases = [
+            ("not json", "invalid_json"),
+            (r#"{"channel":"x"}"#, "unknown_type"),
+            (r#"{"type":"dance"}"#, "unknown_type"),
+            (r#"{"type":"subscribe","channel":7}"#, "invalid_channel"),
+            (r#"{"type":"subscribe","channel":""}"#, "invalid_channel"),
+            (
+                r#"{"type":"subscribe","channel":"a\u0001"}"#,
+                "invalid_channel",
+            ),
+        ];
+        for (text, code) in cases {
+            send(&mut s, &conn, text).unwrap();
+            let got = frames(&conn);
+            assert_eq!(got.len(), 1, "{text}");
+            assert_eq!(got[0]["type"], "error", "{text}");
+            assert_eq!(got[0]["code"], code, "{text}");
+        }
+        let deep = format!("{}{}", "[".repeat(64), "]".repeat(64));
+        send(&mut s, &conn, &deep).unwrap();
+        assert_eq!(frames(&conn)[0]["code"], "invalid_json");
+        send(&mut s, &conn, r#"{"type":"ping"}"#).unwrap();
+        assert_eq!(frames(&conn)[0]["type"], "pong");
+    }
+
+    #[test]
+    fn binary_frames_close_with_1003() {
+        let (mut s, conn, _shard, _rec) = setup(8);
+        let err = s
+            .on_message(&conn, Opcode::Binary, &mut [1, 2, 3])
+            .unwrap_err();
+        assert_eq!(err, Disconnect::BINARY_UNSUPPORTED);
+    }
+
+    #[test]
+    fn the_end_of_a_connection_leaves_every_channel() {
+        let (mut s, conn, shard, rec) = setup(8);
+        shard.register(conn.clone(), "key".into());
+        send(&mut s, &conn, r#"{"type":"subscribe","channel":"a"}"#).unwrap();
+        send(&mut s, &conn, r#"{"type":"subscribe","channel":"b"}"#).unwrap();
+        assert_eq!(shard.websockets(), 1);
+        s.on_end(&conn);
+        assert_eq!(
+            shard.subscriber_count(9, "a") + shard.subscriber_count(9, "b"),
+            0
+        );
+        assert_eq!(shard.websockets(), 0);
+        let offs = rec.0.lock().unwrap().iter().filter(|e| !e.2).count();
+        assert_eq!(offs, 2);
+    }
+}

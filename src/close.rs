@@ -1,0 +1,99 @@
+//! Every WebSocket close the server sends, from one table: its code and its reason.
+//!
+//! A close is a [`Disconnect`]: a code (RFC 6455 §7.4 or ringcast's 4xxx range) and a
+//! short reason sent in the close frame. Every place that ends a connection names one of
+//! the constants below instead of writing a code and a string of its own, so the table
+//! here is the complete list of ways the server closes a socket (docs/protocol.md lists
+//! them for users). Reasons are our own ASCII text and fit the 123 bytes a close frame
+//! leaves for them.
+//!
+//! This module is a leaf: it names no other module of the crate.
+
+/// Close codes on the wire.
+pub mod code {
+    /// Normal closure (also the answer to a close frame that carried no code).
+    pub const NORMAL: u16 = 1000;
+    /// The server is shutting down.
+    pub const GOING_AWAY: u16 = 1001;
+    /// The peer broke the WebSocket protocol.
+    pub const PROTOCOL_ERROR: u16 = 1002;
+    /// A data type the server does not accept (binary frames).
+    pub const UNSUPPORTED_DATA: u16 = 1003;
+    /// Text that is not UTF-8.
+    pub const INVALID_PAYLOAD: u16 = 1007;
+    /// A frame or message beyond the configured size.
+    pub const TOO_BIG: u16 = 1009;
+    /// The key the connection was opened with was revoked.
+    pub const KEY_REVOKED: u16 = 4001;
+    /// The connection's send backlog exceeded `send_backlog_bytes`.
+    pub const SLOW_CONSUMER: u16 = 4008;
+    /// Nothing heard from the client within three heartbeat periods.
+    pub const HEARTBEAT_TIMEOUT: u16 = 4009;
+}
+
+/// One way the server ends a WebSocket connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Disconnect {
+    pub code: u16,
+    pub reason: &'static str,
+}
+
+impl Disconnect {
+    /// The answer to a peer's close frame: its own code, no reason.
+    pub const fn echo(code: u16) -> Disconnect {
+        Disconnect { code, reason: "" }
+    }
+
+    // Protocol violations found by the frame decoder and the reassembler.
+    pub const MALFORMED_HEADER: Disconnect = d(code::PROTOCOL_ERROR, "malformed frame header");
+    pub const RESERVED_BITS: Disconnect = d(code::PROTOCOL_ERROR, "reserved bits set");
+    pub const RESERVED_OPCODE: Disconnect = d(code::PROTOCOL_ERROR, "reserved opcode");
+    pub const UNMASKED: Disconnect = d(code::PROTOCOL_ERROR, "client frames must be masked");
+    pub const INVALID_CONTROL: Disconnect = d(code::PROTOCOL_ERROR, "invalid control frame");
+    pub const INTERLEAVED_MESSAGE: Disconnect = d(
+        code::PROTOCOL_ERROR,
+        "new message before the previous one ended",
+    );
+    pub const ORPHAN_CONTINUATION: Disconnect =
+        d(code::PROTOCOL_ERROR, "continuation without a start");
+    pub const ONE_BYTE_CLOSE: Disconnect = d(code::PROTOCOL_ERROR, "close payload of one byte");
+    pub const INVALID_CLOSE_CODE: Disconnect = d(code::PROTOCOL_ERROR, "invalid close code");
+    pub const INVALID_UTF8: Disconnect = d(code::INVALID_PAYLOAD, "text is not UTF-8");
+    pub const CLOSE_REASON_NOT_UTF8: Disconnect =
+        d(code::INVALID_PAYLOAD, "close reason is not UTF-8");
+    pub const FRAME_TOO_LARGE: Disconnect = d(code::TOO_BIG, "frame too large");
+    pub const MESSAGE_TOO_LARGE: Disconnect = d(code::TOO_BIG, "message too large");
+
+    // Decided by the client protocol and the server.
+    pub const BINARY_UNSUPPORTED: Disconnect =
+        d(code::UNSUPPORTED_DATA, "binary frames are not supported");
+    pub const SHUTDOWN: Disconnect = d(code::GOING_AWAY, "server shutting down");
+    pub const KEY_REVOKED: Disconnect = d(code::KEY_REVOKED, "key revoked");
+    pub const SLOW_CONSUMER: Disconnect =
+        d(code::SLOW_CONSUMER, "slow consumer: send backlog exceeded");
+    pub const HEARTBEAT_TIMEOUT: Disconnect = d(
+        code::HEARTBEAT_TIMEOUT,
+        "no traffic within the heartbeat timeout",
+    );
+}
+
+const fn d(code: u16, reason: &'static str) -> Disconnect {
+    Disconnect { code, reason }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_fit_a_close_frame() {
+        for d in [
+            Disconnect::MALFORMED_HEADER,
+            Disconnect::INTERLEAVED_MESSAGE,
+            Disconnect::SLOW_CONSUMER,
+            Disconnect::HEARTBEAT_TIMEOUT,
+        ] {
+            assert!(d.reason.len() <= 123 && d.reason.is_ascii());
+        }
+    }
+}

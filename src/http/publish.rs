@@ -1,0 +1,101 @@
+//! `POST /api/v1/publish` as HTTP: everything the head decides, then the body handed to
+//! [`crate::publish::accept`] and its [`Answer`] written with its rate headers.
+//!
+//! Order, so that the cheapest refusal comes first and a refused request costs no
+//! quota: shutting down (503) → key (401) → Content-Type (415) → declared size (413),
+//! all four from the head before the body is waited for (a refused request never makes
+//! the server buffer its body; the connection then closes, see `conn`). Once the key is
+//! known every answer carries the project's rate headers (peeked when nothing was
+//! spent).
+
+use std::rc::Rc;
+
+use super::outcome::{answer, Outcome};
+use super::parse::{is_json_media_type, RequestHead};
+use super::response::{write_error, write_json, Extra, RateHeaders};
+use super::{ApiError, Service};
+use crate::apikey::KeyKind;
+use crate::auth::ProjectState;
+use crate::error::Unavailable;
+use crate::publish::Answer;
+use crate::quota::{now_ns, Decision};
+
+pub(crate) fn handle(
+    svc: &Rc<Service>,
+    head: &RequestHead,
+    req: &[u8],
+    out: &mut Vec<u8>,
+) -> Outcome {
+    let node = &svc.node;
+    if node.is_shutting_down() {
+        return answer(out, ApiError::Unavailable(Unavailable::ShuttingDown));
+    }
+    let keys = node.keys.load();
+    let raw_key = head.api_key.as_ref().map(|r| &req[r.clone()]);
+    let project = match keys.authenticate(raw_key, KeyKind::Secret) {
+        Ok(entry) => &entry.project,
+        Err(refusal) => return answer(out, ApiError::Unauthorized(refusal)),
+    };
+    let content_type = head.content_type.as_ref().map(|r| &req[r.clone()]);
+    if !content_type.is_some_and(is_json_media_type) {
+        return refuse_known(out, project, ApiError::UnsupportedMediaType);
+    }
+    let length = head.content_length.unwrap_or(0);
+    if length > node.config.max_body_bytes {
+        return refuse_known(out, project, ApiError::PayloadTooLarge);
+    }
+    if req.len() < head.head_len + length {
+        // Authorized, body still arriving (the head is checked again when it has).
+        return Outcome::NeedMore;
+    }
+    let body = &req[head.head_len..head.head_len + length];
+    let answer = {
+        let mut parser = svc.parser.borrow_mut();
+        crate::publish::accept(project, body, &mut parser, &svc.ids, &**node)
+    };
+    write_answer(out, &answer);
+    Outcome::Answered { close: false }
+}
+
+/// A refusal decided from the head once the project is known: its rate headers are
+/// peeked, so the refusal spends nothing.
+fn refuse_known(out: &mut Vec<u8>, project: &ProjectState, err: ApiError) -> Outcome {
+    let extra = Extra {
+        rate: Some(rate_headers(&project.quota.peek(now_ns()))),
+        ..Extra::default()
+    };
+    write_error(out, err, extra);
+    Outcome::Answered {
+        close: err.closes_connection(),
+    }
+}
+
+fn write_answer(out: &mut Vec<u8>, answer: &Answer) {
+    let extra = Extra {
+        rate: Some(rate_headers(&answer.rate)),
+        retry_after_s: answer.retry_after_s,
+        close: false,
+    };
+    match &answer.outcome {
+        Ok(id) => {
+            // `{"id":"<20 hex>"}` without a formatter: this is every accepted publish.
+            let mut body = [0u8; 32];
+            let prefix = b"{\"id\":\"";
+            let idb = id.as_str().as_bytes();
+            let end = prefix.len() + idb.len();
+            body[..prefix.len()].copy_from_slice(prefix);
+            body[prefix.len()..end].copy_from_slice(idb);
+            body[end..end + 2].copy_from_slice(b"\"}");
+            write_json(out, 202, &body[..end + 2], extra);
+        }
+        Err(err) => write_error(out, *err, extra),
+    }
+}
+
+fn rate_headers(d: &Decision) -> RateHeaders {
+    RateHeaders {
+        limit: d.limit,
+        remaining: d.remaining,
+        reset_s: d.reset_s,
+    }
+}

@@ -1,0 +1,31 @@
+//! The routing table: which endpoint answers which path, and with which methods.
+//!
+//! Every endpoint answers with an [`Outcome`]. Unknown paths get 404, wrong methods 405
+//! with `Allow`.
+
+use std::rc::Rc;
+
+use super::outcome::{answer, Outcome};
+use super::parse::{Method, RequestHead};
+use super::{health, publish, upgrade, ApiError, Service};
+
+/// Route one request whose head is parsed; `req` starts at the head.
+pub(crate) fn route(
+    svc: &Rc<Service>,
+    head: &RequestHead,
+    req: &[u8],
+    out: &mut Vec<u8>,
+) -> Outcome {
+    match &req[head.path.clone()] {
+        b"/api/v1/publish" => match head.method() {
+            Method::Post => publish::handle(svc, head, req, out),
+            _ => answer(out, ApiError::MethodNotAllowed("POST")),
+        },
+        b"/health" => match head.method() {
+            Method::Get | Method::Head => health::handle(svc, head, req, out),
+            _ => answer(out, ApiError::MethodNotAllowed("GET, HEAD")),
+        },
+        b"/api/v1/ws" => upgrade::handle(svc, head, req, out),
+        _ => answer(out, ApiError::NotFound),
+    }
+}

@@ -1,0 +1,38 @@
+//! What one worker's HTTP side holds: the node it belongs to, its own shard, and the
+//! per-worker scratch of the publish path (the simd-json parser and the id generator).
+//!
+//! Made once per worker by the server and shared by that worker's connection tasks
+//! through an `Rc`: nothing here crosses cores.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use crate::config::Config;
+use crate::ids::IdGen;
+use crate::node::Node;
+use crate::publish::PublishParser;
+use crate::shard::Shard;
+
+pub(crate) struct Service {
+    pub node: Arc<Node>,
+    pub shard: Rc<Shard>,
+    pub parser: RefCell<PublishParser>,
+    pub ids: IdGen,
+}
+
+impl Service {
+    pub(crate) fn new(node: Arc<Node>, shard: Rc<Shard>) -> Service {
+        let ids = IdGen::new(shard.index());
+        Service {
+            node,
+            shard,
+            parser: RefCell::new(PublishParser::new()),
+            ids,
+        }
+    }
+
+    pub(crate) fn config(&self) -> &Config {
+        &self.node.config
+    }
+}

@@ -1,0 +1,181 @@
+//! `GET /api/v1/ws`: the WebSocket upgrade, and the start of the connection it becomes.
+//!
+//! The request must be a well-formed version-13 upgrade (else 400/405), the server not
+//! shutting down (503), `?key=` an active public key (401, checked by the one key check
+//! `KeySnapshot::authenticate`), and the project under its per-node connection limit
+//! (503). Then the 101 answer is written and [`start`] hands the socket to the
+//! transport (`ws::conn`) with the client protocol (`client::ClientSession`) on top,
+//! registered with the worker's shard. The per-project slot and the worker's admission
+//! guard live exactly as long as the connection's reader task.
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use monoio::io::AsyncReadRent;
+
+use super::outcome::{answer, Outcome, Upgrade};
+use super::parse::{query_param, Method, RequestHead};
+use super::transport::Transport;
+use super::{ApiError, Service};
+use crate::apikey::KeyKind;
+use crate::client::{connected_frame, ClientSession};
+use crate::error::Unavailable;
+use crate::shard::{ConnGuard, ProjectSlot, Shard};
+use crate::ws::conn::{read_loop, write_loop, ReadLimits, WsConn};
+use crate::ws::handshake::write_switching;
+
+/// Check the upgrade request (RFC 6455 §4.2.1); returns the `Sec-WebSocket-Key` value.
+pub fn validate<'a>(head: &RequestHead, buf: &'a [u8]) -> Result<&'a [u8], ApiError> {
+    if head.method() != Method::Get {
+        return Err(ApiError::MethodNotAllowed("GET"));
+    }
+    if !head.upgrade_websocket || !head.connection_upgrade {
+        return Err(ApiError::BadRequest(
+            "this endpoint needs a WebSocket upgrade (Upgrade: websocket, Connection: Upgrade)",
+        ));
+    }
+    match &head.ws_version {
+        Some(v) if &buf[v.clone()] == b"13" => {}
+        _ => {
+            return Err(ApiError::BadRequest(
+                "unsupported Sec-WebSocket-Version (13 is required)",
+            ))
+        }
+    }
+    let key = head
+        .ws_key
+        .as_ref()
+        .map(|r| &buf[r.clone()])
+        .ok_or(ApiError::BadRequest("missing Sec-WebSocket-Key"))?;
+    // A valid key is 16 random bytes in base64: 24 characters.
+    if key.len() != 24 {
+        return Err(ApiError::BadRequest("invalid Sec-WebSocket-Key"));
+    }
+    Ok(key)
+}
+
+pub(crate) fn handle(
+    svc: &Rc<Service>,
+    head: &RequestHead,
+    req: &[u8],
+    out: &mut Vec<u8>,
+) -> Outcome {
+    let ws_key = match validate(head, req) {
+        Ok(k) => k,
+        Err(err) => return answer(out, err),
+    };
+    if svc.shard.is_stopping() {
+        return answer(out, ApiError::Unavailable(Unavailable::ShuttingDown));
+    }
+    let raw_key = head
+        .query
+        .as_ref()
+        .and_then(|q| query_param(&req[q.clone()], b"key"));
+    let keys = svc.node.keys.load();
+    let entry = match keys.authenticate(raw_key, KeyKind::Public) {
+        Ok(entry) => entry,
+        Err(refusal) => return answer(out, ApiError::Unauthorized(refusal)),
+    };
+    let limit = svc.config().max_ws_connections_per_project;
+    let Some(slot) = ProjectSlot::take(&entry.project.ws_connections, limit) else {
+        return answer(
+            out,
+            ApiError::Unavailable(Unavailable::ProjectConnectionLimit),
+        );
+    };
+    write_switching(out, ws_key);
+    Outcome::Upgrade(Upgrade {
+        project: entry.project.index,
+        key_id: entry.key_id.as_str().into(),
+        slot,
+    })
+}
+
+/// Run an upgraded connection (its 101 is written): writer task spawned, reader in a
+/// task of its own holding the session.
+pub(crate) fn start<S: Transport>(
+    svc: Rc<Service>,
+    stream: S,
+    upgrade: Upgrade,
+    leftover: Vec<u8>,
+    guard: ConnGuard,
+) {
+    let cfg = svc.config();
+    let shard = svc.shard.clone();
+    let (fd, rd, wr) = stream.into_ws_halves();
+    let conn = Rc::new(WsConn::new(
+        shard.next_conn_id(),
+        fd,
+        cfg.send_backlog_bytes,
+        shard.clock(),
+    ));
+    conn.set_write_coalesce(Duration::from_millis(cfg.write_coalesce_ms));
+    let connection_id = svc.ids.next_id();
+    conn.send(connected_frame(connection_id.as_str(), cfg.heartbeat_s));
+    let limits = ReadLimits {
+        max_message: cfg.max_frame_bytes,
+    };
+    shard.register(conn.clone(), upgrade.key_id);
+    monoio::spawn(write_loop(wr, conn.clone()));
+    let session = ClientSession::new(
+        shard.clone(),
+        upgrade.project,
+        cfg.max_subscriptions_per_connection,
+    );
+    // An empty leftover still owns the 4 KiB HTTP read buffer: free it now, not when
+    // the connection ends (it would be most of an idle connection's memory).
+    let pending = if leftover.is_empty() {
+        Vec::new()
+    } else {
+        leftover
+    };
+    let held = (guard, upgrade.slot);
+    monoio::spawn(reader_task(rd, conn, session, limits, shard, pending, held));
+}
+
+/// The reader's task. Kept apart from the upgrade so that the task that lives as long
+/// as the socket holds only the reader's small state (an idle connection's cost).
+async fn reader_task<R: AsyncReadRent>(
+    rd: R,
+    conn: Rc<WsConn>,
+    mut session: ClientSession,
+    limits: ReadLimits,
+    shard: Rc<Shard>,
+    pending: Vec<u8>,
+    _held: (ConnGuard, ProjectSlot),
+) {
+    read_loop(
+        rd,
+        conn,
+        &mut session,
+        limits,
+        move || shard.clock(),
+        pending,
+    )
+    .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::parse::parse_head;
+    use crate::ws::handshake::write_switching;
+
+    #[test]
+    fn rfc_example_accept_key() {
+        let raw = "GET /api/v1/ws?key=pk_x HTTP/1.1\r\nHost: h\r\nUpgrade: websocket\r\nConnection: keep-alive, Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
+        let head = parse_head(raw.as_bytes(), 8192, 64).unwrap().unwrap();
+        let key = validate(&head, raw.as_bytes()).unwrap();
+        let mut out = Vec::new();
+        write_switching(&mut out, key);
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n"));
+    }
+
+    #[test]
+    fn non_upgrades_are_refused() {
+        let raw = "GET /api/v1/ws HTTP/1.1\r\nHost: h\r\n\r\n";
+        let head = parse_head(raw.as_bytes(), 8192, 64).unwrap().unwrap();
+        assert!(validate(&head, raw.as_bytes()).is_err());
+    }
+}

@@ -1,0 +1,58 @@
+//! What every worker of one node shares: the configuration, the key snapshot, the
+//! mailboxes of all workers, the cluster bridge, and the node's health flags.
+//!
+//! Read-mostly; nothing here is locked on the hot path. A [`Node`] is made once by the
+//! server at start and handed to every worker behind an `Arc`. It is also how an
+//! accepted publish leaves its worker ([`Fanout`]): into the mailboxes of the workers
+//! that want its channel, then (cluster mode) to the other nodes.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use crate::auth::KeyCache;
+use crate::cluster::Cluster;
+use crate::config::Config;
+use crate::publish::Fanout;
+use crate::shard::mailbox::{Broadcast, Mailboxes};
+
+pub(crate) struct Node {
+    pub config: Config,
+    pub keys: Arc<KeyCache>,
+    pub mailboxes: Mailboxes,
+    /// Cluster mode's Redis bridge; `None` on a single node. Its `is_ok` is the
+    /// `"cluster"` health check.
+    pub cluster: Option<Arc<Cluster>>,
+    /// Set once at SIGTERM/SIGINT; publishes and upgrades are refused from then on.
+    pub shutting_down: AtomicBool,
+    /// Whether the key store answered on its last check.
+    pub db_ok: Arc<AtomicBool>,
+}
+
+impl Node {
+    pub(crate) fn is_shutting_down(&self) -> bool {
+        // Acquire pairs with the SeqCst store at shutdown: a publish that sees `false`
+        // here was decided before the Shutdown envelopes were queued behind it.
+        self.shutting_down.load(Ordering::Acquire)
+    }
+}
+
+impl Fanout for Node {
+    fn broadcast(&self, msg: Arc<Broadcast>) -> bool {
+        match &self.cluster {
+            None => self.mailboxes.broadcast(msg),
+            // Relay only what was accepted locally: a 503 here means no node delivers it.
+            // The relay is an `Arc` clone into a bounded queue: no allocation, no wait.
+            Some(cluster) => {
+                if !self.mailboxes.broadcast(Arc::clone(&msg)) {
+                    return false;
+                }
+                cluster.relay(msg);
+                true
+            }
+        }
+    }
+
+    fn shutting_down(&self) -> bool {
+        self.is_shutting_down()
+    }
+}
