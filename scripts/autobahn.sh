@@ -16,7 +16,6 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 TOOLS="${AUTOBAHN_TOOLS:-$ROOT/../shared/tools/autobahn}"
-[ -d "$TOOLS" ] || TOOLS=/work/shared/tools/autobahn
 VENV="${AUTOBAHN_VENV:-/tmp/autobahn-py3-venv}"
 export AUTOBAHN_VENV="$VENV"
 

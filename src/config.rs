@@ -94,6 +94,9 @@ pub struct Config {
     pub default_rate_limit: String,
     /// Time allowed for graceful shutdown, milliseconds. Default 4000.
     pub shutdown_grace_ms: u64,
+    /// Serve the live console page at `GET /console`. Default false; `serve --dev`
+    /// turns it on. Off: 404.
+    pub console: bool,
 }
 
 impl Default for Config {
@@ -122,6 +125,7 @@ impl Default for Config {
             key_refresh_ms: 250,
             default_rate_limit: "100/s".to_string(),
             shutdown_grace_ms: 4000,
+            console: false,
         }
     }
 }
@@ -153,6 +157,9 @@ impl Config {
         if args.tls_cert.is_some() {
             cfg.tls_cert = args.tls_cert.clone();
             cfg.tls_key = args.tls_key.clone();
+        }
+        if args.dev {
+            cfg.console = true;
         }
         if cfg.workers == 0 {
             cfg.workers = std::thread::available_parallelism()

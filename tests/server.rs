@@ -286,8 +286,9 @@ fn full_mailbox_gives_503_and_degraded_health() {
     assert_eq!(v["checks"]["database"], "ok");
     assert_ne!(v["checks"]["queues"], "ok");
     // Once drained, healthy again.
-    std::thread::sleep(Duration::from_millis(100));
-    assert_eq!(s.health().0, 200);
+    wait_for(Duration::from_secs(5), "the mailboxes to drain", || {
+        s.health().0 == 200
+    });
 }
 
 #[test]
@@ -327,7 +328,7 @@ fn websocket_refuses_bad_keys_with_401() {
     let p = s.project("w", "100/s");
     let revoked = s.project("w2", "100/s");
     cli(&s.data_dir, &["key", "revoke", &revoked.public]);
-    std::thread::sleep(Duration::from_millis(1100));
+    s.wait_key_refused(&revoked.public);
     for (case, key) in [
         ("secret key", p.secret.as_str()),
         ("unknown", "pk_unknown000000000000000000000000"),
@@ -551,8 +552,8 @@ fn sigterm_closes_websockets_with_1001_and_exits_zero() {
     let mut ws = s.ws(&p.public);
     subscribe(&mut ws, "c");
     let start = Instant::now();
+    // The reader may start after the close arrives: the frame waits in its socket.
     let reader = std::thread::spawn(move || close_code(&mut ws));
-    std::thread::sleep(Duration::from_millis(100));
     let status = s
         .terminate(Duration::from_secs(5))
         .expect("exited within 5 s");
@@ -762,4 +763,44 @@ fn deeply_nested_client_frames_get_an_error_and_the_socket_stays_up() {
     send_json(&mut ws, json!({"type": "ping"}));
     assert_eq!(next_json(&mut ws), json!({"type": "pong"}));
     assert_eq!(s.health().0, 200);
+}
+
+#[test]
+fn console_is_served_only_when_turned_on() {
+    let off = Server::start();
+    let resp = String::from_utf8_lossy(
+        &off.raw(b"GET /console HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+    )
+    .to_string();
+    assert!(resp.starts_with("HTTP/1.1 404 "), "{resp}");
+
+    let on = Server::start_with(Options {
+        config: "console = true\n".into(),
+        ..Options::default()
+    });
+    let page = String::from_utf8_lossy(
+        &on.raw(b"GET /console HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+    )
+    .to_string();
+    assert!(page.starts_with("HTTP/1.1 200 "), "{page}");
+    assert!(page.contains("Content-Type: text/html"), "{page}");
+    assert!(
+        page.contains("/console/ringcast.js"),
+        "the page loads the client"
+    );
+    let js = String::from_utf8_lossy(
+        &on.raw(b"GET /console/ringcast.js HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+    )
+    .to_string();
+    assert!(js.starts_with("HTTP/1.1 200 "), "{js}");
+    assert!(js.contains("Content-Type: text/javascript"), "{js}");
+    assert!(
+        js.contains("export class Ringcast"),
+        "the client module itself"
+    );
+    let post = String::from_utf8_lossy(&on.raw(
+        b"POST /console HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+    ))
+    .to_string();
+    assert!(post.starts_with("HTTP/1.1 405 "), "{post}");
 }

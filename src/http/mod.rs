@@ -18,6 +18,7 @@
 //! keep from it (httparse) is what we use here.
 
 pub(crate) mod conn;
+pub(crate) mod console;
 pub(crate) mod health;
 pub(crate) mod outcome;
 pub(crate) mod parse;

@@ -44,6 +44,18 @@ fn reason(status: u16) -> &'static str {
     }
 }
 
+/// Append a complete response with another content type (the console's page and script).
+pub(crate) fn write_body(out: &mut Vec<u8>, content_type: &str, body: &[u8], head_only: bool) {
+    let _ = write!(
+        out,
+        "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nCache-Control: no-cache\r\nX-Content-Type-Options: nosniff\r\n\r\n",
+        body.len()
+    );
+    if !head_only {
+        out.extend_from_slice(body);
+    }
+}
+
 /// Append a complete JSON response to `out`.
 pub(crate) fn write_json(out: &mut Vec<u8>, status: u16, body: &[u8], extra: Extra) {
     write_response(out, status, body, extra, None);

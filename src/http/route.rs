@@ -7,7 +7,7 @@ use std::rc::Rc;
 
 use super::outcome::{answer, Outcome};
 use super::parse::{Method, RequestHead};
-use super::{health, publish, upgrade, ApiError, Service};
+use super::{console, health, publish, upgrade, ApiError, Service};
 
 /// Route one request whose head is parsed; `req` starts at the head.
 pub(crate) fn route(
@@ -26,6 +26,12 @@ pub(crate) fn route(
             _ => answer(out, ApiError::MethodNotAllowed("GET, HEAD")),
         },
         b"/api/v1/ws" => upgrade::handle(svc, head, req, out),
+        b"/console" | b"/console/" | b"/console/ringcast.js" if svc.config().console => {
+            match head.method() {
+                Method::Get | Method::Head => console::handle(head, &req[head.path.clone()], out),
+                _ => answer(out, ApiError::MethodNotAllowed("GET, HEAD")),
+            }
+        }
         _ => answer(out, ApiError::NotFound),
     }
 }

@@ -73,6 +73,7 @@ impl Mailbox {
         self.reserved.load(Ordering::Relaxed)
     }
 
+    #[cfg(any(test, feature = "bench"))]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

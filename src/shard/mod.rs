@@ -15,6 +15,10 @@
 //!   shard on its own core. Nothing here knows HTTP, keys' text, or the client protocol's
 //!   frames; the transport below (`ws`) knows no project.
 
+// The bench feature re-exports the fan-out and mailbox types; without it they are
+// crate-private in effect.
+#![cfg_attr(not(feature = "bench"), allow(unreachable_pub))]
+
 pub(crate) mod interest;
 pub(crate) mod mailbox;
 pub(crate) mod registry;

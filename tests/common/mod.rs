@@ -301,6 +301,17 @@ impl Server {
         p
     }
 
+    /// Wait until the server refuses a public key (after `key revoke`): its upgrade
+    /// answers 401.
+    pub fn wait_key_refused(&self, public: &str) {
+        let url = self.ws_url(public);
+        wait_for(
+            Duration::from_secs(3),
+            "the revocation to reach the server",
+            || matches!(tungstenite::connect(url.as_str()), Err(tungstenite::Error::Http(r)) if r.status().as_u16() == 401),
+        );
+    }
+
     /// Wait until the server knows a secret key (a 401 turns into anything else).
     pub fn wait_key(&self, secret: &str) {
         let deadline = Instant::now() + Duration::from_secs(3);
@@ -416,6 +427,16 @@ impl Drop for Server {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+/// Poll `cond` every 20 ms until it holds; panic naming `what` after `limit`. Tests wait
+/// for conditions, never for fixed times.
+pub fn wait_for(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
