@@ -305,7 +305,10 @@ export function watchPage(page) {
   const problems = [];
   page.on("pageerror", (e) => problems.push(`pageerror: ${e.message}`));
   page.on("console", (msg) => {
-    if (msg.type() === "error") problems.push(`console.error: ${msg.text()}`);
+    // The browser's own favicon request is not the page's doing.
+    if (msg.type() === "error" && !/\/favicon\.ico$/.test(msg.location()?.url ?? "")) {
+      problems.push(`console.error: ${msg.text()}`);
+    }
   });
   return problems;
 }
