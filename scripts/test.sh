@@ -11,7 +11,7 @@
 #
 # Environment: RINGCAST_BIN (binary for the browser tests; default target/debug/ringcast,
 # built here), CHROMIUM_PATH (default /usr/bin/chromium), SKIP_CARGO_TEST=1 to run only the
-# JavaScript and browser parts.
+# JavaScript and browser parts. UPDATE_SCREENSHOTS=1 rewrites docs/console.png.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
