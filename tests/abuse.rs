@@ -569,3 +569,209 @@ fn pipelined_burst_from_one_connection_arrives_once_in_order() {
     }
     still_serving(&server, &p, "pipelined burst");
 }
+
+// ---------------------------------------------------------------------------------
+// Strict HTTP/1.1 (issue 10, finding 5): what httparse or a lenient server would take,
+// and a proxy in front might read differently, is a 400 that closes the connection.
+
+/// Send `raw` on a fresh plain connection and expect exactly one answer, 400
+/// `bad_request` naming `why`, with `Connection: close`, and the server then closing the
+/// connection (EOF long before the 60 s keep-alive idle timeout, which would end the
+/// read with a timeout error instead).
+fn expect_400_and_close(server: &Server, raw: &[u8], why: &str, case: &str) {
+    let mut s = TcpStream::connect(server.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(raw).unwrap();
+    let mut out = Vec::new();
+    let end = s.read_to_end(&mut out);
+    // A second answer after the first would make the body unparsable (Null).
+    let (status, head, body) = parse_response(&out);
+    assert_eq!(status, 400, "{case}: {head}\n{body}");
+    assert_eq!(body["error"]["code"], "bad_request", "{case}: {body}");
+    let message = body["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains(why),
+        "{case}: {message:?} should say {why:?}"
+    );
+    assert_eq!(
+        header(&head, "connection").as_deref(),
+        Some("close"),
+        "{case}: {head}"
+    );
+    assert!(end.is_ok(), "{case}: connection not closed: {end:?}");
+}
+
+fn upgrade_head(public_key: &str, extra: &str) -> String {
+    format!(
+        "GET /api/v1/ws?key={public_key} HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\n\
+         Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+         Sec-WebSocket-Version: 13\r\n{extra}\r\n"
+    )
+}
+
+/// A valid publish to `channel`, head and body, with `extra` header lines.
+fn publish_request(key: &str, channel: &str, extra: &str) -> Vec<u8> {
+    let body = json!({"channel": channel, "event": "e", "data": {"n": 1}}).to_string();
+    let mut raw = publish_head(key, &format!("Content-Length: {}\r\n{extra}", body.len()));
+    raw.push_str(&body);
+    raw.into_bytes()
+}
+
+/// `raw` with its first header line starting with `name` repeated, value and all.
+fn twice(raw: &[u8], name: &str) -> Vec<u8> {
+    let text = String::from_utf8(raw.to_vec()).unwrap();
+    let start = text.find(&format!("\r\n{name}")).expect("header present") + 2;
+    let end = start + text[start..].find("\r\n").unwrap() + 2;
+    let line = text[start..end].to_string();
+    let mut out = text;
+    out.insert_str(end, &line);
+    out.into_bytes()
+}
+
+#[test]
+fn bare_lf_line_endings_get_400_and_close() {
+    let (server, p) = start();
+    let publish = String::from_utf8(publish_request(&p.secret, "lf", "")).unwrap();
+    let cases: Vec<(&str, String)> = vec![
+        (
+            "bare LF after the request line",
+            "GET /health HTTP/1.1\nHost: t\r\n\r\n".to_string(),
+        ),
+        (
+            "bare LF as the final empty line",
+            "GET /health HTTP/1.1\r\nHost: t\r\n\n".to_string(),
+        ),
+        (
+            "LF-only head",
+            "GET /health HTTP/1.1\nHost: t\n\n".to_string(),
+        ),
+        (
+            "bare LF after a header of a valid publish",
+            publish.replacen("Host: t\r\n", "Host: t\n", 1),
+        ),
+        (
+            "bare LF in a valid upgrade",
+            upgrade_head(&p.public, "").replacen(
+                "Upgrade: websocket\r\n",
+                "Upgrade: websocket\n",
+                1,
+            ),
+        ),
+    ];
+    for (case, raw) in &cases {
+        expect_400_and_close(&server, raw.as_bytes(), "bare LF", case);
+        still_serving(&server, &p, case);
+    }
+}
+
+#[test]
+fn duplicate_headers_get_400_and_close() {
+    let (server, p) = start();
+    let secret = &p.secret;
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "two Content-Type headers",
+            publish_request(secret, "dup", "Content-Type: text/plain\r\n"),
+            "duplicate Content-Type header",
+        ),
+        (
+            "two equal Content-Length headers",
+            twice(&publish_request(secret, "dup", ""), "Content-Length: "),
+            "duplicate Content-Length header",
+        ),
+        (
+            "two Host headers",
+            b"GET /health HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n".to_vec(),
+            "duplicate Host header",
+        ),
+        (
+            "two Upgrade headers",
+            upgrade_head(&p.public, "Upgrade: websocket\r\n").into_bytes(),
+            "duplicate Upgrade header",
+        ),
+        (
+            "two Sec-WebSocket-Key headers",
+            upgrade_head(&p.public, "Sec-WebSocket-Key: AAAAAAAAAAAAAAAAAAAAAA==\r\n").into_bytes(),
+            "duplicate Sec-WebSocket-Key header",
+        ),
+    ];
+    for (case, raw, why) in &cases {
+        expect_400_and_close(&server, raw, why, case);
+        still_serving(&server, &p, case);
+    }
+}
+
+/// Two `X-Api-Key` headers publish nothing, whatever their order: the last one used to
+/// win, so a public key (what a browser holds) followed by the secret key published.
+#[test]
+fn duplicate_api_keys_get_400_and_publish_nothing() {
+    let (server, p) = start();
+    let mut sub = server.ws(&p.public);
+    subscribe(&mut sub, "dup");
+    let cases = [
+        ("public key, then the secret key", &p.public, &p.secret),
+        ("secret key, then the public key", &p.secret, &p.public),
+        ("the secret key twice", &p.secret, &p.secret),
+    ];
+    for (case, first, second) in cases {
+        let raw = publish_request(first, "dup", &format!("X-Api-Key: {second}\r\n"));
+        expect_400_and_close(&server, &raw, "duplicate X-Api-Key header", case);
+        // The next message the subscriber gets is a well-formed publish made after the
+        // refused one: the refused one never reached it.
+        let (status, body) = server.publish(&p.secret, "dup", "marker", json!({"case": case}));
+        assert_eq!(status, 202, "{case}: {body}");
+        let msg = next_json(&mut sub);
+        assert_eq!(
+            msg["event"], "marker",
+            "{case}: the refused publish arrived: {msg}"
+        );
+        assert_eq!(msg["data"]["case"], case, "{case}: {msg}");
+        still_serving(&server, &p, case);
+    }
+    expect_silence(&mut sub, Duration::from_millis(100));
+}
+
+/// A body where none is taken is refused from the head: 400 at once (the body is never
+/// waited for, so a head alone gets its answer well before the 500 ms request timeout,
+/// which is what it used to get), and the connection closes.
+#[test]
+fn a_body_on_health_or_the_upgrade_gets_400_from_the_head() {
+    let (server, p) = start();
+    let health = "a /health request must not have a body";
+    let upgrade = "the WebSocket upgrade request must not have a body";
+    let cases: Vec<(&str, String, &str)> = vec![
+        (
+            "GET /health declaring a body it never sends",
+            "GET /health HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\n".to_string(),
+            health,
+        ),
+        (
+            "HEAD /health declaring 64 KiB",
+            "HEAD /health HTTP/1.1\r\nHost: t\r\nContent-Length: 65536\r\n\r\n".to_string(),
+            health,
+        ),
+        (
+            "GET /health with its body",
+            "GET /health HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\n{}".to_string(),
+            health,
+        ),
+        (
+            "upgrade declaring a body it never sends",
+            upgrade_head(&p.public, "Content-Length: 5\r\n"),
+            upgrade,
+        ),
+        (
+            "upgrade with its body (read as WebSocket frames, before)",
+            upgrade_head(&p.public, "Content-Length: 5\r\n") + "hello",
+            upgrade,
+        ),
+    ];
+    for (case, raw, why) in &cases {
+        expect_400_and_close(&server, raw.as_bytes(), why, case);
+        still_serving(&server, &p, case);
+    }
+    // An explicit empty body is no body.
+    let raw = b"GET /health HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+    let (status, _, body) = parse_response(&server.raw(raw));
+    assert_eq!(status, 200, "{body}");
+}

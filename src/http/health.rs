@@ -4,32 +4,20 @@
 //! last check, no mailbox is over its high-water mark, the node is not shutting down and
 //! (cluster mode) both Redis connections are up; otherwise 503 with the failing checks
 //! and `Retry-After: 1`. No key is needed and one sent is ignored. HEAD gets the same
-//! head, Content-Length included, and no body (RFC 9110 §9.3.2).
+//! head, Content-Length included, and no body (RFC 9110 §9.3.2). A request with a body
+//! never gets here: the router answers it 400 from the head (`route`).
 
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 
-use super::outcome::{answer, Outcome};
+use super::outcome::Outcome;
 use super::parse::{Method, RequestHead};
 use super::response::{write_json, Extra};
-use super::{ApiError, Service};
+use super::Service;
 
-pub(crate) fn handle(
-    svc: &Rc<Service>,
-    head: &RequestHead,
-    req: &[u8],
-    out: &mut Vec<u8>,
-) -> Outcome {
-    let length = head.content_length.unwrap_or(0);
-    if length > 0 {
-        // A body on GET is unusual; it must still be skipped whole.
-        if length > svc.config().max_body_bytes {
-            return answer(out, ApiError::PayloadTooLarge);
-        }
-        if req.len() < head.head_len + length {
-            return Outcome::NeedMore;
-        }
-    }
+/// Answer a body-less `GET`/`HEAD /health` (the router refuses one with a body).
+pub(crate) fn handle(svc: &Rc<Service>, head: &RequestHead, out: &mut Vec<u8>) -> Outcome {
+    debug_assert!(!head.has_body());
     let start = out.len();
     write_health(svc, out);
     if head.method() == Method::Head {

@@ -7,8 +7,16 @@
 //!
 //! Framing rules (request smuggling defences): a `Transfer-Encoding` header is answered
 //! with 411 (ringcast does not accept chunked request bodies; backends send
-//! `Content-Length`), `Transfer-Encoding` together with `Content-Length` is a 400,
-//! and several `Content-Length` headers must agree or the request is a 400.
+//! `Content-Length`), `Transfer-Encoding` together with `Content-Length` is a 400.
+//!
+//! Strict HTTP/1.1 (400, the connection then closes): every line of the head ends with
+//! CRLF (httparse also takes a bare LF, which a proxy in front may read differently, so
+//! the complete head is scanned once for a `\n` without its `\r`), and each header
+//! ringcast acts on whose repetition could be read two ways (`Content-Length`,
+//! `Content-Type`, `X-Api-Key`, `Host`, `Upgrade`, `Sec-WebSocket-Key`) appears at most
+//! once, equal values included: no "first wins" or "last wins" for a proxy and the
+//! server to disagree on. Which endpoints refuse a body at all is the router's
+//! decision ([`RequestHead::has_body`], `route`).
 
 use std::ops::Range;
 
@@ -51,6 +59,37 @@ impl RequestHead {
     pub fn keep_alive(&self) -> bool {
         !self.connection_close && !self.http10
     }
+
+    /// Whether the head declares a body (`Content-Length` above 0; a
+    /// `Transfer-Encoding` head never gets past [`parse_head`]). Endpoints that take no
+    /// body refuse it from this, before any of it is waited for.
+    pub fn has_body(&self) -> bool {
+        self.content_length.is_some_and(|n| n > 0)
+    }
+}
+
+/// Headers that may appear at most once, one bit each (see [`parse_head`]).
+mod once {
+    pub(super) const CONTENT_LENGTH: u8 = 1 << 0;
+    pub(super) const CONTENT_TYPE: u8 = 1 << 1;
+    pub(super) const API_KEY: u8 = 1 << 2;
+    pub(super) const HOST: u8 = 1 << 3;
+    pub(super) const UPGRADE: u8 = 1 << 4;
+    pub(super) const WS_KEY: u8 = 1 << 5;
+}
+
+/// Mark `bit` as seen; a second sighting is the 400 `why`.
+fn first_time(seen: &mut u8, bit: u8, why: &'static str) -> Result<(), HttpError> {
+    if *seen & bit != 0 {
+        return Err(HttpError::BadRequest(why));
+    }
+    *seen |= bit;
+    Ok(())
+}
+
+/// Whether `head` has a line feed not preceded by a carriage return: one memchr pass.
+fn has_bare_lf(head: &[u8]) -> bool {
+    memchr::memchr_iter(b'\n', head).any(|i| i == 0 || head[i - 1] != b'\r')
 }
 
 /// Parse the head at the start of `buf`. `max_head` bounds the head in bytes (431 when
@@ -82,6 +121,13 @@ pub fn parse_head(
     if head_len > max_head {
         return Err(HttpError::HeadersTooLarge);
     }
+    // Only the complete head: a prefix is "need more" (a bare LF in it is refused once
+    // the head completes, or the request times out), and the body is not the head's.
+    if has_bare_lf(&buf[..head_len]) {
+        return Err(HttpError::BadRequest(
+            "bare LF in the request head (every line must end with CRLF)",
+        ));
+    }
     let base = buf.as_ptr() as usize;
     let range_of = |s: &[u8]| {
         let start = s.as_ptr() as usize - base;
@@ -112,20 +158,30 @@ pub fn parse_head(
     }
 
     let mut saw_transfer_encoding = false;
+    let mut seen = 0u8;
     for h in req.headers.iter() {
         let name = h.name;
         let value = h.value;
-        if name.eq_ignore_ascii_case("content-length") {
-            let n = parse_content_length(value)?;
-            if head.content_length.is_some_and(|prev| prev != n) {
-                return Err(HttpError::BadRequest("conflicting Content-Length headers"));
-            }
-            head.content_length = Some(n);
+        if name.eq_ignore_ascii_case("host") {
+            first_time(&mut seen, once::HOST, "duplicate Host header")?;
+        } else if name.eq_ignore_ascii_case("content-length") {
+            first_time(
+                &mut seen,
+                once::CONTENT_LENGTH,
+                "duplicate Content-Length header",
+            )?;
+            head.content_length = Some(parse_content_length(value)?);
         } else if name.eq_ignore_ascii_case("transfer-encoding") {
             saw_transfer_encoding = true;
         } else if name.eq_ignore_ascii_case("content-type") {
+            first_time(
+                &mut seen,
+                once::CONTENT_TYPE,
+                "duplicate Content-Type header",
+            )?;
             head.content_type = Some(range_of(value));
         } else if name.eq_ignore_ascii_case("x-api-key") {
+            first_time(&mut seen, once::API_KEY, "duplicate X-Api-Key header")?;
             head.api_key = Some(range_of(value));
         } else if name.eq_ignore_ascii_case("connection") {
             for token in value.split(|&b| b == b',') {
@@ -139,10 +195,16 @@ pub fn parse_head(
                 }
             }
         } else if name.eq_ignore_ascii_case("upgrade") {
+            first_time(&mut seen, once::UPGRADE, "duplicate Upgrade header")?;
             head.upgrade_websocket = value
                 .split(|&b| b == b',')
                 .any(|t| trim(t).eq_ignore_ascii_case(b"websocket"));
         } else if name.eq_ignore_ascii_case("sec-websocket-key") {
+            first_time(
+                &mut seen,
+                once::WS_KEY,
+                "duplicate Sec-WebSocket-Key header",
+            )?;
             head.ws_key = Some(range_of(trim(value)));
         } else if name.eq_ignore_ascii_case("sec-websocket-version") {
             head.ws_version = Some(range_of(trim(value)));
@@ -251,6 +313,77 @@ mod tests {
             parse("GARBAGE\r\n\r\n"),
             Err(HttpError::BadRequest(_))
         ));
+    }
+
+    fn bad_request(raw: &str) -> &'static str {
+        match parse(raw) {
+            Err(HttpError::BadRequest(why)) => why,
+            other => panic!("{raw:?}: expected a 400, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn bare_lf_anywhere_in_the_head_is_rejected() {
+        // httparse takes every one of these as a complete head.
+        for raw in [
+            "GET /health HTTP/1.1\nHost: t\r\n\r\n",
+            "GET /health HTTP/1.1\r\nHost: t\nX-A: b\r\n\r\n",
+            "GET /health HTTP/1.1\r\nHost: t\r\n\n",
+            "GET /health HTTP/1.1\nHost: t\n\n",
+            "\nGET /health HTTP/1.1\r\nHost: t\r\n\r\n",
+            "POST /api/v1/publish HTTP/1.1\r\nX-Api-Key: sk_a\nContent-Length: 2\r\n\r\n{}",
+        ] {
+            assert!(bad_request(raw).contains("bare LF"), "{raw:?}");
+        }
+        // CRLF throughout is fine, and a LF in the body is the body's business.
+        let ok = "POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\n\r\na\nb";
+        assert_eq!(parse(ok).unwrap().unwrap().content_length, Some(3));
+        // An incomplete head stays "need more" (the contract), bare LF or not.
+        assert!(parse("GET / HTTP/1.1\nHost: t\r\n").unwrap().is_none());
+    }
+
+    #[test]
+    fn headers_ringcast_acts_on_may_appear_only_once() {
+        let cases = [
+            ("X-Api-Key: pk_public\r\nX-Api-Key: sk_secret", "X-Api-Key"),
+            ("X-Api-Key: sk_same\r\nx-api-key: sk_same", "X-Api-Key"),
+            (
+                "Content-Type: text/plain\r\nContent-Type: application/json",
+                "Content-Type",
+            ),
+            ("Content-Length: 2\r\nContent-Length: 2", "Content-Length"),
+            ("Content-Length: 2\r\nContent-Length: 3", "Content-Length"),
+            ("Host: a\r\nHOST: b", "Host"),
+            ("Host: a\r\nHost: a", "Host"),
+            ("Upgrade: websocket\r\nUpgrade: websocket", "Upgrade"),
+            ("Upgrade: h2c\r\nUpgrade: websocket", "Upgrade"),
+            (
+                "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Key: AAAAAAAAAAAAAAAAAAAAAA==",
+                "Sec-WebSocket-Key",
+            ),
+        ];
+        for (headers, name) in cases {
+            let raw = format!("POST /api/v1/publish HTTP/1.1\r\n{headers}\r\n\r\n");
+            let why = bad_request(&raw);
+            assert_eq!(why, format!("duplicate {name} header"), "{raw:?}");
+        }
+        // Headers ringcast does not act on, and list headers, may repeat.
+        let ok = "GET /health HTTP/1.1\r\nHost: t\r\nX-A: 1\r\nX-A: 2\r\nConnection: keep-alive\r\nConnection: Upgrade\r\n\r\n";
+        let head = parse(ok).unwrap().unwrap();
+        assert!(head.connection_upgrade);
+    }
+
+    #[test]
+    fn has_body_is_a_positive_content_length() {
+        let head = |extra: &str| {
+            parse(&format!("GET /health HTTP/1.1\r\nHost: t\r\n{extra}\r\n"))
+                .unwrap()
+                .unwrap()
+        };
+        assert!(!head("").has_body());
+        assert!(!head("Content-Length: 0\r\n").has_body());
+        assert!(head("Content-Length: 1\r\n").has_body());
+        assert!(head("Content-Length: 65536\r\n").has_body());
     }
 
     #[test]

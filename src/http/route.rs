@@ -1,7 +1,9 @@
 //! The routing table: which endpoint answers which path, and with which methods.
 //!
 //! Every endpoint answers with an [`Outcome`]. Unknown paths get 404, wrong methods 405
-//! with `Allow`.
+//! with `Allow`. `GET`/`HEAD /health` and the WebSocket upgrade take no body: a head
+//! declaring one (`Content-Length` above 0) is a 400 decided from the head, before any
+//! of the body is waited for, and the connection closes (the body is never read).
 
 use std::rc::Rc;
 
@@ -22,9 +24,17 @@ pub(crate) fn route(
             _ => answer(out, ApiError::MethodNotAllowed("POST")),
         },
         b"/health" => match head.method() {
-            Method::Get | Method::Head => health::handle(svc, head, req, out),
+            Method::Get | Method::Head if head.has_body() => answer(
+                out,
+                ApiError::BadRequest("a /health request must not have a body"),
+            ),
+            Method::Get | Method::Head => health::handle(svc, head, out),
             _ => answer(out, ApiError::MethodNotAllowed("GET, HEAD")),
         },
+        b"/api/v1/ws" if head.method() == Method::Get && head.has_body() => answer(
+            out,
+            ApiError::BadRequest("the WebSocket upgrade request must not have a body"),
+        ),
         b"/api/v1/ws" => upgrade::handle(svc, head, req, out),
         b"/console" | b"/console/" | b"/console/ringcast.js" if svc.config().console => {
             match head.method() {
