@@ -1,6 +1,8 @@
 //! Criterion benches of the publish and fan-out hot path, over in-memory data only:
 //! publish parse+validate (100 B, 1 KiB, 16 KiB bodies), frame encoding, one frame
-//! fanned out to 1/100/10k local subscribers, and a mailbox push+drain across threads.
+//! fanned out to 1/100/10k local subscribers, a mailbox push+drain across threads, and
+//! the reassembly of a 16 KiB client text message, whole and in 64 fragments (the CPU
+//! per received byte of a fragmented message should stay within 2× of a whole one).
 //! Key lookup and the quota check are in `control_plane.rs`.
 
 use std::rc::Rc;
@@ -10,7 +12,7 @@ use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
 use ringcast::bench::{channel_hash, fan_out, Broadcast, Mailboxes, Registry};
-use ringcast::{message_frame, PublishParser, WsConn};
+use ringcast::{message_frame, Assembler, Incoming, Opcode, PublishParser, WsConn};
 
 fn body_of(size: usize) -> Vec<u8> {
     let head = r#"{"channel":"orders","event":"order.created","data":{"pad":""#;
@@ -121,5 +123,62 @@ fn mailbox(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, parse, encode, fanout, mailbox);
+/// A 16 KiB text message of client-protocol JSON with 2-, 3- and 4-byte characters, so
+/// fragment boundaries fall inside UTF-8 sequences.
+fn client_text(size: usize) -> Vec<u8> {
+    let unit = r#"{"type":"subscribe","channel":"news-é€😀"}"#;
+    let mut text = unit.repeat(size / unit.len() + 1);
+    let mut cut = size;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    text.truncate(cut);
+    let mut bytes = text.into_bytes();
+    bytes.resize(size, b' ');
+    bytes
+}
+
+/// Assembler::push for every frame of one message, then `release` (what the reader
+/// does per message). The payloads are unmasked already; validation and copying are
+/// what is measured.
+fn reassembly(c: &mut Criterion) {
+    const SIZE: usize = 16 * 1024;
+    const FRAGMENTS: usize = 64;
+    let mut group = c.benchmark_group("reassembly_16KiB_text");
+    group.throughput(Throughput::Bytes(SIZE as u64));
+    let mut msg = client_text(SIZE);
+    let mut asm = Assembler::new(FRAGMENTS);
+    group.bench_function("unfragmented", |b| {
+        b.iter(|| {
+            let n = match asm.push(Opcode::Text, true, &mut msg, SIZE) {
+                Ok(Incoming::Message(_, data)) => data.len(),
+                other => panic!("{other:?}"),
+            };
+            asm.release();
+            n
+        })
+    });
+    group.bench_function("64_fragments", |b| {
+        b.iter(|| {
+            let mut n = 0;
+            for (i, part) in msg.chunks_mut(SIZE / FRAGMENTS).enumerate() {
+                let op = if i == 0 {
+                    Opcode::Text
+                } else {
+                    Opcode::Continuation
+                };
+                match asm.push(op, i + 1 == FRAGMENTS, part, SIZE) {
+                    Ok(Incoming::None) => {}
+                    Ok(Incoming::Message(_, data)) => n = data.len(),
+                    other => panic!("{other:?}"),
+                }
+            }
+            asm.release();
+            n
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, parse, encode, fanout, mailbox, reassembly);
 criterion_main!(benches);

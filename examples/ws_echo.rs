@@ -11,7 +11,8 @@
 //! Invariants: nothing here re-implements framing or the handshake (then the suite would
 //! test this file, not ringcast); any path is accepted, since the suite picks its own.
 //! Limits are raised above the server's defaults because case group 9 sends messages of
-//! up to 16 MiB; the limit logic itself is the same code.
+//! up to 16 MiB, and fragmented ones in up to 65,536 frames; the limit logic itself is
+//! the same code.
 
 use std::os::fd::AsRawFd;
 use std::rc::Rc;
@@ -26,6 +27,9 @@ use ringcast::{
 
 /// Largest message echoed: group 9 sends up to 16 MiB; headroom for reassembly.
 const MAX_MESSAGE: usize = 64 * 1024 * 1024;
+/// Most frames per message: cases 9.3.1 and 9.4.1 send 4 MiB in 64-byte fragments
+/// (65,536 frames; group 5 uses at most 5, groups 6 and 10 one per octet of short texts).
+const MAX_FRAGMENTS: usize = 100_000;
 /// Echo backlog: a 16 MiB echo plus whatever the suite pipelines behind it.
 const SEND_BACKLOG: usize = 256 * 1024 * 1024;
 /// Request head limits, as the server's defaults.
@@ -138,6 +142,7 @@ async fn serve(mut stream: TcpStream, id: u64, started: Instant) {
     monoio::spawn(write_loop(wr, conn.clone()));
     let limits = ReadLimits {
         max_message: MAX_MESSAGE,
+        max_fragments: MAX_FRAGMENTS,
     };
     read_loop(
         rd,

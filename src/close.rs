@@ -21,7 +21,8 @@ pub mod code {
     pub const UNSUPPORTED_DATA: u16 = 1003;
     /// Text that is not UTF-8.
     pub const INVALID_PAYLOAD: u16 = 1007;
-    /// A frame or message beyond the configured size.
+    /// A frame or message beyond the configured size, or a message in more fragments
+    /// than allowed.
     pub const TOO_BIG: u16 = 1009;
     /// The key the connection was opened with was revoked.
     pub const KEY_REVOKED: u16 = 4001;
@@ -63,6 +64,7 @@ impl Disconnect {
         d(code::INVALID_PAYLOAD, "close reason is not UTF-8");
     pub const FRAME_TOO_LARGE: Disconnect = d(code::TOO_BIG, "frame too large");
     pub const MESSAGE_TOO_LARGE: Disconnect = d(code::TOO_BIG, "message too large");
+    pub const TOO_MANY_FRAGMENTS: Disconnect = d(code::TOO_BIG, "message in too many fragments");
 
     // Decided by the client protocol and the server.
     pub const BINARY_UNSUPPORTED: Disconnect =
@@ -90,6 +92,7 @@ mod tests {
         for d in [
             Disconnect::MALFORMED_HEADER,
             Disconnect::INTERLEAVED_MESSAGE,
+            Disconnect::TOO_MANY_FRAGMENTS,
             Disconnect::SLOW_CONSUMER,
             Disconnect::HEARTBEAT_TIMEOUT,
         ] {

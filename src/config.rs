@@ -63,6 +63,9 @@ pub struct Config {
     /// Largest WebSocket message a client may send (after reassembly), bytes.
     /// Default 16384. Over: close 1009.
     pub max_frame_bytes: usize,
+    /// Most frames one client WebSocket message may arrive in (the first frame and its
+    /// continuations, empty ones included), count. Default 64. Over: close 1009.
+    pub max_fragments_per_message: usize,
     /// Most channels one WebSocket connection may be subscribed to. Default 100.
     /// Over: an error frame `too_many_subscriptions`, the connection stays open.
     pub max_subscriptions_per_connection: usize,
@@ -114,6 +117,7 @@ impl Default for Config {
             header_read_timeout_ms: 10_000,
             http_idle_timeout_s: 60,
             max_frame_bytes: 16 * 1024,
+            max_fragments_per_message: 64,
             max_subscriptions_per_connection: 100,
             send_backlog_bytes: 1024 * 1024,
             write_coalesce_ms: 3,
@@ -200,6 +204,7 @@ impl Config {
             ("max_header_bytes", self.max_header_bytes),
             ("max_headers", self.max_headers),
             ("max_frame_bytes", self.max_frame_bytes),
+            ("max_fragments_per_message", self.max_fragments_per_message),
             (
                 "max_subscriptions_per_connection",
                 self.max_subscriptions_per_connection,
@@ -293,5 +298,16 @@ mod tests {
             ..Config::default()
         };
         assert!(cfg.validate().is_err());
+        let cfg = Config::from_toml("max_fragments_per_message = 0\n").unwrap();
+        let err = cfg.validate().unwrap_err().to_string();
+        assert!(err.contains("max_fragments_per_message"), "{err}");
+    }
+
+    #[test]
+    fn fragment_cap_defaults_to_64() {
+        assert_eq!(Config::default().max_fragments_per_message, 64);
+        let cfg = Config::from_toml("max_fragments_per_message = 1000\n").unwrap();
+        assert_eq!(cfg.max_fragments_per_message, 1000);
+        cfg.validate().unwrap();
     }
 }

@@ -775,3 +775,94 @@ fn a_body_on_health_or_the_upgrade_gets_400_from_the_head() {
     let (status, _, body) = parse_response(&server.raw(raw));
     assert_eq!(status, 200, "{body}");
 }
+
+/// CPU time (user + system, all threads) the process has used so far, from
+/// /proc/<pid>/stat.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("read /proc/pid/stat");
+    // The command name (field 2) may hold spaces; fields after it start with the state.
+    let after_comm = &stat[stat.rfind(')').expect("command name") + 1..];
+    let fields: Vec<&str> = after_comm.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line: 12th and 13th after the name.
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // SAFETY: sysconf only reads a system constant.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Duration::from_micros(ticks * 1_000_000 / hz)
+}
+
+/// Issue 10, finding 1: a 16,000-byte non-final text fragment followed by empty
+/// continuation frames made the reassembler re-validate the whole text on every frame
+/// (100,000 frames, 600 KB: 1.07 s of one worker's CPU, stalling every connection on
+/// that core). Now each byte is validated once and a message may take
+/// `max_fragments_per_message` frames (default 64): the 64th frame, if it is not final,
+/// closes the connection with 1009, and the rest of the flood costs next to nothing.
+#[test]
+fn fragment_flood_is_cut_at_64_frames_and_costs_little_cpu() {
+    // Default limits (16 KiB messages, 64 fragments): the 16,000-byte first fragment
+    // must fit.
+    let server = Server::start();
+    let p = server.project("fragments", "1000000/s");
+    let mut ws = RawWs::open(&server, &p.public);
+    ws.s.set_write_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let cpu_before = cpu_time(server.pid());
+
+    let empty = client_frame(0x00, b"", true);
+    // Frames 1..=63 of one text message, then a ping: its pong proves all 63 were taken.
+    // The text is not ASCII (validating it takes the slow path: 16,000 bytes of "é"),
+    // as in the report.
+    let mut wire = client_frame(0x01, "é".repeat(8_000).as_bytes(), true);
+    for _ in 2..=63 {
+        wire.extend_from_slice(&empty);
+    }
+    wire.extend(client_frame(0x89, b"63", true));
+    ws.send(&wire);
+    let (op, payload) = ws.read_frame().expect("pong after 63 fragments");
+    assert_eq!((op, payload.as_slice()), (0xA, &b"63"[..]));
+
+    // Frame 64, not final, with a ping behind it, then the rest of 100,000 empty
+    // continuations, all without reading (a hostile client does not wait for answers).
+    let mut wire = empty.clone();
+    wire.extend(client_frame(0x89, b"64", true));
+    let batch = 1000;
+    let mut sent = 62usize;
+    ws.send(&wire);
+    sent += 1;
+    let flood = empty.repeat(batch);
+    while sent < 100_000 {
+        // The server may stop reading and reset the socket once it has closed.
+        if ws.s.write_all(&flood).is_err() {
+            break;
+        }
+        sent += batch;
+    }
+
+    // The first thing back is the close, not a pong for "64": the server refused the
+    // message at its 64th frame.
+    let first = ws.read_frame();
+    let close_reply = client_frame(0x88, &1009u16.to_be_bytes(), true);
+    let _ = ws.s.write_all(&close_reply);
+    // Wait for the server to end the socket: its work for this connection is done.
+    ws.s.set_read_timeout(Some(Duration::from_secs(15)))
+        .unwrap();
+    let mut sink = [0u8; 4096];
+    while matches!(ws.s.read(&mut sink), Ok(n) if n > 0) {}
+    let cpu = cpu_time(server.pid()).saturating_sub(cpu_before);
+    eprintln!("fragment flood: {sent} empty continuations sent, server CPU {cpu:?}");
+
+    let (op, payload) = first.expect("a close frame");
+    assert_eq!(
+        op,
+        0x8,
+        "expected the close at the 64th fragment, got opcode {op:#x} {:?} \
+         ({sent} empty continuations sent, server CPU {cpu:?})",
+        String::from_utf8_lossy(&payload)
+    );
+    assert_eq!(u16::from_be_bytes([payload[0], payload[1]]), 1009);
+    assert_eq!(&payload[2..], b"message in too many fragments");
+    assert!(
+        cpu < Duration::from_millis(300),
+        "the flood ({sent} empty continuations) cost the server {cpu:?} of CPU"
+    );
+    still_serving(&server, &p, "fragment flood");
+}

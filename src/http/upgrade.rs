@@ -114,6 +114,7 @@ pub(crate) fn start<S: Transport>(
     conn.send(connected_frame(connection_id.as_str(), cfg.heartbeat_s));
     let limits = ReadLimits {
         max_message: cfg.max_frame_bytes,
+        max_fragments: cfg.max_fragments_per_message,
     };
     shard.register(conn.clone(), upgrade.key_id);
     monoio::spawn(write_loop(wr, conn.clone()));

@@ -431,6 +431,8 @@ pub trait Session {
 pub struct ReadLimits {
     /// Largest message (one frame or a reassembled fragmented message), bytes.
     pub max_message: usize,
+    /// Most frames one message may arrive in (empty continuations count), count.
+    pub max_fragments: usize,
 }
 
 /// The reader task: decode frames, run the session, answer pings and closes. Returns
@@ -443,7 +445,7 @@ pub async fn read_loop<S: Session, R: AsyncReadRent>(
     clock: impl Fn() -> u32,
     mut pending: Vec<u8>,
 ) {
-    let mut asm = Assembler::default();
+    let mut asm = Assembler::new(limits.max_fragments);
     let mut idle_buf: Vec<u8> = Vec::with_capacity(IDLE_READ);
     // Bytes that arrived with the upgrade request are processed first.
     let mut peer_closed = !process(&conn, session, &mut asm, &mut pending, limits);

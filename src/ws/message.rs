@@ -3,11 +3,23 @@
 //! [`Assembler::push`] takes each decoded frame in order and says what it completed: a
 //! whole data message, a ping to answer, a pong, a close, or nothing yet. Unfragmented
 //! messages are handed over in place (no copy); only fragmented ones are collected, and
-//! never beyond the message limit (1009). Text is checked to be UTF-8 (1007); a close
-//! frame's code and reason are checked (1002/1007) and turned into the code to echo.
+//! never beyond the message limit (1009) nor beyond the fragment limit (1009 too: empty
+//! continuation frames count, so a message cannot be stretched over endless frames).
+//! Text is checked to be UTF-8 (1007); a close frame's code and reason are checked
+//! (1002/1007) and turned into the code to echo.
+//!
+//! Invariant: every received byte of a fragmented text message is validated once. The
+//! assembler keeps the length of the prefix known to be valid; a fragment is checked
+//! from there, so the only bytes looked at twice are an incomplete UTF-8 sequence (at
+//! most 3 bytes) that one fragment ends with and the next one completes. An invalid
+//! sequence fails at the fragment that contains it.
 
 use super::frame::{valid_close_code, Opcode};
 use crate::close::{code::NORMAL, Disconnect};
+
+/// Fragments per message when the assembler is made with [`Assembler::default`]: the
+/// server's default `max_fragments_per_message`.
+const DEFAULT_MAX_FRAGMENTS: usize = 64;
 
 /// What one frame completed.
 #[derive(Debug)]
@@ -21,13 +33,37 @@ pub enum Incoming<'a> {
 }
 
 /// A fragmented message being collected.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Assembler {
     opcode: Option<Opcode>,
     parts: Vec<u8>,
+    /// Frames of the message being collected, the first one included.
+    fragments: usize,
+    /// Most frames one message may come in.
+    max_fragments: usize,
+    /// Text only: `parts[..valid_to]` is known to be valid UTF-8; what follows it is an
+    /// incomplete sequence of at most 3 bytes, to be finished by the next fragment.
+    valid_to: usize,
+}
+
+impl Default for Assembler {
+    fn default() -> Self {
+        Assembler::new(DEFAULT_MAX_FRAGMENTS)
+    }
 }
 
 impl Assembler {
+    /// An assembler refusing messages of more than `max_fragments` frames (at least 1).
+    pub fn new(max_fragments: usize) -> Assembler {
+        Assembler {
+            opcode: None,
+            parts: Vec::new(),
+            fragments: 0,
+            max_fragments: max_fragments.max(1),
+            valid_to: 0,
+        }
+    }
+
     /// Feed one frame. `payload` is already unmasked.
     pub fn push<'a>(
         &'a mut self,
@@ -50,10 +86,13 @@ impl Assembler {
                     }
                     return Ok(Incoming::Message(opcode, payload));
                 }
+                self.fragments = 0;
+                self.count_fragment(false)?;
                 self.opcode = Some(opcode);
+                self.valid_to = 0;
                 self.parts.clear();
                 self.parts.extend_from_slice(payload);
-                self.check_partial_text()?;
+                self.check_text(false)?;
                 Ok(Incoming::None)
             }
             Opcode::Continuation => {
@@ -63,15 +102,13 @@ impl Assembler {
                 if self.parts.len() + payload.len() > max_message {
                     return Err(Disconnect::MESSAGE_TOO_LARGE);
                 }
+                self.count_fragment(fin)?;
                 self.parts.extend_from_slice(payload);
+                self.check_text(fin)?;
                 if !fin {
-                    self.check_partial_text()?;
                     return Ok(Incoming::None);
                 }
                 self.opcode = None;
-                if op == Opcode::Text && std::str::from_utf8(&self.parts).is_err() {
-                    return Err(Disconnect::INVALID_UTF8);
-                }
                 Ok(Incoming::Message(op, &mut self.parts))
             }
         }
@@ -85,15 +122,33 @@ impl Assembler {
         }
     }
 
-    /// Fail fast on text fragments that can never become valid UTF-8 (an incomplete
-    /// sequence at the very end is fine: the next fragment may finish it).
-    fn check_partial_text(&self) -> Result<(), Disconnect> {
+    /// Count one more frame of the message being collected (empty ones too). A message
+    /// may take `max_fragments` frames: a non-final frame that leaves no room for the
+    /// final one already decides that the message cannot fit, so it fails right there.
+    fn count_fragment(&mut self, fin: bool) -> Result<(), Disconnect> {
+        self.fragments += 1;
+        if self.fragments + usize::from(!fin) > self.max_fragments {
+            return Err(Disconnect::TOO_MANY_FRAGMENTS);
+        }
+        Ok(())
+    }
+
+    /// Validate the text collected since the last check. Fails fast on a sequence that
+    /// can never become valid UTF-8; an incomplete sequence at the very end is fine
+    /// unless this is the final fragment (the next fragment may finish it).
+    fn check_text(&mut self, fin: bool) -> Result<(), Disconnect> {
         if self.opcode != Some(Opcode::Text) {
             return Ok(());
         }
-        match std::str::from_utf8(&self.parts) {
-            Ok(_) => Ok(()),
-            Err(e) if e.error_len().is_none() => Ok(()),
+        match std::str::from_utf8(&self.parts[self.valid_to..]) {
+            Ok(_) => {
+                self.valid_to = self.parts.len();
+                Ok(())
+            }
+            Err(e) if e.error_len().is_none() && !fin => {
+                self.valid_to += e.valid_up_to();
+                Ok(())
+            }
             Err(_) => Err(Disconnect::INVALID_UTF8),
         }
     }
@@ -166,6 +221,152 @@ mod tests {
                 .code,
             TOO_BIG
         );
+    }
+
+    /// Push `frags` as one text message (first frame Text, then continuations, the
+    /// last one final); the first error, or the reassembled bytes.
+    fn push_text(a: &mut Assembler, frags: &[&[u8]]) -> Result<Vec<u8>, Disconnect> {
+        let n = frags.len();
+        for (i, f) in frags.iter().enumerate() {
+            let op = if i == 0 {
+                Opcode::Text
+            } else {
+                Opcode::Continuation
+            };
+            let mut p = f.to_vec();
+            match a.push(op, i + 1 == n, &mut p, 1 << 20)? {
+                Incoming::Message(Opcode::Text, data) => {
+                    assert_eq!(i + 1, n, "message before the final fragment");
+                    return Ok(data.to_vec());
+                }
+                Incoming::None => assert!(i + 1 < n, "final fragment completed nothing"),
+                other => panic!("{other:?}"),
+            }
+        }
+        unreachable!("no fragments")
+    }
+
+    #[test]
+    fn utf8_split_anywhere_across_fragments_is_accepted() {
+        // A 4-byte character (U+1F600) between ASCII, cut at every pair of positions:
+        // every split of the character into 2 or 3 pieces, with empty fragments too.
+        let msg = "a\u{1F600}b".as_bytes();
+        assert_eq!(msg.len(), 6);
+        for i in 0..=msg.len() {
+            for j in i..=msg.len() {
+                let frags = [&msg[..i], &msg[i..j], &msg[j..]];
+                let mut a = Assembler::default();
+                assert_eq!(push_text(&mut a, &frags).unwrap(), msg, "cuts {i} {j}");
+            }
+        }
+        // One byte per fragment.
+        let frags: Vec<&[u8]> = msg.chunks(1).collect();
+        assert_eq!(push_text(&mut Assembler::default(), &frags).unwrap(), msg);
+    }
+
+    #[test]
+    fn only_new_bytes_are_validated() {
+        let mut a = Assembler::default();
+        let mut first = vec![b'x'; 16_000];
+        first.extend_from_slice(&[0xF0, 0x9F]); // half of U+1F600
+        a.push(Opcode::Text, false, &mut first, 1 << 20).unwrap();
+        // The valid prefix is remembered; only the incomplete tail is left to check.
+        assert_eq!(a.valid_to, 16_000);
+        for _ in 0..10 {
+            a.push(Opcode::Continuation, false, &mut [], 1 << 20)
+                .unwrap();
+            assert_eq!(a.valid_to, 16_000);
+        }
+        a.push(Opcode::Continuation, false, &mut [0x98], 1 << 20)
+            .unwrap();
+        assert_eq!(a.valid_to, 16_000);
+        a.push(Opcode::Continuation, false, &mut [0x80, b'!'], 1 << 20)
+            .unwrap();
+        assert_eq!(a.valid_to, 16_005);
+    }
+
+    #[test]
+    fn invalid_utf8_in_a_later_fragment_is_refused_at_once() {
+        // An invalid byte in the third fragment fails at that (non-final) fragment.
+        let mut a = Assembler::default();
+        a.push(Opcode::Text, false, &mut b"ok ".to_vec(), 100)
+            .unwrap();
+        a.push(Opcode::Continuation, false, &mut b"fine ".to_vec(), 100)
+            .unwrap();
+        let err = a
+            .push(Opcode::Continuation, false, &mut b"no \xff".to_vec(), 100)
+            .unwrap_err();
+        assert_eq!(err, Disconnect::INVALID_UTF8);
+        // A sequence started in one fragment and broken by the next.
+        let mut a = Assembler::default();
+        a.push(Opcode::Text, false, &mut [b'a', 0xF0, 0x9F], 100)
+            .unwrap();
+        let err = a
+            .push(Opcode::Continuation, false, &mut b"(".to_vec(), 100)
+            .unwrap_err();
+        assert_eq!(err.code, INVALID_PAYLOAD);
+        // A sequence still incomplete when the message ends.
+        let mut a = Assembler::default();
+        assert_eq!(
+            push_text(&mut a, &[b"a", &[0xE2, 0x82]]).unwrap_err().code,
+            INVALID_PAYLOAD
+        );
+        // Binary is not text: anything goes.
+        let mut a = Assembler::default();
+        a.push(Opcode::Binary, false, &mut [0xff], 100).unwrap();
+        assert!(matches!(
+            a.push(Opcode::Continuation, true, &mut [0xfe], 100),
+            Ok(Incoming::Message(Opcode::Binary, _))
+        ));
+    }
+
+    #[test]
+    fn fragment_cap_counts_empty_fragments() {
+        let mut a = Assembler::new(4);
+        // Four frames, three of them empty: exactly the cap.
+        assert_eq!(push_text(&mut a, &[b"hi", b"", b"", b""]).unwrap(), b"hi");
+        // The count starts again with each message. A non-final 4th frame means a 5th
+        // is needed: refused there, not one frame later.
+        a.push(Opcode::Text, false, &mut b"hi".to_vec(), 100)
+            .unwrap();
+        for _ in 0..2 {
+            a.push(Opcode::Continuation, false, &mut [], 100).unwrap();
+        }
+        let err = a
+            .push(Opcode::Continuation, false, &mut [], 100)
+            .unwrap_err();
+        assert_eq!(err, Disconnect::TOO_MANY_FRAGMENTS);
+        assert_eq!(err.code, TOO_BIG);
+        // Binary messages are counted the same way.
+        let mut a = Assembler::new(2);
+        a.push(Opcode::Binary, false, &mut [], 100).unwrap();
+        assert_eq!(
+            a.push(Opcode::Continuation, false, &mut [], 100)
+                .unwrap_err(),
+            Disconnect::TOO_MANY_FRAGMENTS
+        );
+        // A cap of 1 allows unfragmented messages only.
+        let mut a = Assembler::new(1);
+        assert!(matches!(
+            a.push(Opcode::Text, true, &mut b"x".to_vec(), 100),
+            Ok(Incoming::Message(..))
+        ));
+        assert_eq!(
+            a.push(Opcode::Text, false, &mut b"x".to_vec(), 100)
+                .unwrap_err(),
+            Disconnect::TOO_MANY_FRAGMENTS
+        );
+        // Control frames between fragments are not counted.
+        let mut a = Assembler::new(2);
+        a.push(Opcode::Text, false, &mut b"a".to_vec(), 100)
+            .unwrap();
+        for _ in 0..10 {
+            a.push(Opcode::Ping, true, &mut [], 100).unwrap();
+        }
+        match a.push(Opcode::Continuation, true, &mut b"b".to_vec(), 100) {
+            Ok(Incoming::Message(Opcode::Text, data)) => assert_eq!(data, b"ab"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
