@@ -139,7 +139,7 @@ async fn serve(mut stream: TcpStream, id: u64, started: Instant) {
     let leftover = buf.split_off(head.head_len);
     let conn = Rc::new(WsConn::new(id, stream.as_raw_fd(), SEND_BACKLOG, 0));
     let (rd, wr) = stream.into_split();
-    monoio::spawn(write_loop(wr, conn.clone()));
+    monoio::spawn(write_loop(wr, conn.clone(), bytes::Bytes::new()));
     let limits = ReadLimits {
         max_message: MAX_MESSAGE,
         max_fragments: MAX_FRAGMENTS,

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{next_json, parse_response, set_timeout, subscribe, Ws, BIN};
+use common::{next_json, parse_response, set_timeout, subscribe, Ws};
 use serde_json::{json, Value};
 
 /// A redis-server child on a fixed port, restartable on the same port and directory.
@@ -133,7 +133,7 @@ fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
 /// The CLI against Redis.
 fn cli(redis: &Redis, args: &[&str]) -> Value {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(BIN)
+    let out = Command::new(common::bin())
         .arg("--data-dir")
         .arg(dir.path())
         .args(["--redis", &redis.url()])
@@ -174,7 +174,7 @@ impl Node {
     fn start(redis: &Redis) -> Node {
         let dir = tempfile::tempdir().unwrap();
         let data: PathBuf = dir.path().join("data");
-        let mut child = Command::new(BIN)
+        let mut child = Command::new(common::bin())
             .arg("--data-dir")
             .arg(&data)
             .args(["--redis", &redis.url()])

@@ -219,7 +219,7 @@ fn silent_tls_client_is_cut_at_the_header_timeout() {
 
 fn serve_fails(args: &[&std::ffi::OsStr]) -> String {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(BIN)
+    let out = Command::new(common::bin())
         .arg("--data-dir")
         .arg(dir.path().join("data"))
         .args(["serve", "--listen", "127.0.0.1:0", "--workers", "1"])

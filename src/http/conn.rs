@@ -184,16 +184,20 @@ pub(crate) async fn serve<S: Transport>(svc: Rc<Service>, mut stream: S, guard: 
             // Busy workers must drain their mailbox themselves (see `Shard::drain`).
             svc.shard.drain();
         }
+        if let Some(u) = upgrade {
+            // The answers so far, 101 included, become the WebSocket's first bytes: the
+            // connection is registered with its shard before anything is written, so a
+            // key revoked while a slow client holds the 101 still closes it (4001).
+            // A task of its own: this HTTP task's state (its buffers, its read and
+            // timeout futures) is freed instead of living as long as the socket.
+            let answers = std::mem::take(&mut conn.out);
+            upgrade::start(svc, stream, u, answers, conn.buf, guard);
+            return;
+        }
         if !conn
             .flush(&mut stream, svc.config().http_idle_timeout())
             .await
         {
-            return;
-        }
-        if let Some(u) = upgrade {
-            // A task of its own: this HTTP task's state (its buffers, its read and
-            // timeout futures) is freed instead of living as long as the socket.
-            upgrade::start(svc, stream, u, conn.buf, guard);
             return;
         }
         conn.release_idle_buffer();

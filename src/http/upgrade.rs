@@ -11,6 +11,7 @@
 use std::rc::Rc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use monoio::io::AsyncReadRent;
 
 use super::outcome::{answer, Outcome, Upgrade};
@@ -91,12 +92,15 @@ pub(crate) fn handle(
     })
 }
 
-/// Run an upgraded connection (its 101 is written): writer task spawned, reader in a
-/// task of its own holding the session.
+/// Run an upgraded connection: the pending HTTP answers (the 101 last) are its first
+/// queued bytes, then the `connected` frame; it is registered with the shard before
+/// anything is written (so revocation reaches it wherever it is); writer task spawned,
+/// reader in a task of its own holding the session.
 pub(crate) fn start<S: Transport>(
     svc: Rc<Service>,
     stream: S,
     upgrade: Upgrade,
+    answers: Vec<u8>,
     leftover: Vec<u8>,
     guard: ConnGuard,
 ) {
@@ -117,7 +121,7 @@ pub(crate) fn start<S: Transport>(
         max_fragments: cfg.max_fragments_per_message,
     };
     shard.register(conn.clone(), upgrade.key_id);
-    monoio::spawn(write_loop(wr, conn.clone()));
+    monoio::spawn(write_loop(wr, conn.clone(), Bytes::from(answers)));
     let session = ClientSession::new(
         shard.clone(),
         upgrade.project,

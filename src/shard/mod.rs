@@ -153,9 +153,16 @@ impl Shard {
     }
 
     /// Make a WebSocket known to the shard (revocation, heartbeat, shutdown reach it).
+    ///
+    /// The key is checked again here: it was checked when the upgrade was decided, and
+    /// a revocation swept this shard's sockets in between would have missed this one.
+    /// The snapshot is swapped before the sweep is queued, and both run on this thread,
+    /// so after this check no revocation can miss the connection.
     pub(crate) fn register(&self, conn: Rc<WsConn>, key_id: Box<str>) {
         if self.stop.is_set() {
             conn.close(Disconnect::SHUTDOWN);
+        } else if !self.keys.load().is_active(&key_id) {
+            conn.close(Disconnect::KEY_REVOKED);
         }
         self.members
             .borrow_mut()

@@ -359,8 +359,28 @@ impl FrameWrite for OwnedWriteHalf<TcpStream> {
 }
 
 /// The writer task: drain the queue into the socket until closed.
-pub async fn write_loop<W: FrameWrite>(mut wr: W, conn: Rc<WsConn>) {
+///
+/// `preamble` (may be empty) goes out first: the HTTP answers that precede the upgrade,
+/// the 101 last. It is not charged to the backlog (the HTTP layer bounded it), and the
+/// connection is already registered while it is written, so a close decided meanwhile
+/// (revocation, shutdown) follows it.
+pub async fn write_loop<W: FrameWrite>(mut wr: W, conn: Rc<WsConn>, preamble: Bytes) {
     let mut batch = FrameBatch::default();
+    if !preamble.is_empty() {
+        batch.bufs.push(preamble);
+        while !batch.bufs.is_empty() {
+            let (res, b) = Box::pin(wr.write_frames(batch)).await;
+            batch = b;
+            match res {
+                Ok(n) if n > 0 => batch.advance(n),
+                _ => {
+                    conn.abort();
+                    return;
+                }
+            }
+        }
+        batch = FrameBatch::default();
+    }
     let mut last_write: Option<Instant> = None;
     // Made on the first coalescing delay and re-armed after: boxed so an idle writer's
     // task stays small, reused so a hot connection does not allocate per batch.

@@ -21,13 +21,20 @@ use serde_json::Value;
 use tungstenite::stream::MaybeTlsStream;
 use tungstenite::{Message, WebSocket};
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_ringcast");
+/// The binary under test: this build's, or `RINGCAST_TEST_BIN` to run the same
+/// black-box tests against another build (e.g. to show a regression test fails on the
+/// code before a fix).
+pub fn bin() -> std::path::PathBuf {
+    std::env::var_os("RINGCAST_TEST_BIN")
+        .map(Into::into)
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_ringcast").into())
+}
 
 pub type Ws = WebSocket<MaybeTlsStream<TcpStream>>;
 
 /// Run the CLI against `data_dir`, expecting success and one JSON object.
 pub fn cli(data_dir: &Path, args: &[&str]) -> Value {
-    let out = Command::new(BIN)
+    let out = Command::new(bin())
         .arg("--data-dir")
         .arg(data_dir)
         .args(args)
@@ -213,7 +220,7 @@ impl Server {
         // Create the database before the server starts, so projects can be added by
         // the CLI at any time.
         std::fs::create_dir_all(&self.data_dir).unwrap();
-        let mut child = Command::new(BIN)
+        let mut child = Command::new(bin())
             .arg("--data-dir")
             .arg(&self.data_dir)
             .args(["serve", "--listen", "127.0.0.1:0", "--workers"])
