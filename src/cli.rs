@@ -1,4 +1,4 @@
-//! Command-line surface of the `ringcast` binary, exactly as `contract.md` names it.
+//! Command-line surface of the `ringcast` binary, exactly as `docs/protocol.md` documents it.
 //!
 //! Owns only argument parsing (clap derive). It never touches the database or the
 //! network: `main.rs` hands the parsed [`Cli`] to `admin` (project/key commands) or to

@@ -7,7 +7,7 @@
 //! formatting included), so its span is located in the original body by a small scanner
 //! that runs only after simd-json has proven the body is valid JSON.
 //!
-//! Rules (contract.md): body is a JSON object; `channel` and `event` are strings of
+//! Rules (docs/protocol.md): body is a JSON object; `channel` and `event` are strings of
 //! 1..=100 Unicode scalar values without ASCII control characters; `data` is an object
 //! or a string; unknown fields are ignored; with duplicate keys the last one wins (as
 //! in simd-json's and serde_json's object models).
