@@ -174,6 +174,16 @@ impl Shard {
         self.members.borrow_mut().remove(&conn_id);
     }
 
+    /// A snapshot of the registered WebSockets, for a pass that may close some (closing
+    /// must not happen while the table is borrowed).
+    fn websocket_list(&self) -> Vec<Rc<WsConn>> {
+        self.members
+            .borrow()
+            .values()
+            .map(|m| m.conn.clone())
+            .collect()
+    }
+
     /// Registered WebSockets.
     pub(crate) fn websockets(&self) -> usize {
         self.members.borrow().len()
@@ -274,12 +284,7 @@ impl Shard {
     pub(crate) fn heartbeat(&self, period: Duration) {
         let period = period.as_secs().max(1);
         let now = self.clock();
-        let conns: Vec<_> = self
-            .members
-            .borrow()
-            .values()
-            .map(|m| m.conn.clone())
-            .collect();
+        let conns = self.websocket_list();
         let ping = frame::frame(Opcode::Ping, &[]);
         for conn in conns {
             let silent = u64::from(now.saturating_sub(conn.last_seen()));
@@ -300,12 +305,7 @@ impl Shard {
         if !self.stop.set() {
             return;
         }
-        let conns: Vec<_> = self
-            .members
-            .borrow()
-            .values()
-            .map(|m| m.conn.clone())
-            .collect();
+        let conns = self.websocket_list();
         for conn in conns {
             conn.close(Disconnect::SHUTDOWN);
         }
