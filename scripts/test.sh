@@ -14,6 +14,10 @@
 # JavaScript and browser parts. UPDATE_SCREENSHOTS=1 rewrites docs/console.png.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Python tools installed with pip may land in the user base (e.g. ~/.local/bin) rather
+# than on PATH; the tests look for them on PATH.
+PATH="$(python3 -m site --user-base 2>/dev/null)/bin:$PATH"
+export PATH
 
 step() { printf '\n== %s (%s)\n' "$1" "$(date +%T)"; }
 
