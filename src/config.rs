@@ -50,6 +50,11 @@ pub struct Config {
     pub tls_key: Option<PathBuf>,
     /// Largest accepted publish body, bytes. Default 65536 (64 KiB). Over: 413.
     pub max_body_bytes: usize,
+    /// Most messages in one `POST /api/v1/publish/batch`. Default 100. Over: 400.
+    pub max_batch_messages: usize,
+    /// Largest batch publish body, bytes. Default 1048576 (1 MiB). Over: 413. Each
+    /// message of a batch also obeys `max_body_bytes`.
+    pub max_batch_body_bytes: usize,
     /// Largest request head (request line + headers), bytes. Default 16384. Over: 431.
     pub max_header_bytes: usize,
     /// Most headers in one request. Default 64, at most 128. Over: 431.
@@ -112,6 +117,8 @@ impl Default for Config {
             tls_cert: None,
             tls_key: None,
             max_body_bytes: 64 * 1024,
+            max_batch_messages: 100,
+            max_batch_body_bytes: 1024 * 1024,
             max_header_bytes: 16 * 1024,
             max_headers: 64,
             header_read_timeout_ms: 10_000,
@@ -201,6 +208,8 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let positive = [
             ("max_body_bytes", self.max_body_bytes),
+            ("max_batch_messages", self.max_batch_messages),
+            ("max_batch_body_bytes", self.max_batch_body_bytes),
             ("max_header_bytes", self.max_header_bytes),
             ("max_headers", self.max_headers),
             ("max_frame_bytes", self.max_frame_bytes),
@@ -255,6 +264,11 @@ impl Config {
         crate::quota::RateLimit::parse(&self.default_rate_limit)
             .map_err(|e| ConfigError::Invalid(format!("default_rate_limit: {e}")))?;
         Ok(())
+    }
+
+    /// The largest body any endpoint takes (the read buffer's bound).
+    pub fn max_request_body(&self) -> usize {
+        self.max_body_bytes.max(self.max_batch_body_bytes)
     }
 
     pub fn header_read_timeout(&self) -> Duration {

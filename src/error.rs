@@ -152,12 +152,22 @@ impl ApiError {
 
     /// The error body `{"error":{"code":..,"message":..}}`.
     pub fn body(&self) -> Vec<u8> {
+        self.body_with_index(None)
+    }
+
+    /// The error body, with `"index": i` in the error object when a batch's message `i`
+    /// is the one refused.
+    pub fn body_with_index(&self, index: Option<usize>) -> Vec<u8> {
         let mut body = Vec::with_capacity(128);
         body.extend_from_slice(b"{\"error\":{\"code\":\"");
         body.extend_from_slice(self.code().as_bytes());
         body.extend_from_slice(b"\",\"message\":\"");
         self.write_message(&mut body);
-        body.extend_from_slice(b"\"}}");
+        body.push(b'"');
+        if let Some(i) = index {
+            let _ = write!(body, ",\"index\":{i}");
+        }
+        body.extend_from_slice(b"}}");
         body
     }
 }

@@ -13,7 +13,7 @@ use crate::auth::KeyCache;
 use crate::cluster::Cluster;
 use crate::config::Config;
 use crate::publish::Fanout;
-use crate::shard::mailbox::{Broadcast, Mailboxes};
+use crate::shard::mailbox::{Broadcast, BroadcastBatch, Mailboxes};
 
 pub(crate) struct Node {
     pub config: Config,
@@ -50,6 +50,19 @@ impl Fanout for Node {
                 true
             }
         }
+    }
+
+    fn broadcast_batch(&self, batch: BroadcastBatch) -> bool {
+        if !self.mailboxes.broadcast_batch(Arc::clone(&batch)) {
+            return false;
+        }
+        if let Some(cluster) = &self.cluster {
+            // Per-channel order holds: the relay queue is FIFO and one thread drains it.
+            for msg in batch.iter() {
+                cluster.relay(Arc::clone(msg));
+            }
+        }
+        true
     }
 
     fn shutting_down(&self) -> bool {

@@ -136,7 +136,7 @@ impl HttpConn {
     /// Read more, under the request timeout (a request is under way) or the keep-alive
     /// idle timeout.
     async fn read<S: Transport>(&mut self, stream: &mut S, cfg: &Config) -> Read {
-        let max_buffer = cfg.max_header_bytes + cfg.max_body_bytes;
+        let max_buffer = cfg.max_header_bytes + cfg.max_request_body();
         if self.buf.len() == self.buf.capacity() {
             if self.buf.capacity() >= max_buffer + 1024 {
                 // Cannot happen with the checks of `serve_buffered`; never grow without

@@ -1,5 +1,7 @@
-//! `POST /api/v1/publish` as HTTP: everything the head decides, then the body handed to
-//! [`crate::publish::accept`] and its [`Answer`] written with its rate headers.
+//! `POST /api/v1/publish` and `POST /api/v1/publish/batch` as HTTP: everything the head
+//! decides, then the body handed to [`crate::publish::accept`] (or `accept_batch`) and
+//! its [`Answer`] written with its rate headers (and, for a refused batch, the index of
+//! the first invalid message in the error object).
 //!
 //! Order, so that the cheapest refusal comes first and a refused request costs no
 //! quota: shutting down (503) → key (401) → Content-Type (415) → declared size (413),
@@ -17,14 +19,25 @@ use super::{ApiError, Service};
 use crate::apikey::KeyKind;
 use crate::auth::ProjectState;
 use crate::error::Unavailable;
-use crate::publish::Answer;
+use crate::publish::parse::BatchLimits;
+use crate::publish::{Accepted, Answer};
 use crate::quota::{now_ns, Decision};
+
+/// Which publish endpoint a request is for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Endpoint {
+    /// `POST /api/v1/publish`: one message, to one or several channels.
+    One,
+    /// `POST /api/v1/publish/batch`: `{"messages": [...]}`.
+    Batch,
+}
 
 pub(crate) fn handle(
     svc: &Rc<Service>,
     head: &RequestHead,
     req: &[u8],
     out: &mut Vec<u8>,
+    endpoint: Endpoint,
 ) -> Outcome {
     let node = &svc.node;
     if node.is_shutting_down() {
@@ -41,7 +54,11 @@ pub(crate) fn handle(
         return refuse_known(out, project, ApiError::UnsupportedMediaType);
     }
     let length = head.content_length.unwrap_or(0);
-    if length > node.config.max_body_bytes {
+    let max_body = match endpoint {
+        Endpoint::One => node.config.max_body_bytes,
+        Endpoint::Batch => node.config.max_batch_body_bytes,
+    };
+    if length > max_body {
         return refuse_known(out, project, ApiError::PayloadTooLarge);
     }
     if req.len() < head.head_len + length {
@@ -51,7 +68,16 @@ pub(crate) fn handle(
     let body = &req[head.head_len..head.head_len + length];
     let answer = {
         let mut parser = svc.parser.borrow_mut();
-        crate::publish::accept(project, body, &mut parser, &svc.ids, &**node)
+        match endpoint {
+            Endpoint::One => crate::publish::accept(project, body, &mut parser, &svc.ids, &**node),
+            Endpoint::Batch => {
+                let limits = BatchLimits {
+                    max_messages: node.config.max_batch_messages,
+                    max_message_bytes: node.config.max_body_bytes,
+                };
+                crate::publish::accept_batch(project, body, limits, &mut parser, &svc.ids, &**node)
+            }
+        }
     };
     write_answer(out, &answer);
     Outcome::Answered { close: false }
@@ -75,9 +101,25 @@ fn write_answer(out: &mut Vec<u8>, answer: &Answer) {
         rate: Some(rate_headers(&answer.rate)),
         retry_after_s: answer.retry_after_s,
         close: false,
+        error_index: answer.index,
     };
     match &answer.outcome {
-        Ok(id) => {
+        Ok(Accepted::Many(ids)) => {
+            // `{"ids":["<20 hex>",...]}`: ids are hex, so no escaping.
+            let mut body = Vec::with_capacity(9 + ids.len() * 23);
+            body.extend_from_slice(b"{\"ids\":[");
+            for (i, id) in ids.iter().enumerate() {
+                if i > 0 {
+                    body.push(b',');
+                }
+                body.push(b'"');
+                body.extend_from_slice(id.as_str().as_bytes());
+                body.push(b'"');
+            }
+            body.extend_from_slice(b"]}");
+            write_json(out, 202, &body, extra);
+        }
+        Ok(Accepted::One(id)) => {
             // `{"id":"<20 hex>"}` without a formatter: this is every accepted publish.
             let mut body = [0u8; 32];
             let prefix = b"{\"id\":\"";

@@ -21,6 +21,8 @@ pub struct Extra {
     pub rate: Option<RateHeaders>,
     pub retry_after_s: Option<u64>,
     pub close: bool,
+    /// A refused batch: `"index"` of the first invalid message in the error object.
+    pub error_index: Option<usize>,
 }
 
 fn reason(status: u16) -> &'static str {
@@ -98,7 +100,7 @@ pub fn write_error(out: &mut Vec<u8>, err: ApiError, mut extra: Extra) {
         ApiError::MethodNotAllowed(methods) => Some(methods),
         _ => None,
     };
-    write_response(out, err.status(), &err.body(), extra, allow);
+    write_response(out, err.status(), &err.body_with_index(extra.error_index), extra, allow);
 }
 
 #[cfg(test)]

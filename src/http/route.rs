@@ -20,7 +20,11 @@ pub(crate) fn route(
 ) -> Outcome {
     match &req[head.path.clone()] {
         b"/api/v1/publish" => match head.method() {
-            Method::Post => publish::handle(svc, head, req, out),
+            Method::Post => publish::handle(svc, head, req, out, publish::Endpoint::One),
+            _ => answer(out, ApiError::MethodNotAllowed("POST")),
+        },
+        b"/api/v1/publish/batch" => match head.method() {
+            Method::Post => publish::handle(svc, head, req, out, publish::Endpoint::Batch),
             _ => answer(out, ApiError::MethodNotAllowed("POST")),
         },
         b"/health" => match head.method() {

@@ -1,7 +1,10 @@
-//! The publish endpoint's work once the HTTP layer has authenticated the key and read
+//! The publish endpoints' work once the HTTP layer has authenticated the key and read
 //! the body: parse and validate ([`parse`]), apply the quota, encode once ([`encode`])
-//! and hand the one encoded frame to the mailbox of every worker that has subscribers
-//! of the channel ([`Fanout`]).
+//! and hand the encoded frames to the mailbox of every worker that has subscribers of
+//! their channels ([`Fanout`]). One message to one channel is one frame and one
+//! envelope; a message to several channels, or a batch, is one frame per message per
+//! channel, all handed to each worker in one envelope, after the whole quota was
+//! reserved in one step.
 //!
 //! Order of checks, so that the cheapest refusal comes first: body parse and validation
 //! (400) → quota (429) → shutting down / mailboxes (503). The answer is a value
@@ -17,15 +20,25 @@ use crate::auth::ProjectState;
 use crate::error::{ApiError, Unavailable};
 use crate::ids::{Id, IdGen};
 use crate::quota::{now_ns, Decision};
-use crate::shard::mailbox::Broadcast;
+use crate::shard::mailbox::{Broadcast, BroadcastBatch};
 
 pub(crate) use parse::PublishParser;
+use parse::{BatchError, BatchLimits, Publish};
+
+/// What an accepted request gave: one id (`/publish`) or one per message (`/batch`).
+#[derive(Debug)]
+pub(crate) enum Accepted {
+    One(Id),
+    Many(Vec<Id>),
+}
 
 /// The outcome of one publish, for the caller to write.
 #[derive(Debug)]
 pub(crate) struct Answer {
-    /// The accepted message's id, or why it was refused.
-    pub outcome: Result<Id, ApiError>,
+    /// The accepted message ids, or why the request was refused.
+    pub outcome: Result<Accepted, ApiError>,
+    /// For a refused batch: the index of the first invalid message.
+    pub index: Option<usize>,
     /// The project's quota after this request (taken on success, peeked on a refusal
     /// that spent nothing).
     pub rate: Decision,
@@ -33,12 +46,58 @@ pub(crate) struct Answer {
     pub retry_after_s: Option<u64>,
 }
 
+impl Answer {
+    fn refused(error: ApiError, index: Option<usize>, rate: Decision) -> Answer {
+        Answer {
+            outcome: Err(error),
+            index,
+            rate,
+            retry_after_s: None,
+        }
+    }
+}
+
 /// What the caller needs to broadcast an accepted publish.
 pub(crate) trait Fanout {
     /// Hand one encoded message to every worker; `false` when any mailbox is full.
     fn broadcast(&self, msg: Arc<Broadcast>) -> bool;
+    /// Hand several encoded messages to every worker in one push each, in order;
+    /// `false` (and nothing queued) when any mailbox is full.
+    fn broadcast_batch(&self, batch: BroadcastBatch) -> bool;
     /// Whether the service is shutting down.
     fn shutting_down(&self) -> bool;
+}
+
+/// Quota units of some messages: one per message per channel.
+fn units(msgs: &[Publish<'_>]) -> u32 {
+    msgs.iter()
+        .map(|m| m.channels.as_slice().len() as u32)
+        .sum()
+}
+
+/// Take the quota for `units`, or the 429 answer.
+fn reserve(project: &ProjectState, units: u32) -> Result<Decision, Answer> {
+    let decision = project.quota.check_n(now_ns(), units);
+    if decision.allowed {
+        return Ok(decision);
+    }
+    Err(Answer {
+        outcome: Err(ApiError::RateLimited),
+        index: None,
+        retry_after_s: Some(decision.retry_after_s.max(1)),
+        rate: decision,
+    })
+}
+
+/// Encode `msg` once per channel, with id `id`, into `out`.
+fn encode_into(project: u32, msg: &Publish<'_>, id: &Id, out: &mut Vec<Arc<Broadcast>>) {
+    for channel in msg.channels.as_slice() {
+        out.push(Arc::new(Broadcast {
+            project,
+            channel: (*channel).into(),
+            frame: encode::message_frame(channel, msg.event, msg.data, id.as_str()),
+        }));
+    }
 }
 
 /// Handle a publish whose body has been read, for an authenticated project.
@@ -49,38 +108,83 @@ pub(crate) fn accept(
     ids: &IdGen,
     fanout: &dyn Fanout,
 ) -> Answer {
-    let refused = |error, rate| Answer {
-        outcome: Err(error),
-        rate,
-        retry_after_s: None,
-    };
     let msg = match parser.parse(body) {
         Ok(msg) => msg,
-        Err(error) => return refused(error, project.quota.peek(now_ns())),
+        Err(error) => return Answer::refused(error, None, project.quota.peek(now_ns())),
     };
-    let decision = project.quota.check(now_ns());
-    if !decision.allowed {
-        return Answer {
-            outcome: Err(ApiError::RateLimited),
-            retry_after_s: Some(decision.retry_after_s.max(1)),
-            rate: decision,
-        };
-    }
+    let decision = match reserve(project, units(std::slice::from_ref(&msg))) {
+        Ok(d) => d,
+        Err(answer) => return answer,
+    };
     if fanout.shutting_down() {
-        return refused(ApiError::Unavailable(Unavailable::ShuttingDown), decision);
+        let error = ApiError::Unavailable(Unavailable::ShuttingDown);
+        return Answer::refused(error, None, decision);
     }
     let id = ids.next_id();
-    let frame = encode::message_frame(msg.channel, msg.event, msg.data, id.as_str());
-    let broadcast = Arc::new(Broadcast {
-        project: project.index,
-        channel: msg.channel.into(),
-        frame,
-    });
-    if !fanout.broadcast(broadcast) {
-        return refused(ApiError::Unavailable(Unavailable::QueueFull), decision);
+    let queued = match &msg.channels {
+        parse::Channels::One(channel) => fanout.broadcast(Arc::new(Broadcast {
+            project: project.index,
+            channel: (*channel).into(),
+            frame: encode::message_frame(channel, msg.event, msg.data, id.as_str()),
+        })),
+        parse::Channels::Many(names) => {
+            let mut frames = Vec::with_capacity(names.len());
+            encode_into(project.index, &msg, &id, &mut frames);
+            fanout.broadcast_batch(frames.into())
+        }
+    };
+    if !queued {
+        let error = ApiError::Unavailable(Unavailable::QueueFull);
+        return Answer::refused(error, None, decision);
     }
     Answer {
-        outcome: Ok(id),
+        outcome: Ok(Accepted::One(id)),
+        index: None,
+        rate: decision,
+        retry_after_s: None,
+    }
+}
+
+/// Handle a batch whose body has been read: validate every message, take the quota of
+/// the whole batch in one step, encode each frame once and hand all of them to each
+/// interested worker in one push. All or nothing at every step.
+pub(crate) fn accept_batch(
+    project: &ProjectState,
+    body: &[u8],
+    limits: BatchLimits,
+    parser: &mut PublishParser,
+    ids: &IdGen,
+    fanout: &dyn Fanout,
+) -> Answer {
+    let msgs = match parser.parse_batch(body, limits) {
+        Ok(msgs) => msgs,
+        Err(BatchError { error, index }) => {
+            return Answer::refused(error, index, project.quota.peek(now_ns()))
+        }
+    };
+    let units = units(&msgs);
+    let decision = match reserve(project, units) {
+        Ok(d) => d,
+        Err(answer) => return answer,
+    };
+    if fanout.shutting_down() {
+        let error = ApiError::Unavailable(Unavailable::ShuttingDown);
+        return Answer::refused(error, None, decision);
+    }
+    let mut id_list = Vec::with_capacity(msgs.len());
+    let mut frames = Vec::with_capacity(units as usize);
+    for msg in &msgs {
+        let id = ids.next_id();
+        encode_into(project.index, msg, &id, &mut frames);
+        id_list.push(id);
+    }
+    if !fanout.broadcast_batch(frames.into()) {
+        let error = ApiError::Unavailable(Unavailable::QueueFull);
+        return Answer::refused(error, None, decision);
+    }
+    Answer {
+        outcome: Ok(Accepted::Many(id_list)),
+        index: None,
         rate: decision,
         retry_after_s: None,
     }

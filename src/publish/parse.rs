@@ -1,16 +1,22 @@
-//! Publish body parsing and validation with simd-json.
+//! Publish body parsing and validation with simd-json: one message
+//! (`{channel|channels, event, data}`) or a batch (`{"messages": [...]}`).
 //!
 //! simd-json rewrites its input while unescaping strings, so the body is first copied
-//! into a per-worker scratch buffer and parsed there into a reusable tape; `channel` and
-//! `event` are borrowed from that scratch. `data` is forwarded byte for byte as the
+//! into a per-worker scratch buffer and parsed there into a reusable tape; channel and
+//! event names are borrowed from that scratch. `data` is forwarded byte for byte as the
 //! publisher wrote it (subscribers get exactly the published data, key order and number
 //! formatting included), so its span is located in the original body by a small scanner
-//! that runs only after simd-json has proven the body is valid JSON.
+//! that runs only after simd-json has proven the body is valid JSON. A batch is parsed
+//! once, whole: one tape walk validates every message, one scan finds every `data`.
 //!
-//! Rules (docs/protocol.md): body is a JSON object; `channel` and `event` are strings of
-//! 1..=100 Unicode scalar values without ASCII control characters; `data` is an object
-//! or a string; unknown fields are ignored; with duplicate keys the last one wins (as
-//! in simd-json's and serde_json's object models).
+//! Rules (docs/protocol.md): body is a JSON object; exactly one of `channel` (a name) or
+//! `channels` (1..=100 distinct names) is present; names are 1..=100 Unicode scalar
+//! values without ASCII control characters; `event` is such a name and does not start
+//! with `pusher:` or `pusher_internal:` (reserved for the Pusher protocol); `data` is an
+//! object or a string; unknown fields are ignored; with duplicate keys the last one
+//! wins (as in simd-json's and serde_json's object models). A batch holds
+//! 1..=`max_batch_messages` messages, each also within the single-publish size limit;
+//! the first invalid one is reported with its index and nothing is accepted.
 
 use std::ops::Range;
 
@@ -19,13 +25,70 @@ use simd_json::{Buffers, Node, Tape};
 use crate::error::ApiError;
 use crate::names::NameError;
 
+/// Most names in one `channels` array.
+pub(crate) const MAX_CHANNELS: usize = 100;
+
+/// Event name prefixes reserved for the Pusher protocol's own frames.
+const RESERVED_EVENT_PREFIXES: [&str; 2] = ["pusher:", "pusher_internal:"];
+
+/// The channels of one message: one name, or a list of distinct names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Channels<'a> {
+    One(&'a str),
+    Many(Vec<&'a str>),
+}
+
+impl<'a> Channels<'a> {
+    pub fn as_slice(&self) -> &[&'a str] {
+        match self {
+            Channels::One(c) => std::slice::from_ref(c),
+            Channels::Many(v) => v,
+        }
+    }
+
+    /// Whether the message named exactly one channel with `channel`.
+    pub fn is_single(&self) -> bool {
+        matches!(self, Channels::One(_))
+    }
+}
+
 /// A validated publish, borrowing from the parser's scratch and the original body.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Publish<'a> {
-    pub channel: &'a str,
+    pub channels: Channels<'a>,
     pub event: &'a str,
     /// The raw JSON text of `data`, exactly as published.
     pub data: &'a [u8],
+}
+
+impl<'a> Publish<'a> {
+    /// The first (for `channel`, the only) channel.
+    pub fn channel(&self) -> &'a str {
+        self.channels.as_slice()[0]
+    }
+}
+
+/// Why a batch was refused: the error, and the index of the first invalid message when
+/// one message is to blame (none for a malformed body or a bad message count).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchError {
+    pub error: ApiError,
+    pub index: Option<usize>,
+}
+
+impl From<ApiError> for BatchError {
+    fn from(error: ApiError) -> Self {
+        BatchError { error, index: None }
+    }
+}
+
+/// Limits of one batch.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchLimits {
+    /// Most messages (`max_batch_messages`).
+    pub max_messages: usize,
+    /// Largest message, bytes of its JSON object (`max_body_bytes`).
+    pub max_message_bytes: usize,
 }
 
 /// Reusable parser state: one per worker, so steady-state parsing does not allocate.
@@ -66,45 +129,141 @@ impl PublishParser {
         PublishParser::default()
     }
 
-    /// Parse and validate `body`.
-    pub fn parse<'a>(&'a mut self, body: &'a [u8]) -> Result<Publish<'a>, ApiError> {
+    /// Fill the tape from a scratch copy of `body` and run `walk` over its nodes.
+    fn with_tape<'a, T>(
+        &'a mut self,
+        body: &[u8],
+        walk: impl FnOnce(&[Node<'a>]) -> T,
+        invalid: T,
+    ) -> T {
         self.scratch.clear();
         self.scratch.extend_from_slice(body);
         let mut tape: Tape<'a> = self.tape.take().unwrap_or_else(Tape::null).reset();
         let result = match simd_json::fill_tape(&mut self.scratch, &mut self.buffers, &mut tape) {
-            Ok(()) => fields(&tape.0),
-            Err(_) => Err(ApiError::InvalidJson),
+            Ok(()) => walk(&tape.0),
+            Err(_) => invalid,
         };
-        let fields = result;
         self.tape = Some(tape.reset());
-        let (channel, event, data_kind) = fields?;
-        let data = match data_kind {
-            Kind::Object | Kind::Str(_) => top_level_value(body, b"data")
-                .map(|r| &body[r])
-                .ok_or(ApiError::InvalidJson)?,
-            Kind::Other => {
-                return Err(ApiError::InvalidField(
-                    "data",
-                    "must be a JSON object or a string",
-                ))
+        result
+    }
+
+    /// Parse and validate one message (`POST /api/v1/publish`).
+    pub fn parse<'a>(&'a mut self, body: &'a [u8]) -> Result<Publish<'a>, ApiError> {
+        let (fields, _) = self.with_tape(
+            body,
+            |nodes| message_fields(nodes, 0),
+            Err(ApiError::InvalidJson),
+        )?;
+        fields.finish(body)
+    }
+
+    /// Parse and validate a whole batch (`POST /api/v1/publish/batch`): every message or
+    /// none.
+    pub fn parse_batch<'a>(
+        &'a mut self,
+        body: &'a [u8],
+        limits: BatchLimits,
+    ) -> Result<Vec<Publish<'a>>, BatchError> {
+        let fields = self.with_tape(
+            body,
+            |nodes| batch_fields(nodes, limits.max_messages),
+            Err(ApiError::InvalidJson.into()),
+        )?;
+        // simd-json accepted the body, so the scanner finds the array it walked.
+        let array = top_level_value(body, b"messages").ok_or(ApiError::InvalidJson)?;
+        let mut spans = array_elements(body, array);
+        let mut out = Vec::with_capacity(fields.len());
+        for (index, f) in fields.into_iter().enumerate() {
+            let at = |error| BatchError {
+                error,
+                index: Some(index),
+            };
+            let span = spans.next().ok_or(ApiError::InvalidJson)?;
+            if span.len() > limits.max_message_bytes {
+                return Err(at(ApiError::PayloadTooLarge));
             }
-        };
+            let msg = &body[span];
+            out.push(f.finish(msg).map_err(at)?);
+        }
+        Ok(out)
+    }
+}
+
+/// One message's fields as read from the tape; `data` still to be located.
+struct Fields<'a> {
+    channels: Channels<'a>,
+    event: &'a str,
+}
+
+impl<'a> Fields<'a> {
+    /// Locate `data` in `text`, the message object's own bytes.
+    /// `message_fields` already checked that `data` is an object or a string.
+    fn finish(self, text: &'a [u8]) -> Result<Publish<'a>, ApiError> {
+        let data = top_level_value(text, b"data")
+            .map(|r| &text[r])
+            .ok_or(ApiError::InvalidJson)?;
         Ok(Publish {
-            channel,
-            event,
+            channels: self.channels,
+            event: self.event,
             data,
         })
     }
 }
 
-type Fields<'a> = (&'a str, &'a str, Kind<'a>);
-
-fn fields<'a>(nodes: &[Node<'a>]) -> Result<Fields<'a>, ApiError> {
+/// `{"messages": [ ... ]}`: every message's fields, or the first error with its index.
+fn batch_fields<'a>(
+    nodes: &[Node<'a>],
+    max_messages: usize,
+) -> Result<Vec<Fields<'a>>, BatchError> {
     let Some(Node::Object { len, .. }) = nodes.first() else {
+        return Err(ApiError::NotAnObject.into());
+    };
+    let mut messages = None;
+    let mut i = 1;
+    for _ in 0..*len {
+        let key = match nodes.get(i) {
+            Some(Node::String(k)) => *k,
+            _ => return Err(ApiError::InvalidJson.into()),
+        };
+        let value = nodes.get(i + 1).ok_or(ApiError::InvalidJson)?;
+        if key == "messages" {
+            messages = Some(i + 1);
+        }
+        i += 1 + node_span(value);
+    }
+    let at = messages.ok_or(ApiError::MissingField("messages"))?;
+    let Some(Node::Array { len, .. }) = nodes.get(at) else {
+        return Err(ApiError::InvalidField("messages", "must be an array of messages").into());
+    };
+    if *len == 0 || *len > max_messages {
+        return Err(ApiError::InvalidField(
+            "messages",
+            "must hold at least 1 and at most max_batch_messages messages",
+        )
+        .into());
+    }
+    let mut out = Vec::with_capacity(*len);
+    let mut i = at + 1;
+    for index in 0..*len {
+        let node = nodes.get(i).ok_or(ApiError::InvalidJson)?;
+        let (fields, span) = message_fields(nodes, i).map_err(|error| BatchError {
+            error,
+            index: Some(index),
+        })?;
+        debug_assert_eq!(span, node_span(node));
+        out.push(fields);
+        i += span;
+    }
+    Ok(out)
+}
+
+/// The message object starting at tape node `at`, and the nodes it spans.
+fn message_fields<'a>(nodes: &[Node<'a>], at: usize) -> Result<(Fields<'a>, usize), ApiError> {
+    let Some(object @ Node::Object { len, .. }) = nodes.get(at) else {
         return Err(ApiError::NotAnObject);
     };
-    let (mut channel, mut event, mut data) = (None, None, None);
-    let mut i = 1;
+    let (mut channel, mut channels, mut event, mut data) = (None, None, None, None);
+    let mut i = at + 1;
     for _ in 0..*len {
         let key = match nodes.get(i) {
             Some(Node::String(k)) => *k,
@@ -113,16 +272,79 @@ fn fields<'a>(nodes: &[Node<'a>]) -> Result<Fields<'a>, ApiError> {
         let value = nodes.get(i + 1).ok_or(ApiError::InvalidJson)?;
         match key {
             "channel" => channel = Some(kind(value)),
+            "channels" => channels = Some(i + 1),
             "event" => event = Some(kind(value)),
             "data" => data = Some(kind(value)),
             _ => {}
         }
         i += 1 + node_span(value);
     }
-    let channel = name_field("channel", channel)?;
+    let channels = match (channel, channels) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::InvalidField(
+                "channels",
+                "cannot be combined with 'channel'",
+            ))
+        }
+        (None, None) => return Err(ApiError::MissingField("channel")),
+        (Some(c), None) => Channels::One(name_field("channel", Some(c))?),
+        (None, Some(at)) => channel_list(nodes, at)?,
+    };
     let event = name_field("event", event)?;
-    let data = data.ok_or(ApiError::MissingField("data"))?;
-    Ok((channel, event, data))
+    if RESERVED_EVENT_PREFIXES.iter().any(|p| event.starts_with(p)) {
+        return Err(ApiError::InvalidField(
+            "event",
+            "must not start with 'pusher:' or 'pusher_internal:' (reserved)",
+        ));
+    }
+    if let Kind::Other = data.ok_or(ApiError::MissingField("data"))? {
+        return Err(ApiError::InvalidField(
+            "data",
+            "must be a JSON object or a string",
+        ));
+    }
+    Ok((
+        Fields { channels, event },
+        node_span(object),
+    ))
+}
+
+/// `channels`: an array of 1..=100 distinct valid names.
+fn channel_list<'a>(nodes: &[Node<'a>], at: usize) -> Result<Channels<'a>, ApiError> {
+    let Some(Node::Array { len, .. }) = nodes.get(at) else {
+        return Err(ApiError::InvalidField(
+            "channels",
+            "must be an array of channel names",
+        ));
+    };
+    if *len == 0 || *len > MAX_CHANNELS {
+        return Err(ApiError::InvalidField(
+            "channels",
+            "must hold at least 1 and at most 100 channel names",
+        ));
+    }
+    let mut names = Vec::with_capacity(*len);
+    let mut i = at + 1;
+    for _ in 0..*len {
+        let node = nodes.get(i).ok_or(ApiError::InvalidJson)?;
+        let Node::String(name) = node else {
+            return Err(ApiError::InvalidField(
+                "channels",
+                "must be an array of channel names",
+            ));
+        };
+        validate_name("channels", name)?;
+        // At most 100 names: a quadratic check is ~5,000 short compares, no hashing.
+        if names.contains(name) {
+            return Err(ApiError::InvalidField(
+                "channels",
+                "must not name a channel twice",
+            ));
+        }
+        names.push(*name);
+        i += node_span(node);
+    }
+    Ok(Channels::Many(names))
 }
 
 /// Number of tape nodes a value occupies, itself included.
@@ -188,6 +410,27 @@ pub(crate) fn top_level_value(text: &[u8], key: &[u8]) -> Option<Range<usize>> {
             found = Some(value_start..p);
         }
     }
+}
+
+/// The spans of the elements of the JSON array at `array` in `text` (valid JSON).
+pub(crate) fn array_elements(
+    text: &[u8],
+    array: Range<usize>,
+) -> impl Iterator<Item = Range<usize>> + '_ {
+    let end = array.end;
+    let mut p = array.start + 1; // after '['
+    std::iter::from_fn(move || {
+        p = skip_ws(text, p);
+        if text.get(p) == Some(&b',') {
+            p = skip_ws(text, p + 1);
+        }
+        if p >= end || text.get(p) == Some(&b']') {
+            return None;
+        }
+        let start = p;
+        p = skip_value(text, p)?;
+        Some(start..p)
+    })
 }
 
 fn key_matches(raw_key: &[u8], key: &[u8]) -> bool {
@@ -262,7 +505,7 @@ mod tests {
         let mut p = PublishParser::new();
         let m = p.parse(body.as_bytes())?;
         Ok((
-            m.channel.to_string(),
+            m.channel().to_string(),
             m.event.to_string(),
             String::from_utf8(m.data.to_vec()).unwrap(),
         ))
@@ -362,7 +605,121 @@ mod tests {
         for i in 0..100 {
             let body = format!(r#"{{"channel":"c{i}","event":"e","data":{{"i":{i}}}}}"#);
             let m = p.parse(body.as_bytes()).unwrap();
-            assert_eq!(m.channel, format!("c{i}"));
+            assert_eq!(m.channel(), format!("c{i}"));
         }
+    }
+
+    fn invalid(r: Result<(String, String, String), ApiError>, field: &str) {
+        match r {
+            Err(ApiError::InvalidField(f, _)) => assert_eq!(f, field),
+            other => panic!("expected invalid {field}, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn channels_are_distinct_valid_names_and_exclusive_with_channel() {
+        let mut p = PublishParser::new();
+        let m = p
+            .parse(br#"{"channels":["a","b","c"],"event":"e","data":{}}"#)
+            .unwrap();
+        assert_eq!(m.channels.as_slice(), &["a", "b", "c"]);
+        assert!(!m.channels.is_single());
+        invalid(parse(r#"{"channels":["a","a"],"event":"e","data":{}}"#), "channels");
+        invalid(parse(r#"{"channels":[],"event":"e","data":{}}"#), "channels");
+        invalid(parse(r#"{"channels":"a","event":"e","data":{}}"#), "channels");
+        invalid(parse(r#"{"channels":["a",1],"event":"e","data":{}}"#), "channels");
+        invalid(parse(r#"{"channels":[""],"event":"e","data":{}}"#), "channels");
+        invalid(
+            parse(r#"{"channel":"a","channels":["b"],"event":"e","data":{}}"#),
+            "channels",
+        );
+        assert_eq!(
+            parse(r#"{"event":"e","data":{}}"#),
+            Err(ApiError::MissingField("channel"))
+        );
+        let hundred: Vec<String> = (0..100).map(|i| format!("\"c{i}\"")).collect();
+        let body = format!(r#"{{"channels":[{}],"event":"e","data":1}}"#, hundred.join(","));
+        invalid(parse(&body), "data");
+        let body = format!(r#"{{"channels":[{}],"event":"e","data":"x"}}"#, hundred.join(","));
+        assert!(parse(&body).is_ok());
+        let body = format!(
+            r#"{{"channels":[{},"c100"],"event":"e","data":"x"}}"#,
+            hundred.join(",")
+        );
+        invalid(parse(&body), "channels");
+        let long = "a".repeat(101);
+        assert_eq!(
+            parse(&format!(r#"{{"channels":["{long}"],"event":"e","data":"x"}}"#)),
+            Err(ApiError::FieldTooLong("channels"))
+        );
+    }
+
+    #[test]
+    fn reserved_event_names_are_refused() {
+        for e in ["pusher:subscribe", "pusher_internal:member_added"] {
+            invalid(
+                parse(&format!(r#"{{"channel":"c","event":"{e}","data":"x"}}"#)),
+                "event",
+            );
+        }
+        assert!(parse(r#"{"channel":"c","event":"pusherx:y","data":"x"}"#).is_ok());
+    }
+
+    const LIMITS: BatchLimits = BatchLimits {
+        max_messages: 3,
+        max_message_bytes: 64,
+    };
+
+    #[test]
+    fn a_batch_is_parsed_whole_with_each_data_verbatim() {
+        let mut p = PublishParser::new();
+        let body = br#"{"messages":[ {"channel":"a","event":"e","data":{"x":[1, "]"]}} ,
+            {"data":"s\"q","channels":["b","c"],"event":"f"},{"channel":"a","event":"g","data":{}}],"x":1}"#;
+        let msgs = p.parse_batch(body, LIMITS).unwrap();
+        assert_eq!(msgs.len(), 3);
+        assert_eq!(msgs[0].data, br#"{"x":[1, "]"]}"#);
+        assert_eq!(msgs[1].channels.as_slice(), &["b", "c"]);
+        assert_eq!(msgs[1].data, br#""s\"q""#);
+        assert_eq!(msgs[2].event, "g");
+    }
+
+    #[test]
+    fn batch_errors_name_the_first_bad_message() {
+        let mut p = PublishParser::new();
+        let mut batch = |body: &str| p.parse_batch(body.as_bytes(), LIMITS).map(|m| m.len());
+        let err = batch(r#"{"messages":[{"channel":"a","event":"e","data":{}},{"channel":"a","event":"e"}]}"#)
+            .unwrap_err();
+        assert_eq!(err.index, Some(1));
+        assert_eq!(err.error, ApiError::MissingField("data"));
+        let err = batch(r#"{"messages":[{"channel":"a","event":"e","data":{}},3]}"#).unwrap_err();
+        assert_eq!((err.index, err.error), (Some(1), ApiError::NotAnObject));
+        let err = batch(r#"{"messages":[]}"#).unwrap_err();
+        assert_eq!(err.index, None);
+        assert!(matches!(err.error, ApiError::InvalidField("messages", _)));
+        let four = r#"{"channel":"a","event":"e","data":{}}"#;
+        let err = batch(&format!(r#"{{"messages":[{four},{four},{four},{four}]}}"#)).unwrap_err();
+        assert_eq!(err.index, None);
+        assert_eq!(batch(&format!(r#"{{"messages":[{four},{four},{four}]}}"#)), Ok(3));
+        let err = batch(r#"{"msgs":[]}"#).unwrap_err();
+        assert_eq!(err.error, ApiError::MissingField("messages"));
+        let err = batch(r#"{"messages":{}}"#).unwrap_err();
+        assert!(matches!(err.error, ApiError::InvalidField("messages", _)));
+        let err = batch("[1]").unwrap_err();
+        assert_eq!(err.error, ApiError::NotAnObject);
+        let err = batch("{").unwrap_err();
+        assert_eq!((err.index, err.error), (None, ApiError::InvalidJson));
+        let big = format!(r#"{{"channel":"a","event":"e","data":"{}"}}"#, "x".repeat(40));
+        let err = batch(&format!(r#"{{"messages":[{four},{big}]}}"#)).unwrap_err();
+        assert_eq!((err.index, err.error), (Some(1), ApiError::PayloadTooLarge));
+    }
+
+    #[test]
+    fn array_elements_walks_nested_values() {
+        let text = br#"[ {"a":[1,2]} , "x,]" ,3,[ ] ]"#;
+        let spans: Vec<_> = array_elements(text, 0..text.len())
+            .map(|r| std::str::from_utf8(&text[r]).unwrap().to_string())
+            .collect();
+        assert_eq!(spans, [r#"{"a":[1,2]}"#, r#""x,]""#, "3", "[ ]"]);
+        assert_eq!(array_elements(b"[]", 0..2).count(), 0);
     }
 }

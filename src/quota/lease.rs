@@ -1,7 +1,7 @@
 //! Cluster-wide quotas: a project's publish budget is one token bucket in Redis, and each
 //! node *leases* blocks of tokens from it instead of asking Redis on every publish.
 //!
-//! The data plane only touches [`Lease::try_take`]: one CAS on an `AtomicI64` (never
+//! The data plane only touches [`Lease::try_take_n`]: one CAS on an `AtomicI64` (never
 //! blocks, never allocates). The quota thread of the cluster bridge tops each project's
 //! balance up with [`LEASE_SCRIPT`], an atomic Lua script that refills the shared bucket
 //! from Redis's own clock (`TIME`, so node clocks never matter) and grants at most the
@@ -81,18 +81,26 @@ impl Lease {
     }
 
     /// Take one leased token. `true` when one was taken, or when the lease is offline.
+    #[cfg(test)]
     pub fn try_take(&self) -> bool {
+        self.try_take_n(1)
+    }
+
+    /// Take `n` leased tokens at once, or none. `true` when they were taken, or when
+    /// the lease is offline.
+    pub fn try_take_n(&self, n: u32) -> bool {
         if !self.online.load(Ordering::Relaxed) {
             return true;
         }
+        let n = i64::from(n);
         let mut cur = self.balance.load(Ordering::Relaxed);
         loop {
-            if cur <= 0 {
+            if cur < n {
                 return false;
             }
             match self.balance.compare_exchange_weak(
                 cur,
-                cur - 1,
+                cur - n,
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             ) {
@@ -103,9 +111,15 @@ impl Lease {
     }
 
     /// Give back a token taken for a publish that was then refused anyway.
+    #[cfg(test)]
     pub fn refund(&self) {
+        self.refund_n(1);
+    }
+
+    /// Give back `n` tokens taken together.
+    pub fn refund_n(&self, n: u32) {
         if self.online.load(Ordering::Relaxed) {
-            self.balance.fetch_add(1, Ordering::Relaxed);
+            self.balance.fetch_add(i64::from(n), Ordering::Relaxed);
         }
     }
 

@@ -140,12 +140,21 @@ impl Quota {
 
     /// Take one unit of quota at `now_ns` if the project has one.
     pub fn check(&self, now_ns: u64) -> Decision {
+        self.check_n(now_ns, 1)
+    }
+
+    /// Take `units` units at once, or none: one CAS moves the TAT `units` emission
+    /// intervals (a batch or a multi-channel publish reserves its whole cost in one
+    /// step, so it is either affordable whole or refused whole). `units` is at least 1.
+    pub fn check_n(&self, now_ns: u64, units: u32) -> Decision {
+        let units = units.max(1);
         let limit = self.limit();
         let interval = limit.emission_interval_ns();
         let burst = limit.burst_ns();
+        let cost = interval.saturating_mul(u64::from(units));
         // Cluster mode: no leased token, no publish (whatever this node's GCRA says).
         let lease = self.lease.get();
-        if lease.is_some_and(|l| !l.try_take()) {
+        if lease.is_some_and(|l| !l.try_take_n(units)) {
             return Decision {
                 allowed: false,
                 limit: limit.count,
@@ -158,11 +167,11 @@ impl Quota {
         let mut tat = self.tat.load(Ordering::Relaxed);
         loop {
             let start = tat.max(now_ns);
-            let new_tat = start.saturating_add(interval);
+            let new_tat = start.saturating_add(cost);
             let debt = new_tat - now_ns; // no underflow: new_tat >= start >= now_ns
             if debt > burst {
                 if let Some(lease) = lease {
-                    lease.refund();
+                    lease.refund_n(units);
                 }
                 // Denied: the TAT stays put. Retry when `debt` has drained to `burst`.
                 let wait = debt - burst;
@@ -186,7 +195,7 @@ impl Quota {
                         allowed: true,
                         limit: limit.count,
                         // At most `count` since debt >= interval.
-                        remaining: ((burst - debt) / interval) as u32,
+                        remaining: ((burst - debt) / interval.max(1)) as u32,
                         reset_s: ceil_seconds(debt),
                         retry_after_s: 0,
                     };
@@ -408,6 +417,42 @@ mod tests {
         let q = Quota::new(limit("1/min"));
         let _ = q.check(u64::MAX);
         let _ = q.check(u64::MAX);
+    }
+
+    #[test]
+    fn check_n_takes_all_units_or_none() {
+        let q = Quota::new(limit("10/s"));
+        let t0 = 5 * SEC;
+        let d = q.check_n(t0, 7);
+        assert!(d.allowed);
+        assert_eq!(d.remaining, 3);
+        // 4 do not fit in the 3 left: refused whole, nothing taken.
+        let d = q.check_n(t0, 4);
+        assert!(!d.allowed);
+        assert_eq!(q.peek(t0).remaining, 3);
+        assert!(q.check_n(t0, 3).allowed);
+        assert!(!q.check(t0).allowed);
+        // More than the burst can never pass.
+        let q = Quota::new(limit("10/s"));
+        assert!(!q.check_n(t0, 11).allowed);
+        assert_eq!(q.peek(t0).remaining, 10);
+        // Four 100 ms intervals later, exactly 4 units fit.
+        let q = Quota::new(limit("10/s"));
+        assert!(q.check_n(t0, 10).allowed);
+        assert!(!q.check_n(t0 + 4 * SEC / 10, 5).allowed);
+        assert!(q.check_n(t0 + 4 * SEC / 10, 4).allowed);
+    }
+
+    #[test]
+    fn check_n_spends_leased_tokens_whole() {
+        let q = Quota::new(limit("100/s"));
+        let lease = q.attach_lease(Arc::new(lease::Lease::new())).clone();
+        lease.set_online(true);
+        lease.grant(5);
+        assert!(!q.check_n(SEC, 6).allowed, "only 5 leased");
+        assert_eq!(lease.balance(), 5, "a refused batch takes no token");
+        assert!(q.check_n(SEC, 5).allowed);
+        assert_eq!(lease.balance(), 0);
     }
 
     #[test]

@@ -9,6 +9,13 @@
 //! Control envelopes (key changes, shutdown) bypass the capacity: they are rare and must
 //! never be refused. Cost: a broadcast is at most N channel sends and N wake-ups, N =
 //! workers with subscribers of the channel; the mailboxes are made once at start and kept.
+//!
+//! A batch (a batch publish, or one message to several channels) is one envelope per
+//! worker carrying all its frames in request order ([`Envelope::Batch`]): one push, one
+//! wake-up and one unit of capacity for the whole batch, so publishing 100 messages at
+//! once costs each mailbox what one message costs. A worker skips the frames of channels
+//! it has no subscriber of (a registry miss). Capacity then bounds envelopes, and a
+//! batch envelope holds at most `max_batch_messages` × 100 frames.
 
 use std::future::poll_fn;
 use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
@@ -31,9 +38,14 @@ pub struct Broadcast {
     pub frame: Bytes,
 }
 
+/// Frames of one batch, in request order (per channel, the order subscribers see).
+pub type BroadcastBatch = Arc<[Arc<Broadcast>]>;
+
 #[derive(Debug)]
 pub enum Envelope {
     Broadcast(Arc<Broadcast>),
+    /// Several broadcasts handed over in one push.
+    Batch(BroadcastBatch),
     /// The key snapshot changed: close connections whose key was revoked.
     KeysChanged,
     /// Stop accepting, deliver what is queued, close WebSockets with 1001.
@@ -104,7 +116,7 @@ impl Mailbox {
     /// Take one envelope without waiting.
     pub fn try_recv(&self) -> Option<Envelope> {
         let envelope = self.rx.try_recv().ok()?;
-        if matches!(envelope, Envelope::Broadcast(_)) {
+        if matches!(envelope, Envelope::Broadcast(_) | Envelope::Batch(_)) {
             self.reserved.fetch_sub(1, Ordering::AcqRel);
         }
         Some(envelope)
@@ -180,6 +192,37 @@ impl Mailboxes {
         true
     }
 
+    /// Queue a batch on every worker that has subscribers of any of its channels, as one
+    /// envelope each, or on none (`false` when any of those mailboxes is full).
+    pub fn broadcast_batch(&self, batch: BroadcastBatch) -> bool {
+        let hashes: Vec<u64> = batch
+            .iter()
+            .map(|m| channel_hash(m.project, &m.channel))
+            .collect();
+        let many = self.boxes.len() > 64;
+        let mut wanted = [false; 64];
+        for (i, mb) in self.boxes.iter().enumerate() {
+            let want = many || hashes.iter().any(|&h| mb.interest.may_want(h));
+            if !many {
+                wanted[i] = want;
+            }
+            if want && !mb.try_reserve() {
+                for (j, undo) in self.boxes[..i].iter().enumerate() {
+                    if many || wanted[j] {
+                        undo.reserved.fetch_sub(1, Ordering::AcqRel);
+                    }
+                }
+                return false;
+            }
+        }
+        for (i, mb) in self.boxes.iter().enumerate() {
+            if many || wanted[i] {
+                mb.push(Envelope::Batch(Arc::clone(&batch)));
+            }
+        }
+        true
+    }
+
     /// Send a control envelope to every worker (never refused).
     pub fn control(&self, make: impl Fn() -> Envelope) {
         for mb in self.boxes.iter() {
@@ -238,6 +281,27 @@ mod tests {
         assert!(!boxes.broadcast(msg()), "worker 1 is full now");
         assert_eq!(boxes.boxes[0].len(), 0);
         assert_eq!(boxes.boxes[1].len(), 1);
+    }
+
+    #[test]
+    fn a_batch_is_one_envelope_per_interested_worker() {
+        let boxes = Mailboxes::new(2, 1);
+        boxes.boxes[1].interest.add(channel_hash(0, "c"));
+        let other = Arc::new(Broadcast {
+            project: 0,
+            channel: "other".into(),
+            frame: Bytes::from_static(b"y"),
+        });
+        let batch: BroadcastBatch = vec![msg(), other, msg()].into();
+        assert!(boxes.broadcast_batch(batch.clone()));
+        assert_eq!(boxes.boxes[0].len(), 0, "no subscriber of any channel");
+        assert_eq!(boxes.boxes[1].len(), 1, "one envelope for three frames");
+        assert!(!boxes.broadcast_batch(batch), "worker 1 is full");
+        match boxes.boxes[1].try_recv() {
+            Some(Envelope::Batch(b)) => assert_eq!(b.len(), 3),
+            other => panic!("expected a batch, got {other:?}"),
+        }
+        assert!(boxes.boxes[1].is_empty());
     }
 
     #[test]

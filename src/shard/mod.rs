@@ -247,6 +247,12 @@ impl Shard {
                 Envelope::Broadcast(msg) => {
                     fan_out(&self.registry.borrow(), &msg);
                 }
+                Envelope::Batch(batch) => {
+                    let registry = self.registry.borrow();
+                    for msg in batch.iter() {
+                        fan_out(&registry, msg);
+                    }
+                }
                 Envelope::KeysChanged => self.enforce_revocations(),
                 Envelope::Shutdown => self.begin_shutdown(),
             }
