@@ -74,9 +74,10 @@ fn spec_scan_sees_every_route() {
     // nothing, the route test below would pass vacuously.
     let routes = spec_routes(&std::fs::read_to_string(SPEC).unwrap());
     assert_eq!(routes["/api/v1/publish"], ["post"]);
+    assert_eq!(routes["/api/v1/publish/batch"], ["post"]);
     assert_eq!(routes["/health"], ["get"]);
     assert_eq!(routes["/api/v1/ws"], ["get"]);
-    assert_eq!(routes.len(), 3, "{routes:?}");
+    assert_eq!(routes.len(), 4, "{routes:?}");
 }
 
 #[test]
