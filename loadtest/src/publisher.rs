@@ -50,6 +50,9 @@ pub struct PubPlan {
     /// Filler bytes in `data`; with `pad_vary` each publish gets 0..=pad bytes.
     pub pad: usize,
     pub pad_vary: bool,
+    /// Messages per request: 1 = `POST /api/v1/publish`; more = one
+    /// `POST /api/v1/publish/batch` carrying that many consecutive publish numbers.
+    pub batch: usize,
     pub source_ips: usize,
     pub answer_grace: Duration,
 }
@@ -72,8 +75,9 @@ struct Conn {
     stream: TcpStream,
     up: bool,
     dead: bool,
-    /// Send instant and channel of each outstanding request, oldest first.
-    inflight: VecDeque<(Instant, u32)>,
+    /// Send instant, first publish counter and message count of each outstanding
+    /// request, oldest first.
+    inflight: VecDeque<(Instant, u64, u32)>,
     out: Vec<u8>,
     out_pos: usize,
     inbuf: Vec<u8>,
@@ -213,7 +217,7 @@ pub fn run(plan: PubPlan, shared: Arc<PubShared>) -> PubResult {
 
         // Send what is due, round-robin over connections with room in their pipeline.
         if sending {
-            let mut budget = 4096; // per loop turn, so reads are never starved
+            let mut budget: usize = 4096; // per loop turn, so reads are never starved
             while budget > 0 {
                 if let Some(iv) = interval {
                     let due = t0 + iv.mul_f64(k as f64);
@@ -233,6 +237,22 @@ pub fn run(plan: PubPlan, shared: Arc<PubShared>) -> PubResult {
                     break;
                 };
                 rr = ci + 1;
+                let batch = plan.batch.max(1);
+                if batch > 1 {
+                    let c = &mut conns[ci];
+                    let msgs = (k..k + batch as u64).map(|kk| {
+                        let g = kk * threads + plan.thread_idx as u64;
+                        ((g % k_chan) as u32, g / k_chan)
+                    });
+                    plan.target
+                        .write_publish_batch(&mut c.out, msgs, unix_ns(), plan.pad);
+                    c.inflight.push_back((Instant::now(), k, batch as u32));
+                    k += batch as u64;
+                    res.sent += batch as u64;
+                    shared.sent.fetch_add(batch as u64, Relaxed);
+                    budget = budget.saturating_sub(batch);
+                    continue;
+                }
                 let g = k * threads + plan.thread_idx as u64;
                 let ch = (g % k_chan) as u32;
                 let seq = g / k_chan;
@@ -247,7 +267,7 @@ pub fn run(plan: PubPlan, shared: Arc<PubShared>) -> PubResult {
                 let c = &mut conns[ci];
                 plan.target
                     .write_publish(&mut c.out, ch, unix_ns(), seq, pad);
-                c.inflight.push_back((Instant::now(), ch));
+                c.inflight.push_back((Instant::now(), k, 1));
                 k += 1;
                 res.sent += 1;
                 shared.sent.fetch_add(1, Relaxed);
@@ -285,18 +305,26 @@ pub fn run(plan: PubPlan, shared: Arc<PubShared>) -> PubResult {
                 continue;
             }
             if ev.is_readable() || ev.is_read_closed() {
-                read_responses(c, &mut scratch, &mut res, &shared);
+                read_responses(c, &mut scratch, &mut res, &shared, &plan);
             }
         }
         for c in conns.iter_mut().filter(|c| c.more && !c.dead) {
-            read_responses(c, &mut scratch, &mut res, &shared);
+            read_responses(c, &mut scratch, &mut res, &shared, &plan);
         }
     }
     res.elapsed = t0.elapsed();
     res
 }
 
-fn read_responses(c: &mut Conn, scratch: &mut [u8], res: &mut PubResult, shared: &PubShared) {
+fn read_responses(
+    c: &mut Conn,
+    scratch: &mut [u8],
+    res: &mut PubResult,
+    shared: &PubShared,
+    plan: &PubPlan,
+) {
+    let k_chan = u64::from(plan.channels.max(1));
+    let threads = plan.threads.max(1) as u64;
     // Bounded: at most 64 reads per call; `more` brings us back next loop turn,
     // since edge-triggered epoll will not report data that was already there.
     c.more = true;
@@ -331,7 +359,7 @@ fn read_responses(c: &mut Conn, scratch: &mut [u8], res: &mut PubResult, shared:
                 }
                 Ok(Some(r)) => {
                     pos += r.total_len;
-                    let Some((sent_at, ch)) = c.inflight.pop_front() else {
+                    let Some((sent_at, k0, n)) = c.inflight.pop_front() else {
                         c.dead = true;
                         *res.conn_errors.entry("unsolicited response").or_default() += 1;
                         return;
@@ -340,9 +368,13 @@ fn read_responses(c: &mut Conn, scratch: &mut [u8], res: &mut PubResult, shared:
                     *res.statuses.entry(r.status).or_default() += 1;
                     shared.answered.fetch_add(1, Relaxed);
                     if (200..300).contains(&r.status) {
-                        shared.accepted.fetch_add(1, Relaxed);
-                        if let Some(a) = res.accepted_per_channel.get_mut(ch as usize) {
-                            *a += 1;
+                        // A batch is accepted whole: each of its messages counts.
+                        shared.accepted.fetch_add(u64::from(n), Relaxed);
+                        for kk in k0..k0 + u64::from(n) {
+                            let ch = (kk * threads + plan.thread_idx as u64) % k_chan;
+                            if let Some(a) = res.accepted_per_channel.get_mut(ch as usize) {
+                                *a += 1;
+                            }
                         }
                     }
                     if r.close {

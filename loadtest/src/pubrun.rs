@@ -29,6 +29,8 @@ pub struct PubSpec {
     pub pad: usize,
     /// Each publish gets 0..=pad filler bytes instead of exactly `pad`.
     pub pad_vary: bool,
+    /// Messages per request (1: single publishes; more: batch publishes, ringcast only).
+    pub batch: usize,
 }
 
 pub struct PubRun {
@@ -52,6 +54,7 @@ pub fn start_publishers(c: &Common, t: &Target, spec: PubSpec) -> PubRun {
                 pipeline: spec.pipeline,
                 pad: spec.pad,
                 pad_vary: spec.pad_vary,
+                batch: spec.batch,
                 source_ips: c.source_ips,
                 answer_grace: Duration::from_secs(5),
             };

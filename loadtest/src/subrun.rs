@@ -102,6 +102,8 @@ pub struct SubTotals {
     pub connect: hdrhistogram::Histogram<u64>,
     pub received: u64,
     pub duplicates: u64,
+    /// Deliveries whose seq was below one this subscriber had already received.
+    pub reordered: u64,
     pub untracked: u64,
     pub ready_per_channel: BTreeMap<u32, u64>,
     pub json: Value,
@@ -115,6 +117,7 @@ pub fn join_subscribers(run: SubRun) -> SubTotals {
         connect: stats::new_histogram(),
         received: 0,
         duplicates: 0,
+        reordered: 0,
         untracked: 0,
         ready_per_channel: BTreeMap::new(),
         json: json!({}),
@@ -134,6 +137,7 @@ pub fn join_subscribers(run: SubRun) -> SubTotals {
         let _ = t.connect.add(&r.connect);
         t.received += r.received;
         t.duplicates += r.duplicates;
+        t.reordered += r.reordered;
         t.untracked += r.untracked;
         for (k, v) in r.ready_per_channel {
             *t.ready_per_channel.entry(k).or_default() += v;

@@ -70,6 +70,10 @@ pub struct SubResult {
     pub connect: Histogram<u64>,
     pub received: u64,
     pub duplicates: u64,
+    /// Deliveries with a seq below the highest this subscriber had seen (each
+    /// subscriber listens to one channel, so with one publishing connection, whose
+    /// requests are answered in order, any is a reorder by the server).
+    pub reordered: u64,
     pub untracked: u64,
     /// Ready subscribers per channel index (expected deliveries = Σ ready × accepted).
     pub ready_per_channel: BTreeMap<u32, u64>,
@@ -84,6 +88,8 @@ pub struct SubResult {
 struct Slot {
     conn: WsConn,
     seen: Vec<u64>,
+    /// Highest seq received plus one (0: none yet).
+    high: u64,
     ready: bool,
     /// Churn: when to close this connection, and when to change a subscription next.
     dies_at: Option<Instant>,
@@ -113,6 +119,7 @@ pub fn run(plan: SubPlan, shared: Arc<Shared>) -> SubResult {
         connect: new_histogram(),
         received: 0,
         duplicates: 0,
+        reordered: 0,
         untracked: 0,
         ready_per_channel: BTreeMap::new(),
         close_codes: BTreeMap::new(),
@@ -184,6 +191,7 @@ pub fn run(plan: SubPlan, shared: Arc<Shared>) -> SubResult {
             slots[i] = Some(Slot {
                 conn,
                 seen: Vec::new(),
+                high: 0,
                 ready: false,
                 dies_at: None,
                 flip_at: None,
@@ -339,6 +347,10 @@ fn apply(
                     return;
                 }
                 slot.seen[w] |= 1 << b;
+                if seq + 1 < slot.high {
+                    res.reordered += 1;
+                }
+                slot.high = slot.high.max(seq + 1);
             } else if churn.is_none() {
                 res.untracked += 1;
             }

@@ -171,6 +171,44 @@ impl Target {
         out.extend_from_slice(&body);
     }
 
+    /// Append one `POST /api/v1/publish/batch` (ringcast only) carrying one message per
+    /// `(channel, seq)`, all stamped `t`, each padded with `pad` filler bytes.
+    pub fn write_publish_batch(
+        &self,
+        out: &mut Vec<u8>,
+        msgs: impl Iterator<Item = (u32, u64)>,
+        t: u64,
+        pad: usize,
+    ) {
+        let mut body = Vec::with_capacity(4096);
+        body.extend_from_slice(b"{\"messages\":[");
+        for (i, (ch, seq)) in msgs.enumerate() {
+            if i > 0 {
+                body.push(b',');
+            }
+            let chan = self.channel_name(ch);
+            let _ = write!(
+                body,
+                "{{\"channel\":\"{chan}\",\"event\":\"lt\",\"data\":{{\"t\":{t},\"seq\":{seq}"
+            );
+            if pad > 0 {
+                body.extend_from_slice(b",\"pad\":\"");
+                body.resize(body.len() + pad, b'x');
+                body.push(b'"');
+            }
+            body.extend_from_slice(b"}}");
+        }
+        body.extend_from_slice(b"]}");
+        let _ = write!(
+            out,
+            "POST /api/v1/publish/batch HTTP/1.1\r\nHost: {}\r\nX-Api-Key: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            self.endpoint.host,
+            self.secret_key,
+            body.len()
+        );
+        out.extend_from_slice(&body);
+    }
+
     /// Classify one text frame's payload.
     pub fn classify(&self, payload: &[u8]) -> Inbound {
         match self.kind {
@@ -256,6 +294,20 @@ mod tests {
             assert_eq!(v["data"]["t"], 1_700_000_000_123_456_789u64);
             assert_eq!(v["data"]["seq"], 42);
         }
+    }
+
+    #[test]
+    fn ringcast_batch_is_valid_json_with_right_length() {
+        let t = target(Kind::Ringcast);
+        let mut out = Vec::new();
+        t.write_publish_batch(&mut out, [(0, 5), (2, 6)].into_iter(), 77, 3);
+        assert!(out.starts_with(b"POST /api/v1/publish/batch HTTP/1.1\r\n"));
+        let v: serde_json::Value = serde_json::from_slice(body_of(&out)).unwrap();
+        let m = v["messages"].as_array().unwrap();
+        assert_eq!(m.len(), 2);
+        assert_eq!(m[1]["channel"], "ltabc2");
+        assert_eq!((m[1]["data"]["t"].as_u64(), m[1]["data"]["seq"].as_u64()), (Some(77), Some(6)));
+        assert_eq!(m[0]["data"]["pad"], "xxx");
     }
 
     #[test]

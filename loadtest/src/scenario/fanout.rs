@@ -51,6 +51,10 @@ pub struct FanoutArgs {
     pub inflight: usize,
     #[arg(long, default_value_t = 0)]
     pub pad: usize,
+    /// Messages per publish request: more than 1 uses `POST /api/v1/publish/batch`
+    /// (ringcast); `--rate` still counts messages.
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
 }
 
 /// What one run measured, handed from the run's phases to its report.
@@ -110,6 +114,7 @@ pub fn run(c: &Common, t: &Target, a: &FanoutArgs) -> Result<Value, String> {
             pipeline: 1,
             pad: a.pad,
             pad_vary: false,
+            batch: a.batch,
         },
     );
     watch_publishing(c, start, &pubs, &subs);
@@ -235,13 +240,14 @@ fn summary(c: &Common, t: &Target, a: &FanoutArgs, o: &Outcome, lat: &LatencySum
     let mut v = json!({
         "mode": "fanout", "target": t.kind.name(),
         "params": {"subs": a.subs, "channels": o.channels, "rate": a.rate, "duration_s": a.duration,
-                   "pub_conns": a.pub_conns, "threads": c.threads, "pad": a.pad,
+                   "pub_conns": a.pub_conns, "threads": c.threads, "pad": a.pad, "batch": a.batch,
                    "publish_url": c.publish_url},
         "subscribers_ready": o.ready,
         "connect_time_s": r3(o.connect_time.as_secs_f64()),
         "connect_latency": summarize(&subs_t.connect).to_json(),
         "publish": p.json,
         "expected": expected, "received": subs_t.received, "duplicates": subs_t.duplicates,
+        "reordered": subs_t.reordered,
         "untracked_seq": subs_t.untracked,
         "delivery_ratio": (o.ratio() * 1e6).round() / 1e6,
         "deliveries_per_s": (subs_t.received as f64 / deliver_window).round(),
@@ -276,10 +282,11 @@ fn print_table(t: &Target, a: &FanoutArgs, o: &Outcome, v: &Value, lat: &Latency
         (
             "delivered / expected",
             format!(
-                "{} / {expected} (ratio {:.6}, dup {})",
+                "{} / {expected} (ratio {:.6}, dup {}, reordered {})",
                 subs_t.received,
                 o.ratio(),
-                subs_t.duplicates
+                subs_t.duplicates,
+                subs_t.reordered
             ),
         ),
         ("deliveries/s", v["deliveries_per_s"].to_string()),

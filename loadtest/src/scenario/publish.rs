@@ -34,6 +34,10 @@ pub struct PublishArgs {
     pub_threads: usize,
     #[arg(long, default_value_t = 0)]
     pad: usize,
+    /// Messages per request: more than 1 uses `POST /api/v1/publish/batch` (ringcast);
+    /// `accepted` and the CPU per publish then count messages, not requests.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
 }
 
 pub fn run(c: &Common, t: &Target, a: &PublishArgs) -> Result<Value, String> {
@@ -51,6 +55,7 @@ pub fn run(c: &Common, t: &Target, a: &PublishArgs) -> Result<Value, String> {
             pipeline: a.pipeline,
             pad: a.pad,
             pad_vary: false,
+            batch: a.batch,
         },
     );
     watch(c, start, &pubs);
@@ -95,7 +100,8 @@ fn report(
     let mut v = json!({
         "mode": "publish", "target": t.kind.name(),
         "params": {"conns": a.conns, "rate": a.rate, "duration_s": a.duration, "pipeline": a.pipeline,
-                   "channels": a.channels, "pub_threads": a.pub_threads, "pad": a.pad},
+                   "channels": a.channels, "pub_threads": a.pub_threads, "pad": a.pad,
+                   "batch": a.batch},
         "publish": p.json,
         "requests_per_s": (p.statuses.values().sum::<u64>() as f64 / secs_run).round(),
         "accepted_per_s": (p.accepted as f64 / secs_run).round(),

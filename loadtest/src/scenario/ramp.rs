@@ -80,6 +80,7 @@ impl RampArgs {
                 connect_timeout: self.connect_timeout,
                 inflight: self.inflight,
                 pad: 0,
+                batch: 1,
             },
             search: Search::new(
                 self.start_rate,

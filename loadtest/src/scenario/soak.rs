@@ -121,6 +121,7 @@ pub fn run(c: &Common, t: &Target, a: &SoakArgs) -> Result<Value, String> {
             pipeline: 1,
             pad: a.pad,
             pad_vary: true,
+            batch: 1,
         },
     );
     let mut samples = Samples::default();
