@@ -8,7 +8,7 @@ use std::sync::Arc;
 use criterion::{criterion_group, criterion_main, Criterion};
 
 use ringcast::{
-    generate_key, hash_key, key_prefix, KeyCache, KeyKind, KeyRecord, ProjectRecord, Quota,
+    generate_key, hash_key, key_prefix, HistorySpec, KeyCache, KeyKind, KeyRecord, ProjectRecord, Quota,
     RateLimit, StoreContents,
 };
 
@@ -22,6 +22,7 @@ fn populated_cache() -> (Arc<KeyCache>, Vec<String>) {
             id: format!("prj_{i:016x}"),
             name: format!("p{i}"),
             rate_limit: RateLimit::parse("1000/s").expect("valid limit"),
+            history: HistorySpec::OFF,
         })
         .collect();
     let mut keys = Vec::with_capacity(KEYS);

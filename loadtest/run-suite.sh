@@ -9,7 +9,8 @@
 #   loadtest/run-suite.sh --reps 1        # one repetition
 #   loadtest/run-suite.sh --only ringcast # or --only nchan
 #   loadtest/run-suite.sh --only-scenario ramp   # one scenario: floor idle-10k idle-19k
-#                                         #   publish fanout wide burst ramp
+#                                         #   publish fanout wide burst ramp batch
+#                                         #   (batch: ringcast only, issue 13)
 #   loadtest/run-suite.sh --smoke         # CI: 5 s fanout against ringcast, exit 1 unless ratio 1.0
 #   loadtest/run-suite.sh --cluster       # 2 nodes (--workers 1 each) + redis: cross-node vs same-node
 #
@@ -43,7 +44,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-SCENARIOS="floor idle-10k idle-19k publish fanout wide burst ramp"
+SCENARIOS="floor idle-10k idle-19k publish fanout wide burst ramp batch"
 if [ -n "$SCENARIO" ] && ! echo " $SCENARIOS " | grep -q " $SCENARIO "; then
   echo "run-suite.sh: unknown scenario $SCENARIO (one of: $SCENARIOS)" >&2
   exit 2
@@ -302,6 +303,15 @@ for rep in $(seq 1 "$REPS"); do
     if want burst; then run "$t" burst "$rep" -- fanout --subs 100 --channels 1 --rate 1000 --duration 10; fi
     # Rate doubled from 2/s, then bisected, 5 s steps, until p99 > 250 ms or a loss.
     if want ramp; then run "$t" ramp "$rep" -- ramp --subs 10000 --channels 1 --start-rate 2 --step-duration 5 --drain 3 --max-steps 12; fi
+    # Batch publish (ringcast only; Nchan has none): single publishes and batches of 100
+    # of the same ~110-byte messages back to back, server CPU per message compared
+    # within the run; then batches of 100 to 10k subscribers on 2 channels from one
+    # connection (answers in order), where any loss, duplicate or reorder is a failure.
+    if want batch && [ "$t" = ringcast ]; then
+      run "$t" batch-single "$rep" -- publish --conns 64 --duration 10 --pad 30
+      run "$t" batch-100 "$rep" -- publish --conns 8 --duration 10 --pad 30 --batch 100
+      run "$t" batch-fanout "$rep" -- fanout --subs 10000 --channels 2 --rate 40 --duration 10 --batch 100 --pub-conns 1 --pad 30 --drain 20
+    fi
   done
 done
 stop_ringcast
@@ -325,10 +335,10 @@ for line in open(sys.argv[1]):
         print(f'{v.get("label",""):14} {v["target"]:8} ramp best={v.get("best_rate")}/s deliv/s={v.get("sustained_deliveries_per_s")} '
               f'p99={b.get("p99_ms")}ms cpu%={b.get("server_cpu_pct")} first_fail={lf.get("rate")} ({lf.get("why")})')
     elif v["mode"] == "publish":
-        print(f'{v.get("label",""):14} {v["target"]:8} req/s={v["requests_per_s"]} '
+        print(f'{v.get("label",""):14} {v["target"]:8} req/s={v["requests_per_s"]} msgs/s={v["accepted_per_s"]} '
               f'cpu_us/publish={cpu.get("server_cpu_us_per_accepted_publish")}')
     else:
         lat = v["latency"]
-        print(f'{v.get("label",""):14} {v["target"]:8} ratio={v["delivery_ratio"]} deliv/s={v["deliveries_per_s"]} '
+        print(f'{v.get("label",""):14} {v["target"]:8} ratio={v["delivery_ratio"]} dup={v["duplicates"]} reord={v.get("reordered")} deliv/s={v["deliveries_per_s"]} '
               f'p50={lat["p50_us"]}us p99={lat["p99_us"]}us cpu_us/delivery={cpu.get("server_cpu_us_per_delivery")}')
 EOF

@@ -17,6 +17,7 @@ use serde_json::{json, Value};
 use crate::apikey::KeyKind;
 use crate::cli::{Cli, Command, KeyCommand, KeyKindArg, ProjectCommand};
 use crate::config::Config;
+use crate::history::{HistorySpec, HistorySpecError};
 use crate::quota::{RateLimit, RateLimitError};
 use crate::store::{open_store, ProjectRecord, Store, StoreError};
 
@@ -27,6 +28,8 @@ pub(crate) enum AdminError {
     Store(#[from] StoreError),
     #[error(transparent)]
     RateLimit(#[from] RateLimitError),
+    #[error(transparent)]
+    History(#[from] HistorySpecError),
     #[error("`{0}` is not an admin command")]
     NotAdmin(&'static str),
 }
@@ -37,8 +40,13 @@ pub(crate) enum Request {
     CreateProject {
         name: String,
         rate_limit: RateLimit,
+        history: HistorySpec,
     },
     ListProjects,
+    SetHistory {
+        project_id: String,
+        history: HistorySpec,
+    },
     SetRateLimit {
         project_id: String,
         rate_limit: RateLimit,
@@ -71,16 +79,32 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
 pub(crate) fn parse_request(command: &Command) -> Result<Request, AdminError> {
     Ok(match command {
         Command::Serve(_) => return Err(AdminError::NotAdmin("serve")),
-        Command::Project(ProjectCommand::Create { name, rate_limit }) => {
+        Command::Project(ProjectCommand::Create {
+            name,
+            rate_limit,
+            history,
+        }) => {
             let rate_limit = match rate_limit {
                 Some(text) => RateLimit::parse(text)?,
                 None => default_rate_limit()?,
             };
+            let history = match history {
+                Some(text) => HistorySpec::parse(text)?,
+                None => HistorySpec::OFF,
+            };
             Request::CreateProject {
                 name: name.clone(),
                 rate_limit,
+                history,
             }
         }
+        Command::Project(ProjectCommand::SetHistory {
+            project_id,
+            history,
+        }) => Request::SetHistory {
+            project_id: project_id.clone(),
+            history: HistorySpec::parse(history)?,
+        },
         Command::Project(ProjectCommand::List) => Request::ListProjects,
         Command::Project(ProjectCommand::SetRateLimit {
             project_id,
@@ -108,8 +132,12 @@ pub(crate) fn parse_request(command: &Command) -> Result<Request, AdminError> {
 /// Carry out `request` on `store`; the value is what the command prints.
 pub(crate) fn execute(store: &mut dyn Store, request: Request) -> Result<Value, AdminError> {
     Ok(match request {
-        Request::CreateProject { name, rate_limit } => {
-            let (project, secret, public) = store.create_project(&name, rate_limit)?;
+        Request::CreateProject {
+            name,
+            rate_limit,
+            history,
+        } => {
+            let (project, secret, public) = store.create_project(&name, rate_limit, history)?;
             json!({
                 "project": project_json(&project),
                 "secret_key": secret,
@@ -125,6 +153,13 @@ pub(crate) fn execute(store: &mut dyn Store, request: Request) -> Result<Value, 
             rate_limit,
         } => {
             let project = store.set_rate_limit(&project_id, rate_limit)?;
+            json!({ "project": project_json(&project) })
+        }
+        Request::SetHistory {
+            project_id,
+            history,
+        } => {
+            let project = store.set_history(&project_id, history)?;
             json!({ "project": project_json(&project) })
         }
         Request::CreateKey { project_id, kind } => {
@@ -162,7 +197,9 @@ pub(crate) fn dev_bootstrap_with(
     if !store.is_empty()? {
         return Ok(None);
     }
-    store.create_project("dev", rate_limit).map(Some)
+    store
+        .create_project("dev", rate_limit, HistorySpec::OFF)
+        .map(Some)
 }
 
 fn default_rate_limit() -> Result<RateLimit, RateLimitError> {
@@ -174,6 +211,7 @@ fn project_json(project: &ProjectRecord) -> Value {
         "id": project.id,
         "name": project.name,
         "rate_limit": project.rate_limit.to_string(),
+        "history": project.history.to_string(),
     })
 }
 

@@ -74,6 +74,9 @@ pub enum ProjectCommand {
         /// Quota: N/s or N/min (default 100/s).
         #[arg(long)]
         rate_limit: Option<String>,
+        /// Channel history: SIZE/TTL, e.g. 100/120s (default off).
+        #[arg(long)]
+        history: Option<String>,
     },
     /// List projects.
     List,
@@ -82,6 +85,8 @@ pub enum ProjectCommand {
         project_id: String,
         rate_limit: String,
     },
+    /// Change a project's channel history: SIZE/TTL, e.g. 100/120s; 0/0s turns it off.
+    SetHistory { project_id: String, history: String },
 }
 
 #[derive(Debug, Subcommand)]

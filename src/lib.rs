@@ -28,7 +28,8 @@
 //!   string escaping, the table of close codes, message and connection ids.
 //! - [`auth`]: the in-memory key snapshot and its watcher; [`admin`]: the project/key
 //!   subcommands; [`store`]: SQLite/Redis project and key store; [`config`]: every
-//!   knob, its default and unit; [`quota`]: per-project GCRA on atomics; [`cli`]:
+//!   knob, its default and unit; [`quota`]: per-project GCRA on atomics; [`history`]:
+//!   channel history (offsets, epochs, the per-node ring buffers); [`cli`]:
 //!   argument parsing; [`apikey`]: key kinds, generation and hashing.
 //!
 //! Invariants that hold across modules: the hot path never blocks and never allocates
@@ -53,6 +54,7 @@ mod close;
 mod cluster;
 mod config;
 mod error;
+mod history;
 mod http;
 mod ids;
 mod json;
@@ -75,6 +77,7 @@ pub use server::run_cli as run_serve;
 pub use apikey::{generate_key, hash_key, key_prefix, KeyKind};
 pub use auth::cache::KeyCache;
 pub use config::Config;
+pub use history::spec::HistorySpec;
 pub use quota::rate_limit::RateLimit;
 pub use quota::Quota;
 pub use store::{KeyRecord, ProjectRecord, StoreContents};

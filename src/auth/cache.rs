@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use arc_swap::{ArcSwap, Guard};
 
 use crate::apikey::{hash_key, is_well_formed, KeyHash, KeyKind};
+use crate::history::HistoryCell;
 use crate::quota::Quota;
 use crate::store::StoreContents;
 
@@ -30,6 +31,9 @@ pub struct ProjectState {
     /// Dense, stable for the process lifetime; namespaces the project's channels.
     pub index: u32,
     pub quota: Quota,
+    /// The project's history setting, changed in place by rebuilds (shared by a renamed
+    /// project's new state, like `ws_connections`).
+    pub history: Arc<HistoryCell>,
     /// WebSocket connections of this project open on this node, across all workers
     /// (for `max_ws_connections_per_project`). Shared by a renamed project's new state.
     pub ws_connections: Arc<std::sync::atomic::AtomicUsize>,
@@ -230,6 +234,7 @@ impl KeyCache {
                     if existing.quota.limit() != record.rate_limit {
                         existing.quota.set_limit(record.rate_limit);
                     }
+                    existing.history.set(record.history);
                     Arc::clone(existing)
                 }
                 Some(existing) => {
@@ -240,8 +245,10 @@ impl KeyCache {
                         name: record.name,
                         index: existing.index,
                         quota: existing.quota.clone_state(),
+                        history: Arc::clone(&existing.history),
                         ws_connections: Arc::clone(&existing.ws_connections),
                     });
+                    replacement.history.set(record.history);
                     replacement.quota.set_limit(record.rate_limit);
                     replacement
                 }
@@ -254,6 +261,7 @@ impl KeyCache {
                         name: record.name,
                         index,
                         quota: Quota::new(record.rate_limit),
+                        history: Arc::new(HistoryCell::new(record.history)),
                         ws_connections: Arc::default(),
                     })
                 }
@@ -306,6 +314,7 @@ mod tests {
             id: id.into(),
             name: format!("name-{id}"),
             rate_limit: RateLimit::parse(rate).unwrap(),
+            history: crate::history::HistorySpec::OFF,
         }
     }
 

@@ -147,7 +147,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut admin = SqliteStore::open(dir.path()).unwrap();
         let (project, secret, public) = admin
-            .create_project("p", RateLimit::parse("10/s").unwrap())
+            .create_project(
+                "p",
+                RateLimit::parse("10/s").unwrap(),
+                crate::history::HistorySpec::OFF,
+            )
             .unwrap();
 
         let cache = KeyCache::new();
@@ -218,9 +222,18 @@ mod tests {
             &mut self,
             name: &str,
             rate: RateLimit,
+            history: crate::history::HistorySpec,
         ) -> Result<(ProjectRecord, String, String), StoreError> {
             self.check()?;
-            self.inner.create_project(name, rate)
+            self.inner.create_project(name, rate, history)
+        }
+        fn set_history(
+            &mut self,
+            id: &str,
+            history: crate::history::HistorySpec,
+        ) -> Result<ProjectRecord, StoreError> {
+            self.check()?;
+            self.inner.set_history(id, history)
         }
         fn list_projects(&mut self) -> Result<Vec<ProjectRecord>, StoreError> {
             self.check()?;

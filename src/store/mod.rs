@@ -20,6 +20,7 @@ pub(crate) use sqlite::SqliteStore;
 use std::path::{Path, PathBuf};
 
 use crate::apikey::{KeyHash, KeyKind};
+use crate::history::HistorySpec;
 use crate::quota::RateLimit;
 
 /// Longest project name, in characters (same bound as channel names).
@@ -31,6 +32,8 @@ pub struct ProjectRecord {
     pub id: String,
     pub name: String,
     pub rate_limit: RateLimit,
+    /// Channel history kept for the project (`off` by default).
+    pub history: HistorySpec,
 }
 
 /// A key as stored: everything but the key itself.
@@ -105,6 +108,7 @@ pub(crate) trait Store: Send {
         &mut self,
         name: &str,
         rate_limit: RateLimit,
+        history: HistorySpec,
     ) -> Result<(ProjectRecord, String, String), StoreError>;
 
     /// All projects, oldest first.
@@ -115,6 +119,13 @@ pub(crate) trait Store: Send {
         &mut self,
         project_id: &str,
         rate_limit: RateLimit,
+    ) -> Result<ProjectRecord, StoreError>;
+
+    /// Change a project's history setting; returns the updated project.
+    fn set_history(
+        &mut self,
+        project_id: &str,
+        history: HistorySpec,
     ) -> Result<ProjectRecord, StoreError>;
 
     /// A new key for an existing project; returns its record and the full key.

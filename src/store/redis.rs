@@ -8,7 +8,8 @@
 //! Layout (all under the [`PREFIX`] namespace), chosen so that no write is a
 //! read-modify-write of a shared value:
 //! - `projects` hash: id → JSON `{name, seq}` (immutable once written);
-//! - `rate_limits` hash: project id → `"100/s"` (the one mutable project field);
+//! - `rate_limits` hash: project id → `"100/s"` (a mutable project field);
+//! - `histories` hash: project id → `"100/120s"` or `"off"` (mutable; absent = off);
 //! - `keys` hash: key id → JSON `{project_id, kind, prefix, hash, seq}` (immutable);
 //! - `key_hashes` hash: hex SHA-256 → key id (revocation by full key);
 //! - `revoked` set: revoked key ids (revocation is a set insert: idempotent, permanent);
@@ -28,6 +29,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{validate_project_name, KeyRecord, ProjectRecord, Store, StoreContents, StoreError};
 use crate::apikey::{generate_id, hash_key, key_prefix, KeyHash, KeyKind};
+use crate::history::HistorySpec;
 use crate::quota::RateLimit;
 
 /// Namespace of every Redis key ringcast writes.
@@ -133,23 +135,30 @@ impl RedisStore {
     }
 
     fn read_projects(&mut self) -> Result<Vec<ProjectRecord>, StoreError> {
-        let (projects, limits): (HashMap<String, String>, HashMap<String, String>) =
-            self.with(|c| {
-                redis::pipe()
-                    .atomic()
-                    .cmd("HGETALL")
-                    .arg(k("projects"))
-                    .cmd("HGETALL")
-                    .arg(k("rate_limits"))
-                    .query(c)
-            })?;
-        decode_projects(projects, &limits)
+        type Read = (
+            HashMap<String, String>,
+            HashMap<String, String>,
+            HashMap<String, String>,
+        );
+        let (projects, limits, histories): Read = self.with(|c| {
+            redis::pipe()
+                .atomic()
+                .cmd("HGETALL")
+                .arg(k("projects"))
+                .cmd("HGETALL")
+                .arg(k("rate_limits"))
+                .cmd("HGETALL")
+                .arg(k("histories"))
+                .query(c)
+        })?;
+        decode_projects(projects, &limits, &histories)
     }
 }
 
 fn decode_projects(
     projects: HashMap<String, String>,
     limits: &HashMap<String, String>,
+    histories: &HashMap<String, String>,
 ) -> Result<Vec<ProjectRecord>, StoreError> {
     let mut out = Vec::with_capacity(projects.len());
     for (id, json) in projects {
@@ -160,12 +169,19 @@ fn decode_projects(
             .ok_or_else(|| StoreError::Corrupt(format!("project {id}: no rate limit")))?;
         let rate_limit = RateLimit::parse(limit)
             .map_err(|e| StoreError::Corrupt(format!("project {id}: {e}")))?;
+        // Absent: a project created before history existed, or never given one.
+        let history = match histories.get(&id) {
+            Some(h) => HistorySpec::parse(h)
+                .map_err(|e| StoreError::Corrupt(format!("project {id}: {e}")))?,
+            None => HistorySpec::OFF,
+        };
         out.push((
             stored.seq,
             ProjectRecord {
                 id,
                 name: stored.name,
                 rate_limit,
+                history,
             },
         ));
     }
@@ -216,12 +232,14 @@ impl Store for RedisStore {
         &mut self,
         name: &str,
         rate_limit: RateLimit,
+        history: HistorySpec,
     ) -> Result<(ProjectRecord, String, String), StoreError> {
         validate_project_name(name)?;
         let project = ProjectRecord {
             id: generate_id("prj_"),
             name: name.to_string(),
             rate_limit,
+            history,
         };
         let stored = serde_json::to_string(&StoredProject {
             name: name.to_string(),
@@ -235,6 +253,7 @@ impl Store for RedisStore {
                 .atomic()
                 .hset(k("projects"), &project.id, &stored)
                 .hset(k("rate_limits"), &project.id, rate_limit.to_string())
+                .hset(k("histories"), &project.id, history.to_string())
                 .hset(k("keys"), &sk.id, &sk_json)
                 .hset(k("key_hashes"), sk.hash.to_hex(), &sk.id)
                 .hset(k("keys"), &pk.id, &pk_json)
@@ -262,6 +281,27 @@ impl Store for RedisStore {
             redis::pipe()
                 .atomic()
                 .hset(k("rate_limits"), project_id, rate_limit.to_string())
+                .incr(k("version"), 1)
+                .query::<()>(c)
+        })?;
+        self.read_projects()?
+            .into_iter()
+            .find(|p| p.id == project_id)
+            .ok_or_else(|| project_not_found(project_id))
+    }
+
+    fn set_history(
+        &mut self,
+        project_id: &str,
+        history: HistorySpec,
+    ) -> Result<ProjectRecord, StoreError> {
+        if !self.project_exists(project_id)? {
+            return Err(project_not_found(project_id));
+        }
+        self.with(|c| {
+            redis::pipe()
+                .atomic()
+                .hset(k("histories"), project_id, history.to_string())
                 .incr(k("version"), 1)
                 .query::<()>(c)
         })?;
@@ -337,9 +377,10 @@ impl Store for RedisStore {
             HashMap<String, String>,
             HashMap<String, String>,
             HashMap<String, String>,
+            HashMap<String, String>,
             HashSet<String>,
         );
-        let (projects, limits, keys, revoked): All = self.with(|c| {
+        let (projects, limits, histories, keys, revoked): All = self.with(|c| {
             redis::pipe()
                 .atomic()
                 .cmd("HGETALL")
@@ -347,13 +388,15 @@ impl Store for RedisStore {
                 .cmd("HGETALL")
                 .arg(k("rate_limits"))
                 .cmd("HGETALL")
+                .arg(k("histories"))
+                .cmd("HGETALL")
                 .arg(k("keys"))
                 .cmd("SMEMBERS")
                 .arg(k("revoked"))
                 .query(c)
         })?;
         Ok(StoreContents {
-            projects: decode_projects(projects, &limits)?,
+            projects: decode_projects(projects, &limits, &histories)?,
             keys: decode_keys(keys, &revoked, None)?,
         })
     }

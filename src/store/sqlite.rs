@@ -23,6 +23,7 @@ use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBe
 
 use super::{validate_project_name, KeyRecord, ProjectRecord, Store, StoreContents, StoreError};
 use crate::apikey::{generate_id, hash_key, key_prefix, KeyHash, KeyKind};
+use crate::history::HistorySpec;
 use crate::quota::RateLimit;
 
 /// File name of the database inside the data directory.
@@ -33,7 +34,7 @@ pub(super) const DB_FILE: &str = "ringcast.db";
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Schema version this build writes (`PRAGMA user_version`).
-const SCHEMA_VERSION: i64 = 1;
+const SCHEMA_VERSION: i64 = 2;
 
 /// Migrations, index i brings the schema from version i to i + 1.
 const MIGRATIONS: &[&str] = &[
@@ -59,6 +60,8 @@ const MIGRATIONS: &[&str] = &[
         value INTEGER NOT NULL
     );
     INSERT INTO meta (name, value) VALUES ('change_counter', 0);",
+    // 1 -> 2: channel history per project ("off" or "SIZE/TTLs").
+    "ALTER TABLE projects ADD COLUMN history TEXT NOT NULL DEFAULT 'off';",
 ];
 
 /// A connection to the SQLite store. One per thread; not shared.
@@ -183,11 +186,11 @@ fn project_exists(conn: &Connection, project_id: &str) -> Result<bool, StoreErro
 }
 
 /// A project row as read, before its rate limit is validated.
-type RawProject = (String, String, String);
+type RawProject = (String, String, String, String);
 /// A key row as read: id, project_id, kind, revoked, prefix, hash.
 type RawKey = (String, String, String, bool, String, Vec<u8>);
 
-const SELECT_PROJECTS: &str = "SELECT id, name, rate_limit FROM projects";
+const SELECT_PROJECTS: &str = "SELECT id, name, rate_limit, history FROM projects";
 const SELECT_KEYS: &str =
     "SELECT id, project_id, kind, revoked_at IS NOT NULL, prefix, hash FROM keys";
 
@@ -198,16 +201,19 @@ fn read_projects(
 ) -> Result<Vec<ProjectRecord>, StoreError> {
     let mut stmt = conn.prepare_cached(&format!("{SELECT_PROJECTS} {filter}"))?;
     let rows = stmt.query_map(args, |r| {
-        Ok::<RawProject, _>((r.get(0)?, r.get(1)?, r.get(2)?))
+        Ok::<RawProject, _>((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
     })?;
     rows.map(|row| {
-        let (id, name, rate_limit) = row?;
+        let (id, name, rate_limit, history) = row?;
         let rate_limit = RateLimit::parse(&rate_limit)
+            .map_err(|e| StoreError::Corrupt(format!("project {id}: {e}")))?;
+        let history = HistorySpec::parse(&history)
             .map_err(|e| StoreError::Corrupt(format!("project {id}: {e}")))?;
         Ok(ProjectRecord {
             id,
             name,
             rate_limit,
+            history,
         })
     })
     .collect()
@@ -252,6 +258,7 @@ impl Store for SqliteStore {
         &mut self,
         name: &str,
         rate_limit: RateLimit,
+        history: HistorySpec,
     ) -> Result<(ProjectRecord, String, String), StoreError> {
         validate_project_name(name)?;
         self.write(|tx| {
@@ -259,10 +266,17 @@ impl Store for SqliteStore {
                 id: generate_id("prj_"),
                 name: name.to_string(),
                 rate_limit,
+                history,
             };
             tx.execute(
-                "INSERT INTO projects (id, name, rate_limit, created_at) VALUES (?1, ?2, ?3, ?4)",
-                params![project.id, project.name, rate_limit.to_string(), unix_now()],
+                "INSERT INTO projects (id, name, rate_limit, history, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![
+                    project.id,
+                    project.name,
+                    rate_limit.to_string(),
+                    history.to_string(),
+                    unix_now()
+                ],
             )?;
             let (_, secret) = insert_key(tx, &project.id, KeyKind::Secret)?;
             let (_, public) = insert_key(tx, &project.id, KeyKind::Public)?;
@@ -283,6 +297,25 @@ impl Store for SqliteStore {
             let changed = tx.execute(
                 "UPDATE projects SET rate_limit = ?1 WHERE id = ?2",
                 params![rate_limit.to_string(), project_id],
+            )?;
+            if changed == 0 {
+                return Err(project_not_found(project_id));
+            }
+            read_projects(tx, "WHERE id = ?1", [project_id])?
+                .pop()
+                .ok_or_else(|| project_not_found(project_id))
+        })
+    }
+
+    fn set_history(
+        &mut self,
+        project_id: &str,
+        history: HistorySpec,
+    ) -> Result<ProjectRecord, StoreError> {
+        self.write(|tx| {
+            let changed = tx.execute(
+                "UPDATE projects SET history = ?1 WHERE id = ?2",
+                params![history.to_string(), project_id],
             )?;
             if changed == 0 {
                 return Err(project_not_found(project_id));
@@ -399,7 +432,7 @@ mod tests {
         assert!(store.is_empty().unwrap());
         store.change_token().unwrap();
 
-        let (project, secret, public) = store.create_project("orders", rl("50/s")).unwrap();
+        let (project, secret, public) = store.create_project("orders", rl("50/s"), HistorySpec::OFF).unwrap();
         assert!(project.id.starts_with("prj_"));
         assert_eq!(project.name, "orders");
         assert_eq!(project.rate_limit, rl("50/s"));
@@ -450,7 +483,7 @@ mod tests {
     fn the_database_never_holds_a_full_key() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = SqliteStore::open(dir.path()).unwrap();
-        let (_, secret, public) = store.create_project("p", rl("1/s")).unwrap();
+        let (_, secret, public) = store.create_project("p", rl("1/s"), HistorySpec::OFF).unwrap();
         drop(store);
         let mut bytes = Vec::new();
         for entry in std::fs::read_dir(dir.path()).unwrap() {
@@ -489,7 +522,7 @@ mod tests {
         let mut store = SqliteStore::open(dir.path()).unwrap();
         let before = store.change_token().unwrap();
         assert!(matches!(
-            store.create_project("", rl("1/s")),
+            store.create_project("", rl("1/s"), HistorySpec::OFF),
             Err(StoreError::Invalid(_))
         ));
         assert_eq!(store.change_token().unwrap(), before);
@@ -504,7 +537,7 @@ mod tests {
         let t0 = watcher.change_token().unwrap();
         assert_eq!(watcher.change_token().unwrap(), t0, "stable without writes");
 
-        let (project, _, _) = admin.create_project("p", rl("1/s")).unwrap();
+        let (project, _, _) = admin.create_project("p", rl("1/s"), HistorySpec::OFF).unwrap();
         let t1 = watcher.change_token().unwrap();
         assert_ne!(t1, t0);
 
