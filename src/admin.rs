@@ -246,9 +246,18 @@ mod tests {
             request(&["project", "create", "p"]).unwrap(),
             Request::CreateProject {
                 name: "p".into(),
-                rate_limit: RateLimit::parse("100/s").unwrap()
+                rate_limit: RateLimit::parse("100/s").unwrap(),
+                history: HistorySpec::OFF,
             }
         );
+        assert!(matches!(
+            request(&["project", "create", "p", "--history", "10/0s"]),
+            Err(AdminError::History(_))
+        ));
+        assert!(matches!(
+            request(&["project", "set-history", "prj_x", "ten"]),
+            Err(AdminError::History(_))
+        ));
     }
 
     #[test]

@@ -102,6 +102,10 @@ pub struct Config {
     pub default_rate_limit: String,
     /// Time allowed for graceful shutdown, milliseconds. Default 4000.
     pub shutdown_grace_ms: u64,
+    /// Bytes of channel history this node keeps across all channels of all projects.
+    /// Default 67108864 (64 MiB). Over it, the oldest entries of the largest channels
+    /// are dropped first.
+    pub history_max_bytes: usize,
     /// Serve the live console page at `GET /console`. Default false; `serve --dev`
     /// turns it on. Off: 404.
     pub console: bool,
@@ -136,6 +140,7 @@ impl Default for Config {
             key_refresh_ms: 250,
             default_rate_limit: "100/s".to_string(),
             shutdown_grace_ms: 4000,
+            history_max_bytes: 64 * 1024 * 1024,
             console: false,
         }
     }

@@ -54,6 +54,10 @@ pub enum ApiError {
     HeadersTooLarge,
     RequestTimeout,
     TooManyConnections,
+    /// `GET /api/v1/history` for a project that keeps no history.
+    HistoryOff,
+    /// `GET /api/v1/history` with an `epoch` that is not the channel's.
+    EpochMismatch,
 }
 
 impl ApiError {
@@ -66,9 +70,10 @@ impl ApiError {
             | ApiError::FieldTooLong(_)
             | ApiError::BadRequest(_) => 400,
             ApiError::Unauthorized(_) => 401,
-            ApiError::NotFound => 404,
+            ApiError::NotFound | ApiError::HistoryOff => 404,
             ApiError::MethodNotAllowed(_) => 405,
             ApiError::RequestTimeout => 408,
+            ApiError::EpochMismatch => 409,
             ApiError::LengthRequired => 411,
             ApiError::PayloadTooLarge => 413,
             ApiError::UnsupportedMediaType => 415,
@@ -96,6 +101,8 @@ impl ApiError {
             ApiError::LengthRequired => "length_required",
             ApiError::HeadersTooLarge => "headers_too_large",
             ApiError::RequestTimeout => "request_timeout",
+            ApiError::HistoryOff => "history_off",
+            ApiError::EpochMismatch => "epoch_mismatch",
         }
     }
 
@@ -133,6 +140,11 @@ impl ApiError {
             ),
             ApiError::HeadersTooLarge => write!(out, "the request head is too large"),
             ApiError::RequestTimeout => write!(out, "the request head took too long"),
+            ApiError::HistoryOff => write!(out, "the project keeps no channel history"),
+            ApiError::EpochMismatch => write!(
+                out,
+                "the channel's history has another epoch: positions of the old one are gone"
+            ),
         };
     }
 

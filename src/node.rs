@@ -12,6 +12,7 @@ use std::sync::Arc;
 use crate::auth::KeyCache;
 use crate::cluster::Cluster;
 use crate::config::Config;
+use crate::history::History;
 use crate::publish::Fanout;
 use crate::shard::mailbox::{Broadcast, BroadcastBatch, Mailboxes};
 
@@ -26,6 +27,9 @@ pub(crate) struct Node {
     pub shutting_down: AtomicBool,
     /// Whether the key store answered on its last check.
     pub db_ok: Arc<AtomicBool>,
+    /// Channel history of the projects that keep it (the one place offsets are
+    /// assigned on this node).
+    pub history: Arc<History>,
 }
 
 impl Node {
@@ -67,5 +71,9 @@ impl Fanout for Node {
 
     fn shutting_down(&self) -> bool {
         self.is_shutting_down()
+    }
+
+    fn history(&self) -> &History {
+        &self.history
     }
 }

@@ -20,6 +20,33 @@ pub(crate) fn reply(kind: &str, channel: &str) -> Bytes {
     frame::frame(Opcode::Text, &json)
 }
 
+/// `subscribed` with what a history channel adds: its position and, for a subscribe
+/// with `since`, whether the missed messages follow (`recovered`).
+pub(crate) fn subscribed(
+    channel: &str,
+    position: Option<(u64, &str)>,
+    recovered: Option<bool>,
+) -> Bytes {
+    let mut json = Vec::with_capacity(96 + channel.len());
+    json.extend_from_slice(b"{\"type\":\"subscribed\",\"channel\":");
+    write_json_str(&mut json, channel);
+    if let Some(r) = recovered {
+        json.extend_from_slice(if r {
+            b",\"recovered\":true"
+        } else {
+            b",\"recovered\":false"
+        });
+    }
+    if let Some((offset, epoch)) = position {
+        json.extend_from_slice(b",\"offset\":");
+        json.extend_from_slice(offset.to_string().as_bytes());
+        json.extend_from_slice(b",\"epoch\":");
+        write_json_str(&mut json, epoch);
+    }
+    json.push(b'}');
+    frame::frame(Opcode::Text, &json)
+}
+
 /// An error frame that keeps the connection open.
 pub(crate) fn error_frame(code: &str, message: &str) -> Bytes {
     let mut json = Vec::with_capacity(48 + message.len());
@@ -48,6 +75,20 @@ mod tests {
         assert_eq!(PONG[1] as usize, PONG.len() - 2);
         let v: serde_json::Value = serde_json::from_slice(&PONG[2..]).unwrap();
         assert_eq!(v["type"], "pong");
+    }
+
+    #[test]
+    fn subscribed_carries_the_position_when_given() {
+        let f = subscribed("c\"", Some((7, "abcd0123")), Some(true));
+        let v: serde_json::Value = serde_json::from_slice(&f[2..]).unwrap();
+        assert_eq!(v["channel"], "c\"");
+        assert_eq!((v["offset"].as_u64(), v["epoch"].as_str()), (Some(7), Some("abcd0123")));
+        assert_eq!(v["recovered"], true);
+        let f = subscribed("c", None, Some(false));
+        let v: serde_json::Value = serde_json::from_slice(&f[2..]).unwrap();
+        assert_eq!(v["recovered"], false);
+        assert!(v.get("offset").is_none());
+        assert_eq!(subscribed("c", None, None), reply("subscribed", "c"));
     }
 
     #[test]

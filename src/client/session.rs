@@ -10,23 +10,31 @@
 //! place: the payload buffer is ours and mutable.
 
 use std::rc::Rc;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use simd_json::prelude::{ValueAsScalar, ValueObjectAccess};
 
+use crate::auth::ProjectState;
 use crate::close::Disconnect;
 use crate::shard::registry::Subscribed;
 use crate::shard::Shard;
 use crate::ws::conn::{Session, WsConn};
 use crate::ws::frame::Opcode;
 
-use super::frames::{error_frame, reply, PONG};
+use super::frames::{error_frame, reply, subscribed, PONG};
+
+/// A subscribe's `since`: the last position the client saw.
+struct Since<'a> {
+    offset: u64,
+    epoch: &'a str,
+}
 
 /// One client's protocol state, owned by its reader task.
 pub(crate) struct ClientSession {
     shard: Rc<Shard>,
     /// The project whose channels this connection sees (from its key).
-    project: u32,
+    project: Arc<ProjectState>,
     /// Most channels one connection may hold (`max_subscriptions_per_connection`).
     max_subscriptions: usize,
     /// Channels this connection is subscribed to (bounded by `max_subscriptions`).
@@ -34,7 +42,11 @@ pub(crate) struct ClientSession {
 }
 
 impl ClientSession {
-    pub(crate) fn new(shard: Rc<Shard>, project: u32, max_subscriptions: usize) -> ClientSession {
+    pub(crate) fn new(
+        shard: Rc<Shard>,
+        project: Arc<ProjectState>,
+        max_subscriptions: usize,
+    ) -> ClientSession {
         ClientSession {
             shard,
             project,
@@ -49,9 +61,25 @@ impl ClientSession {
         self.subscriptions.iter().map(|c| &**c)
     }
 
-    fn subscribe(&mut self, conn: &Rc<WsConn>, channel: &str) {
+    fn subscribe(&mut self, conn: &Rc<WsConn>, channel: &str, since: Option<Since<'_>>) {
+        let spec = self.project.history.get();
         if self.subscriptions.iter().any(|c| &**c == channel) {
-            conn.send(reply("subscribed", channel));
+            // Already live on this channel: nothing to replay (it would duplicate).
+            if spec.is_on() {
+                let pos = self
+                    .shard
+                    .history()
+                    .lock()
+                    .position(self.project.index, channel, spec);
+                let recovered = since.map(|_| false);
+                conn.send(subscribed(
+                    channel,
+                    Some((pos.offset, pos.epoch.as_str())),
+                    recovered,
+                ));
+            } else {
+                conn.send(subscribed(channel, None, since.map(|_| false)));
+            }
             return;
         }
         if self.subscriptions.len() >= self.max_subscriptions {
@@ -61,16 +89,48 @@ impl ClientSession {
             ));
             return;
         }
-        let t = self.shard.subscribe(self.project, channel, conn);
-        debug_assert_ne!(t, Subscribed::Already, "the session and the registry agree");
+        if !spec.is_on() {
+            let t = self.shard.subscribe(self.project.index, channel, conn);
+            debug_assert_ne!(t, Subscribed::Already, "the session and the registry agree");
+            self.subscriptions.push(channel.into());
+            // `since` on a channel without history: nothing can be recovered.
+            conn.send(subscribed(channel, None, since.map(|_| false)));
+            return;
+        }
+        // A history channel. Under the history lock (no publish of the channel can
+        // get an offset meanwhile): deliver what this worker's mailbox already holds
+        // (frames at or below the position read next, which the new subscriber must not
+        // get twice), join, then read the position and the missed frames. Every later
+        // frame has a higher offset and reaches this subscriber live, after the replay.
+        let (position, replay) = {
+            let mut history = self.shard.history().lock();
+            self.shard.drain();
+            let t = self.shard.subscribe(self.project.index, channel, conn);
+            debug_assert_ne!(t, Subscribed::Already, "the session and the registry agree");
+            match &since {
+                None => (history.position(self.project.index, channel, spec), None),
+                Some(s) => {
+                    let r = history.recover(self.project.index, channel, spec, s.offset, s.epoch);
+                    (r.position, r.frames)
+                }
+            }
+        };
         self.subscriptions.push(channel.into());
-        conn.send(reply("subscribed", channel));
+        let recovered = since.map(|_| replay.is_some());
+        conn.send(subscribed(
+            channel,
+            Some((position.offset, position.epoch.as_str())),
+            recovered,
+        ));
+        for frame in replay.into_iter().flatten() {
+            conn.send(frame);
+        }
     }
 
     fn unsubscribe(&mut self, conn: &Rc<WsConn>, channel: &str) {
         if let Some(pos) = self.subscriptions.iter().position(|c| &**c == channel) {
             self.subscriptions.swap_remove(pos);
-            self.shard.unsubscribe(self.project, channel, conn.id);
+            self.shard.unsubscribe(self.project.index, channel, conn.id);
         }
         conn.send(reply("unsubscribed", channel));
     }
@@ -132,7 +192,24 @@ impl Session for ClientSession {
                     return Ok(());
                 }
                 if kind == "subscribe" {
-                    self.subscribe(conn, channel);
+                    let since = match value.get("since") {
+                        None => None,
+                        Some(s) => {
+                            let offset = s.get("offset").and_then(|o| o.as_u64());
+                            let epoch = s.get("epoch").and_then(|e| e.as_str());
+                            match (offset, epoch) {
+                                (Some(offset), Some(epoch)) => Some(Since { offset, epoch }),
+                                _ => {
+                                    conn.send(error_frame(
+                                        "invalid_since",
+                                        "since must be {\"offset\": integer >= 0, \"epoch\": string}",
+                                    ));
+                                    return Ok(());
+                                }
+                            }
+                        }
+                    };
+                    self.subscribe(conn, channel, since);
                 } else {
                     self.unsubscribe(conn, channel);
                 }
@@ -149,7 +226,7 @@ impl Session for ClientSession {
 
     fn on_end(&mut self, conn: &Rc<WsConn>) {
         for channel in self.subscriptions.drain(..) {
-            self.shard.unsubscribe(self.project, &channel, conn.id);
+            self.shard.unsubscribe(self.project.index, &channel, conn.id);
         }
         self.shard.remove(conn.id);
     }
@@ -210,7 +287,15 @@ mod tests {
         let rec = Arc::new(Recorder::default());
         let (shard, _mailboxes) = shard(Some(rec.clone()));
         let conn = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
-        (ClientSession::new(shard.clone(), 9, max), conn, shard, rec)
+        let project = Arc::new(ProjectState {
+            id: "prj_test".into(),
+            name: "test".into(),
+            index: 9,
+            quota: crate::quota::Quota::new(crate::quota::RateLimit::parse("1/s").unwrap()),
+            history: Arc::default(),
+            ws_connections: Arc::default(),
+        });
+        (ClientSession::new(shard.clone(), project, max), conn, shard, rec)
     }
 
     #[test]

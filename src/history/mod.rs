@@ -21,7 +21,7 @@
 //!
 //! Memory: each channel keeps at most `size` entries, none older than `ttl` (dropped
 //! lazily on every append and read, and by [`History::sweep`] once a second for idle
-//! channels, which also forgets channels with nothing kept). Across all channels the node
+//! channels, which also forgets channels with nothing kept and idle for twice the TTL). Across all channels the node
 //! keeps at most `history_max_bytes`; above it, the oldest entries of the largest
 //! channels go first. An entry counts its frame, its event name and a fixed overhead.
 //!
@@ -196,14 +196,16 @@ impl History {
     }
 
     /// Expire old entries everywhere and forget channels with nothing kept that have
-    /// been idle for their TTL. Called once a second.
+    /// been idle (no publish, subscribe or read) for twice their TTL. Called once a
+    /// second.
     pub(crate) fn sweep(&self) {
         self.lock().sweep(Instant::now());
     }
 }
 
 impl Inner {
-    /// Bytes counted now (tests, metrics).
+    /// Bytes counted now.
+    #[cfg(test)]
     pub(crate) fn bytes(&self) -> usize {
         self.bytes
     }
@@ -425,7 +427,8 @@ impl Inner {
                 if freed > 0 {
                     changes.push((log.id, before, log.bytes, freed));
                 }
-                if log.entries.is_empty() && now.saturating_duration_since(log.used) >= log.ttl {
+                if log.entries.is_empty() && now.saturating_duration_since(log.used) >= 2 * log.ttl
+                {
                     forget.push((project, name.clone(), log.id, log.bytes));
                 }
             }
@@ -507,7 +510,7 @@ mod tests {
         let mut h = h.lock();
         let s = spec("10/1s");
         add(&mut h, "c", s, "x");
-        let later = Instant::now() + Duration::from_secs(2);
+        let later = Instant::now() + Duration::from_millis(1500);
         h.sweep(later);
         let (pos, entries) = h.read(1, "c", s, None, 10);
         assert_eq!((pos.offset, entries.len()), (1, 0), "offset stays, entry gone");

@@ -3,7 +3,7 @@
 //! - [`parse`]: request heads (httparse) as offsets into the read buffer.
 //! - [`conn`]: one connection's state ([`conn::HttpConn`]) and its read → serve →
 //!   flush steps, keep-alive and pipelining.
-//! - [`route`]: the routing table, answering with an [`outcome::Outcome`]; [`publish`], [`health`] and [`upgrade`] are its
+//! - [`route`]: the routing table, answering with an [`outcome::Outcome`]; [`publish`], [`history`], [`health`] and [`upgrade`] are its
 //!   endpoints; [`response`] writes every answer from the one error table
 //!   ([`crate::error`]).
 //! - [`transport`]: plain TCP or TLS under the same loop; [`service`]: what one worker's
@@ -20,6 +20,7 @@
 pub(crate) mod conn;
 pub(crate) mod console;
 pub(crate) mod health;
+pub(crate) mod history;
 pub(crate) mod outcome;
 pub(crate) mod parse;
 pub(crate) mod publish;

@@ -3,7 +3,9 @@
 
 use super::response::{write_error, Extra};
 use super::ApiError;
+use crate::auth::ProjectState;
 use crate::shard::ProjectSlot;
+use std::sync::Arc;
 
 pub(crate) enum Outcome {
     /// The whole answer is in the output; keep reading requests (unless `close`).
@@ -17,7 +19,7 @@ pub(crate) enum Outcome {
 /// An accepted upgrade, waiting for its 101 to be written.
 pub(crate) struct Upgrade {
     /// The project whose channels the connection sees.
-    pub project: u32,
+    pub project: Arc<ProjectState>,
     /// The key it was opened with (revocation closes it).
     pub key_id: Box<str>,
     /// Its place under the project's connection limit.

@@ -119,7 +119,19 @@ fn write_answer(out: &mut Vec<u8>, answer: &Answer) {
             body.extend_from_slice(b"]}");
             write_json(out, 202, &body, extra);
         }
-        Ok(Accepted::One(id)) => {
+        Ok(Accepted::One(id, Some(pos))) => {
+            // A single-channel publish of a history project: its position too.
+            let mut body = Vec::with_capacity(80);
+            body.extend_from_slice(b"{\"id\":\"");
+            body.extend_from_slice(id.as_str().as_bytes());
+            body.extend_from_slice(b"\",\"offset\":");
+            body.extend_from_slice(pos.offset.to_string().as_bytes());
+            body.extend_from_slice(b",\"epoch\":\"");
+            body.extend_from_slice(pos.epoch.as_str().as_bytes());
+            body.extend_from_slice(b"\"}");
+            write_json(out, 202, &body, extra);
+        }
+        Ok(Accepted::One(id, None)) => {
             // `{"id":"<20 hex>"}` without a formatter: this is every accepted publish.
             let mut body = [0u8; 32];
             let prefix = b"{\"id\":\"";

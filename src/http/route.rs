@@ -9,7 +9,7 @@ use std::rc::Rc;
 
 use super::outcome::{answer, Outcome};
 use super::parse::{Method, RequestHead};
-use super::{console, health, publish, upgrade, ApiError, Service};
+use super::{console, health, history, publish, upgrade, ApiError, Service};
 
 /// Route one request whose head is parsed; `req` starts at the head.
 pub(crate) fn route(
@@ -26,6 +26,10 @@ pub(crate) fn route(
         b"/api/v1/publish/batch" => match head.method() {
             Method::Post => publish::handle(svc, head, req, out, publish::Endpoint::Batch),
             _ => answer(out, ApiError::MethodNotAllowed("POST")),
+        },
+        b"/api/v1/history" => match head.method() {
+            Method::Get => history::handle(svc, head, req, out),
+            _ => answer(out, ApiError::MethodNotAllowed("GET")),
         },
         b"/health" => match head.method() {
             Method::Get | Method::Head if head.has_body() => answer(

@@ -9,6 +9,7 @@
 //! guard live exactly as long as the connection's reader task.
 
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -86,7 +87,7 @@ pub(crate) fn handle(
     };
     write_switching(out, ws_key);
     Outcome::Upgrade(Upgrade {
-        project: entry.project.index,
+        project: Arc::clone(&entry.project),
         key_id: entry.key_id.as_str().into(),
         slot,
     })

@@ -5,10 +5,65 @@
 //! subscribers: the frame is built in one exactly-sized allocation and frozen into a
 //! `Bytes` that the fan-out only reference-counts.
 
+use std::ops::Range;
+
 use bytes::Bytes;
 
 pub(crate) use crate::json::{json_str_len, write_json_str};
 use crate::ws::frame::{header_len, write_header, Opcode};
+
+/// The broadcast frame of a message of a history project: the same JSON with
+/// `"offset":N,"epoch":"..."` after `id`; also the span of `data` inside the frame
+/// (history keeps the frame and serves `data` from it without a copy).
+pub(crate) fn message_frame_at(
+    channel: &str,
+    event: &str,
+    data: &[u8],
+    id: &str,
+    offset: u64,
+    epoch: &str,
+) -> (Bytes, Range<usize>) {
+    const A: &[u8] = b"{\"type\":\"message\",\"channel\":";
+    const B: &[u8] = b",\"event\":";
+    const C: &[u8] = b",\"data\":";
+    const D: &[u8] = b",\"id\":\"";
+    const E: &[u8] = b"\",\"offset\":";
+    const F: &[u8] = b",\"epoch\":";
+    // History projects only: one small allocation for the number is fine here.
+    let offset_text = offset.to_string();
+    let payload_len = A.len()
+        + json_str_len(channel)
+        + B.len()
+        + json_str_len(event)
+        + C.len()
+        + data.len()
+        + D.len()
+        + id.len()
+        + E.len()
+        + offset_text.len()
+        + F.len()
+        + json_str_len(epoch)
+        + 1;
+    let mut out = Vec::with_capacity(header_len(payload_len) + payload_len);
+    write_header(&mut out, Opcode::Text, payload_len);
+    out.extend_from_slice(A);
+    write_json_str(&mut out, channel);
+    out.extend_from_slice(B);
+    write_json_str(&mut out, event);
+    out.extend_from_slice(C);
+    let data_start = out.len();
+    out.extend_from_slice(data);
+    let data_end = out.len();
+    out.extend_from_slice(D);
+    out.extend_from_slice(id.as_bytes());
+    out.extend_from_slice(E);
+    out.extend_from_slice(offset_text.as_bytes());
+    out.extend_from_slice(F);
+    write_json_str(&mut out, epoch);
+    out.push(b'}');
+    debug_assert_eq!(out.len(), out.capacity());
+    (Bytes::from(out), data_start..data_end)
+}
 
 /// The broadcast frame for one accepted publish.
 pub fn message_frame(channel: &str, event: &str, data: &[u8], id: &str) -> Bytes {
@@ -56,6 +111,23 @@ mod tests {
         assert_eq!(v["channel"], "news \"x\"");
         assert_eq!(v["data"]["a"], 1);
         assert_eq!(v["id"], "abc");
+    }
+
+    #[test]
+    fn history_frames_carry_the_position_and_the_data_span() {
+        let (f, span) = message_frame_at("c", "e", br#"{"a":[1]}"#, "abc", 42, "00ff00ff");
+        assert_eq!(&f[span], br#"{"a":[1]}"#);
+        let v: serde_json::Value = serde_json::from_slice(&f[2..]).unwrap();
+        assert_eq!(v["offset"], 42);
+        assert_eq!(v["epoch"], "00ff00ff");
+        assert_eq!(v["id"], "abc");
+        assert_eq!(f[1] as usize, f.len() - 2);
+        let (f, _) = message_frame_at("c", "e", b"\"x\"", "i", u64::MAX, "e");
+        let v: serde_json::Value = serde_json::from_slice(&f[2..]).unwrap();
+        assert_eq!(v["offset"], u64::MAX);
+        let (f, _) = message_frame_at("c", "e", b"\"x\"", "i", 0, "e");
+        let v: serde_json::Value = serde_json::from_slice(&f[2..]).unwrap();
+        assert_eq!(v["offset"], 0);
     }
 
     #[test]

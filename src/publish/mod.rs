@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use crate::auth::ProjectState;
 use crate::error::{ApiError, Unavailable};
+use crate::history::{Entry, History, HistorySpec, Position};
 use crate::ids::{Id, IdGen};
 use crate::quota::{now_ns, Decision};
 use crate::shard::mailbox::{Broadcast, BroadcastBatch};
@@ -25,10 +26,11 @@ use crate::shard::mailbox::{Broadcast, BroadcastBatch};
 pub(crate) use parse::PublishParser;
 use parse::{BatchError, BatchLimits, Publish};
 
-/// What an accepted request gave: one id (`/publish`) or one per message (`/batch`).
+/// What an accepted request gave: one id (`/publish`; with its position when it went
+/// to one channel of a history project) or one per message (`/batch`).
 #[derive(Debug)]
 pub(crate) enum Accepted {
-    One(Id),
+    One(Id, Option<Position>),
     Many(Vec<Id>),
 }
 
@@ -66,6 +68,66 @@ pub(crate) trait Fanout {
     fn broadcast_batch(&self, batch: BroadcastBatch) -> bool;
     /// Whether the service is shutting down.
     fn shutting_down(&self) -> bool;
+    /// The node's channel history (only history projects touch it).
+    fn history(&self) -> &History;
+}
+
+/// Publish `msgs` of a history project: under the history lock, give each message of
+/// each channel its offset, encode it with its position, record it, and hand all of
+/// them to the mailboxes before the lock is released, so every mailbox gets a channel's
+/// frames in offset order. Nothing is recorded when the mailboxes refuse. Returns the
+/// position of the first frame (the answer of a single-channel publish).
+fn publish_with_history(
+    project: &ProjectState,
+    spec: HistorySpec,
+    msgs: &[Publish<'_>],
+    ids: &[Id],
+    fanout: &dyn Fanout,
+) -> Option<Option<Position>> {
+    let mut history = fanout.history().lock();
+    let mut frames = Vec::with_capacity(units(msgs) as usize);
+    let mut offsets = Vec::with_capacity(frames.capacity());
+    let mut first = None;
+    for (msg, id) in msgs.iter().zip(ids) {
+        for channel in msg.channels.as_slice() {
+            let pos = history.next(project.index, channel, spec);
+            first.get_or_insert(pos);
+            offsets.push(pos.offset);
+            let (frame, span) = encode::message_frame_at(
+                channel,
+                msg.event,
+                msg.data,
+                id.as_str(),
+                pos.offset,
+                pos.epoch.as_str(),
+            );
+            let data = frame.slice(span);
+            history.push(
+                project.index,
+                channel,
+                spec,
+                Entry::new(pos.offset, frame.clone(), msg.event, data, id.as_str()),
+            );
+            frames.push(Arc::new(Broadcast {
+                project: project.index,
+                channel: (*channel).into(),
+                frame,
+            }));
+        }
+    }
+    let queued = if frames.len() == 1 {
+        fanout.broadcast(Arc::clone(&frames[0]))
+    } else {
+        fanout.broadcast_batch(frames.iter().cloned().collect())
+    };
+    if !queued {
+        // Newest first, so each undo finds its entry at the end of its channel.
+        for (msg, offset) in frames.iter().zip(&offsets).rev() {
+            history.unpush(project.index, &msg.channel, *offset);
+        }
+        return None;
+    }
+    Some(first)
 }
 
 /// Quota units of some messages: one per message per channel.
@@ -121,6 +183,23 @@ pub(crate) fn accept(
         return Answer::refused(error, None, decision);
     }
     let id = ids.next_id();
+    let spec = project.history.get();
+    if spec.is_on() {
+        let Some(first) =
+            publish_with_history(project, spec, std::slice::from_ref(&msg), &[id], fanout)
+        else {
+            let error = ApiError::Unavailable(Unavailable::QueueFull);
+            return Answer::refused(error, None, decision);
+        };
+        // The answer carries a position only for a single-channel publish.
+        let position = first.filter(|_| msg.channels.is_single());
+        return Answer {
+            outcome: Ok(Accepted::One(id, position)),
+            index: None,
+            rate: decision,
+            retry_after_s: None,
+        };
+    }
     let queued = match &msg.channels {
         parse::Channels::One(channel) => fanout.broadcast(Arc::new(Broadcast {
             project: project.index,
@@ -138,7 +217,7 @@ pub(crate) fn accept(
         return Answer::refused(error, None, decision);
     }
     Answer {
-        outcome: Ok(Accepted::One(id)),
+        outcome: Ok(Accepted::One(id, None)),
         index: None,
         rate: decision,
         retry_after_s: None,
@@ -171,14 +250,18 @@ pub(crate) fn accept_batch(
         let error = ApiError::Unavailable(Unavailable::ShuttingDown);
         return Answer::refused(error, None, decision);
     }
-    let mut id_list = Vec::with_capacity(msgs.len());
-    let mut frames = Vec::with_capacity(units as usize);
-    for msg in &msgs {
-        let id = ids.next_id();
-        encode_into(project.index, msg, &id, &mut frames);
-        id_list.push(id);
-    }
-    if !fanout.broadcast_batch(frames.into()) {
+    let id_list: Vec<Id> = msgs.iter().map(|_| ids.next_id()).collect();
+    let spec = project.history.get();
+    let queued = if spec.is_on() {
+        publish_with_history(project, spec, &msgs, &id_list, fanout).is_some()
+    } else {
+        let mut frames = Vec::with_capacity(units as usize);
+        for (msg, id) in msgs.iter().zip(&id_list) {
+            encode_into(project.index, msg, id, &mut frames);
+        }
+        fanout.broadcast_batch(frames.into())
+    };
+    if !queued {
         let error = ApiError::Unavailable(Unavailable::QueueFull);
         return Answer::refused(error, None, decision);
     }

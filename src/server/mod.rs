@@ -133,6 +133,7 @@ fn serve(
         )?),
         None => None,
     };
+    let config_history_max = config.history_max_bytes;
     let shared = Arc::new(Node {
         config,
         keys: keys.clone(),
@@ -140,6 +141,7 @@ fn serve(
         cluster: cluster.clone(),
         shutting_down: AtomicBool::new(false),
         db_ok: db_ok.clone(),
+        history: Arc::new(crate::history::History::new(config_history_max)),
     });
 
     let stop_watcher = Arc::new(AtomicBool::new(false));

@@ -30,6 +30,15 @@ async fn heartbeat(shard: Rc<Shard>, period: Duration) {
     }
 }
 
+/// Worker 0 only: expire channel history once a second (entries past their TTL, idle
+/// channels with nothing kept). Without history projects it takes an empty lock.
+async fn history_sweep(history: Arc<crate::history::History>) {
+    loop {
+        monoio::time::sleep(Duration::from_secs(1)).await;
+        history.sweep();
+    }
+}
+
 async fn accept_loop(
     svc: &Rc<Service>,
     listener: TcpListener,
@@ -126,10 +135,14 @@ pub(crate) fn run(setup: WorkerSetup) -> std::io::Result<()> {
             mailbox,
             sink,
             max_connections: node.config.max_connections_per_worker,
+            history: node.history.clone(),
         }));
         let svc = Rc::new(Service::new(node, shard.clone()));
         monoio::spawn(shard.clone().run_mailbox());
         monoio::spawn(heartbeat(shard.clone(), period));
+        if index == 0 {
+            monoio::spawn(history_sweep(svc.node.history.clone()));
+        }
         accept_loop(&svc, listener, tls).await;
         // Shutdown: give WebSockets time to receive 1001 and queued messages.
         let deadline = Instant::now() + grace;

@@ -32,6 +32,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::auth::KeyCache;
+use crate::history::History;
 use crate::close::Disconnect;
 use crate::ws::conn::WsConn;
 use crate::ws::frame::{self, Opcode};
@@ -64,6 +65,8 @@ pub(crate) struct ShardSetup {
     pub sink: Option<Arc<dyn InterestSink>>,
     /// Open connections (HTTP and WebSocket) this worker accepts at once.
     pub max_connections: usize,
+    /// The node's channel history (subscribes to history channels read it).
+    pub history: Arc<History>,
 }
 
 /// One worker's data-plane state.
@@ -79,6 +82,7 @@ pub(crate) struct Shard {
     next_conn: Cell<u64>,
     started: Instant,
     stop: StopSignal,
+    history: Arc<History>,
 }
 
 /// One admitted connection; the shard's open count drops when it does.
@@ -125,7 +129,13 @@ impl Shard {
             next_conn: Cell::new(0),
             started: Instant::now(),
             stop: StopSignal::default(),
+            history: setup.history,
         }
+    }
+
+    /// The node's channel history.
+    pub(crate) fn history(&self) -> &History {
+        &self.history
     }
 
     pub(crate) fn index(&self) -> usize {
@@ -352,6 +362,7 @@ pub(crate) mod tests {
             mailbox: mailboxes.get(0).expect("one mailbox"),
             sink,
             max_connections: 2,
+            history: Arc::new(History::new(1 << 20)),
         });
         (Rc::new(shard), mailboxes)
     }

@@ -579,7 +579,9 @@ mod tests {
                 let path = dir.path().to_path_buf();
                 std::thread::spawn(move || {
                     let mut store = SqliteStore::open(&path).unwrap();
-                    store.create_project(&format!("p{i}"), rl("1/s")).unwrap();
+                    store
+                        .create_project(&format!("p{i}"), rl("1/s"), HistorySpec::OFF)
+                        .unwrap();
                 })
             })
             .collect();
