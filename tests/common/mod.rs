@@ -402,6 +402,19 @@ impl Server {
         self.child.as_ref().map(|c| c.id()).unwrap_or(0)
     }
 
+    /// Stop the server (SIGTERM) and start a new one on the same data directory (and a
+    /// new port: `addr` is updated). Plaintext servers only.
+    pub fn restart(&mut self, opts: Options) {
+        self.terminate(Duration::from_secs(10));
+        let dir = self
+            ._tmp
+            .as_ref()
+            .expect("a server started by Server::start owns its directory")
+            .path()
+            .to_path_buf();
+        self.spawn(&opts, &dir, &[]);
+    }
+
     /// Send SIGTERM and wait for the exit status (None if it did not exit in `limit`).
     pub fn terminate(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
         let mut child = self.child.take()?;
