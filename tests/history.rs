@@ -273,6 +273,12 @@ fn recovery_has_no_gap_and_no_duplicate_while_publishes_race_the_replay() {
     wait_for(Duration::from_secs(10), "publishing to start", || {
         published.load(Ordering::Relaxed) > 50
     });
+    // Other subscribers of the channel on both workers, so frames of it are always in
+    // flight in every worker's mailbox when the reconnecting client joins.
+    let mut others: Vec<Ws> = (0..6).map(|_| s.ws(&h.public)).collect();
+    for o in others.iter_mut() {
+        sub(o, "c", None);
+    }
     // Reconnect again and again mid-stream: each time the replay must join the live
     // stream exactly.
     let mut ws = s.ws(&h.public);
@@ -280,7 +286,7 @@ fn recovery_has_no_gap_and_no_duplicate_while_publishes_race_the_replay() {
     let epoch = r["epoch"].as_str().unwrap().to_string();
     let mut last = r["offset"].as_u64().unwrap();
     let mut joined_at = last;
-    for round in 0..20 {
+    for round in 0..40 {
         // Read the replay and on into the live stream (past the position `subscribed`
         // gave), then leave, let publishes pass, come back with since.
         while last < joined_at + 20 {
@@ -304,6 +310,7 @@ fn recovery_has_no_gap_and_no_duplicate_while_publishes_race_the_replay() {
     for p in pubs {
         p.join().unwrap();
     }
+    drop(others);
 }
 
 #[test]
