@@ -75,9 +75,10 @@ fn spec_scan_sees_every_route() {
     let routes = spec_routes(&std::fs::read_to_string(SPEC).unwrap());
     assert_eq!(routes["/api/v1/publish"], ["post"]);
     assert_eq!(routes["/api/v1/publish/batch"], ["post"]);
+    assert_eq!(routes["/api/v1/history"], ["get"]);
     assert_eq!(routes["/health"], ["get"]);
     assert_eq!(routes["/api/v1/ws"], ["get"]);
-    assert_eq!(routes.len(), 4, "{routes:?}");
+    assert_eq!(routes.len(), 5, "{routes:?}");
 }
 
 #[test]
@@ -183,6 +184,23 @@ fn schemathesis_finds_nothing() {
     // A quota far above what the run sends: a 429 would be a correct answer, but it
     // would hide what the body validation does with the generated inputs.
     let project = server.project("openapi", "10000000/s");
+    // History on, so that GET /api/v1/history answers 200 to valid requests (a project
+    // without history gets 404 history_off, covered by tests/history.rs).
+    cli(
+        &server.data_dir,
+        &["project", "set-history", &project.id, "100/600s"],
+    );
+    wait_for(
+        std::time::Duration::from_secs(3),
+        "history to be on for the openapi project",
+        || {
+            let req = format!(
+                "GET /api/v1/history?channel=x HTTP/1.1\r\nHost: t\r\nX-Api-Key: {}\r\nConnection: close\r\n\r\n",
+                project.secret
+            );
+            parse_response(&server.raw(req.as_bytes())).0 == 200
+        },
+    );
     let examples = std::env::var("RINGCAST_ST_EXAMPLES").unwrap_or_else(|_| "100".into());
     // schemathesis writes a `.schemathesis/` cache into its working directory.
     let work = tempfile::tempdir().unwrap();

@@ -163,6 +163,17 @@ pub(crate) struct History {
     inner: Mutex<Inner>,
 }
 
+/// Whether a subscribe with `since` may be answered from this node's logs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Recoveries {
+    /// A single node: its logs hold every message of its channels.
+    Allowed,
+    /// Cluster mode: positions are per node (not yet assigned through Redis), so a
+    /// node's log misses what other nodes published; a recovery from it could hide a
+    /// gap. Every `since` answers `recovered: false`.
+    Refused,
+}
+
 /// Everything behind the lock.
 pub(crate) struct Inner {
     channels: HashMap<u32, HashMap<Box<str>, Log>>,
@@ -172,10 +183,11 @@ pub(crate) struct Inner {
     next_id: u64,
     bytes: usize,
     max_bytes: usize,
+    recoveries: Recoveries,
 }
 
 impl History {
-    pub(crate) fn new(max_bytes: usize) -> History {
+    pub(crate) fn new(max_bytes: usize, recoveries: Recoveries) -> History {
         History {
             inner: Mutex::new(Inner {
                 channels: HashMap::new(),
@@ -184,6 +196,7 @@ impl History {
                 next_id: 0,
                 bytes: 0,
                 max_bytes,
+                recoveries,
             }),
         }
     }
@@ -375,9 +388,11 @@ impl Inner {
         since: u64,
         epoch: &str,
     ) -> Recovery {
+        let allowed = self.recoveries == Recoveries::Allowed;
         let log = self.log(project, channel, spec, Instant::now());
         let position = log.position();
-        let complete = epoch == log.epoch.as_str()
+        let complete = allowed
+            && epoch == log.epoch.as_str()
             && since <= log.last
             && (since == log.last || log.first_kept().is_some_and(|first| first <= since + 1));
         let frames = complete.then(|| {
@@ -468,7 +483,7 @@ mod tests {
 
     #[test]
     fn offsets_count_from_one_and_the_ring_keeps_size() {
-        let h = History::new(1 << 20);
+        let h = History::new(1 << 20, Recoveries::Allowed);
         let mut h = h.lock();
         let s = spec("3/60s");
         assert_eq!(h.position(1, "c", s).offset, 0);
@@ -487,7 +502,7 @@ mod tests {
 
     #[test]
     fn recovery_needs_the_epoch_and_every_missed_message() {
-        let h = History::new(1 << 20);
+        let h = History::new(1 << 20, Recoveries::Allowed);
         let mut h = h.lock();
         let s = spec("3/60s");
         for _ in 0..5 {
@@ -505,8 +520,18 @@ mod tests {
     }
 
     #[test]
+    fn cluster_mode_never_recovers_from_one_node() {
+        let h = History::new(1 << 20, Recoveries::Refused);
+        let mut h = h.lock();
+        let s = spec("10/60s");
+        add(&mut h, "c", s, "x");
+        let e = h.position(1, "c", s).epoch.as_str().to_string();
+        assert!(h.recover(1, "c", s, 0, &e).frames.is_none());
+    }
+
+    #[test]
     fn entries_expire_after_the_ttl() {
-        let h = History::new(1 << 20);
+        let h = History::new(1 << 20, Recoveries::Allowed);
         let mut h = h.lock();
         let s = spec("10/1s");
         add(&mut h, "c", s, "x");
@@ -526,7 +551,7 @@ mod tests {
     #[test]
     fn the_budget_evicts_the_oldest_of_the_largest_channel_first() {
         let s = spec("1000/600s");
-        let h = History::new(8 * 1024);
+        let h = History::new(8 * 1024, Recoveries::Allowed);
         let mut h = h.lock();
         let big = "b".repeat(500);
         for _ in 0..5 {
@@ -546,7 +571,7 @@ mod tests {
 
     #[test]
     fn unpush_rolls_back_the_newest_entry() {
-        let h = History::new(1 << 20);
+        let h = History::new(1 << 20, Recoveries::Allowed);
         let mut h = h.lock();
         let s = spec("10/60s");
         add(&mut h, "c", s, "x");

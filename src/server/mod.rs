@@ -141,7 +141,14 @@ fn serve(
         cluster: cluster.clone(),
         shutting_down: AtomicBool::new(false),
         db_ok: db_ok.clone(),
-        history: Arc::new(crate::history::History::new(config_history_max)),
+        history: Arc::new(crate::history::History::new(
+            config_history_max,
+            if cluster.is_some() {
+                crate::history::Recoveries::Refused
+            } else {
+                crate::history::Recoveries::Allowed
+            },
+        )),
     });
 
     let stop_watcher = Arc::new(AtomicBool::new(false));

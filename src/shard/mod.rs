@@ -362,7 +362,10 @@ pub(crate) mod tests {
             mailbox: mailboxes.get(0).expect("one mailbox"),
             sink,
             max_connections: 2,
-            history: Arc::new(History::new(1 << 20)),
+            history: Arc::new(History::new(
+                1 << 20,
+                crate::history::Recoveries::Allowed,
+            )),
         });
         (Rc::new(shard), mailboxes)
     }
