@@ -539,8 +539,13 @@ export class Ringcast extends Emitter {
   _onSubscribed(sub, f) {
     sub.state = "subscribed";
     sub._attempt = 0;
-    if (typeof f.offset === "number") sub.offset = f.offset;
-    if (typeof f.epoch === "string") sub.epoch = f.epoch;
+    // With `recovered: true` the missed messages follow this frame: the position stays
+    // at the last message actually seen until they arrive (a connection lost mid-replay
+    // must ask again from there, not from the end of the replay).
+    if (f.recovered !== true) {
+      if (typeof f.offset === "number") sub.offset = f.offset;
+      if (typeof f.epoch === "string") sub.epoch = f.epoch;
+    }
     if (f.presence && Array.isArray(f.presence.members)) {
       sub._members = new Map();
       for (const m of f.presence.members) {

@@ -5,7 +5,7 @@ import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import WebSocket from "ws";
 import { Ringcast } from "../../clients/js/ringcast.js";
-import { startServer, createProject, publish, waitFor, cleanupAll, onCleanup } from "./helpers.mjs";
+import { startServer, createProject, publish, waitFor, cleanupAll, onCleanup, cli } from "./helpers.mjs";
 
 after(cleanupAll);
 
@@ -72,4 +72,50 @@ test("Node: an unknown key is refused at the upgrade and retried with backoff, n
   // Node's ws says why: the upgrade was refused with 401.
   assert.match(errors[0].message, /401/);
   assert.equal(client.state, "closed");
+});
+
+test("Node: after a lost connection the client recovers the missed messages once, in order", async () => {
+  const server = await startServer();
+  const project = await createProject(server, "recover");
+  await cli(server.dataDir, "project", "set-history", project.id, "100/600s");
+  await waitFor(async () => (await publish(server, project.secret, "warm", "e", "x")).body.offset !== undefined, {
+    message: "history to be on",
+  });
+  const sockets = [];
+  class Killable extends WebSocket {
+    constructor(url) {
+      super(url);
+      sockets.push(this);
+    }
+  }
+  const client = new Ringcast(server.wsUrl, {
+    key: project.public,
+    WebSocket: Killable,
+    minReconnectDelayMs: 200,
+    maxReconnectDelayMs: 400,
+  });
+  onCleanup(() => client.close());
+  const messages = [];
+  const infos = [];
+  const sub = client.subscribe("news", (m) => messages.push(m));
+  sub.on("subscribed", (info) => infos.push(info));
+  client.connect();
+  await waitFor(() => infos.length === 1, { message: "subscribed" });
+  assert.equal(infos[0].offset, 0);
+  for (let i = 1; i <= 3; i++) await publish(server, project.secret, "news", "e", { i });
+  await waitFor(() => messages.length === 3, { message: "three live messages" });
+
+  // The connection dies (as on a network loss); messages are published meanwhile.
+  sockets.at(-1).terminate();
+  await waitFor(() => client.state !== "connected", { message: "the client to notice" });
+  for (let i = 4; i <= 6; i++) await publish(server, project.secret, "news", "e", { i });
+  await waitFor(() => infos.length === 2, { message: "subscribed again" });
+  assert.equal(infos[1].recovered, true, JSON.stringify(infos[1]));
+  assert.equal(infos[1].offset, 6);
+  await publish(server, project.secret, "news", "e", { i: 7 });
+  await waitFor(() => messages.length === 7, { message: "replay then live" });
+  assert.deepEqual(messages.map((m) => m.offset), [1, 2, 3, 4, 5, 6, 7]);
+  assert.deepEqual(messages.map((m) => m.data.i), [1, 2, 3, 4, 5, 6, 7]);
+  assert.equal(new Set(messages.map((m) => m.epoch)).size, 1);
+  assert.equal(sockets.length, 2);
 });

@@ -265,6 +265,27 @@ test("resubscribe carries since from the last offset and epoch seen", () => {
   assert.equal(a.epoch, "ep2");
 });
 
+test("a connection lost mid-replay asks again from the last message actually seen", () => {
+  const { clock, Socket, client } = setup();
+  const got = [];
+  const a = client.subscribe("hist", (m) => got.push(m));
+  client.connect();
+  Socket.last.accept();
+  Socket.last.frame({ type: "subscribed", channel: "hist", offset: 5, epoch: "ep" });
+  Socket.last.serverClose(1006);
+  clock.advance(1000);
+  Socket.last.accept();
+  // Recovered 6..9, but only 6 arrives before the connection drops again.
+  Socket.last.frame({ type: "subscribed", channel: "hist", recovered: true, offset: 9, epoch: "ep" });
+  assert.equal(a.offset, 5, "not advanced to the end of a replay not yet received");
+  Socket.last.frame({ type: "message", channel: "hist", event: "e", data: 6, id: "6", offset: 6, epoch: "ep" });
+  Socket.last.serverClose(1006);
+  clock.advance(1000);
+  Socket.last.accept();
+  assert.deepEqual(Socket.last.sent[0].since, { offset: 6, epoch: "ep" });
+  assert.deepEqual(got.map((m) => m.offset), [6]);
+});
+
 test("heartbeat: ping after heartbeat_s of silence, dead after 3 x heartbeat_s + margin", () => {
   const { clock, Socket, client, errors } = setup({ heartbeatMarginMs: 2000 });
   client.connect();
