@@ -8,8 +8,8 @@ use std::sync::Arc;
 use criterion::{criterion_group, criterion_main, Criterion};
 
 use ringcast::{
-    generate_key, hash_key, key_prefix, HistorySpec, KeyCache, KeyKind, KeyRecord, ProjectRecord, Quota,
-    RateLimit, StoreContents,
+    generate_key, hash_key, key_prefix, HistorySpec, KeyCache, KeyKind, KeyRecord, ProjectRecord,
+    Quota, RateLimit, StoreContents,
 };
 
 const KEYS: usize = 10_000;

@@ -37,7 +37,10 @@ fn expect_next_is_marker(s: &Server, p: &Project, ws: &mut Ws, channel: &str) {
     let (st, _) = s.publish(&p.secret, channel, "marker", json!("m"));
     assert_eq!(st, 202);
     let f = next_json(ws);
-    assert_eq!(f["event"], "marker", "something was delivered before the marker: {f}");
+    assert_eq!(
+        f["event"], "marker",
+        "something was delivered before the marker: {f}"
+    );
 }
 
 #[test]
@@ -62,13 +65,22 @@ fn one_message_to_several_channels_has_one_id_and_one_frame_per_channel() {
         .map(|_| {
             let f = next_json(&mut both);
             assert_eq!(f["data"], json!({"k": 1}));
-            (f["channel"].as_str().unwrap().into(), f["id"].as_str().unwrap().into())
+            (
+                f["channel"].as_str().unwrap().into(),
+                f["id"].as_str().unwrap().into(),
+            )
         })
         .collect();
     got.sort();
-    assert_eq!(got, [("a".into(), id.to_string()), ("b".into(), id.to_string())]);
+    assert_eq!(
+        got,
+        [("a".into(), id.to_string()), ("b".into(), id.to_string())]
+    );
     let f = next_json(&mut only_c);
-    assert_eq!((f["channel"].as_str(), f["id"].as_str()), (Some("c"), Some(id)));
+    assert_eq!(
+        (f["channel"].as_str(), f["id"].as_str()),
+        (Some("c"), Some(id))
+    );
     expect_next_is_marker(&s, &p, &mut both, "a");
 }
 
@@ -78,16 +90,43 @@ fn channels_rules_answer_400() {
     let p = s.project("rules", "1000/s");
     let hundred_and_one: Vec<String> = (0..101).map(|i| format!("c{i}")).collect();
     for (body, code) in [
-        (json!({"channels": ["a", "a"], "event": "e", "data": {}}), "invalid_field"),
-        (json!({"channel": "a", "channels": ["b"], "event": "e", "data": {}}), "invalid_field"),
-        (json!({"channels": [], "event": "e", "data": {}}), "invalid_field"),
-        (json!({"channels": hundred_and_one, "event": "e", "data": {}}), "invalid_field"),
-        (json!({"channels": ["ok", 5], "event": "e", "data": {}}), "invalid_field"),
-        (json!({"channels": ["ok", ""], "event": "e", "data": {}}), "invalid_field"),
-        (json!({"channels": ["x".repeat(101)], "event": "e", "data": {}}), "field_too_long"),
+        (
+            json!({"channels": ["a", "a"], "event": "e", "data": {}}),
+            "invalid_field",
+        ),
+        (
+            json!({"channel": "a", "channels": ["b"], "event": "e", "data": {}}),
+            "invalid_field",
+        ),
+        (
+            json!({"channels": [], "event": "e", "data": {}}),
+            "invalid_field",
+        ),
+        (
+            json!({"channels": hundred_and_one, "event": "e", "data": {}}),
+            "invalid_field",
+        ),
+        (
+            json!({"channels": ["ok", 5], "event": "e", "data": {}}),
+            "invalid_field",
+        ),
+        (
+            json!({"channels": ["ok", ""], "event": "e", "data": {}}),
+            "invalid_field",
+        ),
+        (
+            json!({"channels": ["x".repeat(101)], "event": "e", "data": {}}),
+            "field_too_long",
+        ),
         (json!({"event": "e", "data": {}}), "missing_field"),
-        (json!({"channel": "a", "event": "pusher:subscribe", "data": {}}), "invalid_field"),
-        (json!({"channel": "a", "event": "pusher_internal:x", "data": {}}), "invalid_field"),
+        (
+            json!({"channel": "a", "event": "pusher:subscribe", "data": {}}),
+            "invalid_field",
+        ),
+        (
+            json!({"channel": "a", "event": "pusher_internal:x", "data": {}}),
+            "invalid_field",
+        ),
     ] {
         let (st, _, v) = post(&s, "/api/v1/publish", &p.secret, &body.to_string());
         assert_eq!(st, 400, "{body} -> {v}");
@@ -144,7 +183,11 @@ fn a_batch_answers_ids_in_request_order_and_keeps_per_channel_order() {
         assert_eq!(ids.len(), 100);
         for (m, id) in messages.iter().zip(ids) {
             let id = id.as_str().unwrap().to_string();
-            expect.push((m["channel"].as_str().unwrap().into(), m["data"]["seq"].as_u64().unwrap(), id.clone()));
+            expect.push((
+                m["channel"].as_str().unwrap().into(),
+                m["data"]["seq"].as_u64().unwrap(),
+                id.clone(),
+            ));
             sent_ids.push(id);
         }
     }
@@ -159,7 +202,10 @@ fn a_batch_answers_ids_in_request_order_and_keeps_per_channel_order() {
         per_channel
             .entry(f["channel"].as_str().unwrap().into())
             .or_default()
-            .push((f["data"]["seq"].as_u64().unwrap(), f["id"].as_str().unwrap().into()));
+            .push((
+                f["data"]["seq"].as_u64().unwrap(),
+                f["id"].as_str().unwrap().into(),
+            ));
     }
     for ch in ["x", "y"] {
         let want: Vec<(u64, String)> = expect
@@ -180,9 +226,18 @@ fn a_batch_with_one_bad_message_publishes_nothing_and_names_it() {
     let good = msg("a", "e", json!("ok"));
     for (bad, code) in [
         (json!({"channel": "a", "event": "e"}), "missing_field"),
-        (json!({"channel": "a", "event": "e", "data": 5}), "invalid_field"),
-        (json!({"channels": ["a", "a"], "event": "e", "data": "x"}), "invalid_field"),
-        (json!({"channel": "a", "event": "pusher:x", "data": "x"}), "invalid_field"),
+        (
+            json!({"channel": "a", "event": "e", "data": 5}),
+            "invalid_field",
+        ),
+        (
+            json!({"channels": ["a", "a"], "event": "e", "data": "x"}),
+            "invalid_field",
+        ),
+        (
+            json!({"channel": "a", "event": "pusher:x", "data": "x"}),
+            "invalid_field",
+        ),
         (json!("not an object"), "invalid_json"),
     ] {
         let (st, head, v) = batch(&s, &p.secret, json!([good, good, bad, good]));
@@ -191,7 +246,10 @@ fn a_batch_with_one_bad_message_publishes_nothing_and_names_it() {
         assert_eq!(v["error"]["index"], 2, "{v}");
         assert!(v["error"]["message"].is_string());
         // A refusal spends nothing.
-        assert_eq!(header(&head, "RateLimit-Remaining").as_deref(), Some("1000"));
+        assert_eq!(
+            header(&head, "RateLimit-Remaining").as_deref(),
+            Some("1000")
+        );
     }
     // The first of two bad messages is named.
     let (st, _, v) = batch(&s, &p.secret, json!([good, {"x": 1}, {"y": 2}]));
@@ -202,7 +260,8 @@ fn a_batch_with_one_bad_message_publishes_nothing_and_names_it() {
 #[test]
 fn batch_counts_and_sizes_are_limited() {
     let s = Server::start_with(Options {
-        config: "max_batch_messages = 3\nmax_batch_body_bytes = 2000\nmax_body_bytes = 300\n".into(),
+        config: "max_batch_messages = 3\nmax_batch_body_bytes = 2000\nmax_body_bytes = 300\n"
+            .into(),
         ..Options::default()
     });
     let p = s.project("limits", "1000/s");
@@ -218,11 +277,20 @@ fn batch_counts_and_sizes_are_limited() {
     assert_eq!(st, 202, "{v}");
     // Not an object with `messages`.
     let (st, _, v) = post(&s, "/api/v1/publish/batch", &p.secret, r#"{"msgs":[]}"#);
-    assert_eq!((st, v["error"]["code"].as_str()), (400, Some("missing_field")));
+    assert_eq!(
+        (st, v["error"]["code"].as_str()),
+        (400, Some("missing_field"))
+    );
     let (st, _, v) = post(&s, "/api/v1/publish/batch", &p.secret, "[1]");
-    assert_eq!((st, v["error"]["code"].as_str()), (400, Some("invalid_json")));
+    assert_eq!(
+        (st, v["error"]["code"].as_str()),
+        (400, Some("invalid_json"))
+    );
     let (st, _, v) = post(&s, "/api/v1/publish/batch", &p.secret, "{");
-    assert_eq!((st, v["error"]["code"].as_str()), (400, Some("invalid_json")));
+    assert_eq!(
+        (st, v["error"]["code"].as_str()),
+        (400, Some("invalid_json"))
+    );
     // One message over the single-publish limit (300 bytes): 413, naming it.
     let big = msg("a", "e", json!("y".repeat(400)));
     let (st, _, v) = batch(&s, &p.secret, json!([m, big]));
@@ -237,7 +305,10 @@ fn batch_counts_and_sizes_are_limited() {
         &p.secret,
         &format!(r#"{{"messages":[],"pad":"{pad}"}}"#),
     );
-    assert_eq!((st, v["error"]["code"].as_str()), (413, Some("payload_too_large")));
+    assert_eq!(
+        (st, v["error"]["code"].as_str()),
+        (413, Some("payload_too_large"))
+    );
     // The single endpoint keeps its own limit.
     let (st, _, _) = post(
         &s,
@@ -258,7 +329,11 @@ fn batch_default_limits_take_100_messages_and_a_mebibyte() {
     let (st, _, v) = batch(&s, &p.secret, hundred);
     assert_eq!(st, 202, "{v}");
     assert_eq!(v["ids"].as_array().unwrap().len(), 100);
-    let (st, _, _) = batch(&s, &p.secret, Value::Array(vec![msg("a", "e", json!("1")); 101]));
+    let (st, _, _) = batch(
+        &s,
+        &p.secret,
+        Value::Array(vec![msg("a", "e", json!("1")); 101]),
+    );
     assert_eq!(st, 400);
     let huge = Value::Array(vec![msg("a", "e", json!("x".repeat(60_000))); 18]);
     let (st, _, _) = batch(&s, &p.secret, huge);

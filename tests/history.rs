@@ -16,7 +16,15 @@ use serde_json::{json, Value};
 fn history_project(s: &Server, name: &str, spec: &str) -> Project {
     let v = cli(
         &s.data_dir,
-        &["project", "create", name, "--rate-limit", "100000/s", "--history", spec],
+        &[
+            "project",
+            "create",
+            name,
+            "--rate-limit",
+            "100000/s",
+            "--history",
+            spec,
+        ],
     );
     assert_eq!(v["project"]["history"], spec);
     let p = Project {
@@ -48,7 +56,10 @@ fn get(s: &Server, key: &str, query: &str) -> (u16, Value) {
 }
 
 fn offsets_of(frames: &[Value]) -> Vec<u64> {
-    frames.iter().map(|f| f["offset"].as_u64().expect("offset")).collect()
+    frames
+        .iter()
+        .map(|f| f["offset"].as_u64().expect("offset"))
+        .collect()
 }
 
 #[test]
@@ -56,7 +67,10 @@ fn the_cli_sets_and_shows_history() {
     let s = Server::start();
     let v = cli(&s.data_dir, &["project", "create", "plain"]);
     assert_eq!(v["project"]["history"], "off");
-    let v = cli(&s.data_dir, &["project", "create", "kept", "--history", "100/120s"]);
+    let v = cli(
+        &s.data_dir,
+        &["project", "create", "kept", "--history", "100/120s"],
+    );
     assert_eq!(v["project"]["history"], "100/120s");
     let id = v["project"]["id"].as_str().unwrap().to_string();
     let list = cli(&s.data_dir, &["project", "list"]);
@@ -64,9 +78,20 @@ fn the_cli_sets_and_shows_history() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|p| (p["name"].as_str().unwrap().into(), p["history"].as_str().unwrap().into()))
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap().into(),
+                p["history"].as_str().unwrap().into(),
+            )
+        })
         .collect();
-    assert_eq!(shown, [("plain".into(), "off".into()), ("kept".into(), "100/120s".into())]);
+    assert_eq!(
+        shown,
+        [
+            ("plain".into(), "off".into()),
+            ("kept".into(), "100/120s".into())
+        ]
+    );
     let v = cli(&s.data_dir, &["project", "set-history", &id, "5/10s"]);
     assert_eq!(v["project"]["history"], "5/10s");
     let v = cli(&s.data_dir, &["project", "set-history", &id, "0/0s"]);
@@ -101,9 +126,15 @@ fn positions_on_frames_answers_and_subscribed_only_with_history() {
     assert!(r.get("recovered").is_none());
     let (st, v) = s.publish(&h.secret, "c", "e", json!({"n": 1}));
     assert_eq!(st, 202);
-    assert_eq!((v["offset"].as_u64(), v["epoch"].as_str()), (Some(1), Some(epoch.as_str())));
+    assert_eq!(
+        (v["offset"].as_u64(), v["epoch"].as_str()),
+        (Some(1), Some(epoch.as_str()))
+    );
     let f = next_json(&mut ws);
-    assert_eq!((f["offset"].as_u64(), f["epoch"].as_str()), (Some(1), Some(epoch.as_str())));
+    assert_eq!(
+        (f["offset"].as_u64(), f["epoch"].as_str()),
+        (Some(1), Some(epoch.as_str()))
+    );
     assert_eq!(f["id"], v["id"]);
     assert_eq!(f["data"], json!({"n": 1}));
     // Multi-channel: one offset per channel, none in the answer.
@@ -127,7 +158,10 @@ fn positions_on_frames_answers_and_subscribed_only_with_history() {
     let f = next_json(&mut pw);
     assert!(f.get("offset").is_none() && f.get("epoch").is_none(), "{f}");
     let (st, v) = get(&s, &plain.secret, "channel=c");
-    assert_eq!((st, v["error"]["code"].as_str()), (404, Some("history_off")));
+    assert_eq!(
+        (st, v["error"]["code"].as_str()),
+        (404, Some("history_off"))
+    );
 }
 
 #[test]
@@ -176,7 +210,11 @@ fn offsets_increase_by_one_in_the_same_order_on_every_worker() {
             })
             .collect();
         let offsets: Vec<u64> = got.iter().map(|g| g.0).collect();
-        assert_eq!(offsets, (1..=total).collect::<Vec<_>>(), "1, 2, 3, ... with no gap");
+        assert_eq!(
+            offsets,
+            (1..=total).collect::<Vec<_>>(),
+            "1, 2, 3, ... with no gap"
+        );
         match &first {
             None => first = Some(got),
             Some(f) => assert_eq!(f, &got, "every subscriber sees the same order"),
@@ -189,7 +227,10 @@ fn recovery_replays_the_missed_messages_then_goes_live() {
     let s = Server::start();
     let h = history_project(&s, "rec", "100/600s");
     let mut ws = s.ws(&h.public);
-    let epoch = sub(&mut ws, "c", None)["epoch"].as_str().unwrap().to_string();
+    let epoch = sub(&mut ws, "c", None)["epoch"]
+        .as_str()
+        .unwrap()
+        .to_string();
     for i in 1..=3 {
         s.publish(&h.secret, "c", "e", json!({"i": i}));
     }
@@ -203,7 +244,10 @@ fn recovery_replays_the_missed_messages_then_goes_live() {
     let mut ws = s.ws(&h.public);
     let r = sub(&mut ws, "c", Some((3, &epoch)));
     assert_eq!(r["recovered"], true, "{r}");
-    assert_eq!((r["offset"].as_u64(), r["epoch"].as_str()), (Some(7), Some(epoch.as_str())));
+    assert_eq!(
+        (r["offset"].as_u64(), r["epoch"].as_str()),
+        (Some(7), Some(epoch.as_str()))
+    );
     let replay: Vec<Value> = (0..4).map(|_| next_json(&mut ws)).collect();
     assert_eq!(offsets_of(&replay), [4, 5, 6, 7]);
     assert_eq!(replay[0]["data"], json!({"i": 4}));
@@ -212,21 +256,33 @@ fn recovery_replays_the_missed_messages_then_goes_live() {
     // Up to date: recovered with nothing to replay.
     let mut again = s.ws(&h.public);
     let r = sub(&mut again, "c", Some((8, &epoch)));
-    assert_eq!((r["recovered"].as_bool(), r["offset"].as_u64()), (Some(true), Some(8)));
+    assert_eq!(
+        (r["recovered"].as_bool(), r["offset"].as_u64()),
+        (Some(true), Some(8))
+    );
     expect_silence(&mut again, Duration::from_millis(100));
     // Beyond the latest offset, or another epoch: not recovered, nothing replayed.
     for (offset, e) in [(9, epoch.as_str()), (3, "deadbeef")] {
         let mut w = s.ws(&h.public);
         let r = sub(&mut w, "c", Some((offset, e)));
         assert_eq!(r["recovered"], false, "{r}");
-        assert_eq!((r["offset"].as_u64(), r["epoch"].as_str()), (Some(8), Some(epoch.as_str())));
+        assert_eq!(
+            (r["offset"].as_u64(), r["epoch"].as_str()),
+            (Some(8), Some(epoch.as_str()))
+        );
         expect_silence(&mut w, Duration::from_millis(100));
     }
     // A malformed since is an error frame and no subscription.
     let mut w = s.ws(&h.public);
-    send_json(&mut w, json!({"type": "subscribe", "channel": "c", "since": {"offset": "x"}}));
+    send_json(
+        &mut w,
+        json!({"type": "subscribe", "channel": "c", "since": {"offset": "x"}}),
+    );
     let f = next_json(&mut w);
-    assert_eq!((f["type"].as_str(), f["code"].as_str()), (Some("error"), Some("invalid_since")));
+    assert_eq!(
+        (f["type"].as_str(), f["code"].as_str()),
+        (Some("error"), Some("invalid_since"))
+    );
 }
 
 #[test]
@@ -292,7 +348,11 @@ fn recovery_has_no_gap_and_no_duplicate_while_publishes_race_the_replay() {
         while last < joined_at + 20 {
             let f = next_json(&mut ws);
             let o = f["offset"].as_u64().unwrap();
-            assert_eq!(o, last + 1, "round {round}: after offset {last} (joined at {joined_at})");
+            assert_eq!(
+                o,
+                last + 1,
+                "round {round}: after offset {last} (joined at {joined_at})"
+            );
             last = o;
         }
         drop(ws);
@@ -318,7 +378,10 @@ fn eviction_by_size_and_by_ttl_answers_recovered_false() {
     let s = Server::start();
     let h = history_project(&s, "size", "3/600s");
     let mut ws = s.ws(&h.public);
-    let epoch = sub(&mut ws, "c", None)["epoch"].as_str().unwrap().to_string();
+    let epoch = sub(&mut ws, "c", None)["epoch"]
+        .as_str()
+        .unwrap()
+        .to_string();
     for i in 0..6 {
         s.publish(&h.secret, "c", "e", json!({"i": i}));
     }
@@ -326,15 +389,24 @@ fn eviction_by_size_and_by_ttl_answers_recovered_false() {
     let mut w = s.ws(&h.public);
     let r = sub(&mut w, "c", Some((3, &epoch)));
     assert_eq!(r["recovered"], true);
-    assert_eq!(offsets_of(&(0..3).map(|_| next_json(&mut w)).collect::<Vec<_>>()), [4, 5, 6]);
+    assert_eq!(
+        offsets_of(&(0..3).map(|_| next_json(&mut w)).collect::<Vec<_>>()),
+        [4, 5, 6]
+    );
     let mut w = s.ws(&h.public);
     let r = sub(&mut w, "c", Some((2, &epoch)));
-    assert_eq!((r["recovered"].as_bool(), r["offset"].as_u64()), (Some(false), Some(6)));
+    assert_eq!(
+        (r["recovered"].as_bool(), r["offset"].as_u64()),
+        (Some(false), Some(6))
+    );
     expect_silence(&mut w, Duration::from_millis(100));
 
     let t = history_project(&s, "ttl", "100/1s");
     let mut ws = s.ws(&t.public);
-    let epoch = sub(&mut ws, "c", None)["epoch"].as_str().unwrap().to_string();
+    let epoch = sub(&mut ws, "c", None)["epoch"]
+        .as_str()
+        .unwrap()
+        .to_string();
     s.publish(&t.secret, "c", "e", json!("old"));
     wait_for(Duration::from_secs(5), "the message to expire", || {
         get(&s, &t.secret, "channel=c").1["messages"]
@@ -345,7 +417,10 @@ fn eviction_by_size_and_by_ttl_answers_recovered_false() {
     assert_eq!(v["offset"], 1, "the offset stays after eviction");
     let mut w = s.ws(&t.public);
     let r = sub(&mut w, "c", Some((0, &epoch)));
-    assert_eq!((r["recovered"].as_bool(), r["offset"].as_u64()), (Some(false), Some(1)));
+    assert_eq!(
+        (r["recovered"].as_bool(), r["offset"].as_u64()),
+        (Some(false), Some(1))
+    );
 }
 
 #[test]
@@ -363,7 +438,11 @@ fn the_byte_budget_drops_the_oldest_of_the_largest_channel_first() {
         s.publish(&h.secret, "large", "e", json!({"i": i, "pad": big}));
     }
     let (_, small) = get(&s, &h.secret, "channel=small");
-    assert_eq!(small["messages"].as_array().unwrap().len(), 5, "small kept whole");
+    assert_eq!(
+        small["messages"].as_array().unwrap().len(),
+        5,
+        "small kept whole"
+    );
     let (_, large) = get(&s, &h.secret, "channel=large&limit=1000");
     let kept = offsets_of(large["messages"].as_array().unwrap());
     assert!(kept.len() < 20, "about 20 KB of 60 KB kept: {}", kept.len());
@@ -376,7 +455,10 @@ fn a_restart_changes_the_epoch() {
     let mut s = Server::start();
     let h = history_project(&s, "restart", "100/600s");
     let mut ws = s.ws(&h.public);
-    let epoch = sub(&mut ws, "c", None)["epoch"].as_str().unwrap().to_string();
+    let epoch = sub(&mut ws, "c", None)["epoch"]
+        .as_str()
+        .unwrap()
+        .to_string();
     s.publish(&h.secret, "c", "e", json!("1"));
     drop(ws);
     s.restart(Options::default());
@@ -409,7 +491,10 @@ fn rest_history_limit_since_epoch_and_errors() {
     let epoch = v["epoch"].as_str().unwrap().to_string();
     let msgs = v["messages"].as_array().unwrap();
     assert_eq!(offsets_of(msgs), (1..=10).collect::<Vec<_>>());
-    assert_eq!(msgs[0], json!({"event": "ev", "data": {"i": 1, "f": 1.5}, "id": ids[0], "offset": 1}));
+    assert_eq!(
+        msgs[0],
+        json!({"event": "ev", "data": {"i": 1, "f": 1.5}, "id": ids[0], "offset": 1})
+    );
     // data verbatim (1.50 stays 1.50)
     let req = format!(
         "GET /api/v1/history?{ch}&limit=1 HTTP/1.1\r\nHost: t\r\nX-Api-Key: {}\r\nConnection: close\r\n\r\n",
@@ -427,7 +512,10 @@ fn rest_history_limit_since_epoch_and_errors() {
     let (st, _) = get(&s, &h.secret, &format!("{ch}&since=4&epoch={epoch}"));
     assert_eq!(st, 200);
     let (st, v) = get(&s, &h.secret, &format!("{ch}&since=4&epoch=other"));
-    assert_eq!((st, v["error"]["code"].as_str()), (409, Some("epoch_mismatch")));
+    assert_eq!(
+        (st, v["error"]["code"].as_str()),
+        (409, Some("epoch_mismatch"))
+    );
     // An unknown channel: offset 0, nothing kept.
     let (st, v) = get(&s, &h.secret, "channel=never");
     assert_eq!((st, v["offset"].as_u64()), (200, Some(0)));
@@ -457,7 +545,10 @@ fn set_history_applies_to_a_running_server() {
     assert!(v.get("offset").is_none());
     cli(&s.data_dir, &["project", "set-history", &p.id, "10/60s"]);
     wait_for(Duration::from_secs(3), "history to turn on", || {
-        s.publish(&p.secret, "c", "e", json!("y")).1.get("offset").is_some()
+        s.publish(&p.secret, "c", "e", json!("y"))
+            .1
+            .get("offset")
+            .is_some()
     });
     cli(&s.data_dir, &["project", "set-history", &p.id, "0/0s"]);
     wait_for(Duration::from_secs(3), "history to turn off", || {

@@ -306,7 +306,10 @@ mod tests {
         let m = v["messages"].as_array().unwrap();
         assert_eq!(m.len(), 2);
         assert_eq!(m[1]["channel"], "ltabc2");
-        assert_eq!((m[1]["data"]["t"].as_u64(), m[1]["data"]["seq"].as_u64()), (Some(77), Some(6)));
+        assert_eq!(
+            (m[1]["data"]["t"].as_u64(), m[1]["data"]["seq"].as_u64()),
+            (Some(77), Some(6))
+        );
         assert_eq!(m[0]["data"]["pad"], "xxx");
     }
 

@@ -82,7 +82,10 @@ mod tests {
         let f = subscribed("c\"", Some((7, "abcd0123")), Some(true));
         let v: serde_json::Value = serde_json::from_slice(&f[2..]).unwrap();
         assert_eq!(v["channel"], "c\"");
-        assert_eq!((v["offset"].as_u64(), v["epoch"].as_str()), (Some(7), Some("abcd0123")));
+        assert_eq!(
+            (v["offset"].as_u64(), v["epoch"].as_str()),
+            (Some(7), Some("abcd0123"))
+        );
         assert_eq!(v["recovered"], true);
         let f = subscribed("c", None, Some(false));
         let v: serde_json::Value = serde_json::from_slice(&f[2..]).unwrap();

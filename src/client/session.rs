@@ -226,7 +226,8 @@ impl Session for ClientSession {
 
     fn on_end(&mut self, conn: &Rc<WsConn>) {
         for channel in self.subscriptions.drain(..) {
-            self.shard.unsubscribe(self.project.index, &channel, conn.id);
+            self.shard
+                .unsubscribe(self.project.index, &channel, conn.id);
         }
         self.shard.remove(conn.id);
     }
@@ -295,7 +296,12 @@ mod tests {
             history: Arc::default(),
             ws_connections: Arc::default(),
         });
-        (ClientSession::new(shard.clone(), project, max), conn, shard, rec)
+        (
+            ClientSession::new(shard.clone(), project, max),
+            conn,
+            shard,
+            rec,
+        )
     }
 
     #[test]

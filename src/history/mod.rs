@@ -477,7 +477,12 @@ mod tests {
     fn add(h: &mut Inner, ch: &str, spec: HistorySpec, body: &str) -> u64 {
         let p = h.next(1, ch, spec);
         let frame = Bytes::from(body.to_string());
-        h.push(1, ch, spec, Entry::new(p.offset, frame.clone(), "e", frame, "id"));
+        h.push(
+            1,
+            ch,
+            spec,
+            Entry::new(p.offset, frame.clone(), "e", frame, "id"),
+        );
         p.offset
     }
 
@@ -512,9 +517,18 @@ mod tests {
         let e = epoch.as_str().to_string();
         assert_eq!(h.recover(1, "c", s, 2, &e).frames.map(|f| f.len()), Some(3));
         assert_eq!(h.recover(1, "c", s, 5, &e).frames.map(|f| f.len()), Some(0));
-        assert!(h.recover(1, "c", s, 1, &e).frames.is_none(), "offset 2 was evicted");
-        assert!(h.recover(1, "c", s, 6, &e).frames.is_none(), "beyond the latest");
-        assert!(h.recover(1, "c", s, 4, "00000000x").frames.is_none(), "other epoch");
+        assert!(
+            h.recover(1, "c", s, 1, &e).frames.is_none(),
+            "offset 2 was evicted"
+        );
+        assert!(
+            h.recover(1, "c", s, 6, &e).frames.is_none(),
+            "beyond the latest"
+        );
+        assert!(
+            h.recover(1, "c", s, 4, "00000000x").frames.is_none(),
+            "other epoch"
+        );
         // Another channel has its own offsets and epoch.
         assert_eq!(add(&mut h, "d", s, "y"), 1);
     }
@@ -538,7 +552,11 @@ mod tests {
         let later = Instant::now() + Duration::from_millis(1500);
         h.sweep(later);
         let (pos, entries) = h.read(1, "c", s, None, 10);
-        assert_eq!((pos.offset, entries.len()), (1, 0), "offset stays, entry gone");
+        assert_eq!(
+            (pos.offset, entries.len()),
+            (1, 0),
+            "offset stays, entry gone"
+        );
         // Idle and empty for a TTL: the channel is forgotten, a new epoch follows.
         let before = pos.epoch;
         h.sweep(Instant::now() + Duration::from_secs(5));

@@ -130,7 +130,9 @@ mod tests {
 
     #[test]
     fn rejects_bad_inputs() {
-        for bad in ["", "100", "100/120", "100/s", "/5s", "a/5s", "-1/5s", "1/2m", "+1/5s"] {
+        for bad in [
+            "", "100", "100/120", "100/s", "/5s", "a/5s", "-1/5s", "1/2m", "+1/5s",
+        ] {
             assert!(
                 matches!(HistorySpec::parse(bad), Err(HistorySpecError::Format(_))),
                 "{bad:?}"

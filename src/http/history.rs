@@ -42,11 +42,13 @@ pub(crate) fn handle(
     if !spec.is_on() {
         return answer(out, ApiError::HistoryOff);
     }
-    let (position, entries) =
-        svc.node
-            .history
-            .lock()
-            .read(project.index, &params.channel, spec, params.since, params.limit);
+    let (position, entries) = svc.node.history.lock().read(
+        project.index,
+        &params.channel,
+        spec,
+        params.since,
+        params.limit,
+    );
     if params
         .epoch
         .as_deref()
@@ -105,8 +107,9 @@ impl Params {
                 Some(_) => Err(ApiError::InvalidField(name, why)),
             }
         };
-        let limit = number("limit", "must be an integer from 1 to 1000")?
-            .map_or(Ok(DEFAULT_LIMIT), |l| {
+        let limit = number("limit", "must be an integer from 1 to 1000")?.map_or(
+            Ok(DEFAULT_LIMIT),
+            |l| {
                 usize::try_from(l)
                     .ok()
                     .filter(|l| (1..=MAX_LIMIT).contains(l))
@@ -114,7 +117,8 @@ impl Params {
                         "limit",
                         "must be an integer from 1 to 1000",
                     ))
-            })?;
+            },
+        )?;
         let since = number("since", "must be an offset (an integer, 0 or more)")?;
         let epoch = match get(b"epoch") {
             None => None,
@@ -174,7 +178,10 @@ mod tests {
         );
         let p = Params::parse("channel=%C3%A9".as_bytes()).unwrap();
         assert_eq!((p.channel.as_str(), p.limit, p.since), ("é", 100, None));
-        assert_eq!(Params::parse(b"limit=5"), Err(ApiError::MissingField("channel")));
+        assert_eq!(
+            Params::parse(b"limit=5"),
+            Err(ApiError::MissingField("channel"))
+        );
         for bad in [
             &b"channel=c&limit=0"[..],
             b"channel=c&limit=1001",

@@ -101,7 +101,13 @@ pub fn write_error(out: &mut Vec<u8>, err: ApiError, mut extra: Extra) {
         ApiError::MethodNotAllowed(methods) => Some(methods),
         _ => None,
     };
-    write_response(out, err.status(), &err.body_with_index(extra.error_index), extra, allow);
+    write_response(
+        out,
+        err.status(),
+        &err.body_with_index(extra.error_index),
+        extra,
+        allow,
+    );
 }
 
 #[cfg(test)]

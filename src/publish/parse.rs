@@ -303,10 +303,7 @@ fn message_fields<'a>(nodes: &[Node<'a>], at: usize) -> Result<(Fields<'a>, usiz
             "must be a JSON object or a string",
         ));
     }
-    Ok((
-        Fields { channels, event },
-        node_span(object),
-    ))
+    Ok((Fields { channels, event }, node_span(object)))
 }
 
 /// `channels`: an array of 1..=100 distinct valid names.
@@ -624,11 +621,26 @@ mod tests {
             .unwrap();
         assert_eq!(m.channels.as_slice(), &["a", "b", "c"]);
         assert!(!m.channels.is_single());
-        invalid(parse(r#"{"channels":["a","a"],"event":"e","data":{}}"#), "channels");
-        invalid(parse(r#"{"channels":[],"event":"e","data":{}}"#), "channels");
-        invalid(parse(r#"{"channels":"a","event":"e","data":{}}"#), "channels");
-        invalid(parse(r#"{"channels":["a",1],"event":"e","data":{}}"#), "channels");
-        invalid(parse(r#"{"channels":[""],"event":"e","data":{}}"#), "channels");
+        invalid(
+            parse(r#"{"channels":["a","a"],"event":"e","data":{}}"#),
+            "channels",
+        );
+        invalid(
+            parse(r#"{"channels":[],"event":"e","data":{}}"#),
+            "channels",
+        );
+        invalid(
+            parse(r#"{"channels":"a","event":"e","data":{}}"#),
+            "channels",
+        );
+        invalid(
+            parse(r#"{"channels":["a",1],"event":"e","data":{}}"#),
+            "channels",
+        );
+        invalid(
+            parse(r#"{"channels":[""],"event":"e","data":{}}"#),
+            "channels",
+        );
         invalid(
             parse(r#"{"channel":"a","channels":["b"],"event":"e","data":{}}"#),
             "channels",
@@ -638,9 +650,15 @@ mod tests {
             Err(ApiError::MissingField("channel"))
         );
         let hundred: Vec<String> = (0..100).map(|i| format!("\"c{i}\"")).collect();
-        let body = format!(r#"{{"channels":[{}],"event":"e","data":1}}"#, hundred.join(","));
+        let body = format!(
+            r#"{{"channels":[{}],"event":"e","data":1}}"#,
+            hundred.join(",")
+        );
         invalid(parse(&body), "data");
-        let body = format!(r#"{{"channels":[{}],"event":"e","data":"x"}}"#, hundred.join(","));
+        let body = format!(
+            r#"{{"channels":[{}],"event":"e","data":"x"}}"#,
+            hundred.join(",")
+        );
         assert!(parse(&body).is_ok());
         let body = format!(
             r#"{{"channels":[{},"c100"],"event":"e","data":"x"}}"#,
@@ -649,7 +667,9 @@ mod tests {
         invalid(parse(&body), "channels");
         let long = "a".repeat(101);
         assert_eq!(
-            parse(&format!(r#"{{"channels":["{long}"],"event":"e","data":"x"}}"#)),
+            parse(&format!(
+                r#"{{"channels":["{long}"],"event":"e","data":"x"}}"#
+            )),
             Err(ApiError::FieldTooLong("channels"))
         );
     }
@@ -687,8 +707,10 @@ mod tests {
     fn batch_errors_name_the_first_bad_message() {
         let mut p = PublishParser::new();
         let mut batch = |body: &str| p.parse_batch(body.as_bytes(), LIMITS).map(|m| m.len());
-        let err = batch(r#"{"messages":[{"channel":"a","event":"e","data":{}},{"channel":"a","event":"e"}]}"#)
-            .unwrap_err();
+        let err = batch(
+            r#"{"messages":[{"channel":"a","event":"e","data":{}},{"channel":"a","event":"e"}]}"#,
+        )
+        .unwrap_err();
         assert_eq!(err.index, Some(1));
         assert_eq!(err.error, ApiError::MissingField("data"));
         let err = batch(r#"{"messages":[{"channel":"a","event":"e","data":{}},3]}"#).unwrap_err();
@@ -699,7 +721,10 @@ mod tests {
         let four = r#"{"channel":"a","event":"e","data":{}}"#;
         let err = batch(&format!(r#"{{"messages":[{four},{four},{four},{four}]}}"#)).unwrap_err();
         assert_eq!(err.index, None);
-        assert_eq!(batch(&format!(r#"{{"messages":[{four},{four},{four}]}}"#)), Ok(3));
+        assert_eq!(
+            batch(&format!(r#"{{"messages":[{four},{four},{four}]}}"#)),
+            Ok(3)
+        );
         let err = batch(r#"{"msgs":[]}"#).unwrap_err();
         assert_eq!(err.error, ApiError::MissingField("messages"));
         let err = batch(r#"{"messages":{}}"#).unwrap_err();
@@ -708,7 +733,10 @@ mod tests {
         assert_eq!(err.error, ApiError::NotAnObject);
         let err = batch("{").unwrap_err();
         assert_eq!((err.index, err.error), (None, ApiError::InvalidJson));
-        let big = format!(r#"{{"channel":"a","event":"e","data":"{}"}}"#, "x".repeat(40));
+        let big = format!(
+            r#"{{"channel":"a","event":"e","data":"{}"}}"#,
+            "x".repeat(40)
+        );
         let err = batch(&format!(r#"{{"messages":[{four},{big}]}}"#)).unwrap_err();
         assert_eq!((err.index, err.error), (Some(1), ApiError::PayloadTooLarge));
     }

@@ -32,8 +32,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::auth::KeyCache;
-use crate::history::History;
 use crate::close::Disconnect;
+use crate::history::History;
 use crate::ws::conn::WsConn;
 use crate::ws::frame::{self, Opcode};
 
@@ -362,10 +362,7 @@ pub(crate) mod tests {
             mailbox: mailboxes.get(0).expect("one mailbox"),
             sink,
             max_connections: 2,
-            history: Arc::new(History::new(
-                1 << 20,
-                crate::history::Recoveries::Allowed,
-            )),
+            history: Arc::new(History::new(1 << 20, crate::history::Recoveries::Allowed)),
         });
         (Rc::new(shard), mailboxes)
     }

@@ -432,7 +432,9 @@ mod tests {
         assert!(store.is_empty().unwrap());
         store.change_token().unwrap();
 
-        let (project, secret, public) = store.create_project("orders", rl("50/s"), HistorySpec::OFF).unwrap();
+        let (project, secret, public) = store
+            .create_project("orders", rl("50/s"), HistorySpec::OFF)
+            .unwrap();
         assert!(project.id.starts_with("prj_"));
         assert_eq!(project.name, "orders");
         assert_eq!(project.rate_limit, rl("50/s"));
@@ -483,7 +485,9 @@ mod tests {
     fn the_database_never_holds_a_full_key() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = SqliteStore::open(dir.path()).unwrap();
-        let (_, secret, public) = store.create_project("p", rl("1/s"), HistorySpec::OFF).unwrap();
+        let (_, secret, public) = store
+            .create_project("p", rl("1/s"), HistorySpec::OFF)
+            .unwrap();
         drop(store);
         let mut bytes = Vec::new();
         for entry in std::fs::read_dir(dir.path()).unwrap() {
@@ -537,7 +541,9 @@ mod tests {
         let t0 = watcher.change_token().unwrap();
         assert_eq!(watcher.change_token().unwrap(), t0, "stable without writes");
 
-        let (project, _, _) = admin.create_project("p", rl("1/s"), HistorySpec::OFF).unwrap();
+        let (project, _, _) = admin
+            .create_project("p", rl("1/s"), HistorySpec::OFF)
+            .unwrap();
         let t1 = watcher.change_token().unwrap();
         assert_ne!(t1, t0);
 
