@@ -102,6 +102,6 @@ pub use ws::message::{Assembler, Incoming};
 pub mod bench {
     pub use crate::shard::fan_out;
     pub use crate::shard::interest::channel_hash;
-    pub use crate::shard::mailbox::{Broadcast, Mailboxes};
+    pub use crate::shard::mailbox::{Broadcast, BroadcastBatch, Mailboxes};
     pub use crate::shard::registry::Registry;
 }

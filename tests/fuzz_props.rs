@@ -193,7 +193,7 @@ proptest! {
         let got = parser.parse(text.as_bytes());
         match (want, got) {
             (Some((channel, event, data)), Ok(p)) => {
-                prop_assert_eq!(p.channel, channel);
+                prop_assert_eq!(p.channel(), channel);
                 prop_assert_eq!(p.event, event);
                 // `data` is forwarded byte for byte: it must be the same JSON value.
                 // (Compared after one serde_json parse on both sides: its default float
@@ -207,8 +207,8 @@ proptest! {
             (want, got) => prop_assert!(false, "body {text}: contract says {want:?}, parser says {got:?}"),
         }
         // The parser is reused per worker: a second parse of the same body agrees.
-        let again = parser.parse(text.as_bytes()).map(|p| (p.channel.to_string(), p.data.len()));
-        let first = PublishParser::new().parse(text.as_bytes()).map(|p| (p.channel.to_string(), p.data.len()));
+        let again = parser.parse(text.as_bytes()).map(|p| (p.channel().to_string(), p.data.len()));
+        let first = PublishParser::new().parse(text.as_bytes()).map(|p| (p.channel().to_string(), p.data.len()));
         prop_assert_eq!(again, first);
     }
 }
