@@ -9,8 +9,9 @@
 #   loadtest/run-suite.sh --reps 1        # one repetition
 #   loadtest/run-suite.sh --only ringcast # or --only nchan
 #   loadtest/run-suite.sh --only-scenario ramp   # one scenario: floor idle-10k idle-19k
-#                                         #   publish fanout wide burst ramp batch
-#                                         #   (batch: ringcast only, issue 13)
+#                                         #   publish fanout wide burst ramp batch history
+#                                         #   (batch, history: ringcast only, issue 13)
+#   RC_BIN=path/to/ringcast loadtest/run-suite.sh ...  # measure another build (e.g. main)
 #   loadtest/run-suite.sh --smoke         # CI: 5 s fanout against ringcast, exit 1 unless ratio 1.0
 #   loadtest/run-suite.sh --cluster       # 2 nodes (--workers 1 each) + redis: cross-node vs same-node
 #
@@ -44,7 +45,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-SCENARIOS="floor idle-10k idle-19k publish fanout wide burst ramp batch"
+SCENARIOS="floor idle-10k idle-19k publish fanout wide burst ramp batch history"
 if [ -n "$SCENARIO" ] && ! echo " $SCENARIOS " | grep -q " $SCENARIO "; then
   echo "run-suite.sh: unknown scenario $SCENARIO (one of: $SCENARIOS)" >&2
   exit 2
@@ -56,7 +57,9 @@ ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 echo "== building release binaries" >&2
 cargo build --release -p ringcast -p loadtest >&2
 LT="$ROOT/target/release/loadtest"
-RC="$ROOT/target/release/ringcast"
+# RC_BIN: another ringcast binary to measure (e.g. a build of main, for a same-run
+# comparison); default the one just built.
+RC="${RC_BIN:-$ROOT/target/release/ringcast}"
 
 TMP="$(mktemp -d /tmp/ringcast-suite.XXXXXX)"
 RC_PID=""
@@ -124,6 +127,13 @@ setup_ringcast_keys() {
   if [ -z "$SK" ] || [ -z "$PK" ]; then
     echo "run-suite.sh: could not read keys from: $(cat "$TMP/keys.json")" >&2
     exit 1
+  fi
+  # A second project with channel history on (scenario `history`); a build without
+  # history support (RC_BIN=main) has no --history flag: the scenario is then skipped.
+  HSK=""; HPK=""
+  if "$RC" --data-dir "$TMP/rc" project create bench-history --rate-limit 10000000/s --history 100/60s >"$TMP/hkeys.json" 2>/dev/null; then
+    HSK="$(sed -n 's/.*"secret_key":"\(sk_[^"]*\)".*/\1/p' "$TMP/hkeys.json")"
+    HPK="$(sed -n 's/.*"public_key":"\(pk_[^"]*\)".*/\1/p' "$TMP/hkeys.json")"
   fi
 }
 
@@ -311,6 +321,12 @@ for rep in $(seq 1 "$REPS"); do
       run "$t" batch-single "$rep" -- publish --conns 64 --duration 10 --pad 30
       run "$t" batch-100 "$rep" -- publish --conns 8 --duration 10 --pad 30 --batch 100
       run "$t" batch-fanout "$rep" -- fanout --subs 10000 --channels 2 --rate 40 --duration 10 --batch 100 --pub-conns 1 --pad 30 --drain 20
+    fi
+    # History on (issue 13): the same publish and fan-out against a project that keeps
+    # 100 messages per channel for 60 s, to set beside publish/fanout (history off).
+    if want history && [ "$t" = ringcast ] && [ -n "$HSK" ]; then
+      SK="$HSK" PK="$HPK" run "$t" history-publish "$rep" -- publish --conns 64 --duration 10
+      SK="$HSK" PK="$HPK" run "$t" history-fanout "$rep" -- fanout --subs 10000 --channels 1 --rate 4 --duration 10
     fi
   done
 done
