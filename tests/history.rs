@@ -102,7 +102,7 @@ fn the_cli_sets_and_shows_history() {
         vec!["project", "set-history", &id, "10/0s"],
         vec!["project", "set-history", "prj_nope", "10/10s"],
     ] {
-        let out = std::process::Command::new(BIN)
+        let out = std::process::Command::new(bin())
             .arg("--data-dir")
             .arg(&s.data_dir)
             .args(&bad)
