@@ -215,6 +215,7 @@ impl Config {
             ("max_body_bytes", self.max_body_bytes),
             ("max_batch_messages", self.max_batch_messages),
             ("max_batch_body_bytes", self.max_batch_body_bytes),
+            ("history_max_bytes", self.history_max_bytes),
             ("max_header_bytes", self.max_header_bytes),
             ("max_headers", self.max_headers),
             ("max_frame_bytes", self.max_frame_bytes),
