@@ -80,8 +80,17 @@ fn a_key_revoked_while_its_upgrade_answer_waits_still_closes_the_socket() {
     burst.extend_from_slice(upgrade.as_bytes());
     burst.extend_from_slice(&subscribe);
     sock.write_all(&burst).expect("send the burst");
-    // Let the server take the batch, decide the upgrade and stall on its answers.
-    std::thread::sleep(Duration::from_millis(500));
+    // Wait until the server has taken the batch and decided the upgrade: its answers
+    // (the 101 behind them, in the same write) start arriving in our receive buffer,
+    // which we then leave unread so the rest of the write stalls.
+    sock.set_nonblocking(true).unwrap();
+    let mut probe = [0u8; 1];
+    wait_for(
+        Duration::from_secs(10),
+        "the server to answer the batch",
+        || matches!(sock.peek(&mut probe), Ok(n) if n > 0),
+    );
+    sock.set_nonblocking(false).unwrap();
     cli(&s.data_dir, &["key", "revoke", &p.public]);
     s.wait_key_refused(&p.public);
 
