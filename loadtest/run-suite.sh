@@ -14,6 +14,9 @@
 #   RC_BIN=path/to/ringcast loadtest/run-suite.sh ...  # measure another build (e.g. main)
 #   loadtest/run-suite.sh --smoke         # CI: 5 s fanout against ringcast, exit 1 unless ratio 1.0
 #   loadtest/run-suite.sh --cluster       # 2 nodes (--workers 1 each) + redis: cross-node vs same-node
+#   loadtest/run-suite.sh --metrics-ab    # ringcast only: publish and fanout with metrics off and on
+#                                         #   (on: --metrics-listen and a scrape every second), alternating
+#   RC_SERVE_FLAGS="--write-... ..."      # extra flags for every ringcast serve of the run
 #
 # Results: one JSON line per run in loadtest/results/<UTC timestamp>.jsonl (not committed).
 # Invariants: servers listen on loopback only and are stopped on exit (trap); every
@@ -32,6 +35,10 @@ RC_PORT="${RC_PORT:-28080}"
 NCHAN_PORT="${NCHAN_PORT:-28090}"
 RC2_PORT="${RC2_PORT:-28081}"     # --cluster: the second node
 REDIS_PORT="${REDIS_PORT:-28379}" # --cluster: its own redis-server
+METRICS_PORT="${METRICS_PORT:-28099}" # --metrics-ab: the metrics listener
+RC_SERVE_FLAGS="${RC_SERVE_FLAGS:-}"
+METRICS_AB=0
+SCRAPER_PID=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --smoke) SMOKE=1 ;;
@@ -39,7 +46,8 @@ while [ $# -gt 0 ]; do
     --only) TARGETS="$2"; shift ;;
     --only-scenario) SCENARIO="$2"; shift ;;
     --cluster) CLUSTER=1 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    --metrics-ab) METRICS_AB=1 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "run-suite.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -94,6 +102,7 @@ stop_pid() { # PID: TERM, bounded wait (10 s), then KILL
 }
 
 cleanup() {
+  stop_pid "$SCRAPER_PID"
   stop_ringcast
   stop_nchan
   stop_pid "$RC2_PID"
@@ -137,10 +146,11 @@ setup_ringcast_keys() {
   fi
 }
 
-start_ringcast() {
+start_ringcast() { # [extra serve flags...]
   stop_ringcast
   port_free "$RC_PORT"
-  "$RC" serve --data-dir "$TMP/rc" --listen "127.0.0.1:$RC_PORT" --workers 2 >>"$TMP/ringcast.log" 2>&1 &
+  # shellcheck disable=SC2086
+  "$RC" serve --data-dir "$TMP/rc" --listen "127.0.0.1:$RC_PORT" --workers 2 $RC_SERVE_FLAGS "$@" >>"$TMP/ringcast.log" 2>&1 &
   RC_PID=$!
   wait_http "http://127.0.0.1:$RC_PORT/health"
   kill -0 "$RC_PID" 2>/dev/null || { echo "run-suite.sh: ringcast exited:" >&2; tail -20 "$TMP/ringcast.log" >&2; exit 1; }
@@ -261,6 +271,46 @@ if [ "$CLUSTER" = 1 ]; then
     fi
   done
   kill -0 "$RC_PID" 2>/dev/null && kill -0 "$RC2_PID" 2>/dev/null || { echo "run-suite.sh: a node exited" >&2; tail -5 "$TMP"/node*.log >&2; }
+  TARGETS=""
+  REPS=0
+fi
+
+# --metrics-ab: the same publish and fanout scenarios with metrics off and on, in
+# alternating order within each repetition so that drift of the shared machine hits both.
+if [ "$METRICS_AB" = 1 ]; then
+  setup_ringcast_keys
+  ab_run() { # VARIANT SCENARIO REP -- loadtest mode args...
+    local v="$1" name="$2" rep="$3"
+    shift 4
+    echo "== metrics-$v $name rep $rep: loadtest $*" >&2
+    # shellcheck disable=SC2046
+    if ! "$LT" --quiet --source-ips 4 $(target_flags ringcast) $(pid_flags ringcast) \
+        --label "metrics-$v/$name/r$rep" "$@" >>"$RESULTS"; then
+      echo "   (metrics-$v $name rep $rep reported a failure; see its JSON line)" >&2
+    fi
+    sleep 2
+  }
+  for rep in $(seq 1 "$REPS"); do
+    order="off on"
+    [ $((rep % 2)) = 0 ] && order="on off"
+    for v in $order; do
+      if [ "$v" = on ]; then
+        port_free "$METRICS_PORT"
+        start_ringcast --metrics-listen "127.0.0.1:$METRICS_PORT"
+        # A scrape every second (Prometheus scrapes every 10-15 s: this is harsher).
+        ( while curl -s -o /dev/null --max-time 1 "http://127.0.0.1:$METRICS_PORT/metrics"; do sleep 1; done ) &
+        SCRAPER_PID=$!
+      else
+        start_ringcast
+      fi
+      if want publish; then ab_run "$v" publish "$rep" -- publish --conns 64 --duration 10; fi
+      if want fanout; then ab_run "$v" fanout "$rep" -- fanout --subs 10000 --channels 1 --rate 4 --duration 10; fi
+      if want burst; then ab_run "$v" burst "$rep" -- fanout --subs 100 --channels 1 --rate 1000 --duration 10; fi
+      stop_pid "$SCRAPER_PID"
+      SCRAPER_PID=""
+      stop_ringcast
+    done
+  done
   TARGETS=""
   REPS=0
 fi

@@ -79,6 +79,9 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
 pub(crate) fn parse_request(command: &Command) -> Result<Request, AdminError> {
     Ok(match command {
         Command::Serve(_) => return Err(AdminError::NotAdmin("serve")),
+        Command::Config(_) => return Err(AdminError::NotAdmin("config")),
+        Command::Publish(_) => return Err(AdminError::NotAdmin("publish")),
+        Command::Subscribe(_) => return Err(AdminError::NotAdmin("subscribe")),
         Command::Project(ProjectCommand::Create {
             name,
             rate_limit,

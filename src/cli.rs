@@ -6,10 +6,12 @@
 //! the subcommand, so `ringcast --data-dir d project list` and
 //! `ringcast project list --data-dir d` mean the same thing.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 /// Real-time publish service: HTTP publish in, WebSocket fan-out.
 #[derive(Debug, Parser)]
@@ -42,6 +44,154 @@ pub enum Command {
     /// Manage API keys.
     #[command(subcommand)]
     Key(KeyCommand),
+    /// Inspect the configuration.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+    /// Publish one message to a running server (POST /api/v1/publish); prints the answer.
+    Publish(PublishArgs),
+    /// Subscribe to channels of a running server; prints each message as one JSON line.
+    Subscribe(SubscribeArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Print the effective serve configuration (same flags as `serve`) as one JSON
+    /// object: each key's value and where it came from (default, file, env, flag).
+    Show(ServeArgs),
+}
+
+/// The log line format of `serve`.
+#[derive(
+    Debug, Clone, Copy, Default, ValueEnum, PartialEq, Eq, serde::Deserialize, serde::Serialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Where a command-line value came from: the flag itself or its environment variable.
+/// Filled in by [`Cli::parse_with_sources`]; values clap defaulted are absent.
+pub(crate) type FlagSources = BTreeMap<&'static str, &'static str>;
+
+/// Options shared by `publish` and `subscribe`.
+#[derive(Debug, Args, Clone)]
+pub struct RemoteArgs {
+    /// The server's base URL, http:// or https:// with host and port.
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    pub url: String,
+    /// The key: sk_... to publish, pk_... to subscribe.
+    #[arg(long, env = "RINGCAST_KEY", hide_env_values = true)]
+    pub key: Option<String>,
+    /// PEM file of the CA (or self-signed certificate) to trust for https:// and wss://,
+    /// instead of the built-in public roots.
+    #[arg(long)]
+    pub ca_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct PublishArgs {
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+    pub channel: String,
+    pub event: String,
+    /// The message's data: JSON text (an object, or a string in quotes).
+    pub data: String,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct SubscribeArgs {
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+    /// Exit 0 after this many messages (default: run until SIGINT).
+    #[arg(long)]
+    pub count: Option<u64>,
+    #[arg(required = true)]
+    pub channels: Vec<String>,
+}
+
+impl Cli {
+    /// Parse the command line (exiting with clap's message on an error), recording for
+    /// `serve` and `config show` which values came from a flag and which from the
+    /// environment (`config show` reports it).
+    pub fn parse_with_sources() -> Cli {
+        let matches = Cli::command()
+            .try_get_matches()
+            .unwrap_or_else(|e| exit_one_line(e));
+        let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| exit_one_line(e));
+        let sub = matches.subcommand().map(|(_, m)| m);
+        let sub = match (&cli.command, sub) {
+            (Command::Config(_), Some(m)) => m.subcommand().map(|(_, m)| m),
+            (_, m) => m,
+        };
+        if let (Some(args), Some(m)) = (cli.serve_args_mut(), sub) {
+            args.sources = sources(m);
+        }
+        cli
+    }
+
+    fn serve_args_mut(&mut self) -> Option<&mut ServeArgs> {
+        match &mut self.command {
+            Command::Serve(a) | Command::Config(ConfigCommand::Show(a)) => Some(a),
+            _ => None,
+        }
+    }
+}
+
+/// Exit on a command-line error with one line (clap's message without its usage
+/// block); help and version print as clap prints them.
+fn exit_one_line(e: clap::Error) -> ! {
+    use clap::error::ErrorKind;
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        e.exit();
+    }
+    let text = e.render().to_string();
+    let message = text
+        .split("\n\n")
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    eprintln!("{message}");
+    std::process::exit(2);
+}
+
+/// The serve options a user set, by config key, with "flag" or "env".
+fn sources(m: &ArgMatches) -> FlagSources {
+    const ARGS: [(&str, &str); 10] = [
+        ("listen", "listen"),
+        ("workers", "workers"),
+        ("tls_cert", "tls_cert"),
+        ("tls_key", "tls_key"),
+        ("metrics_listen", "metrics_listen"),
+        ("log_format", "log_format"),
+        ("data_dir", "data_dir"),
+        ("redis", "redis"),
+        ("dev", "console"),
+        ("config", "config"),
+    ];
+    let mut out = FlagSources::new();
+    for (id, key) in ARGS {
+        match m.try_get_raw(id).ok().and_then(|_| m.value_source(id)) {
+            Some(ValueSource::CommandLine) => {
+                out.insert(key, "flag");
+            }
+            Some(ValueSource::EnvVariable) => {
+                out.insert(key, "env");
+            }
+            _ => {}
+        }
+    }
+    out
 }
 
 #[derive(Debug, Args, Clone, Default)]
@@ -64,6 +214,15 @@ pub struct ServeArgs {
     /// On an empty data directory, create a project `dev` and print its keys once.
     #[arg(long)]
     pub dev: bool,
+    /// Serve Prometheus metrics at GET /metrics on this address (off by default).
+    #[arg(long, env = "RINGCAST_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Log line format on stderr.
+    #[arg(long, value_enum)]
+    pub log_format: Option<LogFormat>,
+    /// Which values came from a flag or the environment (not a flag itself).
+    #[arg(skip)]
+    pub(crate) sources: FlagSources,
 }
 
 #[derive(Debug, Subcommand)]

@@ -1,18 +1,23 @@
 //! Every knob of the server: its default, its unit, and where it comes from.
 //!
 //! Precedence, lowest to highest: built-in defaults, the TOML file (`--config`), the
-//! environment (`RINGCAST_LISTEN`, `RINGCAST_DATA_DIR`, `RINGCAST_REDIS_URL`, read by
-//! clap), then command-line flags. [`Config::validate`] rejects values that would make a
-//! limit meaningless (a zero body limit, a mailbox of zero) before anything listens.
-//! Unknown keys in the file are an error, so a typo never silently becomes a default.
+//! environment (`RINGCAST_LISTEN`, `RINGCAST_DATA_DIR`, `RINGCAST_REDIS_URL`,
+//! `RINGCAST_METRICS_LISTEN`, read by clap), then command-line flags. [`Config::validate`]
+//! rejects values that would make a limit meaningless (a zero body limit, a mailbox of
+//! zero) before anything listens. Unknown keys in the file are an error, so a typo never
+//! silently becomes a default.
+//!
+//! Every refusal is one line naming the key, the value given and what is allowed.
+//! [`Loaded::show`] is `ringcast config show`: each effective value with its source
+//! (`default`, `file`, `env`, `flag`), the Redis password redacted.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
-use crate::cli::ServeArgs;
+use crate::cli::{Cli, LogFormat, ServeArgs};
 
 /// Failure to build a usable configuration.
 #[derive(Debug, thiserror::Error)]
@@ -22,18 +27,32 @@ pub enum ConfigError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("config file {path} is not valid: {source}")]
+    #[error("config file {path} is not valid: {}", one_line(source.message()))]
     Parse {
         path: PathBuf,
         source: Box<toml::de::Error>,
     },
     #[error("invalid configuration: {0}")]
     Invalid(String),
+    #[error("config file {path}: unknown key `{key}` (= {value}); known keys: {known}")]
+    UnknownKey {
+        path: PathBuf,
+        key: String,
+        value: String,
+        known: String,
+    },
+    #[error("config file {path}: `{key}` = {value} is not valid: {why}")]
+    BadValue {
+        path: PathBuf,
+        key: String,
+        value: String,
+        why: String,
+    },
 }
 
 /// The server's configuration. Field docs state default and unit; the README's
 /// configuration table mirrors them.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     /// Listen address. Default `127.0.0.1:8080`.
@@ -109,6 +128,13 @@ pub struct Config {
     /// Serve the live console page at `GET /console`. Default false; `serve --dev`
     /// turns it on. Off: 404.
     pub console: bool,
+    /// Address of the Prometheus metrics listener (`GET /metrics`). Default: none (off).
+    pub metrics_listen: Option<SocketAddr>,
+    /// Log line format on stderr: `text` or `json`. Default `text`.
+    pub log_format: LogFormat,
+    /// Log filter when `RUST_LOG` is not set (tracing's env-filter syntax, e.g. `info`
+    /// or `warn,ringcast=debug`). Default `info`.
+    pub log_level: String,
 }
 
 impl Default for Config {
@@ -142,40 +168,152 @@ impl Default for Config {
             shutdown_grace_ms: 4000,
             history_max_bytes: 64 * 1024 * 1024,
             console: false,
+            metrics_listen: None,
+            log_format: LogFormat::Text,
+            log_level: "info".to_string(),
         }
     }
 }
 
+/// Where an effective value came from (`config show`).
+pub(crate) type Sources = std::collections::BTreeMap<String, &'static str>;
+
+/// A configuration with the source of each value.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub config: Config,
+    pub(crate) sources: Sources,
+}
+
+impl Loaded {
+    /// `ringcast config show`: `{"key": {"value": ..., "source": "default"|"file"|"env"|"flag"}, ...}`
+    /// with secrets redacted.
+    pub fn show(&self) -> serde_json::Value {
+        let mut out = serde_json::Map::new();
+        let values = serde_json::to_value(&self.config).unwrap_or_default();
+        if let serde_json::Value::Object(values) = values {
+            for (key, mut value) in values {
+                if key == "redis" {
+                    if let Some(url) = value.as_str() {
+                        value = serde_json::Value::String(redact_url(url));
+                    }
+                }
+                let source = self.sources.get(&key).copied().unwrap_or("default");
+                out.insert(key, serde_json::json!({"value": value, "source": source}));
+            }
+        }
+        serde_json::Value::Object(out)
+    }
+}
+
+/// `ringcast config show`: the effective serve configuration, one JSON object on stdout.
+pub fn run_show(cli: &Cli, args: &ServeArgs) -> Result<(), ConfigError> {
+    let loaded = Config::load_sourced(args, &cli.data_dir, cli.redis.as_deref())?;
+    println!("{}", loaded.show());
+    Ok(())
+}
+
+/// A URL with its password (if any) replaced by `***`: `redis://:pw@h/` → `redis://:***@h/`.
+pub(crate) fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+            if userinfo.contains(':') {
+                format!("{scheme}://{user}:***@{host}{path}")
+            } else {
+                // `redis://token@host`: a lone userinfo is the password for Redis.
+                format!("{scheme}://***@{host}{path}")
+            }
+        }
+        None => url.to_string(),
+    }
+}
+
+/// The first line of a (possibly multi-line) parser message.
+fn one_line(msg: &str) -> String {
+    msg.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 impl Config {
-    /// Build the serve configuration from the file (if any), then the flags.
+    /// Build the serve configuration from the file (if any), then the environment and
+    /// the flags.
     pub fn load(
         args: &ServeArgs,
         data_dir: &Path,
         redis: Option<&str>,
     ) -> Result<Config, ConfigError> {
+        Self::load_sourced(args, data_dir, redis).map(|l| l.config)
+    }
+
+    /// [`Config::load`], keeping where each value came from.
+    pub fn load_sourced(
+        args: &ServeArgs,
+        data_dir: &Path,
+        redis: Option<&str>,
+    ) -> Result<Loaded, ConfigError> {
+        let mut sources = Sources::new();
         let mut cfg = match &args.config {
-            Some(path) => Self::from_file(path)?,
+            Some(path) => {
+                let (cfg, keys) = Self::from_file_keys(path)?;
+                for k in keys {
+                    sources.insert(k, "file");
+                }
+                cfg
+            }
             None => Config::default(),
         };
+        let file_has_data_dir = sources.contains_key("data_dir");
         // clap already folded the env vars into these; a flag or env beats the file.
+        let from = |key: &str| args.sources.get(key).copied().unwrap_or("flag");
+        let mut set = |key: &str| {
+            sources.insert(key.to_string(), from(key));
+        };
         if let Some(listen) = args.listen {
             cfg.listen = listen;
+            set("listen");
         }
         if let Some(workers) = args.workers {
             cfg.workers = workers;
+            set("workers");
         }
-        if data_dir != Path::new("./ringcast-data") || args.config.is_none() {
+        // `--data-dir` has a default in clap: only a value the user gave beats the file.
+        let data_dir_given = args.sources.contains_key("data_dir")
+            || (args.sources.is_empty() && data_dir != Path::new("./ringcast-data"));
+        if data_dir_given || !file_has_data_dir {
             cfg.data_dir = data_dir.to_path_buf();
+            if data_dir_given {
+                set("data_dir");
+            }
         }
         if let Some(url) = redis {
             cfg.redis = Some(url.to_string());
+            set("redis");
         }
         if args.tls_cert.is_some() {
             cfg.tls_cert = args.tls_cert.clone();
             cfg.tls_key = args.tls_key.clone();
+            set("tls_cert");
+            set("tls_key");
         }
         if args.dev {
             cfg.console = true;
+            set("console");
+        }
+        if let Some(addr) = args.metrics_listen {
+            cfg.metrics_listen = Some(addr);
+            set("metrics_listen");
+        }
+        if let Some(format) = args.log_format {
+            cfg.log_format = format;
+            set("log_format");
         }
         if cfg.workers == 0 {
             cfg.workers = std::thread::available_parallelism()
@@ -183,22 +321,65 @@ impl Config {
                 .unwrap_or(1);
         }
         cfg.validate()?;
-        Ok(cfg)
+        Ok(Loaded {
+            config: cfg,
+            sources,
+        })
     }
 
     /// Parse a TOML file.
     pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        Self::from_file_keys(path).map(|(c, _)| c)
+    }
+
+    /// Parse a TOML file; also returns the keys it set. Unknown keys and bad values are
+    /// refused one at a time, each in one line naming the key and the value.
+    fn from_file_keys(path: &Path) -> Result<(Config, Vec<String>), ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_path_buf(),
             source,
         })?;
-        Self::from_toml(&text).map_err(|e| match e {
-            ConfigError::Parse { source, .. } => ConfigError::Parse {
-                path: path.to_path_buf(),
-                source,
-            },
-            other => other,
-        })
+        let table: toml::Table = text.parse().map_err(|source| ConfigError::Parse {
+            path: path.to_path_buf(),
+            source: Box::new(source),
+        })?;
+        let known = Self::keys();
+        for (key, value) in &table {
+            if !known.iter().any(|k| k == key) {
+                return Err(ConfigError::UnknownKey {
+                    path: path.to_path_buf(),
+                    key: key.clone(),
+                    value: value.to_string(),
+                    known: known.join(", "),
+                });
+            }
+        }
+        for (key, value) in &table {
+            let mut one = toml::Table::new();
+            one.insert(key.clone(), value.clone());
+            if let Err(e) = one.try_into::<Config>() {
+                return Err(ConfigError::BadValue {
+                    path: path.to_path_buf(),
+                    key: key.clone(),
+                    value: value.to_string(),
+                    why: one_line(e.message()),
+                });
+            }
+        }
+        let keys = table.keys().cloned().collect();
+        let cfg = table.try_into().map_err(|source| ConfigError::Parse {
+            path: path.to_path_buf(),
+            source: Box::new(source),
+        })?;
+        Ok((cfg, keys))
+    }
+
+    /// Every configuration key, in declaration order.
+    pub fn keys() -> Vec<String> {
+        match serde_json::to_value(Config::default()) {
+            Ok(serde_json::Value::Object(m)) => m.keys().cloned().collect(),
+            _ => Vec::new(),
+        }
     }
 
     /// Parse TOML text (no validation of cross-field rules; see [`Config::validate`]).
@@ -209,8 +390,14 @@ impl Config {
         })
     }
 
-    /// Reject values that would disable a limit or make the server unusable.
+    /// Reject values that would disable a limit or make the server unusable. Each
+    /// error names the key, the value and what is allowed.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |key: &str, value: &dyn std::fmt::Display, allowed: &str| {
+            Err(ConfigError::Invalid(format!(
+                "{key} = {value} is not allowed ({allowed})"
+            )))
+        };
         let positive = [
             ("max_body_bytes", self.max_body_bytes),
             ("max_batch_messages", self.max_batch_messages),
@@ -239,36 +426,67 @@ impl Config {
         ];
         for (name, value) in positive {
             if value == 0 {
-                return Err(ConfigError::Invalid(format!(
-                    "{name} must be greater than 0"
-                )));
+                return bad(name, &value, "an integer greater than 0");
             }
         }
         if self.mailbox_high_water_pct == 0 || self.mailbox_high_water_pct > 100 {
-            return Err(ConfigError::Invalid(
-                "mailbox_high_water_pct must be between 1 and 100".into(),
-            ));
+            return bad(
+                "mailbox_high_water_pct",
+                &self.mailbox_high_water_pct,
+                "1 to 100",
+            );
         }
         if self.max_headers > 128 {
-            return Err(ConfigError::Invalid(
-                "max_headers must be at most 128".into(),
-            ));
+            return bad("max_headers", &self.max_headers, "1 to 128");
         }
         if self.write_coalesce_ms > 1000 {
-            return Err(ConfigError::Invalid(
-                "write_coalesce_ms must be at most 1000".into(),
-            ));
+            return bad("write_coalesce_ms", &self.write_coalesce_ms, "0 to 1000");
         }
         if self.workers > 1024 {
-            return Err(ConfigError::Invalid("workers must be at most 1024".into()));
+            return bad("workers", &self.workers, "0 (one per core) to 1024");
         }
-        if self.tls_cert.is_some() != self.tls_key.is_some() {
-            return Err(ConfigError::Invalid(
-                "tls_cert and tls_key must be given together".into(),
-            ));
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), None) => {
+                return bad(
+                    "tls_cert",
+                    &format!("{:?}", cert.display().to_string()),
+                    "tls_cert and tls_key are given together",
+                )
+            }
+            (None, Some(key)) => {
+                return bad(
+                    "tls_key",
+                    &format!("{:?}", key.display().to_string()),
+                    "tls_cert and tls_key are given together",
+                )
+            }
+            _ => {}
         }
-        crate::quota::RateLimit::parse(&self.default_rate_limit)
-            .map_err(|e| ConfigError::Invalid(format!("default_rate_limit: {e}")))?;
+        if let Err(e) = crate::quota::RateLimit::parse(&self.default_rate_limit) {
+            return bad(
+                "default_rate_limit",
+                &format!("{:?}", self.default_rate_limit),
+                &format!("N/s or N/min: {e}"),
+            );
+        }
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log_level) {
+            return bad(
+                "log_level",
+                &format!("{:?}", self.log_level),
+                &format!(
+                    "a level (error, warn, info, debug, trace) or an env-filter directive: {}",
+                    one_line(&e.to_string())
+                ),
+            );
+        }
+        // Port 0 (tests) gives each listener its own port; anything else must differ.
+        if self.metrics_listen == Some(self.listen) && self.listen.port() != 0 {
+            return bad(
+                "metrics_listen",
+                &self.listen,
+                "an address other than listen",
+            );
+        }
         Ok(())
     }
 
@@ -309,6 +527,62 @@ mod tests {
         assert_eq!(cfg.heartbeat_s, 5);
         assert_eq!(cfg.max_headers, 64);
         assert!(Config::from_toml("max_bdy_bytes = 1").is_err());
+    }
+
+    fn file_error(text: &str) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, text).unwrap();
+        Config::from_file(&path).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn file_errors_are_one_line_naming_key_value_and_allowed() {
+        let e = file_error("max_bdy_bytes = 12\n");
+        assert!(e.contains("unknown key `max_bdy_bytes` (= 12)"), "{e}");
+        assert!(e.contains("known keys: listen,"), "{e}");
+        let e = file_error("heartbeat_s = \"soon\"\n");
+        assert!(e.contains("`heartbeat_s` = \"soon\" is not valid"), "{e}");
+        let e = file_error("log_format = \"xml\"\n");
+        assert!(e.contains("`log_format` = \"xml\""), "{e}");
+        assert!(e.contains("text") && e.contains("json"), "{e}");
+        for e in [e, file_error("listen = \"nowhere\"\n")] {
+            assert_eq!(e.lines().count(), 1, "{e}");
+        }
+    }
+
+    #[test]
+    fn validation_names_key_value_and_allowed() {
+        let cfg = Config {
+            mailbox_high_water_pct: 120,
+            ..Config::default()
+        };
+        let e = cfg.validate().unwrap_err().to_string();
+        assert!(e.contains("mailbox_high_water_pct = 120"), "{e}");
+        assert!(e.contains("1 to 100"), "{e}");
+        let cfg = Config {
+            log_level: "info,=[".into(),
+            ..Config::default()
+        };
+        assert!(cfg
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("log_level"));
+    }
+
+    #[test]
+    fn redis_passwords_are_redacted() {
+        assert_eq!(
+            redact_url("redis://:hunter2@10.0.0.5:6379/0"),
+            "redis://:***@10.0.0.5:6379/0"
+        );
+        assert_eq!(
+            redact_url("rediss://app:hunter2@h:6380"),
+            "rediss://app:***@h:6380"
+        );
+        assert_eq!(redact_url("redis://tok@h/"), "redis://***@h/");
+        assert_eq!(redact_url("redis://h:6379/"), "redis://h:6379/");
     }
 
     #[test]

@@ -26,10 +26,16 @@
 //!   the connection's reader and writer. Knows no project, key or channel.
 //! - [`names`], [`json`], [`close`], [`ids`]: leaves: the channel/event name rule, JSON
 //!   string escaping, the table of close codes, message and connection ids.
+//! - [`metrics`]: per-worker counters (each written only by its own worker, through a
+//!   thread-local), gauges and the publish-duration histogram, summed and rendered as
+//!   Prometheus text at scrape time; `shard`, `ws` and `http` write to it, the server's
+//!   metrics listener reads it. A leaf: it names no other module.
 //! - [`auth`]: the in-memory key snapshot and its watcher; [`admin`]: the project/key
-//!   subcommands; [`store`]: SQLite/Redis project and key store; [`config`]: every
-//!   knob, its default and unit; [`quota`]: per-project GCRA on atomics; [`history`]:
-//!   channel history (offsets, epochs, the per-node ring buffers); [`cli`]:
+//!   subcommands; [`tools`]: `ringcast publish`/`subscribe`, real HTTP and WebSocket
+//!   clients of a running server; [`store`]: SQLite/Redis project and key store;
+//!   [`config`]: every knob, its default and unit; [`quota`]: per-project GCRA on
+//!   atomics; [`history`]: channel history (offsets, epochs, the per-node ring buffers);
+//!   [`cli`]:
 //!   argument parsing; [`apikey`]: key kinds, generation and hashing.
 //!
 //! Invariants that hold across modules: the hot path never blocks and never allocates
@@ -58,6 +64,7 @@ mod history;
 mod http;
 mod ids;
 mod json;
+mod metrics;
 mod names;
 mod node;
 mod publish;
@@ -66,12 +73,14 @@ mod server;
 mod shard;
 mod store;
 mod tls;
+pub mod tools;
 mod ws;
 
 // The binary: argument parsing and the two entry points.
 pub use admin::run as run_admin;
-pub use cli::{Cli, Command};
-pub use server::run_cli as run_serve;
+pub use cli::{Cli, Command, ConfigCommand};
+pub use config::run_show as config_show;
+pub use server::{run_cli as run_serve, AlreadyLogged};
 
 // Configuration and the control plane (property tests, control-plane benches).
 pub use apikey::{generate_key, hash_key, key_prefix, KeyKind};

@@ -1,10 +1,9 @@
 //! The `ringcast` binary: parse the command line, then run a subcommand. Errors become
 //! one line on stderr and a non-zero exit (anyhow lives only here, at the edge).
 
-use clap::Parser;
 use mimalloc::MiMalloc;
 
-use ringcast::{Cli, Command};
+use ringcast::{Cli, Command, ConfigCommand};
 
 #[global_allocator]
 static GLOBAL: MiMalloc = MiMalloc;
@@ -36,13 +35,21 @@ fn reexec_with_allocator_env() {
 
 fn main() {
     reexec_with_allocator_env();
-    let cli = Cli::parse();
+    let cli = Cli::parse_with_sources();
     let result: anyhow::Result<()> = match &cli.command {
         Command::Serve(args) => ringcast::run_serve(&cli, args),
+        Command::Config(ConfigCommand::Show(args)) => {
+            ringcast::config_show(&cli, args).map_err(Into::into)
+        }
+        Command::Publish(args) => ringcast::tools::publish(args).map_err(Into::into),
+        Command::Subscribe(args) => ringcast::tools::subscribe(args).map_err(Into::into),
         Command::Project(_) | Command::Key(_) => ringcast::run_admin(&cli),
     };
     if let Err(err) = result {
-        eprintln!("error: {err:#}");
+        // A json-logging serve already logged why it did not start.
+        if err.downcast_ref::<ringcast::AlreadyLogged>().is_none() {
+            eprintln!("error: {err:#}");
+        }
         std::process::exit(1);
     }
 }

@@ -30,6 +30,9 @@ pub(crate) struct Node {
     /// Channel history of the projects that keep it (the one place offsets are
     /// assigned on this node).
     pub history: Arc<History>,
+    /// Metrics are served (`metrics_listen`): time each publish for the histogram.
+    /// Counters are kept either way (the logs' slow-consumer summary reads them).
+    pub metrics_timing: bool,
 }
 
 impl Node {

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{next_json, parse_response, send_json, set_timeout, subscribe, Ws};
+use common::{bin, next_json, parse_response, send_json, set_timeout, subscribe, Ws};
 use serde_json::{json, Value};
 
 /// A redis-server child on a fixed port, restartable on the same port and directory.
@@ -507,4 +507,118 @@ fn history_in_cluster_mode_never_recovers_from_one_nodes_log() {
     }
     let v = cli(&redis, &["project", "set-history", &id, "0/0s"]);
     assert_eq!(v["project"]["history"], "off");
+}
+
+/// Messages of a json log file.
+fn log_messages(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect()
+}
+
+fn scrape_value(metrics: SocketAddr, name: &str) -> Option<f64> {
+    let mut s = TcpStream::connect(metrics).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[test]
+fn redis_lost_and_back_are_logged_once_each_and_shown_by_the_metric() {
+    let Some(mut redis) = Redis::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("node.log");
+    let data = dir.path().join("data");
+    let mut child = Command::new(bin())
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--redis", &redis.url()])
+        .args(["serve", "--listen", "127.0.0.1:0", "--workers", "1"])
+        .args(["--metrics-listen", "127.0.0.1:0", "--log-format", "json"])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("spawn ringcast serve");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(rest) = line.strip_prefix("ringcast metrics on http://") {
+                let _ = tx.send(rest.trim_end_matches("/metrics").to_string());
+            }
+            if let Some(rest) = line.strip_prefix("ringcast listening on http://") {
+                let _ = tx.send(rest.split_whitespace().next().unwrap_or("").to_string());
+            }
+        }
+    });
+    let next_addr = || -> SocketAddr {
+        rx.recv_timeout(Duration::from_secs(20))
+            .expect("start lines")
+            .parse()
+            .unwrap()
+    };
+    let metrics = next_addr();
+    let node = Node {
+        addr: next_addr(),
+        child,
+        _dir: dir,
+    };
+    let connected = || scrape_value(metrics, "ringcast_cluster_connected");
+    wait_for("cluster_connected 1", || connected() == Some(1.0));
+    // A project whose publishes make the quota-lease thread lease from Redis.
+    let p = project(&redis, "leases", "100/s");
+    node.wait_key(&p.secret);
+    assert_eq!(scrape_value(metrics, "ringcast_cluster_enabled"), Some(1.0));
+    let start = log_messages(&log)
+        .into_iter()
+        .find(|v| v["fields"]["message"] == "ringcast started")
+        .expect("start line");
+    assert_eq!(start["fields"]["store"], "redis");
+    assert_eq!(start["fields"]["cluster"], redis.url());
+
+    redis.kill();
+    wait_for("cluster_connected 0", || connected() == Some(0.0));
+    let count = |needle: &str, level: &str| {
+        log_messages(&log)
+            .iter()
+            .filter(|v| {
+                v["level"] == level
+                    && v["fields"]["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains(needle))
+            })
+            .count()
+    };
+    wait_for("the relay's and subscriber's loss warnings", || {
+        count("cluster relay: Redis", "WARN") >= 1
+            && count("cluster subscriber: Redis", "WARN") >= 1
+    });
+    // Spending the leased block makes the lease thread ask Redis, and fail.
+    wait_for("the quota lease's loss warning", || {
+        node.publish(&p.secret, "c", json!("x"));
+        count("cluster quota: cannot lease", "WARN") == 1
+    });
+    // Reconnect attempts go on (every 100 ms to 2 s) without a line each: an
+    // observation window (like `expect_silence`), not a wait for a condition.
+    std::thread::sleep(Duration::from_secs(3));
+    let lost_relay = count("cluster relay: Redis", "WARN");
+    let lost_sub = count("cluster subscriber: Redis", "WARN");
+    assert!(lost_relay <= 2 && lost_sub <= 2, "{:?}", log_messages(&log));
+    assert_eq!(count("cluster quota: cannot lease", "WARN"), 1);
+
+    redis.spawn();
+    wait_for("cluster_connected 1 again", || connected() == Some(1.0));
+    wait_for("the three 'back' warnings", || {
+        count("cluster relay: Redis is back", "WARN") == 1
+            && count("cluster subscriber: Redis is back", "WARN") == 1
+            && count("cluster quota: leasing from Redis again", "WARN") == 1
+    });
+    drop(node);
 }

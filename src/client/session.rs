@@ -122,8 +122,13 @@ impl ClientSession {
             Some((position.offset, position.epoch.as_str())),
             recovered,
         ));
+        // Replayed messages are deliveries too (counted once per recovery).
+        let mut replayed = 0u64;
         for frame in replay.into_iter().flatten() {
-            conn.send(frame);
+            replayed += u64::from(conn.send(frame));
+        }
+        if replayed > 0 {
+            crate::metrics::with(|m| m.deliveries(replayed));
         }
     }
 

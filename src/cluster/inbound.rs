@@ -80,14 +80,17 @@ pub(crate) fn run(
     let mut backoff = Backoff::new();
     let mut projects = ProjectIndex::new();
     let mut wanted: HashMap<String, u32> = HashMap::new();
+    // Set once Redis was lost: its return is then a warning too (see `outbound`).
+    let mut lost = false;
     while !cluster.stopping() {
         let mut pending = Pending::default();
         drain_interest(rx, keys, &mut projects, &mut wanted, &mut pending);
         let mut conn = match connect(client) {
             Ok(c) => c,
             Err(e) => {
-                if cluster.inbound_ok.swap(false, Ordering::Relaxed) {
+                if cluster.inbound_ok.swap(false, Ordering::Relaxed) || !lost {
                     tracing::warn!(error = %e, "cluster subscriber: Redis unavailable");
+                    lost = true;
                 }
                 sleep_unless_stopped(cluster, backoff.next_delay());
                 continue;
@@ -102,10 +105,12 @@ pub(crate) fn run(
             &mut projects,
             &mut wanted,
             &mut backoff,
+            &mut lost,
         );
         cluster.inbound_ok.store(false, Ordering::Relaxed);
         if let Err(e) = result {
             tracing::warn!(error = %e, "cluster subscriber: Redis connection lost; reconnecting");
+            lost = true;
             sleep_unless_stopped(cluster, backoff.next_delay());
         }
     }
@@ -121,6 +126,7 @@ fn subscribed_loop(
     projects: &mut ProjectIndex,
     wanted: &mut HashMap<String, u32>,
     backoff: &mut Backoff,
+    lost: &mut bool,
 ) -> redis::RedisResult<()> {
     let mut pubsub = conn.as_pubsub();
     // Restore: everything wanted now, in bounded batches.
@@ -132,10 +138,18 @@ fn subscribed_loop(
     // A PING round trip proves the connection works even with nothing to restore.
     pubsub.ping::<()>()?;
     if !cluster.inbound_ok.swap(true, Ordering::Relaxed) {
-        tracing::info!(
-            channels = wanted.len(),
-            "cluster subscriber connected to Redis"
-        );
+        if *lost {
+            tracing::warn!(
+                channels = wanted.len(),
+                "cluster subscriber: Redis is back; subscriptions restored"
+            );
+        } else {
+            tracing::info!(
+                channels = wanted.len(),
+                "cluster subscriber connected to Redis"
+            );
+        }
+        *lost = false;
     }
     backoff.reset();
     pubsub.set_read_timeout(Some(POLL))?;

@@ -25,6 +25,9 @@ pub(crate) fn run(cluster: &Cluster, client: &redis::Client, keys: &KeyCache) {
     let mut backoff = Backoff::new();
     let mut conn: Option<redis::Connection> = None;
     let mut leases: HashMap<String, Arc<Lease>> = HashMap::new();
+    // Log transitions only: an outage is one warning when leasing fails and one when a
+    // lease succeeds again, not a line per retry.
+    let mut failing = false;
     while !cluster.stopping() {
         if conn.is_none() {
             match connect(client) {
@@ -63,9 +66,16 @@ pub(crate) fn run(cluster: &Cluster, client: &redis::Client, keys: &KeyCache) {
                 Ok(n) => {
                     lease.grant(n);
                     lease.set_online(true);
+                    if failing {
+                        tracing::warn!("cluster quota: leasing from Redis again");
+                        failing = false;
+                    }
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "cluster quota: cannot lease from Redis; local limits only");
+                    if !failing {
+                        tracing::warn!(error = %e, "cluster quota: cannot lease from Redis; local limits only");
+                        failing = true;
+                    }
                     failed = true;
                     break;
                 }

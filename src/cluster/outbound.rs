@@ -56,6 +56,9 @@ pub(crate) fn run(
     let mut backoff = Backoff::new();
     let mut projects = ProjectIndex::new();
     let mut batch: Vec<Arc<Broadcast>> = Vec::with_capacity(MAX_BATCH);
+    // Set once Redis was lost: its return is then a warning too, so that an operator
+    // filtering on warnings sees both ends of an outage.
+    let mut lost = false;
     while !cluster.stopping() {
         let mut conn = match connect(client).and_then(|mut c| {
             redis::cmd("PING").query::<()>(&mut c)?;
@@ -63,8 +66,9 @@ pub(crate) fn run(
         }) {
             Ok(c) => c,
             Err(e) => {
-                if cluster.outbound_ok.swap(false, Ordering::Relaxed) {
+                if cluster.outbound_ok.swap(false, Ordering::Relaxed) || !lost {
                     tracing::warn!(error = %e, "cluster relay: Redis unavailable");
+                    lost = true;
                 }
                 drop_queued(cluster, rx);
                 sleep_unless_stopped(cluster, backoff.next_delay());
@@ -72,12 +76,18 @@ pub(crate) fn run(
             }
         };
         if !cluster.outbound_ok.swap(true, Ordering::Relaxed) {
-            tracing::info!("cluster relay connected to Redis");
+            if lost {
+                tracing::warn!("cluster relay: Redis is back");
+            } else {
+                tracing::info!("cluster relay connected to Redis");
+            }
+            lost = false;
         }
         backoff.reset();
         if let Err(e) = relay_until_error(cluster, &mut conn, keys, rx, &mut projects, &mut batch) {
             cluster.outbound_ok.store(false, Ordering::Relaxed);
             tracing::warn!(error = %e, "cluster relay: Redis connection lost; reconnecting");
+            lost = true;
             cluster
                 .stats
                 .relay_dropped

@@ -11,6 +11,7 @@
 //! spent).
 
 use std::rc::Rc;
+use std::time::Instant;
 
 use super::outcome::{answer, Outcome};
 use super::parse::{is_json_media_type, RequestHead};
@@ -19,6 +20,7 @@ use super::{ApiError, Service};
 use crate::apikey::KeyKind;
 use crate::auth::ProjectState;
 use crate::error::Unavailable;
+use crate::metrics::Api;
 use crate::publish::parse::BatchLimits;
 use crate::publish::{Accepted, Answer};
 use crate::quota::{now_ns, Decision};
@@ -32,6 +34,11 @@ pub(crate) enum Endpoint {
     Batch,
 }
 
+/// Count one answered request of the native publish API (either endpoint).
+pub(crate) fn count(status: u16) {
+    crate::metrics::with(|m| m.publish_request(Api::Native, status));
+}
+
 pub(crate) fn handle(
     svc: &Rc<Service>,
     head: &RequestHead,
@@ -40,14 +47,18 @@ pub(crate) fn handle(
     endpoint: Endpoint,
 ) -> Outcome {
     let node = &svc.node;
+    let refuse = |out: &mut Vec<u8>, err: ApiError| {
+        count(err.status());
+        answer(out, err)
+    };
     if node.is_shutting_down() {
-        return answer(out, ApiError::Unavailable(Unavailable::ShuttingDown));
+        return refuse(out, ApiError::Unavailable(Unavailable::ShuttingDown));
     }
     let keys = node.keys.load();
     let raw_key = head.api_key.as_ref().map(|r| &req[r.clone()]);
     let project = match keys.authenticate(raw_key, KeyKind::Secret) {
         Ok(entry) => &entry.project,
-        Err(refusal) => return answer(out, ApiError::Unauthorized(refusal)),
+        Err(refusal) => return refuse(out, ApiError::Unauthorized(refusal)),
     };
     let content_type = head.content_type.as_ref().map(|r| &req[r.clone()]);
     if !content_type.is_some_and(is_json_media_type) {
@@ -65,6 +76,9 @@ pub(crate) fn handle(
         // Authorized, body still arriving (the head is checked again when it has).
         return Outcome::NeedMore;
     }
+    // The request is complete: the publish-duration histogram starts here. Two clock
+    // reads per publish, only while metrics are served.
+    let started = node.metrics_timing.then(Instant::now);
     let body = &req[head.head_len..head.head_len + length];
     let answer = {
         let mut parser = svc.parser.borrow_mut();
@@ -79,6 +93,21 @@ pub(crate) fn handle(
             }
         }
     };
+    let status = match &answer.outcome {
+        Ok(_) => {
+            let elapsed = started.map(|t| t.elapsed());
+            let units = u64::from(answer.units);
+            crate::metrics::with(|m| {
+                m.messages_published(units);
+                if let Some(d) = elapsed {
+                    m.publish_duration(d);
+                }
+            });
+            202
+        }
+        Err(err) => err.status(),
+    };
+    count(status);
     write_answer(out, &answer);
     Outcome::Answered { close: false }
 }
@@ -86,6 +115,7 @@ pub(crate) fn handle(
 /// A refusal decided from the head once the project is known: its rate headers are
 /// peeked, so the refusal spends nothing.
 fn refuse_known(out: &mut Vec<u8>, project: &ProjectState, err: ApiError) -> Outcome {
+    count(err.status());
     let extra = Extra {
         rate: Some(rate_headers(&project.quota.peek(now_ns()))),
         ..Extra::default()

@@ -21,11 +21,17 @@ pub(crate) fn route(
     match &req[head.path.clone()] {
         b"/api/v1/publish" => match head.method() {
             Method::Post => publish::handle(svc, head, req, out, publish::Endpoint::One),
-            _ => answer(out, ApiError::MethodNotAllowed("POST")),
+            _ => {
+                publish::count(405);
+                answer(out, ApiError::MethodNotAllowed("POST"))
+            }
         },
         b"/api/v1/publish/batch" => match head.method() {
             Method::Post => publish::handle(svc, head, req, out, publish::Endpoint::Batch),
-            _ => answer(out, ApiError::MethodNotAllowed("POST")),
+            _ => {
+                publish::count(405);
+                answer(out, ApiError::MethodNotAllowed("POST"))
+            }
         },
         b"/api/v1/history" => match head.method() {
             Method::Get => history::handle(svc, head, req, out),

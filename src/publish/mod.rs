@@ -46,6 +46,9 @@ pub(crate) struct Answer {
     pub rate: Decision,
     /// `Retry-After` for a 429.
     pub retry_after_s: Option<u64>,
+    /// Quota units the accepted request spent (one per message per channel); 0 when
+    /// refused. The `ringcast_messages_published_total` counter adds it.
+    pub units: u32,
 }
 
 impl Answer {
@@ -55,6 +58,7 @@ impl Answer {
             index,
             rate,
             retry_after_s: None,
+            units: 0,
         }
     }
 }
@@ -148,6 +152,7 @@ fn reserve(project: &ProjectState, units: u32) -> Result<Decision, Answer> {
         index: None,
         retry_after_s: Some(decision.retry_after_s.max(1)),
         rate: decision,
+        units: 0,
     })
 }
 
@@ -174,7 +179,8 @@ pub(crate) fn accept(
         Ok(msg) => msg,
         Err(error) => return Answer::refused(error, None, project.quota.peek(now_ns())),
     };
-    let decision = match reserve(project, units(std::slice::from_ref(&msg))) {
+    let spent = units(std::slice::from_ref(&msg));
+    let decision = match reserve(project, spent) {
         Ok(d) => d,
         Err(answer) => return answer,
     };
@@ -198,6 +204,7 @@ pub(crate) fn accept(
             index: None,
             rate: decision,
             retry_after_s: None,
+            units: spent,
         };
     }
     let queued = match &msg.channels {
@@ -221,6 +228,7 @@ pub(crate) fn accept(
         index: None,
         rate: decision,
         retry_after_s: None,
+        units: spent,
     }
 }
 
@@ -270,5 +278,6 @@ pub(crate) fn accept_batch(
         index: None,
         rate: decision,
         retry_after_s: None,
+        units,
     }
 }

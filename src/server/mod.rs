@@ -8,11 +8,23 @@
 //! core. If io_uring cannot be used, every worker runs monoio's epoll driver instead and
 //! this is logged once.
 //!
+//! Logs (tracing, `log_format` text or json, `RUST_LOG` or `log_level`): one start line
+//! with the version, listen address, workers, driver, store and cluster; warnings for
+//! faults (Redis lost and back, a worker thread gone, slow-consumer closes summed per
+//! [`SLOW_CONSUMER_LOG_INTERVAL`], never one line per close). No line holds a key, token
+//! or Redis password. A refused start in json format is one JSON error line; in text
+//! format it is the binary's one `error: ...` line.
+//!
+//! Metrics (`metrics_listen`): every worker's counters are kept whatever the setting
+//! (each worker's own block, see `crate::metrics`); the listener ([`metrics_http`]) and
+//! the publish-duration clock reads only run when an address is configured.
+//!
 //! Shutdown (SIGTERM/SIGINT): publishes get 503 at once, every worker receives a
 //! Shutdown envelope behind the broadcasts already queued (so those are delivered),
 //! stops accepting, closes its WebSockets with 1001, and the process exits 0 within
 //! `shutdown_grace_ms` plus one second.
 
+pub(crate) mod metrics_http;
 pub(crate) mod worker;
 
 use std::io::Write;
@@ -24,8 +36,9 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 
 use crate::auth::KeyCache;
-use crate::cli::{Cli, ServeArgs};
-use crate::config::Config;
+use crate::cli::{Cli, LogFormat, ServeArgs};
+use crate::config::{redact_url, Config};
+use crate::metrics::Metrics;
 use crate::shard::mailbox::{Envelope, Mailboxes};
 
 use crate::node::Node;
@@ -40,6 +53,11 @@ pub(crate) enum ServeError {
     },
     #[error("cannot start worker thread: {0}")]
     Thread(std::io::Error),
+    #[error("cannot listen for metrics on {addr}: {source}")]
+    MetricsBind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Tls(#[from] crate::tls::TlsConfigError),
 }
@@ -53,13 +71,42 @@ fn load_tls(config: &Config) -> Result<Option<Arc<rustls::ServerConfig>>, ServeE
     }
 }
 
-fn init_tracing() {
+/// How often slow-consumer closes are summed into one warning.
+pub(crate) const SLOW_CONSUMER_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// The start failed and the failure was already logged (json format): the binary exits
+/// non-zero without printing it again.
+#[derive(Debug, thiserror::Error)]
+#[error("the start was refused (logged)")]
+pub struct AlreadyLogged;
+
+/// Logs on stderr: `RUST_LOG` if set and valid, else `level`.
+fn init_tracing(format: LogFormat, level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(level))
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => {
+            // A panic is a log line too (one JSON object), not the default hook's text.
+            std::panic::set_hook(Box::new(|info| {
+                let thread = std::thread::current();
+                tracing::error!(
+                    thread = thread.name().unwrap_or("unnamed"),
+                    panic = %info,
+                    "a thread panicked"
+                );
+            }));
+            builder
+                .json()
+                .with_current_span(false)
+                .with_span_list(false)
+                .try_init()
+        }
+    };
 }
 
 /// Bind one SO_REUSEPORT listener.
@@ -79,10 +126,34 @@ pub(crate) fn bind_listener(addr: SocketAddr) -> Result<TcpListener, ServeError>
     make().map_err(|source| ServeError::Bind { addr, source })
 }
 
-/// `ringcast serve`.
+/// `ringcast serve`. A refused start is logged as one line (see the module doc).
 pub fn run_cli(cli: &Cli, args: &ServeArgs) -> anyhow::Result<()> {
-    init_tracing();
-    let config = Config::load(args, &cli.data_dir, cli.redis.as_deref())?;
+    let config = match Config::load(args, &cli.data_dir, cli.redis.as_deref()) {
+        Ok(config) => config,
+        Err(e) => {
+            let format = args.log_format.unwrap_or_default();
+            init_tracing(format, "info");
+            return Err(refused(format, e.into()));
+        }
+    };
+    init_tracing(config.log_format, &config.log_level);
+    let format = config.log_format;
+    start(args, config).map_err(|e| refused(format, e))
+}
+
+/// Report a refused start: json logs get it as an error event (and the binary prints
+/// nothing more); text logs leave it to the binary's one `error: ...` line.
+fn refused(format: LogFormat, e: anyhow::Error) -> anyhow::Error {
+    match format {
+        LogFormat::Text => e,
+        LogFormat::Json => {
+            tracing::error!(error = %format!("{e:#}"), "start refused");
+            anyhow::Error::new(AlreadyLogged)
+        }
+    }
+}
+
+fn start(args: &ServeArgs, config: Config) -> anyhow::Result<()> {
     let tls = load_tls(&config)?;
     let mut store = crate::store::open_store(&config.data_dir, config.redis.as_deref())
         .with_context(|| format!("cannot open the key store in {}", config.data_dir.display()))?;
@@ -113,6 +184,8 @@ fn serve(
     let scheme = if tls.is_some() { "https" } else { "http" };
     let workers = config.workers.max(1);
     let mailboxes = Mailboxes::new(workers, config.mailbox_capacity);
+    let metrics = Arc::new(Metrics::new(workers));
+    let metrics_timing = config.metrics_listen.is_some();
     let db_ok = Arc::new(AtomicBool::new(true));
     let listen = config.listen;
 
@@ -149,7 +222,12 @@ fn serve(
                 crate::history::Recoveries::Allowed
             },
         )),
+        metrics_timing,
     });
+    let metrics_addr = match shared.config.metrics_listen {
+        Some(addr) => Some(metrics_http::spawn(addr, metrics.clone(), shared.clone())?),
+        None => None,
+    };
 
     let stop_watcher = Arc::new(AtomicBool::new(false));
     let notify = mailboxes.clone();
@@ -181,6 +259,7 @@ fn serve(
             tls: tls.clone(),
             core: (!cores.is_empty()).then(|| cores[index % cores.len()]),
             uring,
+            metrics: metrics.worker(index),
         };
         let handle = std::thread::Builder::new()
             .name(format!("ringcast-w{index}"))
@@ -193,12 +272,28 @@ fn serve(
         threads.push(handle);
     }
 
-    // The one line tests and scripts wait for.
+    let driver = if uring { "io_uring" } else { "epoll" };
+    let cfg = &shared.config;
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        listen = %format!("{scheme}://{addr}"),
+        workers,
+        driver,
+        store = if cfg.redis.is_some() { "redis" } else { "sqlite" },
+        data_dir = %cfg.data_dir.display(),
+        cluster = %cfg.redis.as_deref().map_or_else(|| "off".to_string(), redact_url),
+        metrics = %metrics_addr.map_or_else(|| "off".to_string(), |a| format!("http://{a}/metrics")),
+        "ringcast started"
+    );
+    // The lines tests and scripts wait for: the metrics address first (when on), then
+    // the listening line, last, once everything is up.
     let mut stdout = std::io::stdout();
+    if let Some(a) = metrics_addr {
+        let _ = writeln!(stdout, "ringcast metrics on http://{a}/metrics");
+    }
     let _ = writeln!(
         stdout,
-        "ringcast listening on {scheme}://{addr} ({workers} workers, {})",
-        if uring { "io_uring" } else { "epoll" }
+        "ringcast listening on {scheme}://{addr} ({workers} workers, {driver})"
     );
     let _ = stdout.flush();
 
@@ -206,13 +301,34 @@ fn serve(
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,
     ])?;
+    let mut watcher_gone = false;
+    let mut slow_seen = 0u64;
+    let mut next_summary = Instant::now() + SLOW_CONSUMER_LOG_INTERVAL;
     'wait: loop {
         if signals.pending().next().is_some() {
             break 'wait;
         }
-        if threads.iter().any(|t| t.is_finished()) {
-            tracing::error!("a worker exited; shutting down");
+        if let Some(i) = threads.iter().position(|t| t.is_finished()) {
+            tracing::error!(worker = i, "a worker thread exited; shutting down");
             break 'wait;
+        }
+        if !watcher_gone && watcher.is_finished() {
+            watcher_gone = true;
+            tracing::error!(
+                "the key watcher thread exited: key changes and revocations no longer reach this node"
+            );
+        }
+        if Instant::now() >= next_summary {
+            next_summary += SLOW_CONSUMER_LOG_INTERVAL;
+            let total = metrics.slow_consumer_closes();
+            if total > slow_seen {
+                tracing::warn!(
+                    closed = total - slow_seen,
+                    interval_s = SLOW_CONSUMER_LOG_INTERVAL.as_secs(),
+                    "slow consumers closed with 4008 (send backlog over send_backlog_bytes)"
+                );
+            }
+            slow_seen = total;
         }
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -106,6 +106,8 @@ pub(crate) struct WorkerSetup {
     pub tls: Option<Arc<rustls::ServerConfig>>,
     pub core: Option<core_affinity::CoreId>,
     pub uring: bool,
+    /// This worker's metrics block, written only by this thread.
+    pub metrics: Option<&'static crate::metrics::WorkerMetrics>,
 }
 
 /// Run one worker until shutdown. Called on its own thread.
@@ -118,10 +120,14 @@ pub(crate) fn run(setup: WorkerSetup) -> std::io::Result<()> {
         tls,
         core,
         uring,
+        metrics,
     } = setup;
     // Pin first, so the runtime's memory is allocated on this core.
     if let Some(core) = core {
         core_affinity::set_for_current(core);
+    }
+    if let Some(m) = metrics {
+        crate::metrics::install(m);
     }
     let grace = Duration::from_millis(node.config.shutdown_grace_ms);
     let period = Duration::from_secs(node.config.heartbeat_s.max(1));

@@ -79,6 +79,8 @@ pub(crate) struct Shard {
     members: RefCell<HashMap<u64, Member>>,
     max_connections: usize,
     open: Cell<usize>,
+    /// (connection, channel) subscriptions on this worker, for the metrics gauge.
+    subscriptions: Cell<usize>,
     next_conn: Cell<u64>,
     started: Instant,
     stop: StopSignal,
@@ -126,6 +128,7 @@ impl Shard {
             members: RefCell::new(HashMap::new()),
             max_connections: setup.max_connections,
             open: Cell::new(0),
+            subscriptions: Cell::new(0),
             next_conn: Cell::new(0),
             started: Instant::now(),
             stop: StopSignal::default(),
@@ -174,14 +177,25 @@ impl Shard {
         } else if !self.keys.load().is_active(&key_id) {
             conn.close(Disconnect::KEY_REVOKED);
         }
-        self.members
-            .borrow_mut()
-            .insert(conn.id, Member { conn, key_id });
+        let mut members = self.members.borrow_mut();
+        members.insert(conn.id, Member { conn, key_id });
+        let open = members.len();
+        crate::metrics::with(|m| m.set_connections(open));
     }
 
     /// Forget a WebSocket whose connection ended.
     pub(crate) fn remove(&self, conn_id: u64) {
-        self.members.borrow_mut().remove(&conn_id);
+        let mut members = self.members.borrow_mut();
+        members.remove(&conn_id);
+        let open = members.len();
+        crate::metrics::with(|m| m.set_connections(open));
+    }
+
+    /// Mirror a change of this worker's subscription count into its metrics gauge.
+    fn count_subscriptions(&self, delta: isize) {
+        let n = self.subscriptions.get().saturating_add_signed(delta);
+        self.subscriptions.set(n);
+        crate::metrics::with(|m| m.set_subscriptions(n));
     }
 
     /// A snapshot of the registered WebSockets, for a pass that may close some (closing
@@ -203,6 +217,9 @@ impl Shard {
     /// interest filter and the cluster.
     pub(crate) fn subscribe(&self, project: u32, channel: &str, conn: &Rc<WsConn>) -> Subscribed {
         let t = self.registry.borrow_mut().subscribe(project, channel, conn);
+        if t != Subscribed::Already {
+            self.count_subscriptions(1);
+        }
         if t == Subscribed::First {
             self.mailbox.interest.add(channel_hash(project, channel));
             if let Some(sink) = &self.sink {
@@ -219,6 +236,9 @@ impl Shard {
             .registry
             .borrow_mut()
             .unsubscribe(project, channel, conn_id);
+        if t != Unsubscribed::NotSubscribed {
+            self.count_subscriptions(-1);
+        }
         if t == Unsubscribed::Last {
             self.mailbox.interest.remove(channel_hash(project, channel));
             if let Some(sink) = &self.sink {
@@ -255,13 +275,15 @@ impl Shard {
             n += 1;
             match envelope {
                 Envelope::Broadcast(msg) => {
-                    fan_out(&self.registry.borrow(), &msg);
+                    let delivered = fan_out(&self.registry.borrow(), &msg);
+                    // Once per broadcast per worker, never per subscriber.
+                    crate::metrics::with(|m| m.deliveries(delivered as u64));
                 }
                 Envelope::Batch(batch) => {
                     let registry = self.registry.borrow();
-                    for msg in batch.iter() {
-                        fan_out(&registry, msg);
-                    }
+                    let delivered: usize = batch.iter().map(|msg| fan_out(&registry, msg)).sum();
+                    // Once per envelope per worker.
+                    crate::metrics::with(|m| m.deliveries(delivered as u64));
                 }
                 Envelope::KeysChanged => self.enforce_revocations(),
                 Envelope::Shutdown => self.begin_shutdown(),

@@ -140,6 +140,7 @@ impl WsConn {
         let total = self.queued_bytes.get() + frame.len() + QUEUE_SLOT_COST;
         if total > self.backlog_limit {
             self.close(Disconnect::SLOW_CONSUMER);
+            crate::metrics::with(|m| m.slow_consumer_close());
             return false;
         }
         let mut q = self.queue.borrow_mut();
@@ -408,7 +409,10 @@ pub async fn write_loop<W: FrameWrite>(mut wr: W, conn: Rc<WsConn>, preamble: By
             let (res, b) = wr.write_frames(batch).await;
             batch = b;
             match res {
-                Ok(n) if n > 0 => batch.advance(n),
+                Ok(n) if n > 0 => {
+                    crate::metrics::with(|m| m.bytes_sent(n as u64));
+                    batch.advance(n);
+                }
                 _ => {
                     batch.bufs.clear();
                     conn.abort();

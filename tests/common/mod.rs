@@ -65,6 +65,8 @@ pub struct Server {
     _tmp: Option<tempfile::TempDir>,
     /// Set for a TLS server: the client configuration trusting its certificate.
     pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// The metrics listener (`metrics_listen` in the config), from its stdout line.
+    pub metrics: Option<SocketAddr>,
 }
 
 /// A self-signed certificate for 127.0.0.1 and localhost, written as PEM files.
@@ -161,8 +163,10 @@ impl Write for Conn {
 pub struct Options {
     pub workers: usize,
     pub config: String,
-    /// Extra environment for the server process.
+    /// Extra environment for the server process (may override `RUST_LOG=warn`).
     pub env: Vec<(&'static str, &'static str)>,
+    /// Write the server's stderr (its logs) to this file instead of the test's stderr.
+    pub log_file: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -171,6 +175,7 @@ impl Default for Options {
             workers: 2,
             config: String::new(),
             env: Vec::new(),
+            log_file: None,
         }
     }
 }
@@ -199,6 +204,7 @@ impl Server {
             child: None,
             _tmp: None,
             tls: tls.map(|f| f.client_config(&[b"http/1.1"])),
+            metrics: None,
         };
         let args: Vec<&std::ffi::OsStr> = match tls {
             Some(f) => vec![
@@ -228,17 +234,25 @@ impl Server {
             .arg("--config")
             .arg(&config)
             .args(extra)
-            .envs(opts.env.iter().copied())
             .env("RUST_LOG", "warn")
+            .envs(opts.env.iter().copied())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(match &opts.log_file {
+                Some(path) => Stdio::from(std::fs::File::create(path).expect("log file")),
+                None => Stdio::inherit(),
+            })
             .spawn()
             .expect("spawn ringcast serve");
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
+        let (metrics_tx, metrics_rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let mut lines = BufReader::new(stdout).lines();
             while let Some(Ok(line)) = lines.next() {
+                // Printed before the listening line when metrics are on.
+                if let Some(rest) = line.strip_prefix("ringcast metrics on http://") {
+                    let _ = metrics_tx.send(rest.trim_end_matches("/metrics").to_string());
+                }
                 let rest = line
                     .strip_prefix("ringcast listening on http://")
                     .or_else(|| line.strip_prefix("ringcast listening on https://"));
@@ -250,6 +264,7 @@ impl Server {
         let line = rx
             .recv_timeout(Duration::from_secs(20))
             .expect("server printed its address");
+        self.metrics = metrics_rx.try_recv().ok().and_then(|a| a.parse().ok());
         let addr = line.split_whitespace().next().unwrap_or("");
         self.addr = addr.parse().expect("address");
         // "(N workers, io_uring|epoll)"

@@ -1,0 +1,134 @@
+//! The metrics listener: `GET /metrics` in Prometheus text format on `metrics_listen`,
+//! and nothing else on that address.
+//!
+//! One plain control-plane thread (`ringcast-metrics`) with a blocking listener, one
+//! scrape at a time: scrapes are rare (every few seconds), so workers never see this
+//! traffic and the data plane's listener never serves metrics. Every connection is
+//! bounded: a request head of at most [`MAX_HEAD`] bytes, read and write timeouts of
+//! [`IO_TIMEOUT`], then the connection is closed (`Connection: close`). Nothing here
+//! reads a key or logs a request.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::metrics::{Metrics, NodeGauges};
+use crate::node::Node;
+
+use super::ServeError;
+
+/// Largest request head read from a scraper.
+const MAX_HEAD: usize = 8192;
+/// A scraper that sends or reads slower than this is dropped.
+const IO_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Bind `addr` and serve scrapes on a thread of their own; returns the bound address.
+pub(crate) fn spawn(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    node: Arc<Node>,
+) -> Result<SocketAddr, ServeError> {
+    let listener =
+        TcpListener::bind(addr).map_err(|source| ServeError::MetricsBind { addr, source })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| ServeError::MetricsBind { addr, source })?;
+    std::thread::Builder::new()
+        .name("ringcast-metrics".into())
+        .spawn(move || {
+            for stream in listener.incoming() {
+                match stream {
+                    Ok(s) => serve(s, &metrics, &node),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "metrics listener: accept failed");
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                }
+            }
+        })
+        .map_err(ServeError::Thread)?;
+    Ok(bound)
+}
+
+/// What the scrape reads beside the per-worker blocks.
+fn gauges(node: &Node) -> NodeGauges {
+    NodeGauges {
+        mailbox_depths: (0..node.config.workers.max(1))
+            .filter_map(|i| node.mailboxes.get(i).map(|m| m.len()))
+            .collect(),
+        cluster_connected: node.cluster.as_ref().map(|c| c.is_ok()),
+        cluster_relay_dropped: node.cluster.as_ref().map_or(0, |c| {
+            c.stats
+                .relay_dropped
+                .load(std::sync::atomic::Ordering::Relaxed)
+        }),
+    }
+}
+
+fn serve(mut stream: TcpStream, metrics: &Metrics, node: &Node) {
+    let _ = stream.set_read_timeout(Some(IO_TIMEOUT));
+    let _ = stream.set_write_timeout(Some(IO_TIMEOUT));
+    let mut head = Vec::with_capacity(512);
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+        if head.len() > MAX_HEAD {
+            let _ = respond(
+                &mut stream,
+                "431 Request Header Fields Too Large",
+                "",
+                0,
+                b"",
+            );
+            return;
+        }
+    }
+    let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
+    let mut parts = line.split(|&b| b == b' ');
+    let (method, target) = (parts.next(), parts.next());
+    let path = target.map(|t| t.split(|&b| b == b'?').next().unwrap_or_default());
+    let _ = match (method, path) {
+        (Some(b"GET" | b"HEAD"), Some(b"/metrics")) => {
+            let text = metrics.render(&gauges(node));
+            // HEAD: the same head (and length) as GET, no body.
+            let body = if method == Some(b"HEAD") {
+                &b""[..]
+            } else {
+                text.as_bytes()
+            };
+            respond(
+                &mut stream,
+                "200 OK",
+                "text/plain; version=0.0.4; charset=utf-8",
+                text.len(),
+                body,
+            )
+        }
+        (_, Some(b"/metrics")) => respond(&mut stream, "405 Method Not Allowed", "", 0, b""),
+        _ => respond(&mut stream, "404 Not Found", "", 0, b""),
+    };
+}
+
+fn respond(
+    stream: &mut TcpStream,
+    status: &str,
+    ctype: &str,
+    len: usize,
+    body: &[u8],
+) -> std::io::Result<()> {
+    let mut out = format!("HTTP/1.1 {status}\r\nConnection: close\r\nContent-Length: {len}\r\n");
+    if !ctype.is_empty() {
+        out.push_str(&format!("Content-Type: {ctype}\r\n"));
+    }
+    if status.starts_with("405") {
+        out.push_str("Allow: GET, HEAD\r\n");
+    }
+    out.push_str("\r\n");
+    stream.write_all(out.as_bytes())?;
+    stream.write_all(body)?;
+    stream.flush()
+}
