@@ -557,3 +557,182 @@ fn set_history_applies_to_a_running_server() {
     let (_, v) = s.publish(&p.secret, "c", "e", json!("z"));
     assert!(v.get("offset").is_none());
 }
+
+/// Issue 13 review, point 1: subscribes and REST reads of channels nothing was published
+/// to keep nothing on the node, so a client looping over random channel names can
+/// neither grow memory nor make the next publish evict stored messages; a client that
+/// saw offset 0 before the first publish still recovers it.
+#[test]
+fn reads_of_unpublished_channels_keep_nothing_and_evict_nothing() {
+    let s = Server::start_with(Options {
+        config: "history_max_bytes = 20000\n".into(),
+        ..Options::default()
+    });
+    let h = history_project(&s, "reads", "100/600s");
+    for i in 0..5 {
+        s.publish(&h.secret, "kept", "e", json!({"i": i}));
+    }
+    // A client that saw offset 0 of a channel before its first message.
+    let mut early = s.ws(&h.public);
+    let r = sub(&mut early, "first", None);
+    assert_eq!(r["offset"], 0);
+    let first_epoch = r["epoch"].as_str().unwrap().to_string();
+    drop(early);
+    // About 100 KB of channel names (each made a log before the fix), by subscribe and
+    // unsubscribe, and by REST reads.
+    let mut ws = s.ws(&h.public);
+    let pad = "n".repeat(90);
+    for i in 0..300 {
+        let name = format!("{i}-{pad}");
+        sub(&mut ws, &name, None);
+        send_json(&mut ws, json!({"type": "unsubscribe", "channel": name}));
+        assert_eq!(next_json(&mut ws)["type"], "unsubscribed");
+    }
+    for i in 0..100 {
+        let (st, v) = get(&s, &h.secret, &format!("channel=get-{i}-{pad}"));
+        assert_eq!((st, v["offset"].as_u64()), (200, Some(0)), "{v}");
+    }
+    // The next publish evicts nothing: the stored messages are all there.
+    s.publish(&h.secret, "other", "e", json!("x"));
+    let (_, kept) = get(&s, &h.secret, "channel=kept");
+    assert_eq!(offsets_of(kept["messages"].as_array().unwrap()), [1, 2, 3, 4, 5]);
+    // The first messages of "first" take the epoch the early client saw.
+    s.publish(&h.secret, "first", "e", json!("1"));
+    s.publish(&h.secret, "first", "e", json!("2"));
+    let mut again = s.ws(&h.public);
+    let r = sub(&mut again, "first", Some((0, &first_epoch)));
+    assert_eq!(r["recovered"], true, "{r}");
+    let replay: Vec<Value> = (0..2).map(|_| next_json(&mut again)).collect();
+    assert_eq!(offsets_of(&replay), [1, 2]);
+    assert_eq!(replay[0]["epoch"], json!(first_epoch));
+}
+
+/// Issue 13 review, point 3: a publish refused with 503 (full mailbox) costs no quota,
+/// single or batch, and leaves the channel's history as it was (it neither records the
+/// refused message nor loses one it had).
+#[test]
+fn a_refused_history_publish_costs_no_quota_and_keeps_the_history() {
+    let s = Server::start_with(Options {
+        workers: 1,
+        config: "mailbox_capacity = 2\n".into(),
+        ..Options::default()
+    });
+    let v = cli(
+        &s.data_dir,
+        &[
+            "project",
+            "create",
+            "full",
+            "--rate-limit",
+            "7/min",
+            "--history",
+            "2/600s",
+        ],
+    );
+    let (secret, public) = (
+        v["secret_key"].as_str().unwrap().to_string(),
+        v["public_key"].as_str().unwrap().to_string(),
+    );
+    s.wait_key(&secret);
+    let mut ws = s.ws(&public);
+    sub(&mut ws, "c", None);
+    // Pipelined in one write: the worker answers them all before draining its mailbox.
+    let post = |path: &str, body: &str| {
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: t\r\nX-Api-Key: {secret}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let one = post("/api/v1/publish", r#"{"channel":"c","event":"e","data":{}}"#);
+    let three = post(
+        "/api/v1/publish/batch",
+        &json!({"messages": [
+            {"channel": "c", "event": "e", "data": 1},
+            {"channel": "c", "event": "e", "data": 2},
+            {"channel": "c", "event": "e", "data": 3},
+        ]})
+        .to_string(),
+    );
+    let mut req = one.repeat(3);
+    req.push_str(&three);
+    req.push_str("GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+    let resp = String::from_utf8(s.raw(req.as_bytes())).unwrap();
+    let statuses: Vec<&str> = resp.split("HTTP/1.1 ").skip(1).map(|r| &r[..3]).collect();
+    assert_eq!(statuses, ["202", "202", "503", "503", "503"], "{resp}");
+    assert_eq!(offsets_of(&[next_json(&mut ws), next_json(&mut ws)]), [1, 2]);
+    // The history holds what was published, not the refused message.
+    let (_, v) = get(&s, &secret, "channel=c");
+    assert_eq!(offsets_of(v["messages"].as_array().unwrap()), [1, 2], "{v}");
+    assert_eq!(v["offset"], 2);
+    // 7 units, 2 spent: the refused 1 + 3 came back (before the fix, all 6 were gone).
+    let req = post("/api/v1/publish", r#"{"channel":"c","event":"e","data":{}}"#)
+        .replace("\r\n\r\n{", "\r\nConnection: close\r\n\r\n{");
+    let (st, head, v) = parse_response(&s.raw(req.as_bytes()));
+    assert_eq!((st, v["offset"].as_u64()), (202, Some(3)), "{v}");
+    let remaining: u32 = header(&head, "ratelimit-remaining").unwrap().parse().unwrap();
+    assert!(remaining >= 4, "{head}");
+}
+
+/// Issue 13 review, point 4: a replay that would take more than half the connection's
+/// send backlog answers recovered: false instead of closing the connection with 4008
+/// (the client would otherwise reconnect with the same `since` forever).
+#[test]
+fn a_replay_larger_than_half_the_send_backlog_is_not_recovered() {
+    let s = Server::start_with(Options {
+        config: "send_backlog_bytes = 16384\n".into(),
+        ..Options::default()
+    });
+    let h = history_project(&s, "big", "100/600s");
+    let (_, v) = s.publish(&h.secret, "c", "e", json!("first"));
+    let epoch = v["epoch"].as_str().unwrap().to_string();
+    let pad = "x".repeat(1000);
+    // 6 KB to replay from offset 7: within half of 16 KiB.
+    for i in 0..12 {
+        s.publish(&h.secret, "c", "e", json!({"i": i, "pad": pad}));
+    }
+    let mut ws = s.ws(&h.public);
+    let r = sub(&mut ws, "c", Some((7, &epoch)));
+    assert_eq!((r["recovered"].as_bool(), r["offset"].as_u64()), (Some(true), Some(13)));
+    let replay: Vec<Value> = (0..6).map(|_| next_json(&mut ws)).collect();
+    assert_eq!(offsets_of(&replay), [8, 9, 10, 11, 12, 13]);
+    // 12 KB from offset 1: more than half; not attempted, and the connection lives on.
+    let mut ws = s.ws(&h.public);
+    let r = sub(&mut ws, "c", Some((1, &epoch)));
+    assert_eq!((r["recovered"].as_bool(), r["offset"].as_u64()), (Some(false), Some(13)), "{r}");
+    s.publish(&h.secret, "c", "e", json!("live"));
+    let f = next_json(&mut ws);
+    assert_eq!((f["offset"].as_u64(), &f["data"]), (Some(14), &json!("live")));
+}
+
+/// Issue 13 review, point 5: history turned off, then on again while the node still
+/// keeps the channel's log: a client's old position does not recover (messages
+/// published while history was off are in no log), and the channel gets a new epoch.
+#[test]
+fn history_off_then_on_again_starts_a_new_epoch() {
+    let s = Server::start();
+    let h = history_project(&s, "toggle", "100/600s");
+    let mut ws = s.ws(&h.public);
+    sub(&mut ws, "c", None);
+    let mut epoch = String::new();
+    for i in 0..3 {
+        let (_, v) = s.publish(&h.secret, "c", "e", json!(i));
+        epoch = v["epoch"].as_str().unwrap().to_string();
+    }
+    drop(ws);
+    cli(&s.data_dir, &["project", "set-history", &h.id, "0/0s"]);
+    wait_for(Duration::from_secs(3), "history to turn off", || {
+        get(&s, &h.secret, "channel=c").0 == 404
+    });
+    s.publish(&h.secret, "c", "e", json!("while off"));
+    cli(&s.data_dir, &["project", "set-history", &h.id, "100/600s"]);
+    wait_for(Duration::from_secs(3), "history to turn on", || {
+        get(&s, &h.secret, "channel=c").0 == 200
+    });
+    let mut ws = s.ws(&h.public);
+    let r = sub(&mut ws, "c", Some((3, &epoch)));
+    assert_eq!(r["recovered"], false, "{r}");
+    assert_ne!(r["epoch"], json!(epoch));
+    let (_, v) = s.publish(&h.secret, "c", "e", json!("on again"));
+    assert_eq!(v["offset"], 1, "{v}");
+    assert_eq!(next_json(&mut ws)["offset"], 1);
+}

@@ -97,24 +97,45 @@ impl ClientSession {
             conn.send(subscribed(channel, None, since.map(|_| false)));
             return;
         }
-        // A history channel. Under the history lock (no publish of the channel can
-        // get an offset meanwhile): deliver what this worker's mailbox already holds
+        // A history channel. Under the history lock (no publish of the channel can get
+        // an offset meanwhile), only: move out what this worker's mailbox already holds
         // (frames at or below the position read next, which the new subscriber must not
-        // get twice), join, then read the position and the missed frames. Every later
-        // frame has a higher offset and reaches this subscriber live, after the replay.
-        let (position, replay) = {
+        // get), make later publishes of the channel reach this mailbox, and read the
+        // position and the missed frames. After releasing it: fan the moved envelopes
+        // out (the new subscriber is not registered yet, so it gets none of them), then
+        // register it; every later frame has a higher offset and sits in the mailbox
+        // until the worker drains it, after this synchronous code, so it reaches the
+        // subscriber live, after the replay. No fan-out happens under the lock.
+        // A replay larger than half the connection's send backlog is not attempted
+        // (recovered: false): it would close the connection with 4008, and the client
+        // would reconnect with the same `since` forever.
+        let budget = conn.backlog_limit() / 2;
+        let (mail, position, replay) = {
             let mut history = self.shard.history().lock();
-            self.shard.drain();
-            let t = self.shard.subscribe(self.project.index, channel, conn);
-            debug_assert_ne!(t, Subscribed::Already, "the session and the registry agree");
-            match &since {
+            let mail = self.shard.take_mail();
+            self.shard.hold_interest(self.project.index, channel);
+            let (position, replay) = match &since {
                 None => (history.position(self.project.index, channel, spec), None),
                 Some(s) => {
-                    let r = history.recover(self.project.index, channel, spec, s.offset, s.epoch);
+                    let r = history.recover(
+                        self.project.index,
+                        channel,
+                        spec,
+                        s.offset,
+                        s.epoch,
+                        budget,
+                    );
                     (r.position, r.frames)
                 }
-            }
+            };
+            (mail, position, replay)
         };
+        for envelope in mail {
+            self.shard.handle(envelope);
+        }
+        let t = self.shard.subscribe(self.project.index, channel, conn);
+        debug_assert_ne!(t, Subscribed::Already, "the session and the registry agree");
+        self.shard.release_interest(self.project.index, channel);
         self.subscriptions.push(channel.into());
         let recovered = since.map(|_| replay.is_some());
         conn.send(subscribed(

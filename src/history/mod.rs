@@ -43,6 +43,8 @@ use bytes::Bytes;
 const ENTRY_OVERHEAD: usize = 96;
 /// Bytes counted per channel beyond its name (the log, its map slots).
 const CHANNEL_OVERHEAD: usize = 160;
+/// Added to the rank of a log that keeps no entry (see [`Log::rank`]).
+const EMPTY_FIRST: usize = usize::MAX / 2;
 
 /// A channel's epoch: 8 lowercase hex characters.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -120,6 +122,9 @@ struct Log {
     ttl: Duration,
     /// When the channel was last written or read (idle channels are forgotten).
     used: Instant,
+    /// The project's [`HistorySpec::generation`] when the log was made: a log from an
+    /// earlier period of history being on is dropped when next touched.
+    generation: u32,
 }
 
 impl Log {
@@ -135,6 +140,16 @@ impl Log {
         }
         self.bytes -= freed;
         freed
+    }
+
+    /// Its key in [`Inner::by_size`]: its bytes, above every log with entries when it
+    /// keeps none, so the budget drops logs that hold no message before any message.
+    fn rank(&self) -> usize {
+        if self.entries.is_empty() {
+            EMPTY_FIRST + self.bytes
+        } else {
+            self.bytes
+        }
     }
 
     fn position(&self) -> Position {
@@ -177,13 +192,18 @@ pub(crate) enum Recoveries {
 /// Everything behind the lock.
 pub(crate) struct Inner {
     channels: HashMap<u32, HashMap<Box<str>, Log>>,
-    /// (bytes, id) of every channel, for "largest first" eviction.
+    /// (rank, id) of every channel, for "empty logs, then the largest" eviction.
     by_size: BTreeSet<(usize, u64)>,
     names: HashMap<u64, (u32, Box<str>)>,
     next_id: u64,
     bytes: usize,
     max_bytes: usize,
     recoveries: Recoveries,
+    /// The epoch a channel this node keeps no log of reports (with offset 0), and the
+    /// one its log adopts when its first message is recorded: a client that saw
+    /// offset 0 under it before that message recovers it. Drawn anew whenever a log is
+    /// dropped, so a channel's new log never reuses the epoch of its old one.
+    fresh: Epoch,
 }
 
 impl History {
@@ -197,6 +217,7 @@ impl History {
                 bytes: 0,
                 max_bytes,
                 recoveries,
+                fresh: Epoch::random(),
             }),
         }
     }
@@ -228,44 +249,29 @@ impl Inner {
         self.by_size.insert((new, id));
     }
 
-    /// The channel's log, made (with a new epoch) when the node keeps nothing of it;
-    /// its settings follow the project's current `spec`.
-    fn log(&mut self, project: u32, channel: &str, spec: HistorySpec, now: Instant) -> &mut Log {
-        let exists = self
-            .channels
-            .get(&project)
-            .is_some_and(|m| m.contains_key(channel));
-        if !exists {
-            let id = self.next_id;
-            self.next_id += 1;
-            let bytes = channel.len() + CHANNEL_OVERHEAD;
-            self.bytes += bytes;
-            self.by_size.insert((bytes, id));
-            self.names.insert(id, (project, channel.into()));
-            self.channels.entry(project).or_default().insert(
-                channel.into(),
-                Log {
-                    id,
-                    epoch: Epoch::random(),
-                    last: 0,
-                    entries: VecDeque::new(),
-                    bytes,
-                    size: spec.size as usize,
-                    ttl: Duration::from_secs(u64::from(spec.ttl_s)),
-                    used: now,
-                },
-            );
+    /// The channel's log when this node keeps one, with its settings following the
+    /// project's current `spec` and old entries dropped. Never makes one: reads
+    /// (subscribes, REST history) must not grow the node's memory.
+    fn existing(
+        &mut self,
+        project: u32,
+        channel: &str,
+        spec: HistorySpec,
+        now: Instant,
+    ) -> Option<&mut Log> {
+        let stale = self.channels.get(&project)?.get(channel)?.generation != spec.generation;
+        if stale {
+            // History was turned off (and on again) since this log was made: messages
+            // published meanwhile are not in it, so its epoch must not be recovered.
+            self.drop_log(project, channel);
+            return None;
         }
         let (freed, id, before, after) = {
-            let log = self
-                .channels
-                .get_mut(&project)
-                .and_then(|m| m.get_mut(channel))
-                .expect("made above");
+            let log = self.channels.get_mut(&project)?.get_mut(channel)?;
             log.size = spec.size as usize;
             log.ttl = Duration::from_secs(u64::from(spec.ttl_s));
             log.used = now;
-            let before = log.bytes;
+            let before = log.rank();
             let mut freed = log.expire(now);
             while log.entries.len() > log.size {
                 if let Some(e) = log.entries.pop_front() {
@@ -273,89 +279,114 @@ impl Inner {
                     log.bytes -= e.bytes();
                 }
             }
-            (freed, log.id, before, log.bytes)
+            (freed, log.id, before, log.rank())
         };
         if freed > 0 {
             self.bytes -= freed;
             self.resize(id, before, after);
         }
-        self.channels
-            .get_mut(&project)
-            .and_then(|m| m.get_mut(channel))
-            .expect("made above")
+        self.channels.get_mut(&project)?.get_mut(channel)
     }
 
-    /// The channel's position now (made, at offset 0, when unknown).
+    /// The channel's position now: offset 0 under the node's fresh epoch when no log
+    /// is kept (nothing is made).
     pub(crate) fn position(&mut self, project: u32, channel: &str, spec: HistorySpec) -> Position {
-        self.log(project, channel, spec, Instant::now()).position()
+        let fresh = self.fresh;
+        self.existing(project, channel, spec, Instant::now())
+            .map_or(
+                Position {
+                    offset: 0,
+                    epoch: fresh,
+                },
+                |log| log.position(),
+            )
     }
 
-    /// The offset the next message of the channel gets, and the channel's epoch.
-    pub(crate) fn next(&mut self, project: u32, channel: &str, spec: HistorySpec) -> Position {
-        let p = self.log(project, channel, spec, Instant::now()).position();
-        Position {
-            offset: p.offset + 1,
-            epoch: p.epoch,
-        }
-    }
-
-    /// Record `entry`, whose offset [`Inner::next`] gave, and enforce the size bound
-    /// and the node's byte budget.
-    pub(crate) fn push(&mut self, project: u32, channel: &str, spec: HistorySpec, entry: Entry) {
+    /// Record `entry` at `at` (the offset and epoch the publish gave it from
+    /// [`Inner::position`] plus its earlier messages of the channel), making the log
+    /// under that epoch when none is kept, and enforce the size bound. The caller
+    /// enforces the byte budget once after all of a request's entries
+    /// ([`Inner::enforce_budget`]), so no log is dropped between two of them.
+    pub(crate) fn push(
+        &mut self,
+        project: u32,
+        channel: &str,
+        spec: HistorySpec,
+        at: Position,
+        entry: Entry,
+    ) {
         let now = Instant::now();
-        let (id, before, after, grown) = {
-            let log = self.log(project, channel, spec, now);
-            debug_assert_eq!(entry.offset, log.last + 1);
-            log.last = entry.offset;
-            let before = log.bytes;
-            let mut grown = entry.bytes() as isize;
-            log.bytes += entry.bytes();
-            log.entries.push_back(entry);
-            while log.entries.len() > log.size {
-                if let Some(e) = log.entries.pop_front() {
-                    log.bytes -= e.bytes();
-                    grown -= e.bytes() as isize;
-                }
-            }
-            (log.id, before, log.bytes, grown)
+        if self.existing(project, channel, spec, now).is_none() {
+            let id = self.next_id;
+            self.next_id += 1;
+            let bytes = channel.len() + CHANNEL_OVERHEAD;
+            self.bytes += bytes;
+            self.by_size.insert((EMPTY_FIRST + bytes, id));
+            self.names.insert(id, (project, channel.into()));
+            self.channels.entry(project).or_default().insert(
+                channel.into(),
+                Log {
+                    id,
+                    epoch: at.epoch,
+                    last: at.offset - 1,
+                    entries: VecDeque::new(),
+                    bytes,
+                    size: spec.size as usize,
+                    ttl: Duration::from_secs(u64::from(spec.ttl_s)),
+                    used: now,
+                    generation: spec.generation,
+                },
+            );
+        }
+        let Some(log) = self.existing(project, channel, spec, now) else {
+            return;
         };
+        debug_assert_eq!(entry.offset, log.last + 1);
+        debug_assert_eq!(at.epoch, log.epoch);
+        log.last = entry.offset;
+        let before = log.rank();
+        let mut grown = entry.bytes() as isize;
+        log.bytes += entry.bytes();
+        log.entries.push_back(entry);
+        while log.entries.len() > log.size {
+            if let Some(e) = log.entries.pop_front() {
+                log.bytes -= e.bytes();
+                grown -= e.bytes() as isize;
+            }
+        }
+        let (id, after) = (log.id, log.rank());
         self.bytes = (self.bytes as isize + grown) as usize;
         self.resize(id, before, after);
-        self.enforce_budget();
     }
 
-    /// Undo the newest [`Inner::push`] of a channel (its broadcast was refused).
-    pub(crate) fn unpush(&mut self, project: u32, channel: &str, offset: u64) {
-        let Some(log) = self
-            .channels
-            .get_mut(&project)
-            .and_then(|m| m.get_mut(channel))
-        else {
+    /// Forget a channel's log (its name, epoch and last offset) and draw a new fresh
+    /// epoch, so the channel's next log cannot be mistaken for this one.
+    fn drop_log(&mut self, project: u32, name: &str) {
+        let Some(logs) = self.channels.get_mut(&project) else {
             return;
         };
-        if log.last != offset {
+        let Some(log) = logs.remove(name) else {
             return;
+        };
+        if logs.is_empty() {
+            self.channels.remove(&project);
         }
-        log.last -= 1;
-        let before = log.bytes;
-        if log.entries.back().is_some_and(|e| e.offset == offset) {
-            if let Some(e) = log.entries.pop_back() {
-                log.bytes -= e.bytes();
-            }
-        }
-        let (id, after) = (log.id, log.bytes);
-        self.bytes -= before - after;
-        self.resize(id, before, after);
+        self.by_size.remove(&(log.rank(), log.id));
+        self.names.remove(&log.id);
+        self.bytes -= log.bytes;
+        self.fresh = Epoch::random();
     }
 
-    /// Above the budget: drop the oldest entries of the largest channels.
-    fn enforce_budget(&mut self) {
+    /// Above the budget: drop the oldest entries of the largest channels, and logs
+    /// that keep nothing (largest first) when only those are left: a budget full of
+    /// empty logs never stops a publish from being recorded.
+    pub(crate) fn enforce_budget(&mut self) {
         while self.bytes > self.max_bytes {
-            let Some(&(size, id)) = self.by_size.iter().next_back() else {
+            let Some(&(rank, id)) = self.by_size.iter().next_back() else {
                 return;
             };
             let Some((project, name)) = self.names.get(&id).cloned() else {
-                self.by_size.remove(&(size, id));
+                self.by_size.remove(&(rank, id));
                 continue;
             };
             let Some(log) = self
@@ -363,23 +394,28 @@ impl Inner {
                 .get_mut(&project)
                 .and_then(|m| m.get_mut(&*name))
             else {
-                return;
+                self.by_size.remove(&(rank, id));
+                self.names.remove(&id);
+                continue;
             };
+            let before = log.rank();
             let Some(e) = log.entries.pop_front() else {
-                // The largest channel keeps nothing: only names and overheads are
-                // left, which the sweep reclaims.
-                return;
+                // A log that keeps nothing (ranked first): forget it and go on.
+                self.drop_log(project, &name);
+                continue;
             };
-            let before = log.bytes;
             log.bytes -= e.bytes();
-            let after = log.bytes;
+            let after = log.rank();
             self.bytes -= e.bytes();
             self.resize(id, before, after);
         }
     }
 
     /// Recovery: the channel's position, and the frames after `since` when every one of
-    /// them is still kept under `epoch`.
+    /// them is still kept under `epoch` and they cost at most `budget` bytes to queue
+    /// (each frame's length plus [`WsConn::cost_of`]'s slot cost).
+    ///
+    /// [`WsConn::cost_of`]: crate::ws::conn::WsConn::cost_of
     pub(crate) fn recover(
         &mut self,
         project: u32,
@@ -387,21 +423,36 @@ impl Inner {
         spec: HistorySpec,
         since: u64,
         epoch: &str,
+        budget: usize,
     ) -> Recovery {
         let allowed = self.recoveries == Recoveries::Allowed;
-        let log = self.log(project, channel, spec, Instant::now());
+        let fresh = self.fresh;
+        let Some(log) = self.existing(project, channel, spec, Instant::now()) else {
+            // No log: nothing was published since the client's offset 0 only if it
+            // saw the fresh epoch that the first message will adopt.
+            let position = Position {
+                offset: 0,
+                epoch: fresh,
+            };
+            let complete = allowed && since == 0 && epoch == fresh.as_str();
+            return Recovery {
+                position,
+                frames: complete.then(Vec::new),
+            };
+        };
         let position = log.position();
         let complete = allowed
             && epoch == log.epoch.as_str()
             && since <= log.last
             && (since == log.last || log.first_kept().is_some_and(|first| first <= since + 1));
-        let frames = complete.then(|| {
-            log.entries
-                .iter()
-                .filter(|e| e.offset > since)
-                .map(|e| e.frame.clone())
-                .collect()
-        });
+        let missed = || log.entries.iter().filter(|e| e.offset > since);
+        let fits = || {
+            missed()
+                .map(|e| crate::ws::conn::WsConn::cost_of(&e.frame))
+                .sum::<usize>()
+                <= budget
+        };
+        let frames = (complete && fits()).then(|| missed().map(|e| e.frame.clone()).collect());
         Recovery { position, frames }
     }
 
@@ -415,7 +466,14 @@ impl Inner {
         since: Option<u64>,
         limit: usize,
     ) -> (Position, Vec<Entry>) {
-        let log = self.log(project, channel, spec, Instant::now());
+        let fresh = self.fresh;
+        let Some(log) = self.existing(project, channel, spec, Instant::now()) else {
+            let position = Position {
+                offset: 0,
+                epoch: fresh,
+            };
+            return (position, Vec::new());
+        };
         let entries: Vec<Entry> = match since {
             Some(s) => log
                 .entries
@@ -437,14 +495,14 @@ impl Inner {
         let mut changes = Vec::new();
         for (&project, logs) in self.channels.iter_mut() {
             for (name, log) in logs.iter_mut() {
-                let before = log.bytes;
+                let before = log.rank();
                 let freed = log.expire(now);
                 if freed > 0 {
-                    changes.push((log.id, before, log.bytes, freed));
+                    changes.push((log.id, before, log.rank(), freed));
                 }
                 if log.entries.is_empty() && now.saturating_duration_since(log.used) >= 2 * log.ttl
                 {
-                    forget.push((project, name.clone(), log.id, log.bytes));
+                    forget.push((project, name.clone()));
                 }
             }
         }
@@ -452,16 +510,8 @@ impl Inner {
             self.bytes -= freed;
             self.resize(id, before, after);
         }
-        for (project, name, id, bytes) in forget {
-            if let Some(logs) = self.channels.get_mut(&project) {
-                logs.remove(&name);
-                if logs.is_empty() {
-                    self.channels.remove(&project);
-                }
-            }
-            self.by_size.remove(&(bytes, id));
-            self.names.remove(&id);
-            self.bytes -= bytes;
+        for (project, name) in forget {
+            self.drop_log(project, &name);
         }
     }
 }
@@ -475,15 +525,21 @@ mod tests {
     }
 
     fn add(h: &mut Inner, ch: &str, spec: HistorySpec, body: &str) -> u64 {
-        let p = h.next(1, ch, spec);
+        let p = h.position(1, ch, spec);
+        let at = Position {
+            offset: p.offset + 1,
+            epoch: p.epoch,
+        };
         let frame = Bytes::from(body.to_string());
         h.push(
             1,
             ch,
             spec,
-            Entry::new(p.offset, frame.clone(), "e", frame, "id"),
+            at,
+            Entry::new(at.offset, frame.clone(), "e", frame, "id"),
         );
-        p.offset
+        h.enforce_budget();
+        at.offset
     }
 
     #[test]
@@ -515,22 +571,57 @@ mod tests {
         }
         let epoch = h.position(1, "c", s).epoch;
         let e = epoch.as_str().to_string();
-        assert_eq!(h.recover(1, "c", s, 2, &e).frames.map(|f| f.len()), Some(3));
-        assert_eq!(h.recover(1, "c", s, 5, &e).frames.map(|f| f.len()), Some(0));
+        assert_eq!(h.recover(1, "c", s, 2, &e, usize::MAX).frames.map(|f| f.len()), Some(3));
+        assert_eq!(h.recover(1, "c", s, 5, &e, usize::MAX).frames.map(|f| f.len()), Some(0));
         assert!(
-            h.recover(1, "c", s, 1, &e).frames.is_none(),
+            h.recover(1, "c", s, 1, &e, usize::MAX).frames.is_none(),
             "offset 2 was evicted"
         );
         assert!(
-            h.recover(1, "c", s, 6, &e).frames.is_none(),
+            h.recover(1, "c", s, 6, &e, usize::MAX).frames.is_none(),
             "beyond the latest"
         );
         assert!(
-            h.recover(1, "c", s, 4, "00000000x").frames.is_none(),
+            h.recover(1, "c", s, 4, "00000000x", usize::MAX).frames.is_none(),
             "other epoch"
         );
         // Another channel has its own offsets and epoch.
         assert_eq!(add(&mut h, "d", s, "y"), 1);
+    }
+
+    #[test]
+    fn a_replay_larger_than_the_budget_is_not_attempted() {
+        let h = History::new(1 << 20, Recoveries::Allowed);
+        let mut h = h.lock();
+        let s = spec("10/60s");
+        for _ in 0..5 {
+            add(&mut h, "c", s, &"x".repeat(100));
+        }
+        let e = h.position(1, "c", s).epoch.as_str().to_string();
+        let each = 100 + crate::ws::conn::WsConn::cost_of(&Bytes::new());
+        let mut frames = |budget| h.recover(1, "c", s, 2, &e, budget).frames.map(|f| f.len());
+        assert_eq!(frames(3 * each), Some(3));
+        assert_eq!(frames(3 * each - 1), None);
+    }
+
+    #[test]
+    fn a_log_from_before_history_was_turned_off_is_not_recovered() {
+        let h = History::new(1 << 20, Recoveries::Allowed);
+        let mut h = h.lock();
+        let cell = HistoryCell::new(spec("10/60s"));
+        let s = cell.get();
+        for _ in 0..3 {
+            add(&mut h, "c", s, "x");
+        }
+        let old = h.position(1, "c", s);
+        cell.set(HistorySpec::OFF);
+        cell.set(spec("10/60s"));
+        let s = cell.get();
+        let e = old.epoch.as_str().to_string();
+        assert!(h.recover(1, "c", s, 3, &e, usize::MAX).frames.is_none());
+        let now = h.position(1, "c", s);
+        assert_eq!(now.offset, 0);
+        assert_ne!(now.epoch, old.epoch);
     }
 
     #[test]
@@ -540,7 +631,7 @@ mod tests {
         let s = spec("10/60s");
         add(&mut h, "c", s, "x");
         let e = h.position(1, "c", s).epoch.as_str().to_string();
-        assert!(h.recover(1, "c", s, 0, &e).frames.is_none());
+        assert!(h.recover(1, "c", s, 0, &e, usize::MAX).frames.is_none());
     }
 
     #[test]
@@ -588,16 +679,66 @@ mod tests {
     }
 
     #[test]
-    fn unpush_rolls_back_the_newest_entry() {
+    fn reads_of_unknown_channels_keep_nothing() {
         let h = History::new(1 << 20, Recoveries::Allowed);
         let mut h = h.lock();
         let s = spec("10/60s");
+        let fresh = h.position(1, "a", s).epoch;
+        for i in 0..1000 {
+            let name = format!("never-published-{i}");
+            assert_eq!(h.position(1, &name, s).offset, 0);
+            assert!(h.recover(1, &name, s, 3, "abcdef01", usize::MAX).frames.is_none());
+            assert_eq!(h.read(1, &name, s, None, 10).1.len(), 0);
+        }
+        assert_eq!(h.bytes(), 0, "reads made no log");
+        // A client that saw offset 0 under the fresh epoch recovers the first messages.
+        let e = fresh.as_str().to_string();
+        assert_eq!(h.recover(1, "a", s, 0, &e, usize::MAX).frames.map(|f| f.len()), Some(0));
+        add(&mut h, "a", s, "x");
+        add(&mut h, "a", s, "y");
+        assert_eq!(h.position(1, "a", s).epoch, fresh, "the first publish adopts it");
+        assert_eq!(h.recover(1, "a", s, 0, &e, usize::MAX).frames.map(|f| f.len()), Some(2));
+    }
+
+    #[test]
+    fn a_dropped_log_never_comes_back_under_its_epoch() {
+        let h = History::new(1 << 20, Recoveries::Allowed);
+        let mut h = h.lock();
+        let s = spec("10/1s");
         add(&mut h, "c", s, "x");
-        let bytes = h.bytes();
-        let o = add(&mut h, "c", s, "y");
-        h.unpush(1, "c", o);
-        assert_eq!(h.bytes(), bytes);
-        assert_eq!(h.position(1, "c", s).offset, 1);
-        assert_eq!(add(&mut h, "c", s, "z"), 2);
+        let old = h.position(1, "c", s).epoch;
+        h.sweep(Instant::now() + Duration::from_secs(5));
+        let new = h.position(1, "c", s).epoch;
+        assert_ne!(old, new);
+        let e = old.as_str().to_string();
+        add(&mut h, "c", s, "y");
+        add(&mut h, "c", s, "z");
+        assert!(h.recover(1, "c", s, 1, &e, usize::MAX).frames.is_none());
+    }
+
+    #[test]
+    fn the_budget_drops_empty_logs_instead_of_giving_up() {
+        let s = spec("1/1s");
+        let h = History::new(1 << 20, Recoveries::Allowed);
+        let mut h = h.lock();
+        // Many channels whose entries expired: logs with names and overheads only,
+        // above the budget (lowered after they were made).
+        for i in 0..10 {
+            add(&mut h, &format!("{i:0>90}"), s, "x");
+        }
+        h.sweep(Instant::now() + Duration::from_millis(1500));
+        h.max_bytes = 2048;
+        assert!(h.bytes() > 2048, "{}", h.bytes());
+        let big = "b".repeat(600);
+        for _ in 0..3 {
+            add(&mut h, "live", s, &big);
+        }
+        let (pos, kept) = h.read(1, "live", s, None, 10);
+        assert_eq!(
+            (pos.offset, kept.len()),
+            (3, 1),
+            "empty logs went before the newest message"
+        );
+        assert!(h.bytes() <= 2048, "{}", h.bytes());
     }
 }

@@ -10,6 +10,9 @@
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// The bits of [`HistorySpec::generation`] the cell keeps.
+const GENERATION_MASK: u32 = 0xFF_FFFF;
+
 /// Most messages kept per channel.
 pub(crate) const MAX_SIZE: u32 = 100_000;
 /// Longest time a message is kept, seconds (7 days).
@@ -22,6 +25,11 @@ pub struct HistorySpec {
     pub size: u32,
     /// Seconds a message is kept at most.
     pub ttl_s: u32,
+    /// Which period of history being on this is: [`HistoryCell`] adds one each time
+    /// history is turned off (24 bits, wrapping), so logs kept from before are not
+    /// taken for current ones after it is turned on again (the messages published
+    /// while it was off are in none of them). Always 0 from [`HistorySpec::parse`].
+    pub generation: u32,
 }
 
 /// Why a history setting was refused.
@@ -34,7 +42,11 @@ pub enum HistorySpecError {
 }
 
 impl HistorySpec {
-    pub const OFF: HistorySpec = HistorySpec { size: 0, ttl_s: 0 };
+    pub const OFF: HistorySpec = HistorySpec {
+        size: 0,
+        ttl_s: 0,
+        generation: 0,
+    };
 
     pub fn is_on(self) -> bool {
         self.size > 0
@@ -63,17 +75,25 @@ impl HistorySpec {
         if !(1..=MAX_SIZE).contains(&size) || !(1..=MAX_TTL_S).contains(&ttl_s) {
             return Err(HistorySpecError::Range(s.to_string()));
         }
-        Ok(HistorySpec { size, ttl_s })
+        Ok(HistorySpec {
+            size,
+            ttl_s,
+            generation: 0,
+        })
     }
 
+    // TTL in bits 0..20, size in 20..40 (both below 2^20), generation in 40..64.
     fn pack(self) -> u64 {
-        (u64::from(self.size) << 32) | u64::from(self.ttl_s)
+        (u64::from(self.generation & GENERATION_MASK) << 40)
+            | (u64::from(self.size) << 20)
+            | u64::from(self.ttl_s)
     }
 
     fn unpack(v: u64) -> HistorySpec {
         HistorySpec {
-            size: (v >> 32) as u32,
-            ttl_s: v as u32,
+            size: ((v >> 20) & 0xF_FFFF) as u32,
+            ttl_s: (v & 0xF_FFFF) as u32,
+            generation: (v >> 40) as u32,
         }
     }
 }
@@ -103,8 +123,16 @@ impl HistoryCell {
         HistorySpec::unpack(self.0.load(Ordering::Relaxed))
     }
 
+    /// Apply a setting (its generation is ignored): turning history off starts a new
+    /// generation, which the next period of history on keeps.
     pub fn set(&self, spec: HistorySpec) {
-        self.0.store(spec.pack(), Ordering::Relaxed);
+        // The closure always returns Some: the update cannot fail.
+        let _ = self.0.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+            let old = HistorySpec::unpack(v);
+            let turned_off = old.is_on() && !spec.is_on();
+            let generation = old.generation.wrapping_add(u32::from(turned_off)) & GENERATION_MASK;
+            Some(HistorySpec { generation, ..spec }.pack())
+        });
     }
 }
 
@@ -122,7 +150,15 @@ mod tests {
             ("100000/604800s", 100_000, 604_800, "100000/604800s"),
         ] {
             let spec = HistorySpec::parse(input).unwrap();
-            assert_eq!(spec, HistorySpec { size, ttl_s }, "{input:?}");
+            assert_eq!(
+                spec,
+                HistorySpec {
+                    size,
+                    ttl_s,
+                    generation: 0
+                },
+                "{input:?}"
+            );
             assert_eq!(spec.to_string(), shown);
             assert_eq!(HistorySpec::parse(&spec.to_string()).unwrap(), spec);
         }
@@ -153,5 +189,13 @@ mod tests {
         let spec = HistorySpec::parse("10/60s").unwrap();
         cell.set(spec);
         assert_eq!(cell.get(), spec);
+        // Off, then on again: a new generation; changing the setting keeps it.
+        cell.set(HistorySpec::OFF);
+        cell.set(spec);
+        assert_eq!(cell.get().generation, 1);
+        let other = HistorySpec::parse("100000/604800s").unwrap();
+        cell.set(other);
+        assert_eq!((cell.get().size, cell.get().ttl_s), (100_000, 604_800));
+        assert_eq!(cell.get().generation, 1);
     }
 }

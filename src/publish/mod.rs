@@ -14,6 +14,7 @@
 pub(crate) mod encode;
 pub(crate) mod parse;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::auth::ProjectState;
@@ -77,10 +78,11 @@ pub(crate) trait Fanout {
 }
 
 /// Publish `msgs` of a history project: under the history lock, give each message of
-/// each channel its offset, encode it with its position, record it, and hand all of
-/// them to the mailboxes before the lock is released, so every mailbox gets a channel's
-/// frames in offset order. Nothing is recorded when the mailboxes refuse. Returns the
-/// position of the first frame (the answer of a single-channel publish).
+/// each channel its offset, encode it with its position, hand all of them to the
+/// mailboxes and, once they were accepted, record them, before the lock is released, so
+/// every mailbox gets a channel's frames in offset order and a refused publish (503)
+/// leaves the history exactly as it was. Returns the position of the first frame (the
+/// answer of a single-channel publish), `None` when the mailboxes refused.
 fn publish_with_history(
     project: &ProjectState,
     spec: HistorySpec,
@@ -88,15 +90,28 @@ fn publish_with_history(
     ids: &[Id],
     fanout: &dyn Fanout,
 ) -> Option<Option<Position>> {
+    let n = units(msgs) as usize;
     let mut history = fanout.history().lock();
-    let mut frames = Vec::with_capacity(units(msgs) as usize);
-    let mut offsets = Vec::with_capacity(frames.capacity());
+    let mut frames = Vec::with_capacity(n);
+    let mut kept = Vec::with_capacity(n);
+    // The last position given to each channel in this request (only when there are
+    // several frames: a channel may come back, and its log is not written yet).
+    let mut given: HashMap<&str, Position> = HashMap::new();
     let mut first = None;
     for (msg, id) in msgs.iter().zip(ids) {
-        for channel in msg.channels.as_slice() {
-            let pos = history.next(project.index, channel, spec);
+        for &channel in msg.channels.as_slice() {
+            let last = match given.get(channel) {
+                Some(p) => *p,
+                None => history.position(project.index, channel, spec),
+            };
+            let pos = Position {
+                offset: last.offset + 1,
+                epoch: last.epoch,
+            };
             first.get_or_insert(pos);
-            offsets.push(pos.offset);
+            if n > 1 {
+                given.insert(channel, pos);
+            }
             let (frame, span) = encode::message_frame_at(
                 channel,
                 msg.event,
@@ -105,16 +120,10 @@ fn publish_with_history(
                 pos.offset,
                 pos.epoch.as_str(),
             );
-            let data = frame.slice(span);
-            history.push(
-                project.index,
-                channel,
-                spec,
-                Entry::new(pos.offset, frame.clone(), msg.event, data, id.as_str()),
-            );
+            kept.push((pos, span, msg.event, id));
             frames.push(Arc::new(Broadcast {
                 project: project.index,
-                channel: (*channel).into(),
+                channel: channel.into(),
                 frame,
             }));
         }
@@ -125,12 +134,19 @@ fn publish_with_history(
         fanout.broadcast_batch(frames.iter().cloned().collect())
     };
     if !queued {
-        // Newest first, so each undo finds its entry at the end of its channel.
-        for (msg, offset) in frames.iter().zip(&offsets).rev() {
-            history.unpush(project.index, &msg.channel, *offset);
-        }
         return None;
     }
+    for (msg, (pos, span, event, id)) in frames.iter().zip(kept) {
+        let entry = Entry::new(
+            pos.offset,
+            msg.frame.clone(),
+            event,
+            msg.frame.slice(span),
+            id.as_str(),
+        );
+        history.push(project.index, &msg.channel, spec, pos, entry);
+    }
+    history.enforce_budget();
     Some(first)
 }
 
@@ -154,6 +170,13 @@ fn reserve(project: &ProjectState, units: u32) -> Result<Decision, Answer> {
         rate: decision,
         units: 0,
     })
+}
+
+/// A 503 for a publish that had taken `units` of quota: they are given back (nothing
+/// was published), and the answer shows the quota as it is after that.
+fn unavailable(project: &ProjectState, why: Unavailable, units: u32) -> Answer {
+    project.quota.refund_n(units);
+    Answer::refused(ApiError::Unavailable(why), None, project.quota.peek(now_ns()))
 }
 
 /// Encode `msg` once per channel, with id `id`, into `out`.
@@ -184,9 +207,9 @@ pub(crate) fn accept(
         Ok(d) => d,
         Err(answer) => return answer,
     };
+    let cost = units(std::slice::from_ref(&msg));
     if fanout.shutting_down() {
-        let error = ApiError::Unavailable(Unavailable::ShuttingDown);
-        return Answer::refused(error, None, decision);
+        return unavailable(project, Unavailable::ShuttingDown, cost);
     }
     let id = ids.next_id();
     let spec = project.history.get();
@@ -194,8 +217,7 @@ pub(crate) fn accept(
         let Some(first) =
             publish_with_history(project, spec, std::slice::from_ref(&msg), &[id], fanout)
         else {
-            let error = ApiError::Unavailable(Unavailable::QueueFull);
-            return Answer::refused(error, None, decision);
+            return unavailable(project, Unavailable::QueueFull, cost);
         };
         // The answer carries a position only for a single-channel publish.
         let position = first.filter(|_| msg.channels.is_single());
@@ -220,8 +242,7 @@ pub(crate) fn accept(
         }
     };
     if !queued {
-        let error = ApiError::Unavailable(Unavailable::QueueFull);
-        return Answer::refused(error, None, decision);
+        return unavailable(project, Unavailable::QueueFull, cost);
     }
     Answer {
         outcome: Ok(Accepted::One(id, None)),
@@ -255,8 +276,7 @@ pub(crate) fn accept_batch(
         Err(answer) => return answer,
     };
     if fanout.shutting_down() {
-        let error = ApiError::Unavailable(Unavailable::ShuttingDown);
-        return Answer::refused(error, None, decision);
+        return unavailable(project, Unavailable::ShuttingDown, units);
     }
     let id_list: Vec<Id> = msgs.iter().map(|_| ids.next_id()).collect();
     let spec = project.history.get();
@@ -270,8 +290,7 @@ pub(crate) fn accept_batch(
         fanout.broadcast_batch(frames.into())
     };
     if !queued {
-        let error = ApiError::Unavailable(Unavailable::QueueFull);
-        return Answer::refused(error, None, decision);
+        return unavailable(project, Unavailable::QueueFull, units);
     }
     Answer {
         outcome: Ok(Accepted::Many(id_list)),

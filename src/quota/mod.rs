@@ -205,6 +205,26 @@ impl Quota {
         }
     }
 
+    /// Give back `units` that [`Quota::check_n`] took for a publish that was then
+    /// refused (503): the TAT moves back by their cost (GCRA costs add up, so this
+    /// undoes exactly that reservation whatever came after it), and leased tokens
+    /// return.
+    pub fn refund_n(&self, units: u32) {
+        let cost = self
+            .limit()
+            .emission_interval_ns()
+            .saturating_mul(u64::from(units.max(1)));
+        // The closure always returns Some: the update cannot fail.
+        let _ = self
+            .tat
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tat| {
+                Some(tat.saturating_sub(cost))
+            });
+        if let Some(lease) = self.lease.get() {
+            lease.refund_n(units.max(1));
+        }
+    }
+
     /// What the project's quota looks like at `now_ns`, without taking a unit:
     /// `allowed` says whether a check now would pass, `remaining` how many would.
     pub fn peek(&self, now_ns: u64) -> Decision {

@@ -273,23 +273,50 @@ impl Shard {
         let mut n = 0;
         while let Some(envelope) = self.mailbox.try_recv() {
             n += 1;
-            match envelope {
-                Envelope::Broadcast(msg) => {
-                    let delivered = fan_out(&self.registry.borrow(), &msg);
-                    // Once per broadcast per worker, never per subscriber.
-                    crate::metrics::with(|m| m.deliveries(delivered as u64));
-                }
-                Envelope::Batch(batch) => {
-                    let registry = self.registry.borrow();
-                    let delivered: usize = batch.iter().map(|msg| fan_out(&registry, msg)).sum();
-                    // Once per envelope per worker.
-                    crate::metrics::with(|m| m.deliveries(delivered as u64));
-                }
-                Envelope::KeysChanged => self.enforce_revocations(),
-                Envelope::Shutdown => self.begin_shutdown(),
-            }
+            self.handle(envelope);
         }
         n
+    }
+
+    /// Take everything in the mailbox now without handling it: a history subscribe does
+    /// this under the history lock (only moves, no fan-out) and hands the envelopes to
+    /// [`Shard::handle`] after releasing it.
+    pub(crate) fn take_mail(&self) -> Vec<Envelope> {
+        let mut out = Vec::new();
+        while let Some(envelope) = self.mailbox.try_recv() {
+            out.push(envelope);
+        }
+        out
+    }
+
+    /// Handle one envelope taken from the mailbox.
+    pub(crate) fn handle(&self, envelope: Envelope) {
+        match envelope {
+            Envelope::Broadcast(msg) => {
+                let delivered = fan_out(&self.registry.borrow(), &msg);
+                // Once per broadcast per worker, never per subscriber.
+                crate::metrics::with(|m| m.deliveries(delivered as u64));
+            }
+            Envelope::Batch(batch) => {
+                let registry = self.registry.borrow();
+                let delivered: usize = batch.iter().map(|msg| fan_out(&registry, msg)).sum();
+                // Once per envelope per worker.
+                crate::metrics::with(|m| m.deliveries(delivered as u64));
+            }
+            Envelope::KeysChanged => self.enforce_revocations(),
+            Envelope::Shutdown => self.begin_shutdown(),
+        }
+    }
+
+    /// Make publishes of a channel reach this worker's mailbox before it has a
+    /// subscriber (one count in the interest filter); [`Shard::release_interest`] takes
+    /// the count back once the subscriber holds its own.
+    pub(crate) fn hold_interest(&self, project: u32, channel: &str) {
+        self.mailbox.interest.add(channel_hash(project, channel));
+    }
+
+    pub(crate) fn release_interest(&self, project: u32, channel: &str) {
+        self.mailbox.interest.remove(channel_hash(project, channel));
     }
 
     /// The drain loop: wake on the doorbell, drain the whole mailbox, repeat.

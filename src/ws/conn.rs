@@ -161,6 +161,16 @@ impl WsConn {
 
     /// Start a server-side close. The backlog is dropped for a slow consumer (it is what
     /// made it slow); otherwise queued frames go out first.
+    /// The backlog bound (`send_backlog_bytes`) in the bytes [`WsConn::send`] counts.
+    pub fn backlog_limit(&self) -> usize {
+        self.backlog_limit
+    }
+
+    /// What queuing `frame` counts against the backlog.
+    pub fn cost_of(frame: &Bytes) -> usize {
+        frame.len() + QUEUE_SLOT_COST
+    }
+
     pub fn close(self: &Rc<Self>, why: Disconnect) {
         let code = why.code;
         if self.state.get() != State::Open {
