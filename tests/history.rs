@@ -647,9 +647,9 @@ fn a_refused_history_publish_costs_no_quota_and_keeps_the_history() {
     let three = post(
         "/api/v1/publish/batch",
         &json!({"messages": [
-            {"channel": "c", "event": "e", "data": 1},
-            {"channel": "c", "event": "e", "data": 2},
-            {"channel": "c", "event": "e", "data": 3},
+            {"channel": "c", "event": "e", "data": "1"},
+            {"channel": "c", "event": "e", "data": "2"},
+            {"channel": "c", "event": "e", "data": "3"},
         ]})
         .to_string(),
     );
@@ -715,7 +715,7 @@ fn history_off_then_on_again_starts_a_new_epoch() {
     sub(&mut ws, "c", None);
     let mut epoch = String::new();
     for i in 0..3 {
-        let (_, v) = s.publish(&h.secret, "c", "e", json!(i));
+        let (_, v) = s.publish(&h.secret, "c", "e", json!({"i": i}));
         epoch = v["epoch"].as_str().unwrap().to_string();
     }
     drop(ws);

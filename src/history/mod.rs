@@ -33,7 +33,9 @@ pub(crate) mod spec;
 
 pub(crate) use spec::{HistoryCell, HistorySpec, HistorySpecError};
 
+use std::collections::hash_map::RandomState;
 use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::hash::BuildHasher;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -51,9 +53,15 @@ const EMPTY_FIRST: usize = usize::MAX / 2;
 pub(crate) struct Epoch([u8; 8]);
 
 impl Epoch {
-    fn random() -> Epoch {
+    /// The epoch of a channel this node keeps no log of: a hash of the channel under
+    /// the node's current `seed`, so each channel has its own and a new seed changes
+    /// them all.
+    fn fresh(seed: &RandomState, project: u32, channel: &str) -> Epoch {
+        Epoch::from_u32(seed.hash_one((project, channel)) as u32)
+    }
+
+    fn from_u32(v: u32) -> Epoch {
         let mut out = [0u8; 8];
-        let v: u32 = rand::random();
         for (i, b) in out.iter_mut().enumerate() {
             *b = b"0123456789abcdef"[((v >> (28 - 4 * i)) & 0xf) as usize];
         }
@@ -199,11 +207,12 @@ pub(crate) struct Inner {
     bytes: usize,
     max_bytes: usize,
     recoveries: Recoveries,
-    /// The epoch a channel this node keeps no log of reports (with offset 0), and the
-    /// one its log adopts when its first message is recorded: a client that saw
-    /// offset 0 under it before that message recovers it. Drawn anew whenever a log is
-    /// dropped, so a channel's new log never reuses the epoch of its old one.
-    fresh: Epoch,
+    /// Seeds the epoch a channel this node keeps no log of reports (with offset 0;
+    /// [`Epoch::fresh`]), which its log adopts when its first message is recorded: a
+    /// client that saw offset 0 under it before that message recovers it. Drawn anew
+    /// whenever a log is dropped, so a channel's new log never reuses the epoch of its
+    /// old one.
+    fresh: RandomState,
 }
 
 impl History {
@@ -217,7 +226,7 @@ impl History {
                 bytes: 0,
                 max_bytes,
                 recoveries,
-                fresh: Epoch::random(),
+                fresh: RandomState::new(),
             }),
         }
     }
@@ -291,15 +300,13 @@ impl Inner {
     /// The channel's position now: offset 0 under the node's fresh epoch when no log
     /// is kept (nothing is made).
     pub(crate) fn position(&mut self, project: u32, channel: &str, spec: HistorySpec) -> Position {
-        let fresh = self.fresh;
-        self.existing(project, channel, spec, Instant::now())
-            .map_or(
-                Position {
-                    offset: 0,
-                    epoch: fresh,
-                },
-                |log| log.position(),
-            )
+        match self.existing(project, channel, spec, Instant::now()) {
+            Some(log) => log.position(),
+            None => Position {
+                offset: 0,
+                epoch: Epoch::fresh(&self.fresh, project, channel),
+            },
+        }
     }
 
     /// Record `entry` at `at` (the offset and epoch the publish gave it from
@@ -374,7 +381,7 @@ impl Inner {
         self.by_size.remove(&(log.rank(), log.id));
         self.names.remove(&log.id);
         self.bytes -= log.bytes;
-        self.fresh = Epoch::random();
+        self.fresh = RandomState::new();
     }
 
     /// Above the budget: drop the oldest entries of the largest channels, and logs
@@ -426,8 +433,8 @@ impl Inner {
         budget: usize,
     ) -> Recovery {
         let allowed = self.recoveries == Recoveries::Allowed;
-        let fresh = self.fresh;
         let Some(log) = self.existing(project, channel, spec, Instant::now()) else {
+            let fresh = Epoch::fresh(&self.fresh, project, channel);
             // No log: nothing was published since the client's offset 0 only if it
             // saw the fresh epoch that the first message will adopt.
             let position = Position {
@@ -466,8 +473,8 @@ impl Inner {
         since: Option<u64>,
         limit: usize,
     ) -> (Position, Vec<Entry>) {
-        let fresh = self.fresh;
         let Some(log) = self.existing(project, channel, spec, Instant::now()) else {
+            let fresh = Epoch::fresh(&self.fresh, project, channel);
             let position = Position {
                 offset: 0,
                 epoch: fresh,
