@@ -45,6 +45,9 @@ pub enum ApiError {
     PayloadTooLarge,
     UnsupportedMediaType,
     RateLimited,
+    /// A request that costs more units than the project's whole burst: no wait makes
+    /// it affordable, so it gets no `Retry-After`.
+    OverBurst,
     Unavailable(Unavailable),
     NotFound,
     /// The methods the path does accept, for the `Allow` header (RFC 9110 §15.5.6).
@@ -77,7 +80,7 @@ impl ApiError {
             ApiError::LengthRequired => 411,
             ApiError::PayloadTooLarge => 413,
             ApiError::UnsupportedMediaType => 415,
-            ApiError::RateLimited => 429,
+            ApiError::RateLimited | ApiError::OverBurst => 429,
             ApiError::HeadersTooLarge => 431,
             ApiError::Unavailable(_) | ApiError::TooManyConnections => 503,
         }
@@ -93,7 +96,7 @@ impl ApiError {
             ApiError::Unauthorized(_) => "unauthorized",
             ApiError::PayloadTooLarge => "payload_too_large",
             ApiError::UnsupportedMediaType => "unsupported_media_type",
-            ApiError::RateLimited => "rate_limited",
+            ApiError::RateLimited | ApiError::OverBurst => "rate_limited",
             ApiError::Unavailable(_) | ApiError::TooManyConnections => "unavailable",
             ApiError::NotFound => "not_found",
             ApiError::MethodNotAllowed(_) => "method_not_allowed",
@@ -127,6 +130,10 @@ impl ApiError {
                 write!(out, "Content-Type must be application/json")
             }
             ApiError::RateLimited => write!(out, "the project is over its rate quota"),
+            ApiError::OverBurst => write!(
+                out,
+                "the request costs more units (one per message per channel) than the project's whole rate quota; it can never be accepted: split it"
+            ),
             ApiError::Unavailable(why) => write!(out, "{}", why.message()),
             ApiError::TooManyConnections => {
                 write!(out, "the server has too many open connections")

@@ -37,8 +37,11 @@ pub(crate) struct Node {
 
 impl Node {
     pub(crate) fn is_shutting_down(&self) -> bool {
-        // Acquire pairs with the SeqCst store at shutdown: a publish that sees `false`
-        // here was decided before the Shutdown envelopes were queued behind it.
+        // Acquire pairs with the SeqCst store at shutdown. Nothing orders a publish that
+        // saw `false` here before the Shutdown envelopes: it may queue its envelope
+        // behind them, and is then delivered only if the worker drains it before its
+        // WebSockets are closed. A 202 answered while shutdown begins is best-effort
+        // (RELIABILITY.md).
         self.shutting_down.load(Ordering::Acquire)
     }
 }

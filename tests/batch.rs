@@ -389,3 +389,29 @@ fn batch_endpoint_checks_key_type_and_method() {
     assert_eq!(st, 405);
     assert_eq!(header(&head, "Allow").as_deref(), Some("POST"));
 }
+
+/// Issue 13 review, point 6: a batch that costs more than the project's whole burst can
+/// never be afforded: 429 saying so, without a `Retry-After` that would promise it, and
+/// nothing spent.
+#[test]
+fn a_batch_above_the_whole_burst_is_refused_without_retry_after() {
+    let s = Server::start();
+    let p = s.project("tiny", "5/min");
+    let six: Vec<Value> = (0..6).map(|i| msg("c", "e", json!({"i": i}))).collect();
+    let (st, head, v) = batch(&s, &p.secret, json!(six));
+    assert_eq!(
+        (st, v["error"]["code"].as_str()),
+        (429, Some("rate_limited")),
+        "{v}"
+    );
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("split it"),
+        "{v}"
+    );
+    assert_eq!(header(&head, "Retry-After"), None, "{head}");
+    assert_eq!(header(&head, "RateLimit-Remaining").as_deref(), Some("5"));
+    // Within the burst: accepted.
+    let five: Vec<Value> = (0..5).map(|i| msg("c", "e", json!({"i": i}))).collect();
+    let (st, _, v) = batch(&s, &p.secret, json!(five));
+    assert_eq!(st, 202, "{v}");
+}

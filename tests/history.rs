@@ -595,7 +595,10 @@ fn reads_of_unpublished_channels_keep_nothing_and_evict_nothing() {
     // The next publish evicts nothing: the stored messages are all there.
     s.publish(&h.secret, "other", "e", json!("x"));
     let (_, kept) = get(&s, &h.secret, "channel=kept");
-    assert_eq!(offsets_of(kept["messages"].as_array().unwrap()), [1, 2, 3, 4, 5]);
+    assert_eq!(
+        offsets_of(kept["messages"].as_array().unwrap()),
+        [1, 2, 3, 4, 5]
+    );
     // The first messages of "first" take the epoch the early client saw.
     s.publish(&h.secret, "first", "e", json!("1"));
     s.publish(&h.secret, "first", "e", json!("2"));
@@ -643,7 +646,10 @@ fn a_refused_history_publish_costs_no_quota_and_keeps_the_history() {
             body.len()
         )
     };
-    let one = post("/api/v1/publish", r#"{"channel":"c","event":"e","data":{}}"#);
+    let one = post(
+        "/api/v1/publish",
+        r#"{"channel":"c","event":"e","data":{}}"#,
+    );
     let three = post(
         "/api/v1/publish/batch",
         &json!({"messages": [
@@ -659,17 +665,26 @@ fn a_refused_history_publish_costs_no_quota_and_keeps_the_history() {
     let resp = String::from_utf8(s.raw(req.as_bytes())).unwrap();
     let statuses: Vec<&str> = resp.split("HTTP/1.1 ").skip(1).map(|r| &r[..3]).collect();
     assert_eq!(statuses, ["202", "202", "503", "503", "503"], "{resp}");
-    assert_eq!(offsets_of(&[next_json(&mut ws), next_json(&mut ws)]), [1, 2]);
+    assert_eq!(
+        offsets_of(&[next_json(&mut ws), next_json(&mut ws)]),
+        [1, 2]
+    );
     // The history holds what was published, not the refused message.
     let (_, v) = get(&s, &secret, "channel=c");
     assert_eq!(offsets_of(v["messages"].as_array().unwrap()), [1, 2], "{v}");
     assert_eq!(v["offset"], 2);
     // 7 units, 2 spent: the refused 1 + 3 came back (before the fix, all 6 were gone).
-    let req = post("/api/v1/publish", r#"{"channel":"c","event":"e","data":{}}"#)
-        .replace("\r\n\r\n{", "\r\nConnection: close\r\n\r\n{");
+    let req = post(
+        "/api/v1/publish",
+        r#"{"channel":"c","event":"e","data":{}}"#,
+    )
+    .replace("\r\n\r\n{", "\r\nConnection: close\r\n\r\n{");
     let (st, head, v) = parse_response(&s.raw(req.as_bytes()));
     assert_eq!((st, v["offset"].as_u64()), (202, Some(3)), "{v}");
-    let remaining: u32 = header(&head, "ratelimit-remaining").unwrap().parse().unwrap();
+    let remaining: u32 = header(&head, "ratelimit-remaining")
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(remaining >= 4, "{head}");
 }
 
@@ -692,16 +707,26 @@ fn a_replay_larger_than_half_the_send_backlog_is_not_recovered() {
     }
     let mut ws = s.ws(&h.public);
     let r = sub(&mut ws, "c", Some((7, &epoch)));
-    assert_eq!((r["recovered"].as_bool(), r["offset"].as_u64()), (Some(true), Some(13)));
+    assert_eq!(
+        (r["recovered"].as_bool(), r["offset"].as_u64()),
+        (Some(true), Some(13))
+    );
     let replay: Vec<Value> = (0..6).map(|_| next_json(&mut ws)).collect();
     assert_eq!(offsets_of(&replay), [8, 9, 10, 11, 12, 13]);
     // 12 KB from offset 1: more than half; not attempted, and the connection lives on.
     let mut ws = s.ws(&h.public);
     let r = sub(&mut ws, "c", Some((1, &epoch)));
-    assert_eq!((r["recovered"].as_bool(), r["offset"].as_u64()), (Some(false), Some(13)), "{r}");
+    assert_eq!(
+        (r["recovered"].as_bool(), r["offset"].as_u64()),
+        (Some(false), Some(13)),
+        "{r}"
+    );
     s.publish(&h.secret, "c", "e", json!("live"));
     let f = next_json(&mut ws);
-    assert_eq!((f["offset"].as_u64(), &f["data"]), (Some(14), &json!("live")));
+    assert_eq!(
+        (f["offset"].as_u64(), &f["data"]),
+        (Some(14), &json!("live"))
+    );
 }
 
 /// Issue 13 review, point 5: history turned off, then on again while the node still

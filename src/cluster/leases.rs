@@ -3,7 +3,8 @@
 //!
 //! Every [`TICK`] it looks at each project of the key snapshot: a project whose balance
 //! fell under half a block gets one block requested through the atomic
-//! [`LEASE_SCRIPT`]. Idle projects cost nothing. When Redis cannot be reached, every
+//! [`LEASE_SCRIPT`] (or, when a batch larger than that was refused for want of tokens,
+//! that batch's size: see [`Lease::wanted`]). Idle projects cost nothing. When Redis cannot be reached, every
 //! lease goes offline (the local GCRA alone decides, so publishing keeps working) until
 //! a request succeeds again.
 
@@ -51,8 +52,11 @@ pub(crate) fn run(cluster: &Cluster, client: &redis::Client, keys: &KeyCache) {
             };
             leases.insert(project.id.clone(), Arc::clone(&lease));
             let limit = project.quota.limit();
-            let block = block_size(limit);
-            if lease.is_online() && lease.balance() * 2 >= block {
+            // A block, or what a refused batch wanted when more (never above the
+            // limit: a larger batch is refused before it asks the lease).
+            let wanted = lease.wanted().min(i64::from(limit.count));
+            let block = block_size(limit).max(wanted);
+            if lease.is_online() && lease.balance() * 2 >= block && lease.balance() >= wanted {
                 continue;
             }
             let period_ms = limit.per.period_ns() / 1_000_000;

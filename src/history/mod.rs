@@ -578,8 +578,18 @@ mod tests {
         }
         let epoch = h.position(1, "c", s).epoch;
         let e = epoch.as_str().to_string();
-        assert_eq!(h.recover(1, "c", s, 2, &e, usize::MAX).frames.map(|f| f.len()), Some(3));
-        assert_eq!(h.recover(1, "c", s, 5, &e, usize::MAX).frames.map(|f| f.len()), Some(0));
+        assert_eq!(
+            h.recover(1, "c", s, 2, &e, usize::MAX)
+                .frames
+                .map(|f| f.len()),
+            Some(3)
+        );
+        assert_eq!(
+            h.recover(1, "c", s, 5, &e, usize::MAX)
+                .frames
+                .map(|f| f.len()),
+            Some(0)
+        );
         assert!(
             h.recover(1, "c", s, 1, &e, usize::MAX).frames.is_none(),
             "offset 2 was evicted"
@@ -589,7 +599,9 @@ mod tests {
             "beyond the latest"
         );
         assert!(
-            h.recover(1, "c", s, 4, "00000000x", usize::MAX).frames.is_none(),
+            h.recover(1, "c", s, 4, "00000000x", usize::MAX)
+                .frames
+                .is_none(),
             "other epoch"
         );
         // Another channel has its own offsets and epoch.
@@ -694,17 +706,34 @@ mod tests {
         for i in 0..1000 {
             let name = format!("never-published-{i}");
             assert_eq!(h.position(1, &name, s).offset, 0);
-            assert!(h.recover(1, &name, s, 3, "abcdef01", usize::MAX).frames.is_none());
+            assert!(h
+                .recover(1, &name, s, 3, "abcdef01", usize::MAX)
+                .frames
+                .is_none());
             assert_eq!(h.read(1, &name, s, None, 10).1.len(), 0);
         }
         assert_eq!(h.bytes(), 0, "reads made no log");
         // A client that saw offset 0 under the fresh epoch recovers the first messages.
         let e = fresh.as_str().to_string();
-        assert_eq!(h.recover(1, "a", s, 0, &e, usize::MAX).frames.map(|f| f.len()), Some(0));
+        assert_eq!(
+            h.recover(1, "a", s, 0, &e, usize::MAX)
+                .frames
+                .map(|f| f.len()),
+            Some(0)
+        );
         add(&mut h, "a", s, "x");
         add(&mut h, "a", s, "y");
-        assert_eq!(h.position(1, "a", s).epoch, fresh, "the first publish adopts it");
-        assert_eq!(h.recover(1, "a", s, 0, &e, usize::MAX).frames.map(|f| f.len()), Some(2));
+        assert_eq!(
+            h.position(1, "a", s).epoch,
+            fresh,
+            "the first publish adopts it"
+        );
+        assert_eq!(
+            h.recover(1, "a", s, 0, &e, usize::MAX)
+                .frames
+                .map(|f| f.len()),
+            Some(2)
+        );
     }
 
     #[test]

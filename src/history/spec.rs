@@ -127,12 +127,15 @@ impl HistoryCell {
     /// generation, which the next period of history on keeps.
     pub fn set(&self, spec: HistorySpec) {
         // The closure always returns Some: the update cannot fail.
-        let _ = self.0.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-            let old = HistorySpec::unpack(v);
-            let turned_off = old.is_on() && !spec.is_on();
-            let generation = old.generation.wrapping_add(u32::from(turned_off)) & GENERATION_MASK;
-            Some(HistorySpec { generation, ..spec }.pack())
-        });
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                let old = HistorySpec::unpack(v);
+                let turned_off = old.is_on() && !spec.is_on();
+                let generation =
+                    old.generation.wrapping_add(u32::from(turned_off)) & GENERATION_MASK;
+                Some(HistorySpec { generation, ..spec }.pack())
+            });
     }
 }
 

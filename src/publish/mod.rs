@@ -159,6 +159,14 @@ fn units(msgs: &[Publish<'_>]) -> u32 {
 
 /// Take the quota for `units`, or the 429 answer.
 fn reserve(project: &ProjectState, units: u32) -> Result<Decision, Answer> {
+    if units > project.quota.limit().count {
+        // More than a full bucket: waiting cannot help, so no Retry-After.
+        return Err(Answer::refused(
+            ApiError::OverBurst,
+            None,
+            project.quota.peek(now_ns()),
+        ));
+    }
     let decision = project.quota.check_n(now_ns(), units);
     if decision.allowed {
         return Ok(decision);
@@ -176,7 +184,11 @@ fn reserve(project: &ProjectState, units: u32) -> Result<Decision, Answer> {
 /// was published), and the answer shows the quota as it is after that.
 fn unavailable(project: &ProjectState, why: Unavailable, units: u32) -> Answer {
     project.quota.refund_n(units);
-    Answer::refused(ApiError::Unavailable(why), None, project.quota.peek(now_ns()))
+    Answer::refused(
+        ApiError::Unavailable(why),
+        None,
+        project.quota.peek(now_ns()),
+    )
 }
 
 /// Encode `msg` once per channel, with id `id`, into `out`.

@@ -64,6 +64,10 @@ pub struct Lease {
     balance: AtomicI64,
     /// False while Redis cannot be asked: the local GCRA alone decides.
     online: AtomicBool,
+    /// The largest take refused for want of tokens since one that large succeeded:
+    /// the quota thread leases at least this many, so a batch bigger than a block
+    /// can be afforded.
+    wanted: AtomicI64,
 }
 
 impl Default for Lease {
@@ -77,6 +81,7 @@ impl Lease {
         Lease {
             balance: AtomicI64::new(0),
             online: AtomicBool::new(false),
+            wanted: AtomicI64::new(0),
         }
     }
 
@@ -96,6 +101,7 @@ impl Lease {
         let mut cur = self.balance.load(Ordering::Relaxed);
         loop {
             if cur < n {
+                self.wanted.fetch_max(n, Ordering::Relaxed);
                 return false;
             }
             match self.balance.compare_exchange_weak(
@@ -104,7 +110,15 @@ impl Lease {
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             ) {
-                Ok(_) => return true,
+                Ok(_) => {
+                    // Served: a wish of at most this size is met.
+                    let _ = self
+                        .wanted
+                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
+                            (w != 0 && w <= n).then_some(0)
+                        });
+                    return true;
+                }
                 Err(actual) => cur = actual,
             }
         }
@@ -121,6 +135,12 @@ impl Lease {
         if self.online.load(Ordering::Relaxed) {
             self.balance.fetch_add(i64::from(n), Ordering::Relaxed);
         }
+    }
+
+    /// The largest take refused since one that large succeeded (0 when none): the
+    /// quota thread leases at least this many.
+    pub fn wanted(&self) -> i64 {
+        self.wanted.load(Ordering::Relaxed)
     }
 
     /// Tokens held now.
@@ -159,6 +179,19 @@ mod tests {
         assert!(l.try_take());
         assert!(!l.try_take());
         assert_eq!(l.balance(), 0);
+    }
+
+    #[test]
+    fn a_refused_large_take_raises_the_target_until_served() {
+        let l = Lease::new();
+        l.set_online(true);
+        l.grant(10);
+        assert_eq!(l.wanted(), 0);
+        assert!(!l.try_take_n(25));
+        assert_eq!(l.wanted(), 25);
+        l.grant(25);
+        assert!(l.try_take_n(25));
+        assert_eq!(l.wanted(), 0);
     }
 
     #[test]
