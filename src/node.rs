@@ -53,7 +53,7 @@ impl Fanout for Node {
             // Relay only what was accepted locally: a 503 here means no node delivers it.
             // The relay is an `Arc` clone into a bounded queue: no allocation, no wait.
             Some(cluster) => {
-                if !self.mailboxes.broadcast(Arc::clone(&msg)) {
+                if !cluster.relay_room(1) || !self.mailboxes.broadcast(Arc::clone(&msg)) {
                     return false;
                 }
                 cluster.relay(msg);
@@ -63,6 +63,14 @@ impl Fanout for Node {
     }
 
     fn broadcast_batch(&self, batch: BroadcastBatch) -> bool {
+        // No room to relay it: 503 rather than a 202 whose relays are dropped.
+        if self
+            .cluster
+            .as_ref()
+            .is_some_and(|c| !c.relay_room(batch.len()))
+        {
+            return false;
+        }
         if !self.mailboxes.broadcast_batch(Arc::clone(&batch)) {
             return false;
         }

@@ -415,3 +415,41 @@ fn a_batch_above_the_whole_burst_is_refused_without_retry_after() {
     let (st, _, v) = batch(&s, &p.secret, json!(five));
     assert_eq!(st, 202, "{v}");
 }
+
+/// Issue 13 review, point 7: `mailbox_capacity` counts frames, a batch one per frame:
+/// with room for 4, one batch of 3 fits, a second does not (503), a single still does.
+#[test]
+fn the_mailbox_counts_a_batch_by_its_frames() {
+    let s = Server::start_with(Options {
+        workers: 1,
+        config: "mailbox_capacity = 4\n".into(),
+        ..Options::default()
+    });
+    let p = s.project("frames", "100000/s");
+    let mut ws = s.ws(&p.public);
+    subscribe(&mut ws, "c");
+    let post = |path: &str, body: &str| {
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: t\r\nX-Api-Key: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            p.secret,
+            body.len()
+        )
+    };
+    let three: Vec<Value> = (0..3).map(|i| msg("c", "e", json!({"i": i}))).collect();
+    let three = post(
+        "/api/v1/publish/batch",
+        &json!({ "messages": three }).to_string(),
+    );
+    let one = post(
+        "/api/v1/publish",
+        r#"{"channel":"c","event":"e","data":{}}"#,
+    );
+    // Pipelined in one write: the worker answers them all before draining its mailbox.
+    let mut req = three.repeat(2);
+    req.push_str(&one);
+    req.push_str(&one);
+    req.push_str("GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+    let resp = String::from_utf8(s.raw(req.as_bytes())).unwrap();
+    let statuses: Vec<&str> = resp.split("HTTP/1.1 ").skip(1).map(|r| &r[..3]).collect();
+    assert_eq!(&statuses[..4], ["202", "503", "202", "503"], "{resp}");
+}

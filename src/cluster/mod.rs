@@ -154,6 +154,14 @@ impl Cluster {
         }
     }
 
+    /// Whether the relay queue has room for `frames` more relays now (at most the
+    /// whole queue is asked for). A publish checks it before answering 202, so one
+    /// large batch cannot make later accepted publishes be dropped silently; racing
+    /// publishers can still overfill it by what they check at the same moment.
+    pub(crate) fn relay_room(&self, frames: usize) -> bool {
+        self.relay_tx.len() + frames.min(RELAY_QUEUE) <= RELAY_QUEUE
+    }
+
     /// Both Redis connections are up.
     pub(crate) fn is_ok(&self) -> bool {
         self.inbound_ok.load(Ordering::Relaxed) && self.outbound_ok.load(Ordering::Relaxed)

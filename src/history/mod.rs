@@ -3,14 +3,21 @@
 //!
 //! Where offsets are assigned: in exactly one place, [`History`]'s lock. A publish of a
 //! history project takes it, gives each of its channels the next offset, encodes the
-//! frame with that position, hands the frame to the mailboxes and records it, all before
-//! releasing it. Every mailbox therefore receives a channel's frames in offset order,
-//! and every subscriber on every core sees the same order. A subscribe to such a channel
-//! takes the same lock to read the channel's position (and, for a recovery, the missed
-//! frames), after the worker has delivered what its mailbox already held and registered
-//! the subscriber: frames at or below that position were delivered (or not, to this
-//! subscriber) before it joined, frames above it reach it live, so a replay and the live
-//! stream meet with no gap and no duplicate.
+//! frame with that position, hands the frame to the mailboxes and, once they accepted
+//! it, records it, all before releasing it (a publish the mailboxes refuse leaves no
+//! trace). Every mailbox therefore receives a channel's frames in offset order, and
+//! every subscriber on every core sees the same order. A subscribe to such a channel
+//! takes the same lock only to move its worker's queued envelopes out of the mailbox,
+//! mark the channel as wanted by the worker and read the channel's position (and, for a
+//! recovery, the missed frames); after releasing it the worker fans the moved envelopes
+//! out and then registers the subscriber: frames at or below that position were
+//! delivered (or not, to this subscriber) before it joined, frames above it wait in the
+//! mailbox and reach it live, so a replay and the live stream meet with no gap and no
+//! duplicate.
+//!
+//! Reads never make a log: a channel this node keeps nothing of answers offset 0 under
+//! the epoch its first message will adopt ([`Epoch::fresh`]), so subscribes and REST
+//! reads of arbitrary names cost no memory.
 //!
 //! Why one node-wide lock and not an owner core per channel: the owner-core design adds
 //! a cross-core hop (and a wake-up) to every history publish and a second one to every
@@ -23,11 +30,14 @@
 //! lazily on every append and read, and by [`History::sweep`] once a second for idle
 //! channels, which also forgets channels with nothing kept and idle for twice the TTL). Across all channels the node
 //! keeps at most `history_max_bytes`; above it, the oldest entries of the largest
-//! channels go first. An entry counts its frame, its event name and a fixed overhead.
+//! channels go first, after logs that keep no entry (which go first of all). An entry
+//! counts its frame, its event name and a fixed overhead.
 //!
-//! Epochs: 8 hex characters drawn at random when this node first keeps a channel. A
-//! channel forgotten (nothing kept for a TTL, or a restart) starts again at offset 1
-//! under a new epoch, so a client holding an old position learns it cannot recover.
+//! Epochs: 8 hex characters, a keyed hash of the channel under a seed drawn at random at
+//! start and again whenever any log is dropped. A channel forgotten (nothing kept for
+//! twice its TTL, dropped by the budget, history turned off and on again, or a restart)
+//! starts again at offset 1 under a new epoch, so a client holding an old position
+//! learns it cannot recover.
 
 pub(crate) mod spec;
 

@@ -11,11 +11,12 @@
 //! workers with subscribers of the channel; the mailboxes are made once at start and kept.
 //!
 //! A batch (a batch publish, or one message to several channels) is one envelope per
-//! worker carrying all its frames in request order ([`Envelope::Batch`]): one push, one
-//! wake-up and one unit of capacity for the whole batch, so publishing 100 messages at
-//! once costs each mailbox what one message costs. A worker skips the frames of channels
-//! it has no subscriber of (a registry miss). Capacity then bounds envelopes, and a
-//! batch envelope holds at most `max_batch_messages` × 100 frames.
+//! worker carrying all its frames in request order ([`Envelope::Batch`]): one push and
+//! one wake-up for the whole batch. A worker skips the frames of channels it has no
+//! subscriber of (a registry miss). Capacity counts frames: a batch reserves one unit
+//! per frame, capped at the whole capacity (so any batch fits an empty mailbox), and
+//! gives them back when taken; the bound on queued work is therefore about
+//! `capacity` frames whatever the batch sizes.
 
 use std::future::poll_fn;
 use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
@@ -80,7 +81,7 @@ impl Mailbox {
         }
     }
 
-    /// Broadcasts queued and not yet taken.
+    /// Units queued and not yet taken (one per frame; see the module docs).
     pub fn len(&self) -> usize {
         self.reserved.load(Ordering::Relaxed)
     }
@@ -90,10 +91,24 @@ impl Mailbox {
         self.len() == 0
     }
 
-    fn try_reserve(&self) -> bool {
-        let prev = self.reserved.fetch_add(1, Ordering::AcqRel);
-        if prev >= self.capacity {
-            self.reserved.fetch_sub(1, Ordering::AcqRel);
+    /// Units an envelope holds: one per frame, at most the whole capacity.
+    fn units(&self, envelope: &Envelope) -> usize {
+        match envelope {
+            Envelope::Broadcast(_) => 1,
+            Envelope::Batch(batch) => self.batch_units(batch.len()),
+            Envelope::KeysChanged | Envelope::Shutdown => 0,
+        }
+    }
+
+    /// Units a batch of `frames` frames reserves.
+    fn batch_units(&self, frames: usize) -> usize {
+        frames.clamp(1, self.capacity.max(1))
+    }
+
+    fn try_reserve(&self, units: usize) -> bool {
+        let prev = self.reserved.fetch_add(units, Ordering::AcqRel);
+        if prev + units > self.capacity {
+            self.reserved.fetch_sub(units, Ordering::AcqRel);
             return false;
         }
         true
@@ -116,8 +131,9 @@ impl Mailbox {
     /// Take one envelope without waiting.
     pub fn try_recv(&self) -> Option<Envelope> {
         let envelope = self.rx.try_recv().ok()?;
-        if matches!(envelope, Envelope::Broadcast(_) | Envelope::Batch(_)) {
-            self.reserved.fetch_sub(1, Ordering::AcqRel);
+        let units = self.units(&envelope);
+        if units > 0 {
+            self.reserved.fetch_sub(units, Ordering::AcqRel);
         }
         Some(envelope)
     }
@@ -175,7 +191,7 @@ impl Mailboxes {
             if !many {
                 wanted[i] = want;
             }
-            if want && !mb.try_reserve() {
+            if want && !mb.try_reserve(1) {
                 for (j, undo) in self.boxes[..i].iter().enumerate() {
                     if many || wanted[j] {
                         undo.reserved.fetch_sub(1, Ordering::AcqRel);
@@ -206,10 +222,11 @@ impl Mailboxes {
             if !many {
                 wanted[i] = want;
             }
-            if want && !mb.try_reserve() {
+            if want && !mb.try_reserve(mb.batch_units(batch.len())) {
                 for (j, undo) in self.boxes[..i].iter().enumerate() {
                     if many || wanted[j] {
-                        undo.reserved.fetch_sub(1, Ordering::AcqRel);
+                        let units = undo.batch_units(batch.len());
+                        undo.reserved.fetch_sub(units, Ordering::AcqRel);
                     }
                 }
                 return false;
@@ -261,7 +278,7 @@ mod tests {
         interested(&boxes);
         assert!(boxes.broadcast(msg()));
         // Fill worker 1 only.
-        assert!(boxes.boxes[1].try_reserve());
+        assert!(boxes.boxes[1].try_reserve(1));
         assert!(!boxes.broadcast(msg()), "worker 1 is full");
         assert_eq!(
             boxes.boxes[0].len(),
@@ -295,13 +312,41 @@ mod tests {
         let batch: BroadcastBatch = vec![msg(), other, msg()].into();
         assert!(boxes.broadcast_batch(batch.clone()));
         assert_eq!(boxes.boxes[0].len(), 0, "no subscriber of any channel");
-        assert_eq!(boxes.boxes[1].len(), 1, "one envelope for three frames");
+        assert_eq!(
+            boxes.boxes[1].len(),
+            1,
+            "three frames, capped at the capacity"
+        );
         assert!(!boxes.broadcast_batch(batch), "worker 1 is full");
         match boxes.boxes[1].try_recv() {
             Some(Envelope::Batch(b)) => assert_eq!(b.len(), 3),
             other => panic!("expected a batch, got {other:?}"),
         }
         assert!(boxes.boxes[1].is_empty());
+    }
+
+    #[test]
+    fn a_batch_reserves_a_unit_per_frame_capped_at_the_capacity() {
+        let boxes = Mailboxes::new(1, 4);
+        interested(&boxes);
+        let three: BroadcastBatch = vec![msg(), msg(), msg()].into();
+        assert!(boxes.broadcast_batch(three.clone()));
+        assert_eq!(boxes.boxes[0].len(), 3);
+        assert!(!boxes.broadcast_batch(three), "3 + 3 frames > 4");
+        assert!(boxes.broadcast(msg()), "one frame still fits");
+        assert!(!boxes.broadcast(msg()));
+        let mb = boxes.get(0).unwrap();
+        while mb.try_recv().is_some() {}
+        assert_eq!(mb.len(), 0, "every unit came back");
+        let ten: BroadcastBatch = (0..10).map(|_| msg()).collect::<Vec<_>>().into();
+        assert!(
+            boxes.broadcast_batch(ten.clone()),
+            "any batch fits an empty mailbox"
+        );
+        assert_eq!(mb.len(), 4);
+        assert!(!boxes.broadcast(msg()));
+        assert!(mb.try_recv().is_some());
+        assert_eq!(mb.len(), 0);
     }
 
     #[test]
