@@ -322,7 +322,7 @@ impl Metrics {
         let name = "ringcast_mailbox_depth";
         let _ = writeln!(
             out,
-            "# HELP {name} Broadcasts queued in a worker's mailbox.\n# TYPE {name} gauge"
+            "# HELP {name} Frames queued in a worker's mailbox (a batch counts one per frame, capped at the capacity).\n# TYPE {name} gauge"
         );
         for (worker, depth) in node.mailbox_depths.iter().enumerate() {
             let _ = writeln!(out, "{name}{{worker=\"{worker}\"}} {depth}");
