@@ -456,6 +456,36 @@ fn the_quota_is_shared_by_the_cluster() {
     assert!(accepted[0] > 0 && accepted[1] > 0, "{accepted:?}");
 }
 
+/// Issue 13 review, point 6: a batch costing more than one and a half lease blocks
+/// (here 200 units, blocks of 100) is accepted once the node has leased that many,
+/// instead of being refused forever.
+#[test]
+fn a_batch_larger_than_a_lease_block_is_accepted() {
+    let Some(redis) = Redis::start() else { return };
+    let a = Node::start(&redis);
+    let p = project(&redis, "bigbatch", "1000/min");
+    a.wait_key(&p.secret);
+    // Let the lease come online (the quota thread ticks every 20 ms); before that the
+    // local GCRA alone decides and would accept the batch whatever the lease holds.
+    std::thread::sleep(Duration::from_millis(300));
+    let messages: Vec<Value> = (0..100)
+        .map(|i| json!({"channels": ["x", "y"], "event": "e", "data": {"i": i}}))
+        .collect();
+    let body = json!({ "messages": messages }).to_string();
+    let req = format!(
+        "POST /api/v1/publish/batch HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\nConnection: close\r\nX-Api-Key: {}\r\nContent-Type: application/json\r\n\r\n{body}",
+        body.len(),
+        p.secret
+    );
+    wait_for("the 200-unit batch to be accepted", || {
+        let (status, _, v) = parse_response(&a.raw(req.as_bytes()));
+        if status == 202 {
+            assert_eq!(v["ids"].as_array().map(|ids| ids.len()), Some(100), "{v}");
+        }
+        status == 202
+    });
+}
+
 /// History settings live in Redis like the rest of the project; until positions are
 /// assigned through Redis, a node never claims a recovery from its own log (it misses
 /// what other nodes published): `since` answers `recovered: false` on every node.
