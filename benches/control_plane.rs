@@ -50,6 +50,7 @@ fn populated_cache() -> (Arc<KeyCache>, Vec<String>) {
     cache.rebuild(StoreContents {
         projects,
         keys: records,
+        ..StoreContents::default()
     });
     (cache, keys)
 }

@@ -9,8 +9,10 @@
 #   loadtest/run-suite.sh --reps 1        # one repetition
 #   loadtest/run-suite.sh --only ringcast # or --only nchan
 #   loadtest/run-suite.sh --only-scenario ramp   # one scenario: floor idle-10k idle-19k
-#                                         #   publish fanout wide burst ramp batch history
+#                                         #   publish fanout wide burst ramp batch history private
 #                                         #   (batch, history: ringcast only, issue 13)
+#   (private: ringcast only, fanout and burst on a public channel and on a private- one,
+#    alternating, same server process; tokens signed with PyJWT, issue 14)
 #   RC_BIN=path/to/ringcast loadtest/run-suite.sh ...  # measure another build (e.g. main)
 #   loadtest/run-suite.sh --smoke         # CI: 5 s fanout against ringcast, exit 1 unless ratio 1.0
 #   loadtest/run-suite.sh --cluster       # 2 nodes (--workers 1 each) + redis: cross-node vs same-node
@@ -53,7 +55,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-SCENARIOS="floor idle-10k idle-19k publish fanout wide burst ramp batch history"
+SCENARIOS="floor idle-10k idle-19k publish fanout wide burst ramp batch history private"
 if [ -n "$SCENARIO" ] && ! echo " $SCENARIOS " | grep -q " $SCENARIO "; then
   echo "run-suite.sh: unknown scenario $SCENARIO (one of: $SCENARIOS)" >&2
   exit 2
@@ -133,6 +135,7 @@ setup_ringcast_keys() {
   "$RC" --data-dir "$TMP/rc" project create bench --rate-limit 10000000/s >"$TMP/keys.json"
   SK="$(sed -n 's/.*"secret_key":"\(sk_[^"]*\)".*/\1/p' "$TMP/keys.json")"
   PK="$(sed -n 's/.*"public_key":"\(pk_[^"]*\)".*/\1/p' "$TMP/keys.json")"
+  TS="$(sed -n 's/.*"token_secret":"\(ts_[^"]*\)".*/\1/p' "$TMP/keys.json")"
   if [ -z "$SK" ] || [ -z "$PK" ]; then
     echo "run-suite.sh: could not read keys from: $(cat "$TMP/keys.json")" >&2
     exit 1
@@ -237,6 +240,10 @@ if [ "$CLUSTER" = 1 ]; then
   for _ in $(seq 1 100); do redis-cli -p "$REDIS_PORT" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
   redis-cli -p "$REDIS_PORT" ping | grep -q PONG || { echo "run-suite.sh: redis-server did not start" >&2; cat "$TMP/redis.log" >&2; exit 1; }
   REDIS_URL="redis://127.0.0.1:$REDIS_PORT"
+  # Cluster mode needs one master key file (seals token secrets) for every node and the CLI.
+  openssl rand -hex 32 >"$TMP/master.key" 2>/dev/null || head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$TMP/master.key"
+  chmod 600 "$TMP/master.key"
+  export RINGCAST_MASTER_KEY_FILE="$TMP/master.key"
   "$RC" --redis "$REDIS_URL" project create bench --rate-limit 10000000/s >"$TMP/keys.json"
   SK="$(sed -n 's/.*"secret_key":"\(sk_[^"]*\)".*/\1/p' "$TMP/keys.json")"
   PK="$(sed -n 's/.*"public_key":"\(pk_[^"]*\)".*/\1/p' "$TMP/keys.json")"
@@ -377,6 +384,19 @@ for rep in $(seq 1 "$REPS"); do
     if want history && [ "$t" = ringcast ] && [ -n "$HSK" ]; then
       SK="$HSK" PK="$HPK" run "$t" history-publish "$rep" -- publish --conns 64 --duration 10
       SK="$HSK" PK="$HPK" run "$t" history-fanout "$rep" -- fanout --subs 10000 --channels 1 --rate 4 --duration 10
+    fi
+    # Private channels beside public ones, same process, alternating: a token per run
+    # names its one channel (fixed tag), so the private run differs only in the token.
+    if want private && [ "$t" = ringcast ]; then
+      for shape in "fanout:--subs 10000 --channels 1 --rate 4" "burst:--subs 100 --channels 1 --rate 1000"; do
+        name="${shape%%:*}"; args="${shape#*:}"
+        tag="p${rep}${name}$$"
+        token="$(python3 -c 'import jwt,sys,time; print(jwt.encode({"channel": sys.argv[2], "exp": int(time.time()) + 3600}, sys.argv[1], algorithm="HS256"))' "$TS" "private-lt${tag}c0")"
+        # shellcheck disable=SC2086
+        run "$t" "$name-public" "$rep" -- --tag "u$tag" fanout $args --duration 10
+        # shellcheck disable=SC2086
+        run "$t" "$name-private" "$rep" -- --channel-prefix private-lt --tag "$tag" --token "$token" fanout $args --duration 10
+      done
     fi
   done
 done

@@ -6,7 +6,7 @@
 # On a fresh Debian machine it first installs what is missing: redis-server (cluster
 # tests) and Debian's chromium (browser tests; a browser is never downloaded by npm),
 # the npm packages of tests/browser (and clients/js if it ever has any), and Python's
-# requests (examples/publish.py). Then: cargo test --workspace, a build of the binary the
+# requests (examples/publish.py) and PyJWT (examples/token_endpoint.py). Then: cargo test --workspace, a build of the binary the
 # browser tests start, the JavaScript client's unit tests, and the browser tests.
 #
 # Environment: RINGCAST_BIN (binary for the browser tests; default target/debug/ringcast,
@@ -48,6 +48,11 @@ done
 step "python packages"
 if ! python3 -c 'import requests' >/dev/null 2>&1; then
   python3 -m pip install -q requests
+fi
+# PyJWT: examples/token_endpoint.py (private-channel tokens), used by tests/private.rs
+# and tests/browser/private.test.mjs.
+if ! python3 -c 'import jwt' >/dev/null 2>&1; then
+  python3 -m pip install -q pyjwt
 fi
 
 if [ "${SKIP_CARGO_TEST:-0}" != 1 ]; then

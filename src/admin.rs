@@ -6,7 +6,9 @@
 //!   data directory.
 //! - Success prints one JSON object and nothing else on stdout; every failure is an
 //!   `Err` (main prints it on stderr and exits non-zero) and prints nothing on stdout.
-//! - A full key is printed only by the command that created it.
+//! - A full key, or a token secret, is printed only by the command that created it.
+//! - The master key is loaded only by the commands that seal a token secret (`project
+//!   create`, `project rotate-token-secret`).
 //! - A running server sees every change within a second through its key watcher; this
 //!   module never talks to a server.
 
@@ -15,11 +17,13 @@ use std::io::Write;
 use serde_json::{json, Value};
 
 use crate::apikey::KeyKind;
+use crate::auth::token::{parse_public_key, PublicKeyError};
 use crate::cli::{Cli, Command, KeyCommand, KeyKindArg, ProjectCommand};
 use crate::config::Config;
 use crate::history::{HistorySpec, HistorySpecError};
 use crate::quota::{RateLimit, RateLimitError};
-use crate::store::{open_store, ProjectRecord, Store, StoreError};
+use crate::sealed::{MasterKey, SealError};
+use crate::store::{open_store, ProjectRecord, Store, StoreError, TokenKeyAlg};
 
 /// Why an admin command failed.
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +36,20 @@ pub(crate) enum AdminError {
     History(#[from] HistorySpecError),
     #[error("`{0}` is not an admin command")]
     NotAdmin(&'static str),
+    #[error(transparent)]
+    Seal(#[from] SealError),
+    #[error("invalid --grace {0:?}: use a duration such as 60s, 10m or 1h (at most 30 days)")]
+    Grace(String),
+    #[error("cannot read {path}: {source}")]
+    ReadFile {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {source}")]
+    PublicKey {
+        path: std::path::PathBuf,
+        source: PublicKeyError,
+    },
 }
 
 /// One admin command with its arguments validated.
@@ -61,13 +79,45 @@ pub(crate) enum Request {
     ListKeys {
         project_id: String,
     },
+    RotateTokenSecret {
+        project_id: String,
+        grace_s: u64,
+    },
+    AddTokenKey {
+        project_id: String,
+        alg: TokenKeyAlg,
+        public_pem: String,
+    },
+    RemoveTokenKey {
+        project_id: String,
+        key_id: String,
+    },
+}
+
+impl Request {
+    /// Whether the command seals a token secret (and so needs the master key).
+    fn seals(&self) -> bool {
+        matches!(
+            self,
+            Request::CreateProject { .. } | Request::RotateTokenSecret { .. }
+        )
+    }
 }
 
 /// Run the `project`/`key` subcommand of `cli` and print its JSON result.
 pub fn run(cli: &Cli) -> anyhow::Result<()> {
     let request = parse_request(&cli.command)?;
+    let master = if request.seals() {
+        Some(MasterKey::load(
+            cli.master_key_file.as_deref(),
+            &cli.data_dir,
+            cli.redis.is_some(),
+        )?)
+    } else {
+        None
+    };
     let mut store = open_store(&cli.data_dir, cli.redis.as_deref())?;
-    let output = execute(store.as_mut(), request)?;
+    let output = execute(store.as_mut(), request, master.as_ref())?;
     let mut stdout = std::io::stdout().lock();
     // A closed stdout (e.g. `| head -c0`) is an error: the caller did not get the key.
     writeln!(stdout, "{output}")?;
@@ -129,23 +179,108 @@ pub(crate) fn parse_request(command: &Command) -> Result<Request, AdminError> {
         Command::Key(KeyCommand::List { project_id }) => Request::ListKeys {
             project_id: project_id.clone(),
         },
+        Command::Project(ProjectCommand::RotateTokenSecret { project_id, grace }) => {
+            Request::RotateTokenSecret {
+                project_id: project_id.clone(),
+                grace_s: parse_grace(grace).ok_or_else(|| AdminError::Grace(grace.clone()))?,
+            }
+        }
+        Command::Project(ProjectCommand::AddTokenKey {
+            project_id,
+            public_key_file,
+        }) => {
+            let text = std::fs::read(public_key_file).map_err(|source| AdminError::ReadFile {
+                path: public_key_file.clone(),
+                source,
+            })?;
+            let (alg, public_pem) =
+                parse_public_key(&text).map_err(|source| AdminError::PublicKey {
+                    path: public_key_file.clone(),
+                    source,
+                })?;
+            Request::AddTokenKey {
+                project_id: project_id.clone(),
+                alg,
+                public_pem,
+            }
+        }
+        Command::Project(ProjectCommand::RemoveTokenKey { project_id, key_id }) => {
+            Request::RemoveTokenKey {
+                project_id: project_id.clone(),
+                key_id: key_id.clone(),
+            }
+        }
     })
 }
 
+/// Longest rotation grace: a forgotten old secret must not verify for ever.
+const MAX_GRACE_S: u64 = 30 * 24 * 3600;
+
+/// `60s`, `10m`, `1h`, `0s` (a bare number is seconds) → seconds, at most 30 days.
+fn parse_grace(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let (digits, unit) = match text.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => text.split_at(i),
+        None => (text, "s"),
+    };
+    let n: u64 = digits.parse().ok()?;
+    let scale = match unit {
+        "s" => 1,
+        "m" | "min" => 60,
+        "h" => 3600,
+        _ => return None,
+    };
+    n.checked_mul(scale).filter(|s| *s <= MAX_GRACE_S)
+}
+
+/// The master key a sealing command was given (run loads it before the store).
+fn need_master(master: Option<&MasterKey>) -> Result<&MasterKey, AdminError> {
+    master.ok_or(AdminError::Seal(SealError::Required))
+}
+
 /// Carry out `request` on `store`; the value is what the command prints.
-pub(crate) fn execute(store: &mut dyn Store, request: Request) -> Result<Value, AdminError> {
+pub(crate) fn execute(
+    store: &mut dyn Store,
+    request: Request,
+    master: Option<&MasterKey>,
+) -> Result<Value, AdminError> {
     Ok(match request {
         Request::CreateProject {
             name,
             rate_limit,
             history,
         } => {
-            let (project, secret, public) = store.create_project(&name, rate_limit, history)?;
+            let (project, secret, public, token_secret) =
+                store.create_project(&name, rate_limit, history, need_master(master)?)?;
             json!({
                 "project": project_json(&project),
                 "secret_key": secret,
                 "public_key": public,
+                "token_secret": token_secret,
             })
+        }
+        Request::RotateTokenSecret {
+            project_id,
+            grace_s,
+        } => {
+            let secret = store.rotate_token_secret(&project_id, need_master(master)?, grace_s)?;
+            json!({
+                "project_id": project_id,
+                "token_secret": secret,
+                "previous_valid_s": grace_s,
+            })
+        }
+        Request::AddTokenKey {
+            project_id,
+            alg,
+            public_pem,
+        } => {
+            let record = store.add_token_key(&project_id, alg, &public_pem)?;
+            json!({ "token_key_id": record.id, "alg": alg.as_str(), "project_id": project_id })
+        }
+        Request::RemoveTokenKey { project_id, key_id } => {
+            store.remove_token_key(&project_id, &key_id)?;
+            json!({ "removed": key_id, "project_id": project_id })
         }
         Request::ListProjects => {
             let projects = store.list_projects()?;
@@ -196,12 +331,13 @@ pub(crate) fn execute(store: &mut dyn Store, request: Request) -> Result<Value, 
 pub(crate) fn dev_bootstrap_with(
     store: &mut dyn Store,
     rate_limit: RateLimit,
-) -> Result<Option<(ProjectRecord, String, String)>, StoreError> {
+    master: &MasterKey,
+) -> Result<Option<(ProjectRecord, String, String, String)>, StoreError> {
     if !store.is_empty()? {
         return Ok(None);
     }
     store
-        .create_project("dev", rate_limit, HistorySpec::OFF)
+        .create_project("dev", rate_limit, HistorySpec::OFF, master)
         .map(Some)
 }
 
@@ -231,7 +367,7 @@ mod tests {
     }
 
     fn run_in(store: &mut SqliteStore, args: &[&str]) -> Result<Value, AdminError> {
-        execute(store, request(args)?)
+        execute(store, request(args)?, Some(&MasterKey::random()))
     }
 
     #[test]
@@ -275,7 +411,8 @@ mod tests {
         let secret = created["secret_key"].as_str().unwrap().to_string();
         assert!(secret.starts_with("sk_"));
         assert!(created["public_key"].as_str().unwrap().starts_with("pk_"));
-        assert_eq!(created.as_object().unwrap().len(), 3);
+        assert!(created["token_secret"].as_str().unwrap().starts_with("ts_"));
+        assert_eq!(created.as_object().unwrap().len(), 4);
 
         let listed = run_in(&mut store, &["project", "list"]).unwrap();
         assert_eq!(listed, json!({ "projects": [created["project"].clone()] }));
@@ -316,6 +453,30 @@ mod tests {
     }
 
     #[test]
+    fn grace_durations() {
+        assert_eq!(parse_grace("60s"), Some(60));
+        assert_eq!(parse_grace("0s"), Some(0));
+        assert_eq!(parse_grace("10m"), Some(600));
+        assert_eq!(parse_grace("2h"), Some(7200));
+        assert_eq!(parse_grace("45"), Some(45));
+        for bad in [
+            "",
+            "s",
+            "-1s",
+            "1d",
+            "1.5s",
+            "31000000s",
+            "99999999999999999999h",
+        ] {
+            assert_eq!(parse_grace(bad), None, "{bad}");
+        }
+        assert!(matches!(
+            request(&["project", "rotate-token-secret", "prj_x", "--grace", "soon"]),
+            Err(AdminError::Grace(_))
+        ));
+    }
+
+    #[test]
     fn unknown_ids_are_errors() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = SqliteStore::open(dir.path()).unwrap();
@@ -337,15 +498,16 @@ mod tests {
     fn dev_bootstrap_only_on_an_empty_store() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = SqliteStore::open(dir.path()).unwrap();
-        let (project, secret, public) =
-            dev_bootstrap_with(&mut store, default_rate_limit().unwrap())
+        let master = MasterKey::random();
+        let (project, secret, public, _) =
+            dev_bootstrap_with(&mut store, default_rate_limit().unwrap(), &master)
                 .unwrap()
                 .unwrap();
         assert_eq!(project.name, "dev");
         assert_eq!(project.rate_limit.to_string(), "100/s");
         assert!(secret.starts_with("sk_") && public.starts_with("pk_"));
         assert!(
-            dev_bootstrap_with(&mut store, default_rate_limit().unwrap())
+            dev_bootstrap_with(&mut store, default_rate_limit().unwrap(), &master)
                 .unwrap()
                 .is_none()
         );

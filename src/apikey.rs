@@ -108,6 +108,25 @@ pub fn generate_key(kind: KeyKind) -> String {
     key
 }
 
+/// Random base62 characters of a token secret after `ts_`: 44 × log2(62) ≈ 262 bits, at
+/// least the 256 bits the contract asks of an HS256 key.
+pub(crate) const TOKEN_SECRET_RANDOM_CHARS: usize = 44;
+
+/// A new project token secret `ts_...` from OS randomness. The HS256 key is the UTF-8
+/// bytes of the whole string, prefix included (what a backend's JWT library is given).
+pub(crate) fn generate_token_secret() -> String {
+    let mut rng = OsRng.unwrap_err();
+    let mut secret = String::with_capacity(3 + TOKEN_SECRET_RANDOM_CHARS);
+    secret.push_str("ts_");
+    secret.extend(
+        Alphanumeric
+            .sample_iter(&mut rng)
+            .take(TOKEN_SECRET_RANDOM_CHARS)
+            .map(char::from),
+    );
+    secret
+}
+
 /// A new identifier: `prefix` + 16 lowercase hex characters (64 random bits), e.g.
 /// `prj_…` or `key_…`. Identifiers are not secret; randomness only avoids collisions
 /// between processes without coordination.
@@ -129,6 +148,16 @@ pub fn key_prefix(key: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn token_secrets_carry_at_least_256_bits() {
+        let a = generate_token_secret();
+        assert!(a.starts_with("ts_"));
+        assert_eq!(a.len(), 3 + TOKEN_SECRET_RANDOM_CHARS);
+        assert!(a.as_bytes()[3..].iter().all(u8::is_ascii_alphanumeric));
+        assert!(TOKEN_SECRET_RANDOM_CHARS as f64 * 62f64.log2() >= 256.0);
+        assert_ne!(a, generate_token_secret());
+    }
 
     #[test]
     fn generated_keys_have_the_documented_shape() {

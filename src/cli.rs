@@ -30,6 +30,11 @@ pub struct Cli {
     #[arg(long, global = true, env = "RINGCAST_REDIS_URL")]
     pub redis: Option<String>,
 
+    /// File of the master key that seals token secrets (64 hex characters). Default:
+    /// `<data-dir>/master.key`, created on first use; required in cluster mode.
+    #[arg(long, global = true, env = "RINGCAST_MASTER_KEY_FILE")]
+    pub master_key_file: Option<PathBuf>,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -167,7 +172,7 @@ fn exit_one_line(e: clap::Error) -> ! {
 
 /// The serve options a user set, by config key, with "flag" or "env".
 fn sources(m: &ArgMatches) -> FlagSources {
-    const ARGS: [(&str, &str); 10] = [
+    const ARGS: [(&str, &str); 11] = [
         ("listen", "listen"),
         ("workers", "workers"),
         ("tls_cert", "tls_cert"),
@@ -176,6 +181,7 @@ fn sources(m: &ArgMatches) -> FlagSources {
         ("log_format", "log_format"),
         ("data_dir", "data_dir"),
         ("redis", "redis"),
+        ("master_key_file", "master_key_file"),
         ("dev", "console"),
         ("config", "config"),
     ];
@@ -246,6 +252,24 @@ pub enum ProjectCommand {
     },
     /// Change a project's channel history: SIZE/TTL, e.g. 100/120s; 0/0s turns it off.
     SetHistory { project_id: String, history: String },
+    /// Make a new token secret for private channels (printed once); the old ones keep
+    /// verifying for the grace period.
+    RotateTokenSecret {
+        project_id: String,
+        /// How long the previous secrets keep verifying: e.g. 60s, 10m, 1h, 0s.
+        #[arg(long, default_value = "60s")]
+        grace: String,
+    },
+    /// Register a public key (ES256 P-256 or EdDSA Ed25519) that verifies tokens naming
+    /// its id in `kid`.
+    AddTokenKey {
+        project_id: String,
+        /// PEM file with the public key (-----BEGIN PUBLIC KEY-----).
+        #[arg(long)]
+        public_key_file: PathBuf,
+    },
+    /// Remove a registered token key.
+    RemoveTokenKey { project_id: String, key_id: String },
 }
 
 #[derive(Debug, Subcommand)]

@@ -135,6 +135,10 @@ pub struct Config {
     /// Log filter when `RUST_LOG` is not set (tracing's env-filter syntax, e.g. `info`
     /// or `warn,ringcast=debug`). Default `info`.
     pub log_level: String,
+    /// File holding the master key that seals token secrets (64 hex characters).
+    /// Default: none, meaning `<data_dir>/master.key`, created with mode 0600 on first
+    /// start (embedded store). Required in cluster mode: the same file on every node.
+    pub master_key_file: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -171,6 +175,7 @@ impl Default for Config {
             metrics_listen: None,
             log_format: LogFormat::Text,
             log_level: "info".to_string(),
+            master_key_file: None,
         }
     }
 }
@@ -208,7 +213,12 @@ impl Loaded {
 
 /// `ringcast config show`: the effective serve configuration, one JSON object on stdout.
 pub fn run_show(cli: &Cli, args: &ServeArgs) -> Result<(), ConfigError> {
-    let loaded = Config::load_sourced(args, &cli.data_dir, cli.redis.as_deref())?;
+    let loaded = Config::load_sourced(
+        args,
+        &cli.data_dir,
+        cli.redis.as_deref(),
+        cli.master_key_file.as_deref(),
+    )?;
     println!("{}", loaded.show());
     Ok(())
 }
@@ -249,8 +259,9 @@ impl Config {
         args: &ServeArgs,
         data_dir: &Path,
         redis: Option<&str>,
+        master_key_file: Option<&Path>,
     ) -> Result<Config, ConfigError> {
-        Self::load_sourced(args, data_dir, redis).map(|l| l.config)
+        Self::load_sourced(args, data_dir, redis, master_key_file).map(|l| l.config)
     }
 
     /// [`Config::load`], keeping where each value came from.
@@ -258,6 +269,7 @@ impl Config {
         args: &ServeArgs,
         data_dir: &Path,
         redis: Option<&str>,
+        master_key_file: Option<&Path>,
     ) -> Result<Loaded, ConfigError> {
         let mut sources = Sources::new();
         let mut cfg = match &args.config {
@@ -296,6 +308,10 @@ impl Config {
         if let Some(url) = redis {
             cfg.redis = Some(url.to_string());
             set("redis");
+        }
+        if let Some(file) = master_key_file {
+            cfg.master_key_file = Some(file.to_path_buf());
+            set("master_key_file");
         }
         if args.tls_cert.is_some() {
             cfg.tls_cert = args.tls_cert.clone();
@@ -444,6 +460,13 @@ impl Config {
         }
         if self.workers > 1024 {
             return bad("workers", &self.workers, "0 (one per core) to 1024");
+        }
+        if self.redis.is_some() && self.master_key_file.is_none() {
+            return bad(
+                "master_key_file",
+                &"(none)",
+                "cluster mode needs master_key_file (--master-key-file / RINGCAST_MASTER_KEY_FILE): the same file on every node",
+            );
         }
         match (&self.tls_cert, &self.tls_key) {
             (Some(cert), None) => {

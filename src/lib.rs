@@ -30,13 +30,15 @@
 //!   thread-local), gauges and the publish-duration histogram, summed and rendered as
 //!   Prometheus text at scrape time; `shard`, `ws` and `http` write to it, the server's
 //!   metrics listener reads it. A leaf: it names no other module.
-//! - [`auth`]: the in-memory key snapshot and its watcher; [`admin`]: the project/key
+//! - [`auth`]: the in-memory key snapshot, its watcher, and private-channel token
+//!   verification; [`admin`]: the project/key
 //!   subcommands; [`tools`]: `ringcast publish`/`subscribe`, real HTTP and WebSocket
 //!   clients of a running server; [`store`]: SQLite/Redis project and key store;
 //!   [`config`]: every knob, its default and unit; [`quota`]: per-project GCRA on
 //!   atomics; [`history`]: channel history (offsets, epochs, the per-node ring buffers);
 //!   [`cli`]:
-//!   argument parsing; [`apikey`]: key kinds, generation and hashing.
+//!   argument parsing; [`apikey`]: key kinds, generation and hashing; [`sealed`]: the
+//!   master key and the AEAD that seals token secrets at rest.
 //!
 //! Invariants that hold across modules: the hot path never blocks and never allocates
 //! per subscriber; one published message is encoded once into one `Bytes` that every
@@ -69,6 +71,7 @@ mod names;
 mod node;
 mod publish;
 mod quota;
+mod sealed;
 mod server;
 mod shard;
 mod store;

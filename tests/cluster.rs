@@ -48,12 +48,19 @@ impl Redis {
             dir: tempfile::tempdir().expect("tempdir"),
             child: None,
         };
+        // Cluster mode needs one master key file shared by every node and the CLI.
+        std::fs::write(redis.master_key_file(), format!("{}\n", "ab".repeat(32))).unwrap();
         redis.spawn();
         Some(redis)
     }
 
     fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// The master key file every node and CLI call of this cluster uses.
+    fn master_key_file(&self) -> PathBuf {
+        self.dir.path().join("master.key")
     }
 
     fn spawn(&mut self) {
@@ -137,6 +144,7 @@ fn cli(redis: &Redis, args: &[&str]) -> Value {
         .arg("--data-dir")
         .arg(dir.path())
         .args(["--redis", &redis.url()])
+        .env("RINGCAST_MASTER_KEY_FILE", redis.master_key_file())
         .args(args)
         .output()
         .expect("run ringcast CLI");
@@ -178,6 +186,7 @@ impl Node {
             .arg("--data-dir")
             .arg(&data)
             .args(["--redis", &redis.url()])
+            .env("RINGCAST_MASTER_KEY_FILE", redis.master_key_file())
             .args(["serve", "--listen", "127.0.0.1:0", "--workers", "2"])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
@@ -569,6 +578,7 @@ fn redis_lost_and_back_are_logged_once_each_and_shown_by_the_metric() {
         .arg("--data-dir")
         .arg(&data)
         .args(["--redis", &redis.url()])
+        .env("RINGCAST_MASTER_KEY_FILE", redis.master_key_file())
         .args(["serve", "--listen", "127.0.0.1:0", "--workers", "1"])
         .args(["--metrics-listen", "127.0.0.1:0", "--log-format", "json"])
         .env("RUST_LOG", "info")
@@ -651,4 +661,185 @@ fn redis_lost_and_back_are_logged_once_each_and_shown_by_the_metric() {
             && count("cluster quota: leasing from Redis again", "WARN") == 1
     });
     drop(node);
+}
+
+/// A private-channel subscribe on `ws`; the reply frame.
+fn private_subscribe(ws: &mut Ws, channel: &str, token: &str) -> Value {
+    common::send_json(
+        ws,
+        json!({"type": "subscribe", "channel": channel, "token": token}),
+    );
+    let reply = next_json(ws);
+    if reply["type"] == "subscribed" {
+        // Leave it again, so the next attempt is a fresh subscribe.
+        common::send_json(ws, json!({"type": "unsubscribe", "channel": channel}));
+        assert_eq!(next_json(ws)["type"], "unsubscribed");
+    }
+    reply
+}
+
+fn hs256(secret: &str, claims: Value) -> String {
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        &claims,
+        &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()),
+    )
+    .unwrap()
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+#[test]
+fn private_channels_across_nodes_rotation_and_key_removal_within_a_second() {
+    let Some(redis) = Redis::start() else { return };
+    let a = Node::start(&redis);
+    let b = Node::start(&redis);
+    let v = cli(
+        &redis,
+        &["project", "create", "shop", "--rate-limit", "100000/s"],
+    );
+    let id = v["project"]["id"].as_str().unwrap().to_string();
+    let secret = v["secret_key"].as_str().unwrap().to_string();
+    let public = v["public_key"].as_str().unwrap().to_string();
+    let ts1 = v["token_secret"].as_str().unwrap().to_string();
+    a.wait_key(&secret);
+    b.wait_key(&secret);
+    let exp = unix_now() + 600;
+    let token = |ts: &str, c: &str| hs256(ts, json!({"channel": c, "exp": exp}));
+
+    // A subscriber on b with a token; publishes on a reach it once.
+    let mut on_b = b.ws(&public);
+    let mut on_a = a.ws(&public);
+    common::send_json(
+        &mut on_b,
+        json!({"type": "subscribe", "channel": "private-o", "token": token(&ts1, "private-o")}),
+    );
+    assert_eq!(next_json(&mut on_b)["type"], "subscribed");
+    redis.wait_numsub(&id, "private-o", 1);
+    assert_eq!(a.publish(&secret, "private-o", json!({"n": 1})).0, 202);
+    assert_eq!(next_message(&mut on_b)["n"], 1);
+
+    // Rotation with --grace 0s: within a second both nodes refuse the old secret and
+    // accept the new one.
+    let v = cli(
+        &redis,
+        &["project", "rotate-token-secret", &id, "--grace", "0s"],
+    );
+    let rotated = Instant::now();
+    let ts2 = v["token_secret"].as_str().unwrap().to_string();
+    for (node, ws) in [("a", &mut on_a), ("b", &mut on_b)] {
+        wait_for(&format!("node {node} to refuse the old secret"), || {
+            private_subscribe(ws, "private-r", &token(&ts1, "private-r"))["code"] == "forbidden"
+        });
+        assert_eq!(
+            private_subscribe(ws, "private-r", &token(&ts2, "private-r"))["type"],
+            "subscribed"
+        );
+    }
+    assert!(
+        rotated.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        rotated.elapsed()
+    );
+
+    // A registered ES256 key, then its removal: within a second on both nodes.
+    let ec = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let pem = dir.path().join("ec.pem");
+    std::fs::write(&pem, ec.public_key_pem()).unwrap();
+    let v = cli(
+        &redis,
+        &[
+            "project",
+            "add-token-key",
+            &id,
+            "--public-key-file",
+            pem.to_str().unwrap(),
+        ],
+    );
+    let kid = v["token_key_id"].as_str().unwrap().to_string();
+    let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
+    header.kid = Some(kid.clone());
+    let es = jsonwebtoken::encode(
+        &header,
+        &json!({"channel": "private-k", "exp": exp}),
+        &jsonwebtoken::EncodingKey::from_ec_pem(ec.serialize_pem().as_bytes()).unwrap(),
+    )
+    .unwrap();
+    for ws in [&mut on_a, &mut on_b] {
+        wait_for("the key on every node", || {
+            private_subscribe(ws, "private-k", &es)["type"] == "subscribed"
+        });
+    }
+    cli(&redis, &["project", "remove-token-key", &id, &kid]);
+    let removed = Instant::now();
+    for ws in [&mut on_a, &mut on_b] {
+        wait_for("the removal on every node", || {
+            private_subscribe(ws, "private-k", &es)["code"] == "forbidden"
+        });
+    }
+    assert!(
+        removed.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        removed.elapsed()
+    );
+
+    // Expiry on b, with publishes coming from a: unsubscribed, then nothing more.
+    let short = hs256(&ts2, json!({"channel": "private-e", "exp": unix_now() + 1}));
+    common::send_json(
+        &mut on_b,
+        json!({"type": "subscribe", "channel": "private-e", "token": short}),
+    );
+    assert_eq!(next_json(&mut on_b)["type"], "subscribed");
+    redis.wait_numsub(&id, "private-e", 1);
+    assert_eq!(a.publish(&secret, "private-e", json!({"n": 2})).0, 202);
+    assert_eq!(next_message(&mut on_b)["n"], 2);
+    assert_eq!(
+        next_json(&mut on_b),
+        json!({"type": "unsubscribed", "channel": "private-e", "reason": "token_expired"})
+    );
+    redis.wait_numsub(&id, "private-e", 0);
+    assert_eq!(a.publish(&secret, "private-e", json!({"n": 3})).0, 202);
+    expect_silence(&mut on_b, Duration::from_millis(300));
+}
+
+#[test]
+fn cluster_mode_needs_the_master_key_file() {
+    let Some(redis) = Redis::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    for args in [
+        &["project", "create", "x"][..],
+        &["serve", "--listen", "127.0.0.1:0"],
+    ] {
+        let out = Command::new(common::bin())
+            .arg("--data-dir")
+            .arg(dir.path())
+            .args(["--redis", &redis.url()])
+            .env_remove("RINGCAST_MASTER_KEY_FILE")
+            .args(args)
+            .output()
+            .expect("run ringcast");
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("master_key_file"), "{args:?}: {err}");
+    }
+    // A node with another master key refuses to start on the cluster's secrets.
+    cli(&redis, &["project", "create", "x"]);
+    let other = dir.path().join("other.key");
+    std::fs::write(&other, "cd".repeat(32)).unwrap();
+    let out = Command::new(common::bin())
+        .arg("--data-dir")
+        .arg(dir.path())
+        .args(["--redis", &redis.url()])
+        .env("RINGCAST_MASTER_KEY_FILE", &other)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .output()
+        .expect("run ringcast");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("master key"));
 }

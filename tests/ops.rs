@@ -394,6 +394,7 @@ fn config_show(args: &[&str], env: &[(&str, &str)]) -> Value {
         .env_remove("RINGCAST_METRICS_LISTEN")
         .env_remove("RINGCAST_REDIS_URL")
         .env_remove("RINGCAST_DATA_DIR")
+        .env_remove("RINGCAST_MASTER_KEY_FILE")
         .envs(env.iter().copied())
         .output()
         .unwrap();
@@ -428,7 +429,11 @@ fn config_show_names_each_values_source_and_redacts_secrets() {
             "--workers",
             "3",
         ],
-        &[("RINGCAST_METRICS_LISTEN", "127.0.0.1:9100")],
+        &[
+            ("RINGCAST_METRICS_LISTEN", "127.0.0.1:9100"),
+            // Cluster mode needs a master key file (issue 14); config show names it.
+            ("RINGCAST_MASTER_KEY_FILE", "cluster-master.key"),
+        ],
     );
     let check = |key: &str, value: Value, source: &str| {
         assert_eq!(v[key]["value"], value, "{key}: {v}");
@@ -440,6 +445,7 @@ fn config_show_names_each_values_source_and_redacts_secrets() {
     check("workers", json!(3), "flag");
     check("metrics_listen", json!("127.0.0.1:9100"), "env");
     check("redis", json!("redis://:***@10.0.0.5:6379/0"), "flag");
+    check("master_key_file", json!("cluster-master.key"), "env");
     check("heartbeat_s", json!(25), "default");
     check("log_format", json!("text"), "default");
     assert!(!v.to_string().contains("hunter2"));

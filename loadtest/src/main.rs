@@ -86,6 +86,16 @@ pub struct Common {
     /// No progress lines on stderr.
     #[arg(long, global = true)]
     pub quiet: bool,
+    /// Start of every channel name: `private-lt` measures private channels (with --token).
+    #[arg(long, default_value = "lt", global = true)]
+    pub channel_prefix: String,
+    /// Fixed channel tag instead of a per-run one (so a token can name the channels:
+    /// `<prefix><tag>c<index>`). Use a new one per run.
+    #[arg(long, global = true)]
+    pub tag: Option<String>,
+    /// Subscription token (JWT) for ringcast subscribe frames (private channels).
+    #[arg(long, env = "LOADTEST_TOKEN", global = true)]
+    pub token: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -160,10 +170,14 @@ fn make_target(c: &Common) -> Result<Target, String> {
         publish_endpoint,
         secret_key: c.secret_key.clone(),
         public_key: c.public_key.clone(),
-        tag: format!("{:x}", (nanos / 1000) ^ u64::from(std::process::id()) << 20)
-            .chars()
-            .rev()
-            .take(8)
-            .collect(),
+        tag: c.tag.clone().unwrap_or_else(|| {
+            format!("{:x}", (nanos / 1000) ^ u64::from(std::process::id()) << 20)
+                .chars()
+                .rev()
+                .take(8)
+                .collect()
+        }),
+        channel_prefix: c.channel_prefix.clone(),
+        token: c.token.clone(),
     })
 }

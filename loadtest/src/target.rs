@@ -41,6 +41,11 @@ pub struct Target {
     pub public_key: String,
     /// A per-run channel prefix, so a run never sees messages left by an earlier one.
     pub tag: String,
+    /// Start of every channel name (`lt` by default; `private-lt` for private channels).
+    pub channel_prefix: String,
+    /// A subscription token (JWT) sent in every ringcast subscribe frame (private
+    /// channels); it must name every channel of the run.
+    pub token: Option<String>,
 }
 
 /// What a text frame from the server means to the harness.
@@ -101,7 +106,7 @@ impl Target {
 
     /// The channel name of channel index `ch` (per-run prefix).
     pub fn channel_name(&self, ch: u32) -> String {
-        format!("lt{}c{}", self.tag, ch)
+        format!("{}{}c{}", self.channel_prefix, self.tag, ch)
     }
 
     /// The path of the WebSocket upgrade. For Nchan the channel is in the path.
@@ -124,10 +129,17 @@ impl Target {
         } else {
             "unsubscribe"
         };
-        format!(
-            "{{\"type\":\"{ty}\",\"channel\":\"{}\"}}",
-            self.channel_name(ch)
-        )
+        match (&self.token, subscribe) {
+            // The token is base64url and dots: nothing in it needs escaping.
+            (Some(token), true) => format!(
+                "{{\"type\":\"{ty}\",\"channel\":\"{}\",\"token\":\"{token}\"}}",
+                self.channel_name(ch)
+            ),
+            _ => format!(
+                "{{\"type\":\"{ty}\",\"channel\":\"{}\"}}",
+                self.channel_name(ch)
+            ),
+        }
     }
 
     /// Append one publish request for channel `ch` carrying timestamp `t` and
@@ -253,7 +265,23 @@ mod tests {
             secret_key: "sk_x".into(),
             public_key: "pk_y".into(),
             tag: "ab".into(),
+            channel_prefix: "lt".into(),
+            token: None,
         }
+    }
+
+    #[test]
+    fn private_runs_name_their_channels_and_send_the_token() {
+        let mut t = target(Kind::Ringcast);
+        assert_eq!(t.channel_name(2), "ltabc2");
+        t.channel_prefix = "private-lt".into();
+        t.token = Some("h.p.s".into());
+        assert_eq!(t.channel_name(2), "private-ltabc2");
+        let v: serde_json::Value = serde_json::from_str(&t.subscribe_json(2, true)).unwrap();
+        assert_eq!(v["token"], "h.p.s");
+        assert_eq!(v["channel"], "private-ltabc2");
+        let v: serde_json::Value = serde_json::from_str(&t.subscribe_json(2, false)).unwrap();
+        assert!(v.get("token").is_none());
     }
 
     #[test]

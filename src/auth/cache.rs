@@ -11,6 +11,8 @@
 //!   resets a project's quota, and channel namespaces (by `index`) never move. Indexes
 //!   are dense, handed out in order of first appearance, and never reused.
 //! - Rebuilding happens on the control-plane thread, never on a worker.
+//! - Token secrets are opened (master key) and public token keys parsed here, at
+//!   rebuild, so a worker verifying a token only looks its project's [`TokenKeys`] up.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -18,10 +20,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use arc_swap::{ArcSwap, Guard};
 
+use super::token::TokenKeys;
 use crate::apikey::{hash_key, is_well_formed, KeyHash, KeyKind};
 use crate::history::HistoryCell;
 use crate::quota::Quota;
-use crate::store::StoreContents;
+use crate::sealed::MasterKey;
+use crate::store::{StoreContents, TokenKeyRecord, TokenSecretRecord};
 
 /// A project as the data plane sees it.
 #[derive(Debug)]
@@ -79,6 +83,8 @@ pub struct KeySnapshot {
     by_hash: PrehashedMap<KeyEntry>,
     active_ids: HashSet<String>,
     projects: HashMap<String, Arc<ProjectState>>,
+    /// Project index → what verifies its private-channel tokens.
+    tokens: HashMap<u32, Arc<TokenKeys>>,
     generation: u64,
 }
 
@@ -178,6 +184,12 @@ impl KeySnapshot {
         self.projects.values()
     }
 
+    /// What verifies the tokens of the project with this index (`None`: it has neither
+    /// a token secret nor a token key).
+    pub fn token_keys(&self, project_index: u32) -> Option<&TokenKeys> {
+        self.tokens.get(&project_index).map(|t| &**t)
+    }
+
     /// Number of active keys.
     pub fn active_keys(&self) -> usize {
         self.by_hash.len()
@@ -199,6 +211,8 @@ struct RebuildState {
 pub struct KeyCache {
     current: ArcSwap<KeySnapshot>,
     rebuild: Mutex<RebuildState>,
+    /// Opens the stored token secrets; without it no token secret verifies.
+    master: Option<MasterKey>,
 }
 
 impl KeyCache {
@@ -207,6 +221,16 @@ impl KeyCache {
         Arc::new(KeyCache {
             current: ArcSwap::from_pointee(KeySnapshot::default()),
             rebuild: Mutex::new(RebuildState::default()),
+            master: None,
+        })
+    }
+
+    /// An empty cache that opens token secrets with `master`.
+    pub(crate) fn with_master(master: MasterKey) -> Arc<KeyCache> {
+        Arc::new(KeyCache {
+            current: ArcSwap::from_pointee(KeySnapshot::default()),
+            rebuild: Mutex::new(RebuildState::default()),
+            master: Some(master),
         })
     }
 
@@ -223,7 +247,9 @@ impl KeyCache {
 
     /// Publish a snapshot of `contents`, reusing every known project's state and
     /// applying changed rate limits to it in place.
-    pub fn rebuild(&self, contents: StoreContents) {
+    /// Returns how many stored token secrets did not open with the master key (a wrong
+    /// `master_key_file`); they verify nothing.
+    pub fn rebuild(&self, contents: StoreContents) -> usize {
         // A poisoned lock only means a previous rebuild panicked midway; the state it
         // guards is still coherent (indexes only grow), so carry on.
         let mut state = self.rebuild.lock().unwrap_or_else(PoisonError::into_inner);
@@ -270,6 +296,8 @@ impl KeyCache {
             projects.insert(record.id, project);
         }
 
+        let (tokens, unopened) =
+            self.token_keys(&contents.token_secrets, &contents.token_keys, &projects);
         let mut by_hash = PrehashedMap::default();
         by_hash.reserve(contents.keys.len());
         let mut active_ids = HashSet::with_capacity(contents.keys.len());
@@ -297,8 +325,67 @@ impl KeyCache {
             by_hash,
             active_ids,
             projects,
+            tokens,
             generation: state.generation,
         }));
+        unopened
+    }
+
+    /// Each project's token verifiers: secrets opened with the master key (those past
+    /// their rotation deadline left out), public keys parsed.
+    fn token_keys(
+        &self,
+        secrets: &[TokenSecretRecord],
+        token_keys: &[TokenKeyRecord],
+        projects: &HashMap<String, Arc<ProjectState>>,
+    ) -> (HashMap<u32, Arc<TokenKeys>>, usize) {
+        let now = crate::store::unix_now();
+        let mut building: HashMap<u32, TokenKeys> = HashMap::new();
+        let mut unopened = 0;
+        for secret in secrets {
+            let Some(project) = projects.get(&secret.project_id) else {
+                continue;
+            };
+            if secret.expires_at.is_some_and(|until| until <= now) {
+                continue;
+            }
+            let opened = self
+                .master
+                .as_ref()
+                .and_then(|m| m.open(&secret.project_id, &secret.sealed).ok());
+            let Some(clear) = opened else {
+                unopened += 1;
+                continue;
+            };
+            let until = secret.expires_at.map(|t| t.max(0) as u64);
+            building
+                .entry(project.index)
+                .or_default()
+                .add_secret(&clear, until);
+        }
+        for key in token_keys {
+            if let Some(project) = projects.get(&key.project_id) {
+                building.entry(project.index).or_default().add_key(
+                    &key.id,
+                    key.alg,
+                    &key.public_pem,
+                );
+            }
+        }
+        if unopened > 0 {
+            tracing::error!(
+                count = unopened,
+                "token secrets do not open with this master key: private-channel tokens signed with them are refused"
+            );
+        }
+        let tokens = building
+            .into_iter()
+            .map(|(index, mut keys)| {
+                keys.finish();
+                (index, Arc::new(keys))
+            })
+            .collect();
+        (tokens, unopened)
     }
 }
 
@@ -342,6 +429,7 @@ mod tests {
         cache.rebuild(StoreContents {
             projects: vec![project("prj_a", "10/s")],
             keys: vec![sk, pk, orphan],
+            ..StoreContents::default()
         });
         let snap = cache.load();
         assert_eq!(snap.generation(), 1);
@@ -366,6 +454,7 @@ mod tests {
         let contents = |rate: &str, keys: Vec<KeyRecord>| StoreContents {
             projects: vec![project("prj_a", rate), project("prj_b", "1/s")],
             keys,
+            ..StoreContents::default()
         };
         cache.rebuild(contents("2/s", vec![sk.clone()]));
         let before = Arc::clone(&cache.load().lookup(&sk_full).unwrap().project);
@@ -411,6 +500,7 @@ mod tests {
         cache.rebuild(StoreContents {
             projects: vec![project("prj_a", "1/s")],
             keys: vec![],
+            ..StoreContents::default()
         });
         let old = Arc::clone(cache.load().project("prj_a").unwrap());
         let now = crate::quota::now_ns();
@@ -420,6 +510,7 @@ mod tests {
         cache.rebuild(StoreContents {
             projects: vec![renamed],
             keys: vec![],
+            ..StoreContents::default()
         });
         let snap = cache.load();
         let new = snap.project("prj_a").unwrap();

@@ -3,12 +3,15 @@
 //! - [`cache`]: the immutable in-memory [`KeySnapshot`] workers read without locks, and
 //!   the [`KeyCache`] that swaps in a new one.
 //! - [`watcher`]: the control-plane thread that rebuilds the cache when the store changes.
+//! - [`token`]: private-channel subscription tokens (JWT): the keys that verify a
+//!   project's tokens, and the one verification a subscribe or refresh goes through.
 //!
 //! Invariant: the data plane only ever touches [`KeyCache::load`] and what a snapshot
 //! returns; it never reaches the store, never blocks and never sees a full key that it
 //! did not receive from a client.
 
 pub(crate) mod cache;
+pub(crate) mod token;
 pub(crate) mod watcher;
 
 pub(crate) use cache::{KeyCache, KeyRefusal, ProjectState};

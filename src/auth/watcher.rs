@@ -75,7 +75,7 @@ impl Watcher {
             return Ok(false);
         }
         let contents = self.store.load_all()?;
-        self.cache.rebuild(contents);
+        let _unopened = self.cache.rebuild(contents);
         self.last_token = Some(token);
         (self.on_change)();
         Ok(true)
@@ -146,11 +146,12 @@ mod tests {
     fn picks_up_a_revocation_and_a_new_limit() {
         let dir = tempfile::tempdir().unwrap();
         let mut admin = SqliteStore::open(dir.path()).unwrap();
-        let (project, secret, public) = admin
+        let (project, secret, public, _) = admin
             .create_project(
                 "p",
                 RateLimit::parse("10/s").unwrap(),
                 crate::history::HistorySpec::OFF,
+                &crate::sealed::MasterKey::random(),
             )
             .unwrap();
 
@@ -223,9 +224,10 @@ mod tests {
             name: &str,
             rate: RateLimit,
             history: crate::history::HistorySpec,
-        ) -> Result<(ProjectRecord, String, String), StoreError> {
+            master: &crate::sealed::MasterKey,
+        ) -> Result<(ProjectRecord, String, String, String), StoreError> {
             self.check()?;
-            self.inner.create_project(name, rate, history)
+            self.inner.create_project(name, rate, history, master)
         }
         fn set_history(
             &mut self,
@@ -234,6 +236,28 @@ mod tests {
         ) -> Result<ProjectRecord, StoreError> {
             self.check()?;
             self.inner.set_history(id, history)
+        }
+        fn rotate_token_secret(
+            &mut self,
+            id: &str,
+            master: &crate::sealed::MasterKey,
+            grace_s: u64,
+        ) -> Result<String, StoreError> {
+            self.check()?;
+            self.inner.rotate_token_secret(id, master, grace_s)
+        }
+        fn add_token_key(
+            &mut self,
+            id: &str,
+            alg: crate::store::TokenKeyAlg,
+            pem: &str,
+        ) -> Result<crate::store::TokenKeyRecord, StoreError> {
+            self.check()?;
+            self.inner.add_token_key(id, alg, pem)
+        }
+        fn remove_token_key(&mut self, id: &str, key_id: &str) -> Result<(), StoreError> {
+            self.check()?;
+            self.inner.remove_token_key(id, key_id)
         }
         fn list_projects(&mut self) -> Result<Vec<ProjectRecord>, StoreError> {
             self.check()?;

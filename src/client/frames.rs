@@ -58,6 +58,39 @@ pub(crate) fn error_frame(code: &str, message: &str) -> Bytes {
     frame::frame(Opcode::Text, &json)
 }
 
+/// An error frame about one channel (`forbidden` for a refused token).
+pub(crate) fn channel_error_frame(code: &str, channel: &str, message: &str) -> Bytes {
+    let mut json = Vec::with_capacity(64 + channel.len() + message.len());
+    json.extend_from_slice(b"{\"type\":\"error\",\"code\":");
+    write_json_str(&mut json, code);
+    json.extend_from_slice(b",\"channel\":");
+    write_json_str(&mut json, channel);
+    json.extend_from_slice(b",\"message\":");
+    write_json_str(&mut json, message);
+    json.push(b'}');
+    frame::frame(Opcode::Text, &json)
+}
+
+/// `unsubscribed` sent by the server on its own (e.g. `token_expired`).
+pub(crate) fn unsubscribed_with_reason(channel: &str, reason: &str) -> Bytes {
+    let mut json = Vec::with_capacity(64 + channel.len());
+    json.extend_from_slice(b"{\"type\":\"unsubscribed\",\"channel\":");
+    write_json_str(&mut json, channel);
+    json.extend_from_slice(b",\"reason\":");
+    write_json_str(&mut json, reason);
+    json.push(b'}');
+    frame::frame(Opcode::Text, &json)
+}
+
+/// The answer to an accepted `refresh`: the new `exp` now in force.
+pub(crate) fn refreshed_frame(channel: &str, exp: u64) -> Bytes {
+    let mut json = Vec::with_capacity(64 + channel.len());
+    json.extend_from_slice(b"{\"type\":\"refreshed\",\"channel\":");
+    write_json_str(&mut json, channel);
+    json.extend_from_slice(format!(",\"exp\":{exp}}}").as_bytes());
+    frame::frame(Opcode::Text, &json)
+}
+
 /// The frame sent right after the upgrade.
 pub(crate) fn connected_frame(connection_id: &str, heartbeat_s: u64) -> Bytes {
     let json = format!(
@@ -102,5 +135,14 @@ mod tests {
         let e = error_frame("invalid_json", "bad");
         let v: serde_json::Value = serde_json::from_slice(&e[2..]).unwrap();
         assert_eq!(v["code"], "invalid_json");
+        let parse = |f: Bytes| serde_json::from_slice::<serde_json::Value>(&f[2..]).unwrap();
+        assert_eq!(
+            parse(channel_error_frame("forbidden", "private-\"x", "no")),
+            serde_json::json!({"type":"error","code":"forbidden","channel":"private-\"x","message":"no"})
+        );
+        assert_eq!(
+            parse(refreshed_frame("private-a", 1_900_000_000)),
+            serde_json::json!({"type":"refreshed","channel":"private-a","exp":1_900_000_000u64})
+        );
     }
 }

@@ -8,6 +8,11 @@
 //! Subscribing twice is idempotent (one delivery per publish, whatever happens), as is
 //! unsubscribing from a channel one is not in. Client frames are parsed with simd-json in
 //! place: the payload buffer is ours and mutable.
+//!
+//! Private channels (`client::private`): a subscribe to one is verified (its `token`)
+//! before anything else and refused with `forbidden` and no subscription; `refresh`
+//! moves a held grant's expiry. The grants live beside `subscriptions`; one the
+//! worker's expiry timer ended is pruned from both when the next frame arrives.
 
 use std::rc::Rc;
 use std::sync::Arc;
@@ -15,6 +20,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use simd_json::prelude::{ValueAsScalar, ValueObjectAccess};
 
+use crate::auth::token::{Grant as TokenGrant, TokenRefusal};
 use crate::auth::ProjectState;
 use crate::close::Disconnect;
 use crate::shard::registry::Subscribed;
@@ -22,7 +28,8 @@ use crate::shard::Shard;
 use crate::ws::conn::{Session, WsConn};
 use crate::ws::frame::Opcode;
 
-use super::frames::{error_frame, reply, subscribed, PONG};
+use super::frames::{channel_error_frame, error_frame, refreshed_frame, reply, subscribed, PONG};
+use super::private::{needs_token, unix_now, Expiry, Grant};
 
 /// A subscribe's `since`: the last position the client saw.
 struct Since<'a> {
@@ -39,6 +46,10 @@ pub(crate) struct ClientSession {
     max_subscriptions: usize,
     /// Channels this connection is subscribed to (bounded by `max_subscriptions`).
     subscriptions: Vec<Box<str>>,
+    /// The worker's expiry timer of private subscriptions.
+    expiry: Rc<Expiry>,
+    /// One grant per private channel in `subscriptions` (empty for most connections).
+    grants: Vec<Rc<Grant>>,
 }
 
 impl ClientSession {
@@ -46,12 +57,15 @@ impl ClientSession {
         shard: Rc<Shard>,
         project: Arc<ProjectState>,
         max_subscriptions: usize,
+        expiry: Rc<Expiry>,
     ) -> ClientSession {
         ClientSession {
             shard,
             project,
             max_subscriptions,
             subscriptions: Vec::new(),
+            expiry,
+            grants: Vec::new(),
         }
     }
 
@@ -153,6 +167,93 @@ impl ClientSession {
         }
     }
 
+    /// Subscribe to a private channel: the token first, then as any subscribe.
+    fn subscribe_private(
+        &mut self,
+        conn: &Rc<WsConn>,
+        channel: &str,
+        token: Option<&str>,
+        since: Option<Since<'_>>,
+    ) {
+        let granted = match self.verify(channel, token) {
+            Ok(g) => g,
+            Err(refusal) => return forbidden(conn, channel, refusal),
+        };
+        if let Some(held) = self.grant(channel) {
+            // Subscribed already: a fresh token acts as a refresh; `subscribe` answers
+            // as for any repeated subscribe.
+            if held.sub.as_deref() != granted.sub.as_deref() {
+                return forbidden(conn, channel, TokenRefusal::SubjectChanged);
+            }
+            self.expiry.arm(&held, granted.exp);
+            return self.subscribe(conn, channel, since);
+        }
+        self.subscribe(conn, channel, since);
+        if self.subscriptions.iter().any(|c| &**c == channel) {
+            let grant = Grant::new(self.project.index, channel, conn, granted.sub, granted.exp);
+            self.expiry.arm(&grant, granted.exp);
+            self.grants.push(grant);
+        }
+    }
+
+    /// `refresh`: a new token for a held private subscription moves its expiry. A
+    /// refused one leaves the old `exp` in force.
+    fn refresh(&mut self, conn: &Rc<WsConn>, channel: &str, token: Option<&str>) {
+        let Some(held) = self.grant(channel) else {
+            return forbidden(conn, channel, TokenRefusal::NotSubscribed);
+        };
+        match self.verify(channel, token) {
+            Err(refusal) => forbidden(conn, channel, refusal),
+            Ok(g) if g.sub.as_deref() != held.sub.as_deref() => {
+                forbidden(conn, channel, TokenRefusal::SubjectChanged)
+            }
+            Ok(g) => {
+                self.expiry.arm(&held, g.exp);
+                conn.send(refreshed_frame(channel, held.exp()));
+            }
+        }
+    }
+
+    /// Check a token for `channel` against the project's token keys, now.
+    fn verify(&self, channel: &str, token: Option<&str>) -> Result<TokenGrant, TokenRefusal> {
+        let token = token.ok_or(TokenRefusal::Missing)?;
+        let snapshot = self.shard.keys().load();
+        let keys = snapshot
+            .token_keys(self.project.index)
+            .ok_or(TokenRefusal::NoSecret)?;
+        keys.verify(token, channel, unix_now())
+    }
+
+    fn grant(&self, channel: &str) -> Option<Rc<Grant>> {
+        self.grants.iter().find(|g| &*g.channel == channel).cloned()
+    }
+
+    /// Forget the grant of a channel being left (its deadline too).
+    fn drop_grant(&mut self, channel: &str) {
+        if let Some(pos) = self.grants.iter().position(|g| &*g.channel == channel) {
+            let grant = self.grants.swap_remove(pos);
+            self.expiry.disarm(&grant);
+        }
+    }
+
+    /// Drop the channels whose grant the expiry timer ended (it already unsubscribed
+    /// them from the registry and told the client).
+    fn prune_ended(&mut self) {
+        if !self.grants.iter().any(|g| g.is_ended()) {
+            return;
+        }
+        let subscriptions = &mut self.subscriptions;
+        self.grants.retain(|g| {
+            if !g.is_ended() {
+                return true;
+            }
+            if let Some(pos) = subscriptions.iter().position(|c| **c == *g.channel) {
+                subscriptions.swap_remove(pos);
+            }
+            false
+        });
+    }
+
     fn unsubscribe(&mut self, conn: &Rc<WsConn>, channel: &str) {
         if let Some(pos) = self.subscriptions.iter().position(|c| &**c == channel) {
             self.subscriptions.swap_remove(pos);
@@ -195,11 +296,12 @@ impl Session for ClientSession {
             ));
             return Ok(());
         };
+        self.prune_ended();
         match kind {
             "ping" => {
                 conn.send(Bytes::from_static(PONG));
             }
-            "subscribe" | "unsubscribe" => {
+            "subscribe" | "unsubscribe" | "refresh" => {
                 let channel = match value.get("channel").and_then(|c| c.as_str()) {
                     Some(c) => c,
                     None => {
@@ -235,15 +337,24 @@ impl Session for ClientSession {
                             }
                         }
                     };
-                    self.subscribe(conn, channel, since);
+                    if needs_token(channel) {
+                        let token = value.get("token").and_then(|t| t.as_str());
+                        self.subscribe_private(conn, channel, token, since);
+                    } else {
+                        self.subscribe(conn, channel, since);
+                    }
+                } else if kind == "refresh" {
+                    let token = value.get("token").and_then(|t| t.as_str());
+                    self.refresh(conn, channel, token);
                 } else {
+                    self.drop_grant(channel);
                     self.unsubscribe(conn, channel);
                 }
             }
             _ => {
                 conn.send(error_frame(
                     "unknown_type",
-                    "type must be subscribe, unsubscribe or ping",
+                    "type must be subscribe, unsubscribe, refresh or ping",
                 ));
             }
         }
@@ -251,12 +362,24 @@ impl Session for ClientSession {
     }
 
     fn on_end(&mut self, conn: &Rc<WsConn>) {
+        for grant in self.grants.drain(..) {
+            self.expiry.disarm(&grant);
+        }
         for channel in self.subscriptions.drain(..) {
             self.shard
                 .unsubscribe(self.project.index, &channel, conn.id);
         }
         self.shard.remove(conn.id);
     }
+}
+
+/// Refuse a private subscribe or refresh.
+fn forbidden(conn: &Rc<WsConn>, channel: &str, refusal: TokenRefusal) {
+    conn.send(channel_error_frame(
+        "forbidden",
+        channel,
+        &refusal.to_string(),
+    ));
 }
 
 /// Client frames are flat control messages; anything nested deeper is refused.
@@ -301,7 +424,11 @@ mod tests {
     fn frames(conn: &WsConn) -> Vec<serde_json::Value> {
         conn.take_queued()
             .iter()
-            .map(|f| serde_json::from_slice(&f[2..]).expect("a small JSON text frame"))
+            .map(|f| {
+                // 2-byte header, or 4 with a 16-bit length (frames of 126+ bytes).
+                let start = if f[1] & 0x7f == 126 { 4 } else { 2 };
+                serde_json::from_slice(&f[start..]).expect("a JSON text frame")
+            })
             .collect()
     }
 
@@ -323,11 +450,156 @@ mod tests {
             ws_connections: Arc::default(),
         });
         (
-            ClientSession::new(shard.clone(), project, max),
+            ClientSession::new(shard.clone(), project, max, Expiry::new(shard.clone())),
             conn,
             shard,
             rec,
         )
+    }
+
+    /// A session of project index 0 ("prj_p") whose token secret is `secret`.
+    fn private_setup(secret: &str) -> (ClientSession, Rc<WsConn>, Rc<Shard>, Rc<Expiry>) {
+        use crate::auth::KeyCache;
+        use crate::sealed::MasterKey;
+        use crate::shard::mailbox::Mailboxes;
+        use crate::shard::ShardSetup;
+        use crate::store::{ProjectRecord, StoreContents, TokenSecretRecord};
+        let master = MasterKey::random();
+        let sealed = master.seal("prj_p", secret.as_bytes()).unwrap();
+        let keys = KeyCache::with_master(master);
+        let unopened = keys.rebuild(StoreContents {
+            projects: vec![ProjectRecord {
+                id: "prj_p".into(),
+                name: "p".into(),
+                rate_limit: crate::quota::RateLimit::parse("1/s").unwrap(),
+                history: crate::history::HistorySpec::OFF,
+            }],
+            token_secrets: vec![TokenSecretRecord {
+                id: "tsk_1".into(),
+                project_id: "prj_p".into(),
+                sealed,
+                expires_at: None,
+            }],
+            ..StoreContents::default()
+        });
+        assert_eq!(unopened, 0);
+        let project = keys.load().project("prj_p").expect("the project").clone();
+        let mailboxes = Mailboxes::new(1, 16);
+        let shard = Rc::new(Shard::new(ShardSetup {
+            index: 0,
+            keys,
+            mailbox: mailboxes.get(0).unwrap(),
+            sink: None,
+            max_connections: 2,
+            history: std::sync::Arc::new(crate::history::History::new(
+                1 << 20,
+                crate::history::Recoveries::Allowed,
+            )),
+        }));
+        let expiry = Expiry::new(shard.clone());
+        let conn = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
+        let session = ClientSession::new(shard.clone(), project, 2, expiry.clone());
+        (session, conn, shard, expiry)
+    }
+
+    fn token(secret: &str, claims: serde_json::Value) -> String {
+        jsonwebtoken::encode(
+            &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+            &claims,
+            &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn private_subscribe_refresh_and_expiry_keep_session_and_registry_in_step() {
+        const TS: &str = "ts_unit";
+        let (mut s, conn, shard, expiry) = private_setup(TS);
+        let exp = unix_now() + 60;
+        let sub =
+            |c: &str, t: &str| format!(r#"{{"type":"subscribe","channel":"{c}","token":"{t}"}}"#);
+        let t_a = token(
+            TS,
+            serde_json::json!({"channel": "private-a", "exp": exp, "sub": "u"}),
+        );
+        send(
+            &mut s,
+            &conn,
+            r#"{"type":"subscribe","channel":"private-a"}"#,
+        )
+        .unwrap();
+        send(&mut s, &conn, &sub("private-a", "x.y.z")).unwrap();
+        let refused = frames(&conn);
+        assert!(refused
+            .iter()
+            .all(|f| f["code"] == "forbidden" && f["channel"] == "private-a"));
+        assert_eq!(shard.subscriber_count(0, "private-a"), 0);
+        assert_eq!(expiry.armed(), 0);
+
+        send(&mut s, &conn, &sub("private-a", &t_a)).unwrap();
+        assert_eq!(frames(&conn)[0]["type"], "subscribed");
+        assert_eq!(shard.subscriber_count(0, "private-a"), 1);
+        assert_eq!(expiry.armed(), 1);
+
+        // Refresh: another sub is refused, the same sub moves exp.
+        let other = token(
+            TS,
+            serde_json::json!({"channel": "private-a", "exp": exp + 10, "sub": "v"}),
+        );
+        send(
+            &mut s,
+            &conn,
+            &format!(r#"{{"type":"refresh","channel":"private-a","token":"{other}"}}"#),
+        )
+        .unwrap();
+        assert_eq!(frames(&conn)[0]["code"], "forbidden");
+        let later = token(
+            TS,
+            serde_json::json!({"channel": "private-a", "exp": exp + 10, "sub": "u"}),
+        );
+        send(
+            &mut s,
+            &conn,
+            &format!(r#"{{"type":"refresh","channel":"private-a","token":"{later}"}}"#),
+        )
+        .unwrap();
+        let r = frames(&conn);
+        assert_eq!(r[0]["type"], "refreshed");
+        assert_eq!(r[0]["exp"], exp + 10);
+        assert_eq!(expiry.armed(), 1, "a refresh replaces the deadline");
+
+        // The timer ends it; the next frame prunes it from the session, so the
+        // subscription slot is free again (limit 2 here) and a new subscribe registers.
+        let far = std::time::Instant::now() + std::time::Duration::from_secs(3600);
+        assert_eq!(expiry.fire_due(far), 1);
+        assert_eq!(frames(&conn)[0]["reason"], "token_expired");
+        assert_eq!(shard.subscriber_count(0, "private-a"), 0);
+        send(&mut s, &conn, r#"{"type":"subscribe","channel":"news"}"#).unwrap();
+        send(&mut s, &conn, r#"{"type":"subscribe","channel":"more"}"#).unwrap();
+        let kinds: Vec<_> = frames(&conn).iter().map(|f| f["type"].clone()).collect();
+        assert_eq!(kinds, ["subscribed", "subscribed"]);
+        let t_b = token(TS, serde_json::json!({"channel": "private-a", "exp": exp}));
+        send(&mut s, &conn, &sub("private-a", &t_b)).unwrap();
+        assert_eq!(frames(&conn)[0]["code"], "too_many_subscriptions");
+        assert_eq!(expiry.armed(), 0, "no grant without a subscription");
+
+        // Unsubscribe and the end of the connection disarm.
+        send(&mut s, &conn, r#"{"type":"unsubscribe","channel":"news"}"#).unwrap();
+        send(&mut s, &conn, &sub("private-a", &t_b)).unwrap();
+        assert_eq!(frames(&conn)[1]["type"], "subscribed");
+        assert_eq!(expiry.armed(), 1);
+        send(
+            &mut s,
+            &conn,
+            r#"{"type":"unsubscribe","channel":"private-a"}"#,
+        )
+        .unwrap();
+        assert_eq!(expiry.armed(), 0);
+        send(&mut s, &conn, &sub("private-a", &t_b)).unwrap();
+        assert_eq!(expiry.armed(), 1);
+        s.on_end(&conn);
+        assert_eq!(expiry.armed(), 0);
+        assert_eq!(shard.subscriber_count(0, "private-a"), 0);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! What one worker's HTTP side holds: the node it belongs to, its own shard, and the
-//! per-worker scratch of the publish path (the simd-json parser and the id generator).
+//! per-worker scratch of the publish path (the simd-json parser and the id generator),
+//! and the worker's expiry timer of private subscriptions.
 //!
 //! Made once per worker by the server and shared by that worker's connection tasks
 //! through an `Rc`: nothing here crosses cores.
@@ -8,6 +9,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 
+use crate::client::Expiry;
 use crate::config::Config;
 use crate::ids::IdGen;
 use crate::node::Node;
@@ -19,6 +21,8 @@ pub(crate) struct Service {
     pub shard: Rc<Shard>,
     pub parser: RefCell<PublishParser>,
     pub ids: IdGen,
+    /// The worker's expiry timer of private subscriptions (its task runs in the worker).
+    pub expiry: Rc<Expiry>,
 }
 
 impl Service {
@@ -26,6 +30,7 @@ impl Service {
         let ids = IdGen::new(shard.index());
         Service {
             node,
+            expiry: Expiry::new(shard.clone()),
             shard,
             parser: RefCell::new(PublishParser::new()),
             ids,

@@ -127,6 +127,7 @@ pub(crate) fn start<S: Transport>(
         shard.clone(),
         upgrade.project,
         cfg.max_subscriptions_per_connection,
+        svc.expiry.clone(),
     );
     // An empty leftover still owns the 4 KiB HTTP read buffer: free it now, not when
     // the connection ends (it would be most of an idle connection's memory).

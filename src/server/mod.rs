@@ -39,6 +39,7 @@ use crate::auth::KeyCache;
 use crate::cli::{Cli, LogFormat, ServeArgs};
 use crate::config::{redact_url, Config};
 use crate::metrics::Metrics;
+use crate::sealed::MasterKey;
 use crate::shard::mailbox::{Envelope, Mailboxes};
 
 use crate::node::Node;
@@ -128,7 +129,12 @@ pub(crate) fn bind_listener(addr: SocketAddr) -> Result<TcpListener, ServeError>
 
 /// `ringcast serve`. A refused start is logged as one line (see the module doc).
 pub fn run_cli(cli: &Cli, args: &ServeArgs) -> anyhow::Result<()> {
-    let config = match Config::load(args, &cli.data_dir, cli.redis.as_deref()) {
+    let config = match Config::load(
+        args,
+        &cli.data_dir,
+        cli.redis.as_deref(),
+        cli.master_key_file.as_deref(),
+    ) {
         Ok(config) => config,
         Err(e) => {
             let format = args.log_format.unwrap_or_default();
@@ -157,21 +163,33 @@ fn start(args: &ServeArgs, config: Config) -> anyhow::Result<()> {
     let tls = load_tls(&config)?;
     let mut store = crate::store::open_store(&config.data_dir, config.redis.as_deref())
         .with_context(|| format!("cannot open the key store in {}", config.data_dir.display()))?;
+    // The master key before anything listens: a wrong or missing one stops the start.
+    let master = MasterKey::load(
+        config.master_key_file.as_deref(),
+        &config.data_dir,
+        config.redis.is_some(),
+    )?;
     if args.dev {
         let rate = crate::quota::RateLimit::parse(&config.default_rate_limit)?;
-        if let Some((project, secret, public)) =
-            crate::admin::dev_bootstrap_with(&mut *store, rate)?
+        if let Some((project, secret, public, token_secret)) =
+            crate::admin::dev_bootstrap_with(&mut *store, rate, &master)?
         {
             let line = serde_json::json!({
                 "dev_project": {"id": project.id, "name": project.name, "rate_limit": project.rate_limit.to_string()},
                 "secret_key": secret,
                 "public_key": public,
+                "token_secret": token_secret,
             });
             println!("{line}");
         }
     }
-    let keys = KeyCache::new();
-    keys.rebuild(store.load_all()?);
+    let keys = KeyCache::with_master(master);
+    let unopened = keys.rebuild(store.load_all()?);
+    if unopened > 0 {
+        anyhow::bail!(
+            "{unopened} stored token secrets do not open with this master key: give every node (and the admin CLI) the same master_key_file"
+        );
+    }
     serve(config, tls, store, keys)
 }
 

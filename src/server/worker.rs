@@ -149,6 +149,7 @@ pub(crate) fn run(setup: WorkerSetup) -> std::io::Result<()> {
         if index == 0 {
             monoio::spawn(history_sweep(svc.node.history.clone()));
         }
+        monoio::spawn(svc.expiry.clone().run());
         accept_loop(&svc, listener, tls).await;
         // Shutdown: give WebSockets time to receive 1001 and queued messages.
         let deadline = Instant::now() + grace;

@@ -145,6 +145,11 @@ impl Shard {
         self.index
     }
 
+    /// The node's key snapshot holder (the client protocol verifies tokens with it).
+    pub(crate) fn keys(&self) -> &Arc<KeyCache> {
+        &self.keys
+    }
+
     /// Coarse worker clock in seconds (heartbeat bookkeeping).
     pub(crate) fn clock(&self) -> u32 {
         self.started.elapsed().as_secs() as u32

@@ -6,6 +6,9 @@
 //! Invariants every implementation keeps:
 //! - Only [`KeyHash`]es and display prefixes of keys are stored, never a full key. A
 //!   full key is returned once, by the call that created it.
+//! - A project token secret (`ts_...`) is stored only sealed under the master key
+//!   ([`crate::sealed`]); the clear secret is returned once, by the call that made it.
+//!   Of a token key (ES256/EdDSA) only the public half is ever stored.
 //! - Every committed change makes [`Store::change_token`] return a different value, in
 //!   every process watching the same store, so running servers notice it.
 //! - Revocation is permanent: a revoked key never becomes active again.
@@ -22,6 +25,7 @@ use std::path::{Path, PathBuf};
 use crate::apikey::{KeyHash, KeyKind};
 use crate::history::HistorySpec;
 use crate::quota::RateLimit;
+use crate::sealed::{MasterKey, SealError};
 
 /// Longest project name, in characters (same bound as channel names).
 pub(crate) const MAX_PROJECT_NAME_CHARS: usize = 100;
@@ -66,12 +70,93 @@ impl KeyRecord {
     }
 }
 
+/// A project's token secret as stored: sealed, never in clear.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenSecretRecord {
+    pub id: String,
+    pub project_id: String,
+    /// `nonce || ciphertext || tag` under the master key, project id as associated data.
+    pub sealed: Vec<u8>,
+    /// Unix seconds after which it no longer verifies (set by a rotation); `None` while
+    /// it is current.
+    pub expires_at: Option<i64>,
+}
+
+/// The signature algorithm of a registered token key, decided from the key itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenKeyAlg {
+    /// ECDSA over P-256 with SHA-256.
+    Es256,
+    /// Ed25519.
+    EdDsa,
+}
+
+impl TokenKeyAlg {
+    /// The JWT `alg` name, also the stored form.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TokenKeyAlg::Es256 => "ES256",
+            TokenKeyAlg::EdDsa => "EdDSA",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<TokenKeyAlg> {
+        match s {
+            "ES256" => Some(TokenKeyAlg::Es256),
+            "EdDSA" => Some(TokenKeyAlg::EdDsa),
+            _ => None,
+        }
+    }
+}
+
+/// A registered public key that verifies a project's tokens naming it in `kid`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenKeyRecord {
+    pub id: String,
+    pub project_id: String,
+    pub alg: TokenKeyAlg,
+    /// SubjectPublicKeyInfo in PEM (`-----BEGIN PUBLIC KEY-----`).
+    pub public_pem: String,
+}
+
 /// One consistent read of the whole store (revoked keys included), from which the
 /// in-memory key snapshot is built.
 #[derive(Clone, Debug, Default)]
 pub struct StoreContents {
     pub projects: Vec<ProjectRecord>,
     pub keys: Vec<KeyRecord>,
+    /// Token secrets, oldest first, expired ones included (the snapshot drops them).
+    pub token_secrets: Vec<TokenSecretRecord>,
+    pub token_keys: Vec<TokenKeyRecord>,
+}
+
+/// Unix seconds now.
+pub(crate) fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// A new token secret for `project_id`: the clear `ts_...` (shown once) and its record.
+pub(crate) fn mint_token_secret(
+    project_id: &str,
+    master: &MasterKey,
+) -> Result<(TokenSecretRecord, String), StoreError> {
+    let secret = crate::apikey::generate_token_secret();
+    let record = TokenSecretRecord {
+        id: crate::apikey::generate_id("tsk_"),
+        project_id: project_id.to_string(),
+        sealed: master.seal(project_id, secret.as_bytes())?,
+        expires_at: None,
+    };
+    Ok((record, secret))
+}
+
+/// When the secrets a rotation replaces stop verifying: `grace_s` from now, or earlier
+/// if an earlier rotation already said so.
+pub(crate) fn rotated_expiry(current: Option<i64>, now: i64, grace_s: u64) -> i64 {
+    let until = now.saturating_add(i64::try_from(grace_s).unwrap_or(i64::MAX));
+    current.map_or(until, |c| c.min(until))
 }
 
 /// Why a store operation failed. `NotFound` and `Invalid` carry a sentence for the user.
@@ -97,19 +182,43 @@ pub(crate) enum StoreError {
     /// Redis did not answer, or answered with an error (cluster mode).
     #[error("Redis error: {0}")]
     Redis(String),
+    #[error(transparent)]
+    Seal(#[from] SealError),
 }
 
 /// Projects and keys, wherever they live. Methods take `&mut self` because a store is a
 /// connection: one per thread (admin command, watcher), never shared.
 pub(crate) trait Store: Send {
-    /// A new project with one secret and one public key. Returns the project, then the
-    /// full secret key, then the full public key (shown once, never stored).
+    /// A new project with one secret key, one public key and a token secret (sealed
+    /// with `master`). Returns the project, then the full secret key, the full public
+    /// key and the clear token secret (shown once, never stored in clear).
     fn create_project(
         &mut self,
         name: &str,
         rate_limit: RateLimit,
         history: HistorySpec,
-    ) -> Result<(ProjectRecord, String, String), StoreError>;
+        master: &MasterKey,
+    ) -> Result<(ProjectRecord, String, String, String), StoreError>;
+
+    /// A new token secret for a project; the project's other secrets stop verifying
+    /// `grace_s` seconds from now (0: at once). Returns the clear new secret.
+    fn rotate_token_secret(
+        &mut self,
+        project_id: &str,
+        master: &MasterKey,
+        grace_s: u64,
+    ) -> Result<String, StoreError>;
+
+    /// Register a public key (already checked by `auth::token::parse_public_key`).
+    fn add_token_key(
+        &mut self,
+        project_id: &str,
+        alg: TokenKeyAlg,
+        public_pem: &str,
+    ) -> Result<TokenKeyRecord, StoreError>;
+
+    /// Remove a registered key of that project (NotFound when it has no such key).
+    fn remove_token_key(&mut self, project_id: &str, key_id: &str) -> Result<(), StoreError>;
 
     /// All projects, oldest first.
     fn list_projects(&mut self) -> Result<Vec<ProjectRecord>, StoreError>;

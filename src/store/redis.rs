@@ -13,6 +13,9 @@
 //! - `keys` hash: key id → JSON `{project_id, kind, prefix, hash, seq}` (immutable);
 //! - `key_hashes` hash: hex SHA-256 → key id (revocation by full key);
 //! - `revoked` set: revoked key ids (revocation is a set insert: idempotent, permanent);
+//! - `token_secrets` hash: id → JSON `{project_id, sealed (base64), expires_at, seq}`,
+//!   sealed under the master key (never in clear);
+//! - `token_keys` hash: id → JSON `{project_id, alg, public_pem, seq}` (public halves only);
 //! - `version`: INCR'd in the same MULTI/EXEC as every change (the change token);
 //! - `seq`: a counter that orders projects and keys "oldest first".
 //!
@@ -27,10 +30,16 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{validate_project_name, KeyRecord, ProjectRecord, Store, StoreContents, StoreError};
+use base64::Engine as _;
+
+use super::{
+    mint_token_secret, rotated_expiry, unix_now, validate_project_name, KeyRecord, ProjectRecord,
+    Store, StoreContents, StoreError, TokenKeyAlg, TokenKeyRecord, TokenSecretRecord,
+};
 use crate::apikey::{generate_id, hash_key, key_prefix, KeyHash, KeyKind};
 use crate::history::HistorySpec;
 use crate::quota::RateLimit;
+use crate::sealed::MasterKey;
 
 /// Namespace of every Redis key ringcast writes.
 pub(crate) const PREFIX: &str = "ringcast:";
@@ -53,6 +62,82 @@ struct StoredKey {
     /// Hex SHA-256 of the full key.
     hash: String,
     seq: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StoredTokenSecret {
+    project_id: String,
+    /// Standard base64 of the sealed bytes.
+    sealed: String,
+    expires_at: Option<i64>,
+    seq: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StoredTokenKey {
+    project_id: String,
+    alg: String,
+    public_pem: String,
+    seq: u64,
+}
+
+fn encode_json<T: Serialize>(value: &T) -> Result<String, StoreError> {
+    serde_json::to_string(value).map_err(|e| StoreError::Corrupt(format!("cannot encode: {e}")))
+}
+
+fn decode_token_secrets(
+    raw: HashMap<String, String>,
+) -> Result<Vec<(String, StoredTokenSecret)>, StoreError> {
+    let mut out = raw
+        .into_iter()
+        .map(|(id, json)| {
+            serde_json::from_str::<StoredTokenSecret>(&json)
+                .map(|s| (id.clone(), s))
+                .map_err(|e| StoreError::Corrupt(format!("token secret {id}: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    out.sort_by_key(|(_, s)| s.seq);
+    Ok(out)
+}
+
+fn token_secret_records(
+    raw: HashMap<String, String>,
+) -> Result<Vec<TokenSecretRecord>, StoreError> {
+    decode_token_secrets(raw)?
+        .into_iter()
+        .map(|(id, s)| {
+            let sealed = base64::engine::general_purpose::STANDARD
+                .decode(&s.sealed)
+                .map_err(|e| StoreError::Corrupt(format!("token secret {id}: {e}")))?;
+            Ok(TokenSecretRecord {
+                id,
+                project_id: s.project_id,
+                sealed,
+                expires_at: s.expires_at,
+            })
+        })
+        .collect()
+}
+
+fn token_key_records(raw: HashMap<String, String>) -> Result<Vec<TokenKeyRecord>, StoreError> {
+    let mut out = Vec::with_capacity(raw.len());
+    for (id, json) in raw {
+        let stored: StoredTokenKey = serde_json::from_str(&json)
+            .map_err(|e| StoreError::Corrupt(format!("token key {id}: {e}")))?;
+        let alg = TokenKeyAlg::parse(&stored.alg)
+            .ok_or_else(|| StoreError::Corrupt(format!("token key {id}: unknown alg")))?;
+        out.push((
+            stored.seq,
+            TokenKeyRecord {
+                id,
+                project_id: stored.project_id,
+                alg,
+                public_pem: stored.public_pem,
+            },
+        ));
+    }
+    out.sort_by_key(|(seq, _)| *seq);
+    Ok(out.into_iter().map(|(_, k)| k).collect())
 }
 
 fn k(name: &str) -> String {
@@ -233,7 +318,8 @@ impl Store for RedisStore {
         name: &str,
         rate_limit: RateLimit,
         history: HistorySpec,
-    ) -> Result<(ProjectRecord, String, String), StoreError> {
+        master: &MasterKey,
+    ) -> Result<(ProjectRecord, String, String, String), StoreError> {
         validate_project_name(name)?;
         let project = ProjectRecord {
             id: generate_id("prj_"),
@@ -248,6 +334,13 @@ impl Store for RedisStore {
         .map_err(|e| StoreError::Corrupt(format!("cannot encode project: {e}")))?;
         let (sk, secret, sk_json) = self.new_key(&project.id, KeyKind::Secret)?;
         let (pk, public, pk_json) = self.new_key(&project.id, KeyKind::Public)?;
+        let (ts, token_secret) = mint_token_secret(&project.id, master)?;
+        let ts_json = encode_json(&StoredTokenSecret {
+            project_id: project.id.clone(),
+            sealed: base64::engine::general_purpose::STANDARD.encode(&ts.sealed),
+            expires_at: None,
+            seq: self.next_seq()?,
+        })?;
         self.with(|c| {
             redis::pipe()
                 .atomic()
@@ -258,10 +351,120 @@ impl Store for RedisStore {
                 .hset(k("key_hashes"), sk.hash.to_hex(), &sk.id)
                 .hset(k("keys"), &pk.id, &pk_json)
                 .hset(k("key_hashes"), pk.hash.to_hex(), &pk.id)
+                .hset(k("token_secrets"), &ts.id, &ts_json)
                 .incr(k("version"), 1)
                 .query::<()>(c)
         })?;
-        Ok((project, secret, public))
+        Ok((project, secret, public, token_secret))
+    }
+
+    fn rotate_token_secret(
+        &mut self,
+        project_id: &str,
+        master: &MasterKey,
+        grace_s: u64,
+    ) -> Result<String, StoreError> {
+        if !self.project_exists(project_id)? {
+            return Err(project_not_found(project_id));
+        }
+        let (record, secret) = mint_token_secret(project_id, master)?;
+        let new_json = encode_json(&StoredTokenSecret {
+            project_id: project_id.to_string(),
+            sealed: base64::engine::general_purpose::STANDARD.encode(&record.sealed),
+            expires_at: None,
+            seq: self.next_seq()?,
+        })?;
+        // WATCH the hash: a concurrent rotation makes EXEC fail instead of one rotation
+        // silently overwriting the other's deadlines; then read and try again.
+        for _ in 0..16 {
+            let committed: Option<()> = self.with(|c| {
+                redis::cmd("WATCH").arg(k("token_secrets")).query::<()>(c)?;
+                let raw: HashMap<String, String> =
+                    redis::cmd("HGETALL").arg(k("token_secrets")).query(c)?;
+                let old = decode_token_secrets(raw).map_err(|e| {
+                    redis::RedisError::from((redis::ErrorKind::Client, "corrupt", e.to_string()))
+                })?;
+                let now = unix_now();
+                let mut pipe = redis::pipe();
+                pipe.atomic();
+                for (id, mut stored) in old {
+                    if stored.project_id != project_id {
+                        continue;
+                    }
+                    stored.expires_at = Some(rotated_expiry(stored.expires_at, now, grace_s));
+                    let json = serde_json::to_string(&stored).map_err(|e| {
+                        redis::RedisError::from((redis::ErrorKind::Client, "encode", e.to_string()))
+                    })?;
+                    pipe.hset(k("token_secrets"), id, json).ignore();
+                }
+                pipe.hset(k("token_secrets"), &record.id, &new_json)
+                    .ignore()
+                    .incr(k("version"), 1)
+                    .ignore();
+                pipe.query::<Option<()>>(c)
+            })?;
+            if committed.is_some() {
+                return Ok(secret);
+            }
+        }
+        Err(StoreError::Redis(
+            "token secret rotation kept conflicting with another; try again".into(),
+        ))
+    }
+
+    fn add_token_key(
+        &mut self,
+        project_id: &str,
+        alg: TokenKeyAlg,
+        public_pem: &str,
+    ) -> Result<TokenKeyRecord, StoreError> {
+        if !self.project_exists(project_id)? {
+            return Err(project_not_found(project_id));
+        }
+        let record = TokenKeyRecord {
+            id: generate_id("tk_"),
+            project_id: project_id.to_string(),
+            alg,
+            public_pem: public_pem.to_string(),
+        };
+        let json = encode_json(&StoredTokenKey {
+            project_id: project_id.to_string(),
+            alg: alg.as_str().to_string(),
+            public_pem: public_pem.to_string(),
+            seq: self.next_seq()?,
+        })?;
+        self.with(|c| {
+            redis::pipe()
+                .atomic()
+                .hset(k("token_keys"), &record.id, &json)
+                .incr(k("version"), 1)
+                .query::<()>(c)
+        })?;
+        Ok(record)
+    }
+
+    fn remove_token_key(&mut self, project_id: &str, key_id: &str) -> Result<(), StoreError> {
+        let json: Option<String> =
+            self.with(|c| redis::cmd("HGET").arg(k("token_keys")).arg(key_id).query(c))?;
+        let belongs = json
+            .and_then(|j| serde_json::from_str::<StoredTokenKey>(&j).ok())
+            .is_some_and(|stored| stored.project_id == project_id);
+        if !belongs {
+            if !self.project_exists(project_id)? {
+                return Err(project_not_found(project_id));
+            }
+            return Err(StoreError::NotFound(format!(
+                "project {project_id:?} has no token key {key_id:?}"
+            )));
+        }
+        self.with(|c| {
+            redis::pipe()
+                .atomic()
+                .hdel(k("token_keys"), key_id)
+                .incr(k("version"), 1)
+                .query::<()>(c)
+        })?;
+        Ok(())
     }
 
     fn list_projects(&mut self) -> Result<Vec<ProjectRecord>, StoreError> {
@@ -379,25 +582,34 @@ impl Store for RedisStore {
             HashMap<String, String>,
             HashMap<String, String>,
             HashSet<String>,
+            HashMap<String, String>,
+            HashMap<String, String>,
         );
-        let (projects, limits, histories, keys, revoked): All = self.with(|c| {
-            redis::pipe()
-                .atomic()
-                .cmd("HGETALL")
-                .arg(k("projects"))
-                .cmd("HGETALL")
-                .arg(k("rate_limits"))
-                .cmd("HGETALL")
-                .arg(k("histories"))
-                .cmd("HGETALL")
-                .arg(k("keys"))
-                .cmd("SMEMBERS")
-                .arg(k("revoked"))
-                .query(c)
-        })?;
+        let (projects, limits, histories, keys, revoked, secrets, token_keys): All =
+            self.with(|c| {
+                redis::pipe()
+                    .atomic()
+                    .cmd("HGETALL")
+                    .arg(k("projects"))
+                    .cmd("HGETALL")
+                    .arg(k("rate_limits"))
+                    .cmd("HGETALL")
+                    .arg(k("histories"))
+                    .cmd("HGETALL")
+                    .arg(k("keys"))
+                    .cmd("SMEMBERS")
+                    .arg(k("revoked"))
+                    .cmd("HGETALL")
+                    .arg(k("token_secrets"))
+                    .cmd("HGETALL")
+                    .arg(k("token_keys"))
+                    .query(c)
+            })?;
         Ok(StoreContents {
             projects: decode_projects(projects, &limits, &histories)?,
             keys: decode_keys(keys, &revoked, None)?,
+            token_secrets: token_secret_records(secrets)?,
+            token_keys: token_key_records(token_keys)?,
         })
     }
 

@@ -14,17 +14,22 @@
 //!   immediate transaction so two processes opening a fresh directory at once do not
 //!   both create the schema.
 //!
-//! Never stores a full key: only its SHA-256 and display prefix.
+//! Never stores a full key: only its SHA-256 and display prefix. Token secrets only
+//! sealed (`token_secrets.sealed`), token keys only as public keys.
 
 use std::path::Path;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 
-use super::{validate_project_name, KeyRecord, ProjectRecord, Store, StoreContents, StoreError};
+use super::{
+    mint_token_secret, rotated_expiry, validate_project_name, KeyRecord, ProjectRecord, Store,
+    StoreContents, StoreError, TokenKeyAlg, TokenKeyRecord, TokenSecretRecord,
+};
 use crate::apikey::{generate_id, hash_key, key_prefix, KeyHash, KeyKind};
 use crate::history::HistorySpec;
 use crate::quota::RateLimit;
+use crate::sealed::MasterKey;
 
 /// File name of the database inside the data directory.
 pub(super) const DB_FILE: &str = "ringcast.db";
@@ -34,7 +39,7 @@ pub(super) const DB_FILE: &str = "ringcast.db";
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Schema version this build writes (`PRAGMA user_version`).
-const SCHEMA_VERSION: i64 = 2;
+const SCHEMA_VERSION: i64 = 3;
 
 /// Migrations, index i brings the schema from version i to i + 1.
 const MIGRATIONS: &[&str] = &[
@@ -62,6 +67,23 @@ const MIGRATIONS: &[&str] = &[
     INSERT INTO meta (name, value) VALUES ('change_counter', 0);",
     // 1 -> 2: channel history per project ("off" or "SIZE/TTLs").
     "ALTER TABLE projects ADD COLUMN history TEXT NOT NULL DEFAULT 'off';",
+    // 2 -> 3: private channels: sealed token secrets and registered public keys.
+    "CREATE TABLE token_secrets (
+        id          TEXT PRIMARY KEY,
+        project_id  TEXT NOT NULL REFERENCES projects(id),
+        sealed      BLOB NOT NULL,
+        created_at  INTEGER NOT NULL,
+        expires_at  INTEGER
+    );
+    CREATE INDEX token_secrets_by_project ON token_secrets(project_id);
+    CREATE TABLE token_keys (
+        id          TEXT PRIMARY KEY,
+        project_id  TEXT NOT NULL REFERENCES projects(id),
+        alg         TEXT NOT NULL CHECK (alg IN ('ES256', 'EdDSA')),
+        public_pem  TEXT NOT NULL,
+        created_at  INTEGER NOT NULL
+    );
+    CREATE INDEX token_keys_by_project ON token_keys(project_id);",
 ];
 
 /// A connection to the SQLite store. One per thread; not shared.
@@ -145,10 +167,57 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
     Ok(())
 }
 
-fn unix_now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
+use super::unix_now;
+
+fn insert_token_secret(tx: &Transaction<'_>, record: &TokenSecretRecord) -> Result<(), StoreError> {
+    tx.execute(
+        "INSERT INTO token_secrets (id, project_id, sealed, created_at, expires_at)
+         VALUES (?1, ?2, ?3, ?4, ?5)",
+        params![
+            record.id,
+            record.project_id,
+            record.sealed,
+            unix_now(),
+            record.expires_at
+        ],
+    )?;
+    Ok(())
+}
+
+fn read_token_secrets(conn: &Connection) -> Result<Vec<TokenSecretRecord>, StoreError> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT id, project_id, sealed, expires_at FROM token_secrets ORDER BY created_at, rowid",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok(TokenSecretRecord {
+            id: r.get(0)?,
+            project_id: r.get(1)?,
+            sealed: r.get(2)?,
+            expires_at: r.get(3)?,
+        })
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+fn read_token_keys(conn: &Connection) -> Result<Vec<TokenKeyRecord>, StoreError> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT id, project_id, alg, public_pem FROM token_keys ORDER BY created_at, rowid",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok::<(String, String, String, String), _>((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+    })?;
+    rows.map(|row| {
+        let (id, project_id, alg, public_pem) = row?;
+        let alg = TokenKeyAlg::parse(&alg)
+            .ok_or_else(|| StoreError::Corrupt(format!("token key {id}: unknown alg {alg:?}")))?;
+        Ok(TokenKeyRecord {
+            id,
+            project_id,
+            alg,
+            public_pem,
+        })
+    })
+    .collect()
 }
 
 fn project_not_found(id: &str) -> StoreError {
@@ -259,15 +328,17 @@ impl Store for SqliteStore {
         name: &str,
         rate_limit: RateLimit,
         history: HistorySpec,
-    ) -> Result<(ProjectRecord, String, String), StoreError> {
+        master: &MasterKey,
+    ) -> Result<(ProjectRecord, String, String, String), StoreError> {
         validate_project_name(name)?;
+        let project = ProjectRecord {
+            id: generate_id("prj_"),
+            name: name.to_string(),
+            rate_limit,
+            history,
+        };
+        let (token_record, token_secret) = mint_token_secret(&project.id, master)?;
         self.write(|tx| {
-            let project = ProjectRecord {
-                id: generate_id("prj_"),
-                name: name.to_string(),
-                rate_limit,
-                history,
-            };
             tx.execute(
                 "INSERT INTO projects (id, name, rate_limit, history, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
                 params![
@@ -280,7 +351,87 @@ impl Store for SqliteStore {
             )?;
             let (_, secret) = insert_key(tx, &project.id, KeyKind::Secret)?;
             let (_, public) = insert_key(tx, &project.id, KeyKind::Public)?;
-            Ok((project, secret, public))
+            insert_token_secret(tx, &token_record)?;
+            Ok((project, secret, public, token_secret))
+        })
+    }
+
+    fn rotate_token_secret(
+        &mut self,
+        project_id: &str,
+        master: &MasterKey,
+        grace_s: u64,
+    ) -> Result<String, StoreError> {
+        let (record, secret) = mint_token_secret(project_id, master)?;
+        self.write(|tx| {
+            if !project_exists(tx, project_id)? {
+                return Err(project_not_found(project_id));
+            }
+            let now = unix_now();
+            let mut stmt = tx
+                .prepare_cached("SELECT id, expires_at FROM token_secrets WHERE project_id = ?1")?;
+            let old = stmt
+                .query_map([project_id], |r| {
+                    Ok::<(String, Option<i64>), _>((r.get(0)?, r.get(1)?))
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            for (id, expires_at) in old {
+                tx.execute(
+                    "UPDATE token_secrets SET expires_at = ?1 WHERE id = ?2",
+                    params![rotated_expiry(expires_at, now, grace_s), id],
+                )?;
+            }
+            insert_token_secret(tx, &record)?;
+            Ok(secret)
+        })
+    }
+
+    fn add_token_key(
+        &mut self,
+        project_id: &str,
+        alg: TokenKeyAlg,
+        public_pem: &str,
+    ) -> Result<TokenKeyRecord, StoreError> {
+        self.write(|tx| {
+            if !project_exists(tx, project_id)? {
+                return Err(project_not_found(project_id));
+            }
+            let record = TokenKeyRecord {
+                id: generate_id("tk_"),
+                project_id: project_id.to_string(),
+                alg,
+                public_pem: public_pem.to_string(),
+            };
+            tx.execute(
+                "INSERT INTO token_keys (id, project_id, alg, public_pem, created_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![
+                    record.id,
+                    record.project_id,
+                    alg.as_str(),
+                    record.public_pem,
+                    unix_now()
+                ],
+            )?;
+            Ok(record)
+        })
+    }
+
+    fn remove_token_key(&mut self, project_id: &str, key_id: &str) -> Result<(), StoreError> {
+        self.write(|tx| {
+            if !project_exists(tx, project_id)? {
+                return Err(project_not_found(project_id));
+            }
+            let removed = tx.execute(
+                "DELETE FROM token_keys WHERE id = ?1 AND project_id = ?2",
+                params![key_id, project_id],
+            )?;
+            if removed == 0 {
+                return Err(StoreError::NotFound(format!(
+                    "project {project_id:?} has no token key {key_id:?}"
+                )));
+            }
+            Ok(())
         })
     }
 
@@ -390,8 +541,15 @@ impl Store for SqliteStore {
         let tx = self.conn.transaction()?;
         let projects = read_projects(&tx, "ORDER BY created_at, rowid", [])?;
         let keys = read_keys(&tx, "ORDER BY created_at, rowid", [])?;
+        let token_secrets = read_token_secrets(&tx)?;
+        let token_keys = read_token_keys(&tx)?;
         tx.commit()?;
-        Ok(StoreContents { projects, keys })
+        Ok(StoreContents {
+            projects,
+            keys,
+            token_secrets,
+            token_keys,
+        })
     }
 
     fn change_token(&mut self) -> Result<u64, StoreError> {
@@ -432,8 +590,8 @@ mod tests {
         assert!(store.is_empty().unwrap());
         store.change_token().unwrap();
 
-        let (project, secret, public) = store
-            .create_project("orders", rl("50/s"), HistorySpec::OFF)
+        let (project, secret, public, _) = store
+            .create_project("orders", rl("50/s"), HistorySpec::OFF, &MasterKey::random())
             .unwrap();
         assert!(project.id.starts_with("prj_"));
         assert_eq!(project.name, "orders");
@@ -485,18 +643,70 @@ mod tests {
     fn the_database_never_holds_a_full_key() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = SqliteStore::open(dir.path()).unwrap();
-        let (_, secret, public) = store
-            .create_project("p", rl("1/s"), HistorySpec::OFF)
+        let (_, secret, public, token) = store
+            .create_project("p", rl("1/s"), HistorySpec::OFF, &MasterKey::random())
             .unwrap();
         drop(store);
         let mut bytes = Vec::new();
         for entry in std::fs::read_dir(dir.path()).unwrap() {
             bytes.extend(std::fs::read(entry.unwrap().path()).unwrap());
         }
-        for key in [secret, public] {
+        for key in [secret, public, token] {
             let needle = &key.as_bytes()[3..];
             assert!(!bytes.windows(needle.len()).any(|w| w == needle));
         }
+    }
+
+    #[test]
+    fn token_secrets_rotate_with_a_grace_and_keys_come_and_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = SqliteStore::open(dir.path()).unwrap();
+        let master = MasterKey::random();
+        let (project, _, _, first) = store
+            .create_project("p", rl("1/s"), HistorySpec::OFF, &master)
+            .unwrap();
+        let all = store.load_all().unwrap();
+        assert_eq!(all.token_secrets.len(), 1);
+        let opened = master
+            .open(&project.id, &all.token_secrets[0].sealed)
+            .unwrap();
+        assert_eq!(opened, first.as_bytes());
+        assert_eq!(all.token_secrets[0].expires_at, None);
+
+        let before = unix_now();
+        let second = store.rotate_token_secret(&project.id, &master, 60).unwrap();
+        assert_ne!(first, second);
+        let all = store.load_all().unwrap();
+        assert_eq!(all.token_secrets.len(), 2);
+        let old_until = all.token_secrets[0].expires_at.unwrap();
+        assert!(old_until >= before + 60 && old_until <= unix_now() + 60);
+        assert_eq!(all.token_secrets[1].expires_at, None);
+        // A later rotation with a longer grace never extends an earlier deadline.
+        store
+            .rotate_token_secret(&project.id, &master, 3600)
+            .unwrap();
+        let all = store.load_all().unwrap();
+        assert_eq!(all.token_secrets[0].expires_at, Some(old_until));
+        assert!(all.token_secrets[1].expires_at.unwrap() > old_until);
+
+        let key = store
+            .add_token_key(
+                &project.id,
+                TokenKeyAlg::EdDsa,
+                "-----BEGIN PUBLIC KEY-----",
+            )
+            .unwrap();
+        assert!(key.id.starts_with("tk_"));
+        assert_eq!(store.load_all().unwrap().token_keys, vec![key.clone()]);
+        let nf = |r: Result<(), StoreError>| matches!(r, Err(StoreError::NotFound(_)));
+        assert!(nf(store.remove_token_key("prj_nope", &key.id)));
+        store.remove_token_key(&project.id, &key.id).unwrap();
+        assert!(nf(store.remove_token_key(&project.id, &key.id)));
+        assert!(store.load_all().unwrap().token_keys.is_empty());
+        assert!(matches!(
+            store.rotate_token_secret("prj_nope", &master, 0),
+            Err(StoreError::NotFound(_))
+        ));
     }
 
     #[test]
@@ -526,7 +736,7 @@ mod tests {
         let mut store = SqliteStore::open(dir.path()).unwrap();
         let before = store.change_token().unwrap();
         assert!(matches!(
-            store.create_project("", rl("1/s"), HistorySpec::OFF),
+            store.create_project("", rl("1/s"), HistorySpec::OFF, &MasterKey::random()),
             Err(StoreError::Invalid(_))
         ));
         assert_eq!(store.change_token().unwrap(), before);
@@ -541,8 +751,8 @@ mod tests {
         let t0 = watcher.change_token().unwrap();
         assert_eq!(watcher.change_token().unwrap(), t0, "stable without writes");
 
-        let (project, _, _) = admin
-            .create_project("p", rl("1/s"), HistorySpec::OFF)
+        let (project, _, _, _) = admin
+            .create_project("p", rl("1/s"), HistorySpec::OFF, &MasterKey::random())
             .unwrap();
         let t1 = watcher.change_token().unwrap();
         assert_ne!(t1, t0);
@@ -586,7 +796,12 @@ mod tests {
                 std::thread::spawn(move || {
                     let mut store = SqliteStore::open(&path).unwrap();
                     store
-                        .create_project(&format!("p{i}"), rl("1/s"), HistorySpec::OFF)
+                        .create_project(
+                            &format!("p{i}"),
+                            rl("1/s"),
+                            HistorySpec::OFF,
+                            &MasterKey::random(),
+                        )
                         .unwrap();
                 })
             })
