@@ -58,6 +58,11 @@ fi
 if [ "${SKIP_CARGO_TEST:-0}" != 1 ]; then
   step "cargo test --workspace"
   cargo test --workspace
+  # The churn test again against an optimised build: the release binary is what users
+  # run, and a leak once showed only there (see src/shard/stop.rs).
+  step "churn test against the release binary"
+  cargo build --release --bin ringcast
+  RINGCAST_TEST_BIN=target/release/ringcast cargo test --test churn
 fi
 
 if [ -z "${RINGCAST_BIN:-}" ]; then

@@ -3,7 +3,10 @@
 //!
 //! The regression this guards: the accept loop once made a new stop-wait future per
 //! accept, and each poll of it pushed a waker clone into a list that was only cleared at
-//! shutdown: ~27 bytes per accepted connection, never returned (8 MB per 300,000).
+//! shutdown: ~27 bytes per accepted connection, never returned (8 MB per 300,000). The
+//! first fix deduplicated wakers with `Waker::will_wake`, which held in debug builds but
+//! not in release ones (+6.5 MB per 300,000), so `scripts/test.sh` runs this test again
+//! against the release binary (`RINGCAST_TEST_BIN`).
 
 mod common;
 

@@ -382,8 +382,8 @@ impl Shard {
     }
 
     /// Resolves once shutdown began.
-    pub(crate) async fn stopped(&self) {
-        self.stop.wait().await
+    pub(crate) fn stopped(&self) -> stop::Wait<'_> {
+        self.stop.wait()
     }
 }
 
