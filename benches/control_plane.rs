@@ -23,6 +23,7 @@ fn populated_cache() -> (Arc<KeyCache>, Vec<String>) {
             name: format!("p{i}"),
             rate_limit: RateLimit::parse("1000/s").expect("valid limit"),
             history: HistorySpec::OFF,
+            max_connections: None,
         })
         .collect();
     let mut keys = Vec::with_capacity(KEYS);

@@ -143,6 +143,8 @@ async fn serve(mut stream: TcpStream, id: u64, started: Instant) {
     let limits = ReadLimits {
         max_message: MAX_MESSAGE,
         max_fragments: MAX_FRAGMENTS,
+        // Echo replies are the client's own frames: stop reading at half the backlog.
+        pause_backlog: SEND_BACKLOG / 2,
     };
     read_loop(
         rd,

@@ -50,6 +50,8 @@ pub(crate) enum AdminError {
         path: std::path::PathBuf,
         source: PublicKeyError,
     },
+    #[error("--max-connections must be a whole number or `default`, not {0:?}")]
+    MaxConnections(String),
 }
 
 /// One admin command with its arguments validated.
@@ -68,6 +70,11 @@ pub(crate) enum Request {
     SetRateLimit {
         project_id: String,
         rate_limit: RateLimit,
+    },
+    SetLimits {
+        project_id: String,
+        /// `None`: back to the node's default.
+        max_connections: Option<u64>,
     },
     CreateKey {
         project_id: String,
@@ -116,7 +123,11 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
     } else {
         None
     };
-    let mut store = open_store(&cli.data_dir, cli.redis.as_deref())?;
+    let mut store = open_store(
+        &cli.data_dir,
+        cli.redis.as_deref(),
+        cli.redis_ca_file.as_deref(),
+    )?;
     let output = execute(store.as_mut(), request, master.as_ref())?;
     let mut stdout = std::io::stdout().lock();
     // A closed stdout (e.g. `| head -c0`) is an error: the caller did not get the key.
@@ -165,6 +176,19 @@ pub(crate) fn parse_request(command: &Command) -> Result<Request, AdminError> {
         }) => Request::SetRateLimit {
             project_id: project_id.clone(),
             rate_limit: RateLimit::parse(rate_limit)?,
+        },
+        Command::Project(ProjectCommand::SetLimits {
+            project_id,
+            max_connections,
+        }) => Request::SetLimits {
+            project_id: project_id.clone(),
+            max_connections: match max_connections.trim() {
+                "default" => None,
+                n => Some(
+                    n.parse()
+                        .map_err(|_| AdminError::MaxConnections(max_connections.clone()))?,
+                ),
+            },
         },
         Command::Key(KeyCommand::Create { project_id, kind }) => Request::CreateKey {
             project_id: project_id.clone(),
@@ -300,6 +324,13 @@ pub(crate) fn execute(
             let project = store.set_history(&project_id, history)?;
             json!({ "project": project_json(&project) })
         }
+        Request::SetLimits {
+            project_id,
+            max_connections,
+        } => {
+            let project = store.set_max_connections(&project_id, max_connections)?;
+            json!({ "project": project_json(&project) })
+        }
         Request::CreateKey { project_id, kind } => {
             let (record, key) = store.create_key(&project_id, kind)?;
             json!({ "key": key, "id": record.id, "project_id": record.project_id })
@@ -351,6 +382,11 @@ fn project_json(project: &ProjectRecord) -> Value {
         "name": project.name,
         "rate_limit": project.rate_limit.to_string(),
         "history": project.history.to_string(),
+        // Added field: the project's own WebSocket limit per node, or "default".
+        "max_connections": match project.max_connections {
+            Some(n) => json!(n),
+            None => json!("default"),
+        },
     })
 }
 

@@ -26,7 +26,8 @@ pub struct Cli {
     )]
     pub data_dir: PathBuf,
 
-    /// Redis URL: join a cluster and keep projects and keys in Redis.
+    /// Redis URL: join a cluster and keep projects and keys in Redis. `rediss://` for
+    /// TLS; `redis://USER:PASSWORD@host:port/` for an ACL user.
     #[arg(long, global = true, env = "RINGCAST_REDIS_URL")]
     pub redis: Option<String>,
 
@@ -34,6 +35,11 @@ pub struct Cli {
     /// `<data-dir>/master.key`, created on first use; required in cluster mode.
     #[arg(long, global = true, env = "RINGCAST_MASTER_KEY_FILE")]
     pub master_key_file: Option<PathBuf>,
+
+    /// PEM file of the CA certificate(s) that sign the Redis server's certificate
+    /// (`rediss://` only). Default: the system's trusted roots.
+    #[arg(long, global = true, env = "RINGCAST_REDIS_CA_FILE")]
+    pub redis_ca_file: Option<PathBuf>,
 
     #[command(subcommand)]
     pub command: Command,
@@ -270,6 +276,14 @@ pub enum ProjectCommand {
     },
     /// Remove a registered token key.
     RemoveTokenKey { project_id: String, key_id: String },
+    /// Change a project's own limits (a running server applies them within 1 second).
+    SetLimits {
+        project_id: String,
+        /// WebSocket connections the project may hold per node: a number (0 =
+        /// unlimited) or `default` (the server's max_ws_connections_per_project).
+        #[arg(long)]
+        max_connections: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -63,6 +63,9 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// Redis URL for cluster mode. Default: none (single node).
     pub redis: Option<String>,
+    /// CA certificate PEM for `rediss://` (flag `--redis-ca-file`, env
+    /// `RINGCAST_REDIS_CA_FILE`). Default: none (the system's roots).
+    pub redis_ca_file: Option<PathBuf>,
     /// TLS certificate chain (PEM). Default: none (plaintext).
     pub tls_cert: Option<PathBuf>,
     /// TLS private key (PEM). Default: none.
@@ -104,9 +107,26 @@ pub struct Config {
     /// Most open connections (HTTP and WebSocket) per worker. Default 25000.
     /// Over: HTTP 503 and the connection is closed.
     pub max_connections_per_worker: usize,
-    /// Most WebSocket connections per project on this node. Default 0 (unlimited).
+    /// Most WebSocket connections per project on this node. Default 100000; 0 =
+    /// unlimited. A project's own value (`project set-limits --max-connections`) wins.
     /// Over: the upgrade is refused with 503.
     pub max_ws_connections_per_project: usize,
+    /// Back-pressure: while more than this many bytes wait in a WebSocket's queue, the
+    /// server handles no more frames from that client (its replies cannot pile up).
+    /// Default 65536 (64 KiB); at most half of `send_backlog_bytes` takes effect.
+    pub ws_read_pause_bytes: usize,
+    /// Bytes all WebSocket queues of one worker may hold together: each connection's
+    /// own frames in full plus 64 per queued broadcast (shared by its subscribers).
+    /// Over it the largest queues are closed with 4008 first. Default 268435456
+    /// (256 MiB).
+    pub worker_send_budget_bytes: usize,
+    /// Most subscriptions one worker holds (all its connections). Default 500000. Over:
+    /// an error frame `too_many_subscriptions`, the connection stays open.
+    pub max_subscriptions_per_worker: usize,
+    /// New WebSocket connections per second per client address, for the whole node.
+    /// Default 0 (off: behind a load balancer every client shares one address). Over:
+    /// 429 `rate_limited` with `Retry-After: 1`.
+    pub ws_connect_rate_per_ip: u32,
     /// Messages each worker's mailbox holds before publishes get 503. Default 8192.
     pub mailbox_capacity: usize,
     /// Mailbox fill ratio above which `/health` reports degraded, percent. Default 75.
@@ -148,6 +168,7 @@ impl Default for Config {
             workers: 0,
             data_dir: PathBuf::from("./ringcast-data"),
             redis: None,
+            redis_ca_file: None,
             tls_cert: None,
             tls_key: None,
             max_body_bytes: 64 * 1024,
@@ -163,7 +184,11 @@ impl Default for Config {
             send_backlog_bytes: 1024 * 1024,
             write_coalesce_ms: 3,
             max_connections_per_worker: 25_000,
-            max_ws_connections_per_project: 0,
+            max_ws_connections_per_project: 100_000,
+            ws_read_pause_bytes: 64 * 1024,
+            worker_send_budget_bytes: 256 * 1024 * 1024,
+            max_subscriptions_per_worker: 500_000,
+            ws_connect_rate_per_ip: 0,
             mailbox_capacity: 8192,
             mailbox_high_water_pct: 75,
             heartbeat_s: 25,
@@ -428,6 +453,12 @@ impl Config {
                 self.max_subscriptions_per_connection,
             ),
             ("send_backlog_bytes", self.send_backlog_bytes),
+            ("ws_read_pause_bytes", self.ws_read_pause_bytes),
+            ("worker_send_budget_bytes", self.worker_send_budget_bytes),
+            (
+                "max_subscriptions_per_worker",
+                self.max_subscriptions_per_worker,
+            ),
             (
                 "max_connections_per_worker",
                 self.max_connections_per_worker,
@@ -516,6 +547,12 @@ impl Config {
     /// The largest body any endpoint takes (the read buffer's bound).
     pub fn max_request_body(&self) -> usize {
         self.max_body_bytes.max(self.max_batch_body_bytes)
+    }
+
+    /// The back-pressure threshold in effect: below the backlog bound with room to
+    /// spare, so back-pressure acts before a client's own replies could reach 4008.
+    pub fn read_pause_bytes(&self) -> usize {
+        self.ws_read_pause_bytes.min(self.send_backlog_bytes / 2)
     }
 
     pub fn header_read_timeout(&self) -> Duration {

@@ -48,6 +48,8 @@ pub enum ApiError {
     /// A request that costs more units than the project's whole burst: no wait makes
     /// it affordable, so it gets no `Retry-After`.
     OverBurst,
+    /// Over `ws_connect_rate_per_ip` (429, `Retry-After: 1`).
+    ConnectRateLimited,
     Unavailable(Unavailable),
     NotFound,
     /// The methods the path does accept, for the `Allow` header (RFC 9110 §15.5.6).
@@ -80,7 +82,7 @@ impl ApiError {
             ApiError::LengthRequired => 411,
             ApiError::PayloadTooLarge => 413,
             ApiError::UnsupportedMediaType => 415,
-            ApiError::RateLimited | ApiError::OverBurst => 429,
+            ApiError::RateLimited | ApiError::OverBurst | ApiError::ConnectRateLimited => 429,
             ApiError::HeadersTooLarge => 431,
             ApiError::Unavailable(_) | ApiError::TooManyConnections => 503,
         }
@@ -96,7 +98,9 @@ impl ApiError {
             ApiError::Unauthorized(_) => "unauthorized",
             ApiError::PayloadTooLarge => "payload_too_large",
             ApiError::UnsupportedMediaType => "unsupported_media_type",
-            ApiError::RateLimited | ApiError::OverBurst => "rate_limited",
+            ApiError::RateLimited | ApiError::OverBurst | ApiError::ConnectRateLimited => {
+                "rate_limited"
+            }
             ApiError::Unavailable(_) | ApiError::TooManyConnections => "unavailable",
             ApiError::NotFound => "not_found",
             ApiError::MethodNotAllowed(_) => "method_not_allowed",
@@ -133,6 +137,10 @@ impl ApiError {
             ApiError::OverBurst => write!(
                 out,
                 "the request costs more units (one per message per channel) than the project's whole rate quota; it can never be accepted: split it"
+            ),
+            ApiError::ConnectRateLimited => write!(
+                out,
+                "too many new connections from this address; retry shortly"
             ),
             ApiError::Unavailable(why) => write!(out, "{}", why.message()),
             ApiError::TooManyConnections => {

@@ -33,8 +33,32 @@ fn reexec_with_allocator_env() {
     eprintln!("note: could not re-execute with {name}={value} ({err}); using allocator defaults");
 }
 
+/// Any panic, on any thread, ends the process: log the thread and the cause, then abort.
+///
+/// monoio does not catch panics, so a panicking connection task kills its whole worker
+/// thread; a panicking control-plane thread (key watcher, cluster bridge) would die
+/// silently and stop revocations or relays. Neither can be recovered in place, and a
+/// process that goes on without them is worse than one that stops: abort, so the exit
+/// status is non-zero (SIGABRT) and a supervisor restarts it. This holds in every build
+/// profile, whatever its `panic` setting (the hook runs before any unwinding).
+fn install_panic_hook() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let thread = std::thread::current();
+        let name = thread.name().unwrap_or("unnamed");
+        if tracing::dispatcher::has_been_set() {
+            tracing::error!(thread = name, panic = %info, "a thread panicked; aborting the process");
+        }
+        // The default hook also prints the message (and a backtrace with RUST_BACKTRACE),
+        // whether or not logging was set up yet.
+        default(info);
+        std::process::abort();
+    }));
+}
+
 fn main() {
     reexec_with_allocator_env();
+    install_panic_hook();
     let cli = Cli::parse_with_sources();
     let result: anyhow::Result<()> = match &cli.command {
         Command::Serve(args) => ringcast::run_serve(&cli, args),

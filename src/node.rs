@@ -33,6 +33,8 @@ pub(crate) struct Node {
     /// Metrics are served (`metrics_listen`): time each publish for the histogram.
     /// Counters are kept either way (the logs' slow-consumer summary reads them).
     pub metrics_timing: bool,
+    /// `ws_connect_rate_per_ip`; `None` when off (the default).
+    pub connect_rate: Option<crate::quota::connect_rate::ConnectRate>,
 }
 
 impl Node {

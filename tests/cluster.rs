@@ -531,9 +531,25 @@ fn history_in_cluster_mode_never_recovers_from_one_nodes_log() {
         next_json(&mut wa)
     };
     let epoch = r["epoch"].as_str().unwrap().to_string();
+    // A subscriber on the other node gets the frame relayed with a's position (the
+    // receiving node's frame check lets a history frame's offset and epoch through).
+    let mut wb = b.ws(&public);
+    send_json(&mut wb, json!({"type": "subscribe", "channel": "c"}));
+    assert_eq!(next_json(&mut wb)["type"], "subscribed");
     let (st, _, v) = a.publish(&secret, "c", json!("1"));
     assert_eq!((st, v["offset"].as_u64()), (202, Some(1)));
     assert_eq!(next_json(&mut wa)["offset"], 1);
+    let relayed = next_json(&mut wb);
+    assert_eq!(
+        (
+            &relayed["type"],
+            &relayed["data"],
+            &relayed["offset"],
+            &relayed["epoch"]
+        ),
+        (&json!("message"), &json!("1"), &json!(1), &json!(epoch)),
+        "{relayed}"
+    );
     for node in [&a, &b] {
         let mut w = node.ws(&public);
         send_json(
@@ -842,4 +858,304 @@ fn cluster_mode_needs_the_master_key_file() {
         .expect("run ringcast");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("master key"));
+}
+
+/// Issue 10, finding 7: `subscribed` is answered for a node's first subscriber of a
+/// channel only once Redis confirmed the node's SUBSCRIBE, so a publish on another node
+/// sent right after `subscribed` always arrives. Before, the answer went out before the
+/// SUBSCRIBE reached Redis, and such publishes were lost.
+#[test]
+fn a_publish_on_another_node_right_after_subscribed_always_arrives() {
+    let Some(redis) = Redis::start() else { return };
+    let a = Node::start(&redis);
+    let b = Node::start(&redis);
+    let p = project(&redis, "window", "1000000/s");
+    a.wait_key(&p.secret);
+    b.wait_key(&p.secret);
+    const ROUNDS: usize = 1000;
+    const PER_CONN: usize = 100; // the default max_subscriptions_per_connection
+                                 // Every round subscribes to a fresh channel: the first subscriber on node b, so each
+                                 // one waits for a Redis SUBSCRIBE.
+    let mut conns: Vec<Ws> = (0..ROUNDS / PER_CONN).map(|_| b.ws(&p.public)).collect();
+    let mut got = vec![false; ROUNDS];
+    fn mark(got: &mut [bool], v: &Value) {
+        assert_eq!(v["type"], "message", "{v}");
+        let n = v["data"]["n"].as_u64().expect("n") as usize;
+        assert!(!got[n], "message {n} twice");
+        got[n] = true;
+    }
+    for i in 0..ROUNDS {
+        let ws = &mut conns[i / PER_CONN];
+        let channel = format!("w{i}");
+        common::send_json(ws, json!({"type": "subscribe", "channel": channel}));
+        loop {
+            let v = next_json(ws);
+            if v["type"] == "subscribed" {
+                assert_eq!(v["channel"], channel.as_str());
+                break;
+            }
+            mark(&mut got, &v);
+        }
+        assert_eq!(a.publish(&p.secret, &channel, json!({"n": i})).0, 202);
+    }
+    // Collect the rest; a message still missing after a quiet second is lost.
+    for (c, ws) in conns.iter_mut().enumerate() {
+        set_timeout(ws, Duration::from_secs(1));
+        while !got[c * PER_CONN..(c + 1) * PER_CONN].iter().all(|g| *g) {
+            match ws.read() {
+                Ok(tungstenite::Message::Text(t)) => {
+                    mark(&mut got, &serde_json::from_str(t.as_str()).unwrap())
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+    }
+    let missed: Vec<usize> = (0..ROUNDS).filter(|i| !got[*i]).collect();
+    assert!(
+        missed.is_empty(),
+        "{} of {ROUNDS} publishes after `subscribed` were missed (first: {:?})",
+        missed.len(),
+        &missed[..missed.len().min(10)]
+    );
+}
+
+/// `project set-limits --max-connections` in cluster mode: stored in Redis, applied by
+/// every node (issue 10, finding 3).
+#[test]
+fn set_limits_is_stored_in_redis_and_applied_by_the_nodes() {
+    let Some(redis) = Redis::start() else { return };
+    let a = Node::start(&redis);
+    let p = project(&redis, "capped", "100/s");
+    a.wait_key(&p.secret);
+    let out = cli(
+        &redis,
+        &["project", "set-limits", &p.id, "--max-connections", "1"],
+    );
+    assert_eq!(out["project"]["max_connections"], 1, "{out}");
+    let _first = a.ws(&p.public);
+    let url = format!("ws://{}/api/v1/ws?key={}", a.addr, p.public);
+    wait_for("the limit to reach the node", || {
+        matches!(tungstenite::connect(url.as_str()),
+                 Err(tungstenite::Error::Http(r)) if r.status().as_u16() == 503)
+    });
+    let listed = cli(&redis, &["project", "list"]);
+    assert_eq!(listed["projects"][0]["max_connections"], 1, "{listed}");
+}
+
+/// Issue 10, finding 6: a Redis writer cannot make browsers receive arbitrary bytes. A
+/// payload in ringcast's own format (version, origin) carrying a close frame, a binary
+/// frame, broken JSON or another channel's message is dropped by the receiving node;
+/// the next real publish arrives as the subscriber's next frame. Before, the node
+/// forwarded the frame bytes as they came.
+#[test]
+fn frames_injected_through_redis_are_dropped() {
+    let Some(redis) = Redis::start() else { return };
+    let a = Node::start(&redis);
+    let b = Node::start(&redis);
+    let p = project(&redis, "inject", "100000/s");
+    a.wait_key(&p.secret);
+    b.wait_key(&p.secret);
+    let mut on_b = b.ws(&p.public);
+    subscribe(&mut on_b, "c");
+    redis.wait_numsub(&p.id, "c", 1);
+    let mut c = redis.conn().expect("redis");
+    let frame = |first: u8, payload: &[u8]| {
+        let mut f = vec![first, payload.len() as u8];
+        f.extend_from_slice(payload);
+        f
+    };
+    let other = br#"{"type":"message","channel":"d","event":"e","data":{},"id":"x"}"#;
+    let injected: Vec<Vec<u8>> = vec![
+        frame(0x88, b"\x03\xe8"),              // close 1000
+        frame(0x82, b"\x00\x01"),              // binary
+        frame(0x81, b"{\"type\":\"message\""), // broken JSON
+        frame(0x81, other),                    // another channel's message
+        frame(0x81, b"\"not an object\""),
+    ];
+    for f in &injected {
+        let mut payload = vec![1u8];
+        payload.extend_from_slice(&42u64.to_le_bytes()); // an origin that is no node
+        payload.extend_from_slice(f);
+        redis::cmd("PUBLISH")
+            .arg(format!("ringcast:m:{}:c", p.id))
+            .arg(payload)
+            .query::<u64>(&mut c)
+            .expect("PUBLISH");
+    }
+    assert_eq!(a.publish(&p.secret, "c", json!({"real": true})).0, 202);
+    let v = next_json(&mut on_b);
+    assert_eq!(v["type"], "message", "{v}");
+    assert_eq!(v["data"], json!({"real": true}), "{v}");
+}
+
+/// A `redis-server` with TLS only (no plaintext port) and an ACL user, its CA in a PEM
+/// file. `None` when redis-server is missing (and tools are optional).
+struct TlsRedis {
+    port: u16,
+    ca: PathBuf,
+    _dir: tempfile::TempDir,
+    child: Child,
+}
+
+impl TlsRedis {
+    fn start() -> Option<TlsRedis> {
+        let probe = Redis::start()?; // checks that redis-server exists
+        drop(probe);
+        let dir = tempfile::tempdir().unwrap();
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+        let cert = params.signed_by(&key, &issuer).unwrap();
+        let path = |n: &str| dir.path().join(n);
+        std::fs::write(path("ca.pem"), ca_cert.pem()).unwrap();
+        std::fs::write(path("cert.pem"), cert.pem()).unwrap();
+        std::fs::write(path("key.pem"), key.serialize_pem()).unwrap();
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        // ACL users are config-file lines (a command-line `--user` takes one word).
+        std::fs::write(
+            path("redis.conf"),
+            "user ringcast on >s3cret ~* &* +@all\nuser default off\n",
+        )
+        .unwrap();
+        let child = Command::new("redis-server")
+            .arg(path("redis.conf"))
+            .args([
+                "--port",
+                "0",
+                "--tls-port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+            ])
+            .arg("--tls-cert-file")
+            .arg(path("cert.pem"))
+            .arg("--tls-key-file")
+            .arg(path("key.pem"))
+            .arg("--tls-ca-cert-file")
+            .arg(path("ca.pem"))
+            .args([
+                "--tls-auth-clients",
+                "no",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .arg("--dir")
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server with TLS");
+        let r = TlsRedis {
+            port,
+            ca: path("ca.pem"),
+            _dir: dir,
+            child,
+        };
+        wait_for("redis-server to listen on its TLS port", || {
+            TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        Some(r)
+    }
+
+    fn url(&self, user: &str, password: &str) -> String {
+        format!("rediss://{user}:{password}@127.0.0.1:{}/", self.port)
+    }
+}
+
+impl Drop for TlsRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Issue 10, finding 6: `rediss://` with an ACL user and `--redis-ca-file` works for the
+/// CLI and for two nodes (cross-node delivery); a wrong password or no CA is refused.
+#[test]
+fn rediss_with_an_acl_user_and_a_ca_file() {
+    let Some(redis) = TlsRedis::start() else {
+        return;
+    };
+    let url = redis.url("ringcast", "s3cret");
+    let ca = redis.ca.to_str().unwrap().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    // Cluster mode needs one master key file for every node and the CLI.
+    let master = dir.path().join("cluster-master.key");
+    std::fs::write(&master, format!("{}\n", "ab".repeat(32))).unwrap();
+    let run = |args: &[&str], url: &str, ca: Option<&str>| {
+        let mut cmd = Command::new(common::bin());
+        cmd.arg("--data-dir").arg(dir.path()).args(["--redis", url]);
+        cmd.env("RINGCAST_MASTER_KEY_FILE", &master);
+        if let Some(ca) = ca {
+            cmd.args(["--redis-ca-file", ca]);
+        }
+        cmd.args(args).output().expect("run ringcast CLI")
+    };
+    let out = run(
+        &["project", "create", "tls", "--rate-limit", "1000/s"],
+        &url,
+        Some(&ca),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (secret, public) = (
+        v["secret_key"].as_str().unwrap(),
+        v["public_key"].as_str().unwrap(),
+    );
+    // Refused: a wrong password; the system roots (which do not know this CA).
+    let bad = run(
+        &["project", "list"],
+        &redis.url("ringcast", "wrong"),
+        Some(&ca),
+    );
+    assert!(!bad.status.success());
+    let no_ca = run(&["project", "list"], &url, None);
+    assert!(!no_ca.status.success());
+
+    let start = |_: ()| {
+        let d = tempfile::tempdir().unwrap();
+        let data = d.path().join("data");
+        let mut child = Command::new(common::bin())
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--redis", &url, "--redis-ca-file", &ca])
+            .args(["serve", "--listen", "127.0.0.1:0", "--workers", "1"])
+            .env("RINGCAST_MASTER_KEY_FILE", &master)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn ringcast serve");
+        let addr = wait_listening(&mut child, &data);
+        Node {
+            addr,
+            child,
+            _dir: d,
+        }
+    };
+    let a = start(());
+    let b = start(());
+    a.wait_key(secret);
+    b.wait_key(secret);
+    wait_health(&a, 200);
+    wait_health(&b, 200);
+    let mut on_b = b.ws(public);
+    subscribe(&mut on_b, "news");
+    assert_eq!(a.publish(secret, "news", json!({"over": "tls"})).0, 202);
+    assert_eq!(next_message(&mut on_b), json!({"over": "tls"}));
 }

@@ -444,3 +444,14 @@ fn regression_big_integers_in_data_are_accepted_verbatim() {
         &br#"{"n":6414170029169719916451051077632,"m":-9223372036854775809}"#[..]
     );
 }
+
+/// Found by the coverage-guided target fuzz/publish_body (libFuzzer, 9 minutes in):
+/// simd-json ended a number at a NUL byte and accepted the rest, so this body was
+/// accepted and the NULs were forwarded inside `data` to every subscriber. It must be
+/// `invalid_json`, like every other body serde_json refuses.
+#[test]
+fn regression_nul_after_a_number_is_invalid_json() {
+    let body = b"{\"channel\":\"news\",\"event\":\"e\",\"data\":{\"a\":[0\0\0\0\0,\"x\\u00e9\"]}}";
+    assert!(serde_json::from_slice::<serde_json::Value>(body).is_err());
+    assert!(PublishParser::new().parse(body).is_err());
+}

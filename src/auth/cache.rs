@@ -41,6 +41,26 @@ pub struct ProjectState {
     /// WebSocket connections of this project open on this node, across all workers
     /// (for `max_ws_connections_per_project`). Shared by a renamed project's new state.
     pub ws_connections: Arc<std::sync::atomic::AtomicUsize>,
+    /// The project's own WebSocket limit per node; [`NODE_DEFAULT`]: the node's
+    /// `max_ws_connections_per_project`. Updated in place by a rebuild (`project
+    /// set-limits` applies within the watcher's interval).
+    pub max_connections: std::sync::atomic::AtomicU64,
+}
+
+/// `ProjectState::max_connections` when the project has no limit of its own.
+pub(crate) const NODE_DEFAULT: u64 = u64::MAX;
+
+impl ProjectState {
+    /// The WebSocket limit in force for this project (0 = unlimited).
+    pub fn connection_limit(&self, node_default: usize) -> usize {
+        match self
+            .max_connections
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            NODE_DEFAULT => node_default,
+            n => usize::try_from(n).unwrap_or(usize::MAX),
+        }
+    }
 }
 
 /// What an active key resolves to.
@@ -261,6 +281,10 @@ impl KeyCache {
                         existing.quota.set_limit(record.rate_limit);
                     }
                     existing.history.set(record.history);
+                    existing.max_connections.store(
+                        record.max_connections.unwrap_or(NODE_DEFAULT),
+                        std::sync::atomic::Ordering::Relaxed,
+                    );
                     Arc::clone(existing)
                 }
                 Some(existing) => {
@@ -273,6 +297,7 @@ impl KeyCache {
                         quota: existing.quota.clone_state(),
                         history: Arc::clone(&existing.history),
                         ws_connections: Arc::clone(&existing.ws_connections),
+                        max_connections: record.max_connections.unwrap_or(NODE_DEFAULT).into(),
                     });
                     replacement.history.set(record.history);
                     replacement.quota.set_limit(record.rate_limit);
@@ -289,6 +314,7 @@ impl KeyCache {
                         quota: Quota::new(record.rate_limit),
                         history: Arc::new(HistoryCell::new(record.history)),
                         ws_connections: Arc::default(),
+                        max_connections: record.max_connections.unwrap_or(NODE_DEFAULT).into(),
                     })
                 }
             };
@@ -402,6 +428,7 @@ mod tests {
             name: format!("name-{id}"),
             rate_limit: RateLimit::parse(rate).unwrap(),
             history: crate::history::HistorySpec::OFF,
+            max_connections: None,
         }
     }
 

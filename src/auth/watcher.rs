@@ -271,6 +271,14 @@ mod tests {
             self.check()?;
             self.inner.set_rate_limit(id, rate)
         }
+        fn set_max_connections(
+            &mut self,
+            id: &str,
+            n: Option<u64>,
+        ) -> Result<ProjectRecord, StoreError> {
+            self.check()?;
+            self.inner.set_max_connections(id, n)
+        }
         fn create_key(
             &mut self,
             id: &str,

@@ -86,13 +86,17 @@ impl ClientSession {
                     .lock()
                     .position(self.project.index, channel, spec);
                 let recovered = since.map(|_| false);
-                conn.send(subscribed(
+                // Behind the first `subscribed` if that one still waits for the cluster.
+                self.shard.reply_when_live(
+                    self.project.index,
                     channel,
-                    Some((pos.offset, pos.epoch.as_str())),
-                    recovered,
-                ));
+                    conn,
+                    subscribed(channel, Some((pos.offset, pos.epoch.as_str())), recovered),
+                );
             } else {
-                conn.send(subscribed(channel, None, since.map(|_| false)));
+                let reply = subscribed(channel, None, since.map(|_| false));
+                self.shard
+                    .reply_when_live(self.project.index, channel, conn, reply);
             }
             return;
         }
@@ -103,12 +107,22 @@ impl ClientSession {
             ));
             return;
         }
+        if self.shard.subscriptions_full() {
+            conn.send(error_frame(
+                "too_many_subscriptions",
+                "the server holds as many subscriptions as it may; try again later",
+            ));
+            return;
+        }
         if !spec.is_on() {
             let t = self.shard.subscribe(self.project.index, channel, conn);
             debug_assert_ne!(t, Subscribed::Already, "the session and the registry agree");
             self.subscriptions.push(channel.into());
-            // `since` on a channel without history: nothing can be recovered.
-            conn.send(subscribed(channel, None, since.map(|_| false)));
+            // `since` on a channel without history: nothing can be recovered. The shard
+            // holds the answer until the subscription is live cluster-wide.
+            let reply = subscribed(channel, None, since.map(|_| false));
+            self.shard
+                .reply_when_live(self.project.index, channel, conn, reply);
             return;
         }
         // A history channel. Under the history lock (no publish of the channel can get
@@ -152,15 +166,23 @@ impl ClientSession {
         self.shard.release_interest(self.project.index, channel);
         self.subscriptions.push(channel.into());
         let recovered = since.map(|_| replay.is_some());
-        conn.send(subscribed(
+        // `subscribed` and the replay leave once the subscription is live cluster-wide,
+        // in this order (the shard holds them together while it waits).
+        let reply = subscribed(
             channel,
             Some((position.offset, position.epoch.as_str())),
             recovered,
-        ));
+        );
+        self.shard
+            .reply_when_live(self.project.index, channel, conn, reply);
         // Replayed messages are deliveries too (counted once per recovery).
         let mut replayed = 0u64;
         for frame in replay.into_iter().flatten() {
-            replayed += u64::from(conn.send(frame));
+            replayed +=
+                u64::from(
+                    self.shard
+                        .reply_when_live(self.project.index, channel, conn, frame),
+                );
         }
         if replayed > 0 {
             crate::metrics::with(|m| m.deliveries(replayed));
@@ -434,12 +456,16 @@ mod tests {
 
     fn send(session: &mut ClientSession, conn: &Rc<WsConn>, text: &str) -> Result<(), Disconnect> {
         let mut payload = text.as_bytes().to_vec();
-        session.on_message(conn, Opcode::Text, &mut payload)
+        let result = session.on_message(conn, Opcode::Text, &mut payload);
+        // The recorder confirms interest through the mailbox, as the cluster would.
+        session.shard.drain();
+        result
     }
 
     fn setup(max: usize) -> (ClientSession, Rc<WsConn>, Rc<Shard>, Arc<Recorder>) {
         let rec = Arc::new(Recorder::default());
-        let (shard, _mailboxes) = shard(Some(rec.clone()));
+        let (shard, mailboxes) = shard(Some(rec.clone()));
+        *rec.1.lock().unwrap() = Some(mailboxes);
         let conn = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
         let project = Arc::new(ProjectState {
             id: "prj_test".into(),
@@ -448,6 +474,7 @@ mod tests {
             quota: crate::quota::Quota::new(crate::quota::RateLimit::parse("1/s").unwrap()),
             history: Arc::default(),
             ws_connections: Arc::default(),
+            max_connections: crate::auth::cache::NODE_DEFAULT.into(),
         });
         (
             ClientSession::new(shard.clone(), project, max, Expiry::new(shard.clone())),
@@ -473,6 +500,7 @@ mod tests {
                 name: "p".into(),
                 rate_limit: crate::quota::RateLimit::parse("1/s").unwrap(),
                 history: crate::history::HistorySpec::OFF,
+                max_connections: None,
             }],
             token_secrets: vec![TokenSecretRecord {
                 id: "tsk_1".into(),
@@ -491,6 +519,8 @@ mod tests {
             mailbox: mailboxes.get(0).unwrap(),
             sink: None,
             max_connections: 2,
+            send_budget: 1 << 30,
+            max_subscriptions: 1 << 20,
             history: std::sync::Arc::new(crate::history::History::new(
                 1 << 20,
                 crate::history::Recoveries::Allowed,

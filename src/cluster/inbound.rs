@@ -27,7 +27,7 @@ use super::{
     connect, sleep_unless_stopped, wire, Backoff, Cluster, Interest, IO_TIMEOUT, RESUBSCRIBE_BATCH,
 };
 use crate::auth::KeyCache;
-use crate::shard::mailbox::{Broadcast, Mailboxes};
+use crate::shard::mailbox::{Broadcast, Envelope, Mailboxes};
 
 /// Longest a read waits before the thread looks at interest changes again.
 pub(crate) const POLL: Duration = Duration::from_millis(5);
@@ -39,6 +39,28 @@ struct Pending {
     unsubscribe: Vec<String>,
 }
 
+/// Gains to confirm to their workers once the SUBSCRIBEs of this round are answered
+/// (or at once when Redis is away). A gain on a channel this node already has in Redis
+/// waits for the same round: it costs at most one round trip, never a wrong answer.
+#[derive(Default)]
+struct Confirmations(Vec<Interest>);
+
+impl Confirmations {
+    /// Tell each worker its gain is live; empties the list.
+    fn send(&mut self, mailboxes: &Mailboxes) {
+        for i in self.0.drain(..) {
+            mailboxes.control_to(
+                i.worker,
+                Envelope::InterestReady {
+                    project: i.project,
+                    channel: i.channel,
+                    ticket: i.ticket,
+                },
+            );
+        }
+    }
+}
+
 /// Apply queued interest changes to `wanted`; collect the Redis-level transitions.
 fn drain_interest(
     rx: &Receiver<Interest>,
@@ -46,9 +68,15 @@ fn drain_interest(
     projects: &mut ProjectIndex,
     wanted: &mut HashMap<String, u32>,
     pending: &mut Pending,
+    confirm: &mut Confirmations,
 ) {
     while let Ok(change) = rx.try_recv() {
         let Some(project) = projects.get(keys, change.project) else {
+            // A project this node no longer knows: nothing to subscribe, but the
+            // worker must not wait for ever.
+            if change.on {
+                confirm.0.push(change);
+            }
             continue;
         };
         let name = wire::redis_channel(&project.id, &change.channel);
@@ -59,6 +87,7 @@ fn drain_interest(
                 pending.unsubscribe.retain(|c| *c != name);
                 pending.subscribe.push(name);
             }
+            confirm.0.push(change);
         } else if let Some(count) = wanted.get_mut(&name) {
             *count = count.saturating_sub(1);
             if *count == 0 {
@@ -82,9 +111,17 @@ pub(crate) fn run(
     let mut wanted: HashMap<String, u32> = HashMap::new();
     // Set once Redis was lost: its return is then a warning too (see `outbound`).
     let mut lost = false;
+    let mut confirm = Confirmations::default();
     while !cluster.stopping() {
         let mut pending = Pending::default();
-        drain_interest(rx, keys, &mut projects, &mut wanted, &mut pending);
+        drain_interest(
+            rx,
+            keys,
+            &mut projects,
+            &mut wanted,
+            &mut pending,
+            &mut confirm,
+        );
         let mut conn = match connect(client) {
             Ok(c) => c,
             Err(e) => {
@@ -92,7 +129,20 @@ pub(crate) fn run(
                     tracing::warn!(error = %e, "cluster subscriber: Redis unavailable");
                     lost = true;
                 }
-                sleep_unless_stopped(cluster, backoff.next_delay());
+                // Redis is away: answer the waiting subscribers now (local delivery
+                // works; the reconnect restores the subscriptions).
+                confirm.send(mailboxes);
+                let delay = backoff.next_delay();
+                wait_draining(
+                    cluster,
+                    rx,
+                    keys,
+                    &mut projects,
+                    &mut wanted,
+                    &mut confirm,
+                    mailboxes,
+                    delay,
+                );
                 continue;
             }
         };
@@ -106,13 +156,55 @@ pub(crate) fn run(
             &mut wanted,
             &mut backoff,
             &mut lost,
+            &mut confirm,
         );
         cluster.inbound_ok.store(false, Ordering::Relaxed);
+        // Whatever the loop could not confirm (the connection failed mid-way) is
+        // answered now, as while Redis is away.
+        confirm.send(mailboxes);
         if let Err(e) = result {
             tracing::warn!(error = %e, "cluster subscriber: Redis connection lost; reconnecting");
             lost = true;
-            sleep_unless_stopped(cluster, backoff.next_delay());
+            let delay = backoff.next_delay();
+            wait_draining(
+                cluster,
+                rx,
+                keys,
+                &mut projects,
+                &mut wanted,
+                &mut confirm,
+                mailboxes,
+                delay,
+            );
         }
+    }
+}
+
+/// Wait `delay` before reconnecting, applying interest changes every few milliseconds
+/// meanwhile: the interest queue never holds more than that much of them, and what
+/// the node wants is kept in `wanted` only, one entry per channel (bounded by the
+/// workers' subscription caps), however long Redis stays away.
+#[allow(clippy::too_many_arguments)]
+fn wait_draining(
+    cluster: &Cluster,
+    rx: &Receiver<Interest>,
+    keys: &KeyCache,
+    projects: &mut ProjectIndex,
+    wanted: &mut HashMap<String, u32>,
+    confirm: &mut Confirmations,
+    mailboxes: &Mailboxes,
+    delay: Duration,
+) {
+    let deadline = Instant::now() + delay;
+    while !cluster.stopping() && Instant::now() < deadline {
+        // The Redis-level transitions need not be kept: the reconnect subscribes to
+        // everything in `wanted`.
+        drain_interest(rx, keys, projects, wanted, &mut Pending::default(), confirm);
+        confirm.send(mailboxes);
+        sleep_unless_stopped(
+            cluster,
+            POLL.min(deadline.saturating_duration_since(Instant::now())),
+        );
     }
 }
 
@@ -127,6 +219,7 @@ fn subscribed_loop(
     wanted: &mut HashMap<String, u32>,
     backoff: &mut Backoff,
     lost: &mut bool,
+    confirm: &mut Confirmations,
 ) -> redis::RedisResult<()> {
     let mut pubsub = conn.as_pubsub();
     // Restore: everything wanted now, in bounded batches.
@@ -137,6 +230,7 @@ fn subscribed_loop(
     }
     // A PING round trip proves the connection works even with nothing to restore.
     pubsub.ping::<()>()?;
+    confirm.send(mailboxes);
     if !cluster.inbound_ok.swap(true, Ordering::Relaxed) {
         if *lost {
             tracing::warn!(
@@ -157,9 +251,11 @@ fn subscribed_loop(
     let own = cluster.node_id();
     while !cluster.stopping() {
         let mut pending = Pending::default();
-        drain_interest(rx, keys, projects, wanted, &mut pending);
+        drain_interest(rx, keys, projects, wanted, &mut pending, confirm);
         if !pending.subscribe.is_empty() || !pending.unsubscribe.is_empty() {
             pubsub.set_read_timeout(Some(IO_TIMEOUT))?;
+            // `subscribe` returns once Redis acknowledged every channel of the chunk:
+            // from then on a PUBLISH on any node reaches this connection.
             for chunk in pending.subscribe.chunks(RESUBSCRIBE_BATCH) {
                 pubsub.subscribe(chunk)?;
             }
@@ -168,6 +264,7 @@ fn subscribed_loop(
             }
             pubsub.set_read_timeout(Some(POLL))?;
         }
+        confirm.send(mailboxes);
         // Take everything that has arrived; a timeout means "nothing more for now".
         loop {
             match pubsub.get_message() {
@@ -206,6 +303,20 @@ fn deliver(cluster: &Cluster, keys: &KeyCache, mailboxes: &Mailboxes, own: u64, 
     };
     if origin == own {
         return; // already delivered locally when it was accepted
+    }
+    if !wire::check_frame(frame, channel) {
+        // Not what a ringcast node publishes: never forward foreign bytes to browsers.
+        let dropped = cluster
+            .stats
+            .receive_dropped
+            .fetch_add(1, Ordering::Relaxed);
+        if dropped.is_power_of_two() {
+            tracing::warn!(
+                dropped,
+                "cluster subscriber: dropping a malformed frame received from Redis"
+            );
+        }
+        return;
     }
     let snapshot = keys.load();
     let Some(project) = snapshot.project(project_id) else {

@@ -42,6 +42,7 @@ pub(crate) mod wire;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
@@ -78,9 +79,13 @@ pub(crate) enum ClusterError {
 /// first local subscriber arrives (`on`) or its last one leaves.
 #[derive(Debug)]
 pub(crate) struct Interest {
+    /// The worker that reported it (and that waits for the confirmation of a gain).
+    pub worker: usize,
     pub project: u32,
     pub channel: Box<str>,
     pub on: bool,
+    /// The worker's ticket for a gain, echoed in its `InterestReady`.
+    pub ticket: u64,
 }
 
 /// Counters, for logs and metrics.
@@ -110,10 +115,12 @@ impl Cluster {
     /// keep retrying and health reports the cluster as failing meanwhile.
     pub(crate) fn start(
         url: &str,
+        ca_file: Option<&std::path::Path>,
         keys: Arc<KeyCache>,
         mailboxes: Mailboxes,
-    ) -> Result<Arc<Cluster>, ClusterError> {
-        let client = redis::Client::open(url).map_err(|e| ClusterError::Url(e.to_string()))?;
+    ) -> Result<(Arc<Cluster>, Vec<JoinHandle<()>>), ClusterError> {
+        let client = crate::store::redis::client(url, ca_file)
+            .map_err(|e| ClusterError::Url(e.to_string()))?;
         let (relay_tx, relay_rx) = crossbeam_channel::bounded(RELAY_QUEUE);
         // Unbounded on purpose: losing an interest change would silently cut a channel
         // off. Its size is bounded by subscribe/unsubscribe traffic, which the thread
@@ -128,14 +135,16 @@ impl Cluster {
             stop: AtomicBool::new(false),
             stats: ClusterStats::default(),
         });
-        spawn_outbound(&cluster, client.clone(), keys.clone(), relay_rx)?;
+        let relay = spawn_outbound(&cluster, client.clone(), keys.clone(), relay_rx)?;
         let (c, k) = (cluster.clone(), keys.clone());
         let quota_client = client.clone();
-        std::thread::Builder::new()
+        let quota = std::thread::Builder::new()
             .name("ringcast-quota".into())
             .spawn(move || leases::run(&c, &quota_client, &k))?;
-        spawn_inbound(&cluster, client, keys, mailboxes, interest_rx)?;
-        Ok(cluster)
+        let subscribe = spawn_inbound(&cluster, client, keys, mailboxes, interest_rx)?;
+        // The server watches these: each runs until `stop`, and one that ends before
+        // ends the process (see `server::serve`).
+        Ok((cluster, vec![relay, quota, subscribe]))
     }
 
     /// This node's random id, carried in every payload it publishes.
@@ -182,12 +191,11 @@ fn spawn_outbound(
     client: redis::Client,
     keys: Arc<KeyCache>,
     rx: Receiver<Arc<Broadcast>>,
-) -> std::io::Result<()> {
+) -> std::io::Result<JoinHandle<()>> {
     let cluster = cluster.clone();
     std::thread::Builder::new()
         .name("ringcast-relay".into())
-        .spawn(move || outbound::run(&cluster, &client, &keys, &rx))?;
-    Ok(())
+        .spawn(move || outbound::run(&cluster, &client, &keys, &rx))
 }
 
 fn spawn_inbound(
@@ -196,12 +204,11 @@ fn spawn_inbound(
     keys: Arc<KeyCache>,
     mailboxes: Mailboxes,
     rx: Receiver<Interest>,
-) -> std::io::Result<()> {
+) -> std::io::Result<JoinHandle<()>> {
     let cluster = cluster.clone();
     std::thread::Builder::new()
         .name("ringcast-subscribe".into())
-        .spawn(move || inbound::run(&cluster, &client, &keys, &mailboxes, &rx))?;
-    Ok(())
+        .spawn(move || inbound::run(&cluster, &client, &keys, &mailboxes, &rx))
 }
 
 /// Capped exponential backoff with jitter, so that nodes that lost Redis together do not
@@ -248,12 +255,19 @@ pub(crate) fn sleep_unless_stopped(cluster: &Cluster, d: Duration) {
 
 /// A channel's first local subscriber on a worker (`on`) or its last one leaving, from
 /// the shard. Called only on those transitions, never per client or per message.
+///
+/// A gain is confirmed back to the worker (`Envelope::InterestReady`) by the subscriber
+/// thread once Redis acknowledged the SUBSCRIBE that covers it, or at once while Redis
+/// is away (the worker then answers `subscribed` without cross-node delivery, which
+/// returns with the reconnect).
 impl crate::shard::InterestSink for Cluster {
-    fn interest(&self, project: u32, channel: &str, on: bool) {
+    fn interest(&self, worker: usize, project: u32, channel: &str, on: bool, ticket: u64) {
         let _ = self.interest_tx.send(Interest {
+            worker,
             project,
             channel: channel.into(),
             on,
+            ticket,
         });
     }
 }

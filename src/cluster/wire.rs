@@ -10,6 +10,15 @@
 //!   receiving node: it is copied once into a `Bytes` that all its subscribers share.
 //!
 //! Decoding never panics on foreign input: anything malformed is `None`.
+//!
+//! Whoever can write to Redis can publish on these channels, so a received frame is not
+//! trusted as bytes: [`check_frame`] requires exactly what `publish::encode` produces (one
+//! final, unmasked text frame with a minimal length header that covers exactly the
+//! payload, holding a JSON object of `type` = `"message"`, the `channel` of the Redis
+//! channel it came on, a valid `event`, `data` as an object or a string, a string `id`,
+//! for a history project also a numeric `offset` and a hex `epoch`, and nothing else). Anything else is dropped and counted: a Redis writer cannot
+//! make a browser receive a close, a ping, a binary frame, broken JSON or a frame of
+//! another channel.
 
 /// Prefix of every message channel ringcast subscribes to or publishes on.
 pub(crate) const CHANNEL_PREFIX: &str = "ringcast:m:";
@@ -57,9 +66,106 @@ pub(crate) fn decode_payload(payload: &[u8]) -> Option<(u64, &[u8])> {
     Some((origin, &payload[HEADER_LEN..]))
 }
 
+/// Whether `frame` is a well-formed message frame for `channel` (see the module docs).
+pub(crate) fn check_frame(frame: &[u8], channel: &str) -> bool {
+    let Some(payload) = frame_payload(frame) else {
+        return false;
+    };
+    let Ok(serde_json::Value::Object(fields)) = serde_json::from_slice(payload) else {
+        return false;
+    };
+    let text = |k: &str| fields.get(k).and_then(|v| v.as_str());
+    // A history project's frame also carries its position (`offset`, `epoch`), both or
+    // neither.
+    let position = match (fields.get("offset"), text("epoch")) {
+        (None, None) => true,
+        (Some(offset), Some(epoch)) => {
+            offset.is_u64() && !epoch.is_empty() && epoch.bytes().all(|b| b.is_ascii_hexdigit())
+        }
+        _ => false,
+    };
+    let expected = if fields.contains_key("offset") { 7 } else { 5 };
+    position
+        && fields.len() == expected
+        && text("type") == Some("message")
+        && text("channel") == Some(channel)
+        && text("event").is_some_and(|e| crate::names::check(e).is_ok())
+        && text("id").is_some()
+        && fields
+            .get("data")
+            .is_some_and(|d| d.is_object() || d.is_string())
+}
+
+/// The payload of a single final unmasked text frame whose header is minimal and whose
+/// length is exactly the rest of `frame`.
+fn frame_payload(frame: &[u8]) -> Option<&[u8]> {
+    if frame.len() < 2 || frame[0] != 0x81 || frame[1] & 0x80 != 0 {
+        return None;
+    }
+    let (len, header) = match frame[1] {
+        126 => (
+            u64::from(u16::from_be_bytes([*frame.get(2)?, *frame.get(3)?])),
+            4,
+        ),
+        127 => (u64::from_be_bytes(frame.get(2..10)?.try_into().ok()?), 10),
+        n => (u64::from(n), 2),
+    };
+    let payload = &frame[header..];
+    let minimal = crate::ws::frame::header_len(payload.len()) == header;
+    (len == payload.len() as u64 && minimal).then_some(payload)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_well_formed_message_frames_of_the_channel_pass() {
+        let good = crate::publish::encode::message_frame("news", "e", br#"{"a":1}"#, "m1");
+        assert!(check_frame(&good, "news"));
+        assert!(!check_frame(&good, "other"), "another channel's frame");
+        let s = crate::publish::encode::message_frame("news", "e", br#""text""#, "m1");
+        assert!(check_frame(&s, "news"));
+        let num = crate::publish::encode::message_frame("news", "e", b"7", "m1");
+        assert!(
+            !check_frame(&num, "news"),
+            "data must be an object or a string"
+        );
+        // Not the bytes a publish makes.
+        let close = crate::ws::frame::frame(crate::ws::frame::Opcode::Close, b"\x03\xe8");
+        assert!(!check_frame(&close, "news"));
+        let mut two = good.to_vec();
+        two.extend_from_slice(&good);
+        assert!(!check_frame(&two, "news"), "a second frame after the first");
+        assert!(!check_frame(&good[..good.len() - 1], "news"), "truncated");
+        let json =
+            br#"{"type":"message","channel":"news","event":"e","data":{},"id":"x","extra":1}"#;
+        let extra = crate::ws::frame::frame(crate::ws::frame::Opcode::Text, json);
+        assert!(!check_frame(&extra, "news"), "an unknown field");
+        // A history project's frame, with its position.
+        let (at, _) = crate::publish::encode::message_frame_at(
+            "news",
+            "e",
+            br#"{"a":1}"#,
+            "m1",
+            42,
+            "00ff00ff",
+        );
+        assert!(check_frame(&at, "news"), "a frame with offset and epoch");
+        let half =
+            br#"{"type":"message","channel":"news","event":"e","data":{},"id":"x","offset":1}"#;
+        let half = crate::ws::frame::frame(crate::ws::frame::Opcode::Text, half);
+        assert!(!check_frame(&half, "news"), "an offset without an epoch");
+        let neg = br#"{"type":"message","channel":"news","event":"e","data":{},"id":"x","offset":-1,"epoch":"ab"}"#;
+        let neg = crate::ws::frame::frame(crate::ws::frame::Opcode::Text, neg);
+        assert!(!check_frame(&neg, "news"), "a negative offset");
+        let bad = crate::ws::frame::frame(crate::ws::frame::Opcode::Text, b"{\"type\":");
+        assert!(!check_frame(&bad, "news"), "broken JSON");
+        // A long header for a short payload (not what the encoder writes).
+        let mut long = vec![0x81, 126, 0, 2];
+        long.extend_from_slice(b"{}");
+        assert!(!check_frame(&long, "news"));
+    }
 
     #[test]
     fn channels_round_trip_with_colons_and_unicode() {

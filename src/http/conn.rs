@@ -45,6 +45,8 @@ pub(crate) struct HttpConn {
     request_started: Option<Instant>,
     /// Close after the pending output is written.
     close: bool,
+    /// The client's address, looked up only when `ws_connect_rate_per_ip` is on.
+    pub(super) peer: Option<std::net::IpAddr>,
 }
 
 /// How a read ended.
@@ -61,6 +63,7 @@ impl HttpConn {
             out: Vec::new(),
             request_started: None,
             close: false,
+            peer: None,
         }
     }
 
@@ -82,7 +85,7 @@ impl HttpConn {
                     break;
                 }
             };
-            match route(svc, &head, req, &mut self.out) {
+            match route(svc, &head, req, &mut self.out, self.peer) {
                 Outcome::NeedMore => break,
                 Outcome::Answered { close } => {
                     let body = head.content_length.unwrap_or(0);
@@ -178,6 +181,9 @@ pub(crate) async fn refuse_busy(mut stream: TcpStream) {
 /// Serve one accepted connection until it closes or becomes a WebSocket.
 pub(crate) async fn serve<S: Transport>(svc: Rc<Service>, mut stream: S, guard: ConnGuard) {
     let mut conn = HttpConn::new();
+    if svc.node.connect_rate.is_some() {
+        conn.peer = stream.peer_ip();
+    }
     loop {
         let upgrade = conn.serve_buffered(&svc);
         if svc.shard.has_mail() {

@@ -94,7 +94,10 @@ fn write_response(out: &mut Vec<u8>, status: u16, body: &[u8], extra: Extra, all
 /// Append the error response for `err`.
 pub fn write_error(out: &mut Vec<u8>, err: ApiError, mut extra: Extra) {
     extra.close |= err.closes_connection();
-    if matches!(err, ApiError::Unavailable(_) | ApiError::TooManyConnections) {
+    if matches!(
+        err,
+        ApiError::Unavailable(_) | ApiError::TooManyConnections | ApiError::ConnectRateLimited
+    ) {
         extra.retry_after_s.get_or_insert(1);
     }
     let allow = match err {

@@ -17,6 +17,7 @@ pub(crate) fn route(
     head: &RequestHead,
     req: &[u8],
     out: &mut Vec<u8>,
+    peer: Option<std::net::IpAddr>,
 ) -> Outcome {
     match &req[head.path.clone()] {
         b"/api/v1/publish" => match head.method() {
@@ -49,7 +50,7 @@ pub(crate) fn route(
             out,
             ApiError::BadRequest("the WebSocket upgrade request must not have a body"),
         ),
-        b"/api/v1/ws" => upgrade::handle(svc, head, req, out),
+        b"/api/v1/ws" => upgrade::handle(svc, head, req, out, peer),
         b"/console" | b"/console/" | b"/console/ringcast.js" if svc.config().console => {
             match head.method() {
                 Method::Get | Method::Head => console::handle(head, &req[head.path.clone()], out),

@@ -20,6 +20,16 @@ pub(crate) trait Transport: AsyncReadRent + AsyncWriteRent + 'static {
     type Writer: FrameWrite + 'static;
     /// Split after an upgrade; the descriptor is the TCP socket, for `WsConn::abort`.
     fn into_ws_halves(self) -> (RawFd, Self::Reader, Self::Writer);
+    /// The TCP socket under the stream.
+    fn socket_fd(&self) -> RawFd;
+    /// The client's address (for `ws_connect_rate_per_ip`).
+    fn peer_ip(&self) -> Option<std::net::IpAddr> {
+        // SAFETY: the descriptor is this open stream's socket, borrowed for this call
+        // only, while `self` keeps it open.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(self.socket_fd()) };
+        let addr = socket2::SockRef::from(&fd).peer_addr().ok()?;
+        addr.as_socket().map(|a| a.ip())
+    }
     /// Before the server closes the connection: TLS sends close_notify so the client
     /// sees a clean end; plaintext needs nothing (dropping the socket sends FIN).
     fn before_close(&mut self) -> impl std::future::Future<Output = ()> {
@@ -31,6 +41,10 @@ impl Transport for TcpStream {
     type Reader = OwnedReadHalf<TcpStream>;
     type Writer = OwnedWriteHalf<TcpStream>;
 
+    fn socket_fd(&self) -> RawFd {
+        self.as_raw_fd()
+    }
+
     fn into_ws_halves(self) -> (RawFd, Self::Reader, Self::Writer) {
         let fd = self.as_raw_fd();
         let (rd, wr) = self.into_split();
@@ -41,6 +55,10 @@ impl Transport for TcpStream {
 impl Transport for TlsStream {
     type Reader = TlsReader;
     type Writer = TlsWriter;
+
+    fn socket_fd(&self) -> RawFd {
+        self.raw_fd()
+    }
 
     fn into_ws_halves(self) -> (RawFd, Self::Reader, Self::Writer) {
         let fd = self.raw_fd();

@@ -61,11 +61,18 @@ pub(crate) fn handle(
     head: &RequestHead,
     req: &[u8],
     out: &mut Vec<u8>,
+    peer: Option<std::net::IpAddr>,
 ) -> Outcome {
     let ws_key = match validate(head, req) {
         Ok(k) => k,
         Err(err) => return answer(out, err),
     };
+    // Before the key is looked at: a flood of upgrades costs one counter each.
+    if let (Some(rate), Some(ip)) = (&svc.node.connect_rate, peer) {
+        if !rate.admit(ip) {
+            return answer(out, ApiError::ConnectRateLimited);
+        }
+    }
     if svc.shard.is_stopping() {
         return answer(out, ApiError::Unavailable(Unavailable::ShuttingDown));
     }
@@ -78,7 +85,9 @@ pub(crate) fn handle(
         Ok(entry) => entry,
         Err(refusal) => return answer(out, ApiError::Unauthorized(refusal)),
     };
-    let limit = svc.config().max_ws_connections_per_project;
+    let limit = entry
+        .project
+        .connection_limit(svc.config().max_ws_connections_per_project);
     let Some(slot) = ProjectSlot::take(&entry.project.ws_connections, limit) else {
         return answer(
             out,
@@ -120,6 +129,7 @@ pub(crate) fn start<S: Transport>(
     let limits = ReadLimits {
         max_message: cfg.max_frame_bytes,
         max_fragments: cfg.max_fragments_per_message,
+        pause_backlog: cfg.read_pause_bytes(),
     };
     shard.register(conn.clone(), upgrade.key_id);
     monoio::spawn(write_loop(wr, conn.clone(), Bytes::from(answers)));

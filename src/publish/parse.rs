@@ -136,6 +136,13 @@ impl PublishParser {
         walk: impl FnOnce(&[Node<'a>]) -> T,
         invalid: T,
     ) -> T {
+        // A raw NUL is never valid JSON (strings escape control characters), but
+        // simd-json ends a number at one (its input padding is NUL) and accepts what
+        // follows; `data` would then carry NULs to every subscriber (found by the
+        // libFuzzer target fuzz/publish_body). One memchr pass refuses them.
+        if memchr::memchr(0, body).is_some() {
+            return invalid;
+        }
         self.scratch.clear();
         self.scratch.extend_from_slice(body);
         let mut tape: Tape<'a> = self.tape.take().unwrap_or_else(Tape::null).reset();
@@ -749,5 +756,38 @@ mod tests {
             .collect();
         assert_eq!(spans, [r#"{"a":[1,2]}"#, r#""x,]""#, "3", "[ ]"]);
         assert_eq!(array_elements(b"[]", 0..2).count(), 0);
+    }
+}
+
+#[cfg(test)]
+mod nul_tests {
+    use super::*;
+
+    /// Found by the libFuzzer target `publish_body` (fuzz/): simd-json ended a number at
+    /// a NUL byte and accepted the rest, so `{"data":{"a":[0\0\0\0\0,"x"]}}` was a 202 and
+    /// the NULs reached every subscriber inside `data` (which a browser's JSON.parse
+    /// refuses). No byte that JSON does not allow there may pass.
+    #[test]
+    fn control_bytes_outside_strings_are_invalid_json() {
+        for b in 0u8..0x20 {
+            if matches!(b, b'\t' | b'\n' | b'\r') {
+                continue;
+            }
+            for at in [
+                &b"{\"channel\":\"news\",\"event\":\"e\",\"data\":{\"a\":[0_,\"x\"]}}"[..],
+                &b"{\"channel\":\"news\",\"event\":\"e\",\"data\":{\"a\":1_}}"[..],
+                &b"{\"channel\":\"news\",\"event\":\"e\",\"data\":{\"a\":true_}}"[..],
+                &b"{\"channel\":\"news\",\"event\":\"e\",\"data\":\"s\"_}"[..],
+                &b"{\"channel\":\"news\",\"event\":\"e\",\"data\":{}}_"[..],
+            ] {
+                let body: Vec<u8> = at.iter().map(|&c| if c == b'_' { b } else { c }).collect();
+                let mut p = PublishParser::new();
+                assert!(
+                    p.parse(&body).is_err(),
+                    "byte {b:#04x} accepted in {:?}",
+                    String::from_utf8_lossy(&body)
+                );
+            }
+        }
     }
 }

@@ -19,6 +19,7 @@
 //! - Time is monotonic nanoseconds from [`now_ns`]; a clock that appears to go backwards
 //!   (a caller passing an older `now`) only makes the quota stricter, never looser.
 
+pub(crate) mod connect_rate;
 pub(crate) mod lease;
 pub(crate) mod rate_limit;
 

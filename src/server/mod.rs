@@ -24,6 +24,7 @@
 //! stops accepting, closes its WebSockets with 1001, and the process exits 0 within
 //! `shutdown_grace_ms` plus one second.
 
+pub(crate) mod fault;
 pub(crate) mod metrics_http;
 pub(crate) mod worker;
 
@@ -129,7 +130,7 @@ pub(crate) fn bind_listener(addr: SocketAddr) -> Result<TcpListener, ServeError>
 
 /// `ringcast serve`. A refused start is logged as one line (see the module doc).
 pub fn run_cli(cli: &Cli, args: &ServeArgs) -> anyhow::Result<()> {
-    let config = match Config::load(
+    let mut config = match Config::load(
         args,
         &cli.data_dir,
         cli.redis.as_deref(),
@@ -142,6 +143,9 @@ pub fn run_cli(cli: &Cli, args: &ServeArgs) -> anyhow::Result<()> {
             return Err(refused(format, e.into()));
         }
     };
+    if cli.redis_ca_file.is_some() {
+        config.redis_ca_file = cli.redis_ca_file.clone();
+    }
     init_tracing(config.log_format, &config.log_level);
     let format = config.log_format;
     start(args, config).map_err(|e| refused(format, e))
@@ -161,8 +165,12 @@ fn refused(format: LogFormat, e: anyhow::Error) -> anyhow::Error {
 
 fn start(args: &ServeArgs, config: Config) -> anyhow::Result<()> {
     let tls = load_tls(&config)?;
-    let mut store = crate::store::open_store(&config.data_dir, config.redis.as_deref())
-        .with_context(|| format!("cannot open the key store in {}", config.data_dir.display()))?;
+    let mut store = crate::store::open_store(
+        &config.data_dir,
+        config.redis.as_deref(),
+        config.redis_ca_file.as_deref(),
+    )
+    .with_context(|| format!("cannot open the key store in {}", config.data_dir.display()))?;
     // The master key before anything listens: a wrong or missing one stops the start.
     let master = MasterKey::load(
         config.master_key_file.as_deref(),
@@ -216,15 +224,17 @@ fn serve(
 
     // Cluster mode: the bridge threads start now and connect in the background (a Redis
     // that is down at this instant only makes health degraded until it answers).
-    let cluster = match config.redis.as_deref() {
-        Some(url) => Some(crate::cluster::Cluster::start(
-            url,
-            keys.clone(),
-            mailboxes.clone(),
-        )?),
-        None => None,
+    let (cluster, cluster_threads) = match config.redis.as_deref() {
+        Some(url) => {
+            let ca = config.redis_ca_file.as_deref();
+            let (cluster, threads) =
+                crate::cluster::Cluster::start(url, ca, keys.clone(), mailboxes.clone())?;
+            (Some(cluster), threads)
+        }
+        None => (None, Vec::new()),
     };
     let config_history_max = config.history_max_bytes;
+    let connect_rate = crate::quota::connect_rate::ConnectRate::new(config.ws_connect_rate_per_ip);
     let shared = Arc::new(Node {
         config,
         keys: keys.clone(),
@@ -241,19 +251,24 @@ fn serve(
             },
         )),
         metrics_timing,
+        connect_rate,
     });
     let metrics_addr = match shared.config.metrics_listen {
         Some(addr) => Some(metrics_http::spawn(addr, metrics.clone(), shared.clone())?),
         None => None,
     };
 
+    let fault = fault::Fault::from_env();
     let stop_watcher = Arc::new(AtomicBool::new(false));
     let notify = mailboxes.clone();
     let watcher = crate::auth::spawn_watcher(
         store,
         keys,
         Duration::from_millis(shared.config.key_refresh_ms),
-        Box::new(move || notify.control(|| Envelope::KeysChanged)),
+        Box::new(move || {
+            fault.on_key_change();
+            notify.control(|| Envelope::KeysChanged)
+        }),
         db_ok,
         stop_watcher.clone(),
     )?;
@@ -278,6 +293,7 @@ fn serve(
             core: (!cores.is_empty()).then(|| cores[index % cores.len()]),
             uring,
             metrics: metrics.worker(index),
+            fault,
         };
         let handle = std::thread::Builder::new()
             .name(format!("ringcast-w{index}"))
@@ -319,22 +335,23 @@ fn serve(
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,
     ])?;
-    let mut watcher_gone = false;
+    // Every thread here runs until shutdown. One that ends before (a worker whose
+    // runtime returned, the key watcher, a cluster bridge thread) leaves the node unable
+    // to keep its promises: stop, and exit non-zero so a supervisor restarts the process.
+    // (A panic never gets here: the binary's panic hook aborts the process.)
+    let mut failed: Option<String> = None;
     let mut slow_seen = 0u64;
     let mut next_summary = Instant::now() + SLOW_CONSUMER_LOG_INTERVAL;
     'wait: loop {
         if signals.pending().next().is_some() {
             break 'wait;
         }
-        if let Some(i) = threads.iter().position(|t| t.is_finished()) {
-            tracing::error!(worker = i, "a worker thread exited; shutting down");
+        let control = std::iter::once(&watcher).chain(cluster_threads.iter());
+        if let Some(t) = threads.iter().chain(control).find(|t| t.is_finished()) {
+            let name = t.thread().name().unwrap_or("unnamed").to_string();
+            tracing::error!(thread = %name, "a thread ended unexpectedly; shutting down");
+            failed = Some(name);
             break 'wait;
-        }
-        if !watcher_gone && watcher.is_finished() {
-            watcher_gone = true;
-            tracing::error!(
-                "the key watcher thread exited: key changes and revocations no longer reach this node"
-            );
         }
         if Instant::now() >= next_summary {
             next_summary += SLOW_CONSUMER_LOG_INTERVAL;
@@ -368,5 +385,8 @@ fn serve(
         }
     }
     let _ = watcher;
-    Ok(())
+    match failed {
+        Some(name) => Err(anyhow::anyhow!("thread {name} ended unexpectedly")),
+        None => Ok(()),
+    }
 }

@@ -108,6 +108,8 @@ pub(crate) struct WorkerSetup {
     pub uring: bool,
     /// This worker's metrics block, written only by this thread.
     pub metrics: Option<&'static crate::metrics::WorkerMetrics>,
+    /// Test-only fault injection (see `server::fault`); `Fault::None` in production.
+    pub fault: super::fault::Fault,
 }
 
 /// Run one worker until shutdown. Called on its own thread.
@@ -121,6 +123,7 @@ pub(crate) fn run(setup: WorkerSetup) -> std::io::Result<()> {
         core,
         uring,
         metrics,
+        fault,
     } = setup;
     // Pin first, so the runtime's memory is allocated on this core.
     if let Some(core) = core {
@@ -142,14 +145,20 @@ pub(crate) fn run(setup: WorkerSetup) -> std::io::Result<()> {
             sink,
             max_connections: node.config.max_connections_per_worker,
             history: node.history.clone(),
+            send_budget: node.config.worker_send_budget_bytes,
+            max_subscriptions: node.config.max_subscriptions_per_worker,
         }));
         let svc = Rc::new(Service::new(node, shard.clone()));
         monoio::spawn(shard.clone().run_mailbox());
+        monoio::spawn(shard.clone().run_budget());
         monoio::spawn(heartbeat(shard.clone(), period));
         if index == 0 {
             monoio::spawn(history_sweep(svc.node.history.clone()));
         }
         monoio::spawn(svc.expiry.clone().run());
+        if index == 0 && fault.in_worker().await {
+            return Err(std::io::Error::other("fault injected: worker exit"));
+        }
         accept_loop(&svc, listener, tls).await;
         // Shutdown: give WebSockets time to receive 1001 and queued messages.
         let deadline = Instant::now() + grace;

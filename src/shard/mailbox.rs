@@ -51,6 +51,15 @@ pub enum Envelope {
     KeysChanged,
     /// Stop accepting, deliver what is queued, close WebSockets with 1001.
     Shutdown,
+    /// The cluster's subscription for this worker's first local subscriber of a channel
+    /// is in place (Redis confirmed the SUBSCRIBE, or Redis is away): the `subscribed`
+    /// replies held for it may go out. `ticket` is the one the worker gave with that
+    /// interest change, so a late answer to an older change releases nothing newer.
+    InterestReady {
+        project: u32,
+        channel: Box<str>,
+        ticket: u64,
+    },
 }
 
 /// One worker's mailbox.
@@ -96,7 +105,8 @@ impl Mailbox {
         match envelope {
             Envelope::Broadcast(_) => 1,
             Envelope::Batch(batch) => self.batch_units(batch.len()),
-            Envelope::KeysChanged | Envelope::Shutdown => 0,
+            // Control envelopes hold no frames: never refused, never counted.
+            Envelope::KeysChanged | Envelope::Shutdown | Envelope::InterestReady { .. } => 0,
         }
     }
 
@@ -247,6 +257,18 @@ impl Mailboxes {
         }
     }
 
+    /// Send a control envelope to one worker (never refused). `false` if there is no
+    /// such worker.
+    pub fn control_to(&self, worker: usize, envelope: Envelope) -> bool {
+        match self.boxes.get(worker) {
+            Some(mb) => {
+                mb.push(envelope);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// The fullest mailbox's length.
     pub fn max_len(&self) -> usize {
         self.boxes.iter().map(|m| m.len()).max().unwrap_or(0)
@@ -359,6 +381,33 @@ mod tests {
         assert!(matches!(mb.try_recv(), Some(Envelope::Broadcast(_))));
         assert!(matches!(mb.try_recv(), Some(Envelope::Shutdown)));
         assert_eq!(mb.len(), 0);
+    }
+
+    /// A cluster confirmation is a control envelope: it holds no frame, so it neither
+    /// takes room from broadcasts nor shows in the depth (and taking it frees none).
+    #[test]
+    fn interest_ready_counts_no_frames() {
+        let boxes = Mailboxes::new(1, 1);
+        interested(&boxes);
+        assert!(boxes.broadcast(msg()));
+        assert!(boxes.control_to(
+            0,
+            Envelope::InterestReady {
+                project: 0,
+                channel: "c".into(),
+                ticket: 1,
+            },
+        ));
+        let mb = boxes.get(0).unwrap();
+        assert_eq!(mb.len(), 1, "only the broadcast counts");
+        assert!(matches!(mb.try_recv(), Some(Envelope::Broadcast(_))));
+        assert_eq!(mb.len(), 0);
+        assert!(matches!(
+            mb.try_recv(),
+            Some(Envelope::InterestReady { ticket: 1, .. })
+        ));
+        assert_eq!(mb.len(), 0, "no underflow");
+        assert!(boxes.broadcast(msg()), "room for a broadcast again");
     }
 
     #[test]

@@ -31,10 +31,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+
 use crate::auth::KeyCache;
 use crate::close::Disconnect;
 use crate::history::History;
-use crate::ws::conn::WsConn;
+use crate::ws::conn::{WorkerBacklog, WsConn};
 use crate::ws::frame::{self, Opcode};
 
 use interest::channel_hash;
@@ -46,8 +48,23 @@ use stop::StopSignal;
 /// (cluster mode: the node subscribes in Redis only to channels someone here wants).
 /// Called on a worker, at most once per transition, never on the fan-out path: it must
 /// not block.
+///
+/// For a gain (`on`), the sink must later put [`Envelope::InterestReady`] with the same
+/// `ticket` into worker `worker`'s mailbox, once the node receives the channel's
+/// messages from the other nodes (or cannot: Redis away). Until then the shard holds the
+/// `subscribed` replies of that channel, so a client told `subscribed` misses no
+/// message published anywhere in the cluster after it.
 pub(crate) trait InterestSink: Send + Sync {
-    fn interest(&self, project: u32, channel: &str, on: bool);
+    fn interest(&self, worker: usize, project: u32, channel: &str, on: bool, ticket: u64);
+}
+
+/// Replies held until the cluster confirmed a channel's subscription (see
+/// [`InterestSink`]). Lives only for the Redis round trip of a first subscriber.
+struct Awaiting {
+    project: u32,
+    channel: Box<str>,
+    ticket: u64,
+    replies: Vec<(Rc<WsConn>, Bytes)>,
 }
 
 /// A registered WebSocket and what the shard must know of it beyond the transport.
@@ -67,6 +84,10 @@ pub(crate) struct ShardSetup {
     pub max_connections: usize,
     /// The node's channel history (subscribes to history channels read it).
     pub history: Arc<History>,
+    /// Bytes all this worker's WebSocket queues may hold (`worker_send_budget_bytes`).
+    pub send_budget: usize,
+    /// Subscriptions this worker holds at most (`max_subscriptions_per_worker`).
+    pub max_subscriptions: usize,
 }
 
 /// One worker's data-plane state.
@@ -77,9 +98,16 @@ pub(crate) struct Shard {
     sink: Option<Arc<dyn InterestSink>>,
     registry: RefCell<Registry>,
     members: RefCell<HashMap<u64, Member>>,
+    /// Channels whose first local subscriber waits for the cluster (few, short-lived:
+    /// a linear scan is cheaper than hashing a channel name).
+    awaiting: RefCell<Vec<Awaiting>>,
+    next_ticket: Cell<u64>,
+    backlog: Rc<WorkerBacklog>,
+    max_subscriptions: usize,
     max_connections: usize,
     open: Cell<usize>,
-    /// (connection, channel) subscriptions on this worker, for the metrics gauge.
+    /// (connection, channel) subscriptions on this worker, for the metrics gauge and
+    /// `max_subscriptions_per_worker`.
     subscriptions: Cell<usize>,
     next_conn: Cell<u64>,
     started: Instant,
@@ -126,6 +154,10 @@ impl Shard {
             sink: setup.sink,
             registry: RefCell::new(Registry::new()),
             members: RefCell::new(HashMap::new()),
+            awaiting: RefCell::new(Vec::new()),
+            next_ticket: Cell::new(0),
+            backlog: Rc::new(WorkerBacklog::new(setup.send_budget)),
+            max_subscriptions: setup.max_subscriptions,
             max_connections: setup.max_connections,
             open: Cell::new(0),
             subscriptions: Cell::new(0),
@@ -170,13 +202,20 @@ impl Shard {
         id
     }
 
-    /// Make a WebSocket known to the shard (revocation, heartbeat, shutdown reach it).
+    /// Whether this worker may take one more subscription (`max_subscriptions_per_worker`).
+    pub(crate) fn subscriptions_full(&self) -> bool {
+        self.subscriptions.get() >= self.max_subscriptions
+    }
+
+    /// Make a WebSocket known to the shard (revocation, heartbeat, shutdown reach it)
+    /// and count its queue against the worker's budget.
     ///
     /// The key is checked again here: it was checked when the upgrade was decided, and
     /// a revocation swept this shard's sockets in between would have missed this one.
     /// The snapshot is swapped before the sweep is queued, and both run on this thread,
     /// so after this check no revocation can miss the connection.
     pub(crate) fn register(&self, conn: Rc<WsConn>, key_id: Box<str>) {
+        conn.attach_budget(self.backlog.clone());
         if self.stop.is_set() {
             conn.close(Disconnect::SHUTDOWN);
         } else if !self.keys.load().is_active(&key_id) {
@@ -219,7 +258,10 @@ impl Shard {
     }
 
     /// Subscribe `conn` to a project's channel, mirroring a first subscriber into the
-    /// interest filter and the cluster.
+    /// interest filter and the cluster. In cluster mode a first subscriber opens a wait
+    /// for the cluster's confirmation: the frames given to [`Shard::reply_when_live`]
+    /// for that channel (its `subscribed`, a replay) are held until then (see
+    /// [`InterestSink`]).
     pub(crate) fn subscribe(&self, project: u32, channel: &str, conn: &Rc<WsConn>) -> Subscribed {
         let t = self.registry.borrow_mut().subscribe(project, channel, conn);
         if t != Subscribed::Already {
@@ -228,10 +270,89 @@ impl Shard {
         if t == Subscribed::First {
             self.mailbox.interest.add(channel_hash(project, channel));
             if let Some(sink) = &self.sink {
-                sink.interest(project, channel, true);
+                let ticket = self.next_ticket.get() + 1;
+                self.next_ticket.set(ticket);
+                self.awaiting.borrow_mut().push(Awaiting {
+                    project,
+                    channel: channel.into(),
+                    ticket,
+                    replies: Vec::new(),
+                });
+                sink.interest(self.index, project, channel, true, ticket);
             }
         }
         t
+    }
+
+    /// Send `reply` to `conn` now, or after the channel's pending cluster confirmation
+    /// (a later subscriber, or a repeated subscribe, never overtakes the first one).
+    pub(crate) fn reply_when_live(
+        &self,
+        project: u32,
+        channel: &str,
+        conn: &Rc<WsConn>,
+        reply: Bytes,
+    ) -> bool {
+        let mut awaiting = self.awaiting.borrow_mut();
+        match awaiting
+            .iter_mut()
+            .find(|a| a.project == project && &*a.channel == channel)
+        {
+            Some(a) => {
+                a.replies.push((conn.clone(), reply));
+                true
+            }
+            None => {
+                drop(awaiting);
+                conn.send(reply)
+            }
+        }
+    }
+
+    /// The cluster confirmed the subscription given `ticket`: release its replies.
+    fn interest_ready(&self, project: u32, channel: &str, ticket: u64) {
+        let mut awaiting = self.awaiting.borrow_mut();
+        let Some(pos) = awaiting
+            .iter()
+            .position(|a| a.project == project && &*a.channel == channel && a.ticket == ticket)
+        else {
+            return;
+        };
+        let done = awaiting.swap_remove(pos);
+        drop(awaiting);
+        for (conn, reply) in done.replies {
+            conn.send(reply);
+        }
+    }
+
+    /// Send at once the held reply of `conn` on a channel it is leaving, so that its
+    /// `subscribed` still comes before its `unsubscribed`.
+    fn release_held(&self, project: u32, channel: &str, conn_id: u64, last: bool) {
+        let mut awaiting = self.awaiting.borrow_mut();
+        let Some(pos) = awaiting
+            .iter()
+            .position(|a| a.project == project && &*a.channel == channel)
+        else {
+            return;
+        };
+        let mut held = Vec::new();
+        let a = &mut awaiting[pos];
+        a.replies.retain(|(c, r)| {
+            if c.id == conn_id {
+                held.push((c.clone(), r.clone()));
+                false
+            } else {
+                true
+            }
+        });
+        if last {
+            // Nobody is left to wait for it; a later first subscriber gets a new ticket.
+            held.extend(awaiting.swap_remove(pos).replies);
+        }
+        drop(awaiting);
+        for (conn, reply) in held {
+            conn.send(reply);
+        }
     }
 
     /// Unsubscribe, mirroring a last subscriber gone into the interest filter and the
@@ -244,10 +365,13 @@ impl Shard {
         if t != Unsubscribed::NotSubscribed {
             self.count_subscriptions(-1);
         }
+        if self.sink.is_some() && t != Unsubscribed::NotSubscribed {
+            self.release_held(project, channel, conn_id, t == Unsubscribed::Last);
+        }
         if t == Unsubscribed::Last {
             self.mailbox.interest.remove(channel_hash(project, channel));
             if let Some(sink) = &self.sink {
-                sink.interest(project, channel, false);
+                sink.interest(self.index, project, channel, false, 0);
             }
         }
         t
@@ -310,6 +434,11 @@ impl Shard {
             }
             Envelope::KeysChanged => self.enforce_revocations(),
             Envelope::Shutdown => self.begin_shutdown(),
+            Envelope::InterestReady {
+                project,
+                channel,
+                ticket,
+            } => self.interest_ready(project, &channel, ticket),
         }
     }
 
@@ -331,6 +460,44 @@ impl Shard {
             mailbox.ready().await;
             self.drain();
         }
+    }
+
+    /// The budget loop: whenever this worker's WebSocket queues together hold more than
+    /// `worker_send_budget_bytes`, close the largest ones with 4008 until they hold no
+    /// more than the budget. Closing a slow consumer frees its queue at once.
+    pub(crate) async fn run_budget(self: Rc<Self>) {
+        let backlog = self.backlog.clone();
+        loop {
+            backlog.over_budget().await;
+            self.shed();
+        }
+    }
+
+    /// Close the connections holding the most against the budget until it holds.
+    /// Runs only when over the budget: the sort is never on the fan-out path.
+    pub(crate) fn shed(&self) {
+        let mut heavy: Vec<_> = self
+            .members
+            .borrow()
+            .values()
+            .filter(|m| m.conn.is_open() && m.conn.charged_bytes() > 0)
+            .map(|m| m.conn.clone())
+            .collect();
+        heavy.sort_unstable_by_key(|c| std::cmp::Reverse(c.charged_bytes()));
+        let mut closed = 0usize;
+        for conn in heavy {
+            if self.backlog.total() <= self.backlog.budget() {
+                break;
+            }
+            conn.close(Disconnect::SLOW_CONSUMER);
+            closed += 1;
+        }
+        tracing::warn!(
+            worker = self.index,
+            closed,
+            budget = self.backlog.budget(),
+            "worker send budget exceeded: closed the largest queues with 4008"
+        );
     }
 
     /// Close every local connection whose key is no longer active.
@@ -361,7 +528,7 @@ impl Shard {
             if silent >= 3 * period {
                 conn.close(Disconnect::HEARTBEAT_TIMEOUT);
             } else if silent >= period {
-                conn.send(ping.clone());
+                conn.send_shared(ping.clone());
             }
         }
     }
@@ -395,7 +562,7 @@ pub fn fan_out(registry: &Registry, msg: &Broadcast) -> usize {
     };
     let mut delivered = 0;
     for conn in subs.values() {
-        if conn.send(msg.frame.clone()) {
+        if conn.send_shared(msg.frame.clone()) {
             delivered += 1;
         }
     }
@@ -417,19 +584,71 @@ pub(crate) mod tests {
             sink,
             max_connections: 2,
             history: Arc::new(History::new(1 << 20, crate::history::Recoveries::Allowed)),
+            send_budget: 1 << 30,
+            max_subscriptions: 1 << 20,
         });
         (Rc::new(shard), mailboxes)
     }
 
+    /// Records interest changes; with `confirm` set, confirms each gain at once through
+    /// the worker's mailbox, as the cluster bridge does once Redis answered.
     #[derive(Default)]
-    pub(crate) struct Recorder(pub std::sync::Mutex<Vec<(u32, String, bool)>>);
+    pub(crate) struct Recorder(
+        pub std::sync::Mutex<Vec<(u32, String, bool)>>,
+        pub std::sync::Mutex<Option<Mailboxes>>,
+    );
     impl InterestSink for Recorder {
-        fn interest(&self, project: u32, channel: &str, on: bool) {
+        fn interest(&self, worker: usize, project: u32, channel: &str, on: bool, ticket: u64) {
             self.0
                 .lock()
                 .unwrap()
                 .push((project, channel.to_string(), on));
+            if let (true, Some(m)) = (on, &*self.1.lock().unwrap()) {
+                m.control_to(
+                    worker,
+                    Envelope::InterestReady {
+                        project,
+                        channel: channel.into(),
+                        ticket,
+                    },
+                );
+            }
         }
+    }
+
+    #[test]
+    fn a_first_subscriber_is_answered_once_the_cluster_confirmed() {
+        let rec = Arc::new(Recorder::default());
+        let (shard, _mailboxes) = shard(Some(rec.clone()));
+        let a = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
+        let b = Rc::new(WsConn::new(2, -1, 1 << 20, 0));
+        let ok = Bytes::from_static(b"\x81\x02ok");
+        shard.subscribe(3, "news", &a);
+        shard.reply_when_live(3, "news", &a, ok.clone());
+        // A later subscriber on this core waits behind the first one.
+        shard.subscribe(3, "news", &b);
+        shard.reply_when_live(3, "news", &b, ok.clone());
+        assert_eq!(
+            a.queued_bytes() + b.queued_bytes(),
+            0,
+            "answered before Redis"
+        );
+        // A stale ticket releases nothing.
+        shard.interest_ready(3, "news", 99);
+        assert_eq!(a.queued_bytes(), 0);
+        shard.interest_ready(3, "news", 1);
+        assert_eq!(a.take_queued(), vec![ok.clone()]);
+        assert_eq!(b.take_queued(), vec![ok.clone()]);
+        // Confirmed: the next subscriber is answered at once.
+        let c = Rc::new(WsConn::new(3, -1, 1 << 20, 0));
+        shard.subscribe(3, "news", &c);
+        shard.reply_when_live(3, "news", &c, ok.clone());
+        assert_eq!(c.take_queued(), vec![ok.clone()]);
+        // Leaving before the confirmation still gets `subscribed` first.
+        shard.subscribe(3, "other", &a);
+        shard.reply_when_live(3, "other", &a, ok.clone());
+        shard.unsubscribe(3, "other", 1);
+        assert_eq!(a.take_queued(), vec![ok]);
     }
 
     #[test]

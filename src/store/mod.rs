@@ -38,6 +38,9 @@ pub struct ProjectRecord {
     pub rate_limit: RateLimit,
     /// Channel history kept for the project (`off` by default).
     pub history: HistorySpec,
+    /// WebSocket connections this project may hold per node; `None`: the node's
+    /// `max_ws_connections_per_project`. `Some(0)`: unlimited.
+    pub max_connections: Option<u64>,
 }
 
 /// A key as stored: everything but the key itself.
@@ -237,6 +240,14 @@ pub(crate) trait Store: Send {
         history: HistorySpec,
     ) -> Result<ProjectRecord, StoreError>;
 
+    /// Set (or with `None` clear) a project's own WebSocket connection limit; returns
+    /// the updated project.
+    fn set_max_connections(
+        &mut self,
+        project_id: &str,
+        max_connections: Option<u64>,
+    ) -> Result<ProjectRecord, StoreError>;
+
     /// A new key for an existing project; returns its record and the full key.
     fn create_key(
         &mut self,
@@ -266,9 +277,10 @@ pub(crate) trait Store: Send {
 pub(crate) fn open_store(
     data_dir: &Path,
     redis: Option<&str>,
+    redis_ca_file: Option<&Path>,
 ) -> Result<Box<dyn Store>, StoreError> {
     match redis {
-        Some(url) => Ok(Box::new(RedisStore::open(url)?)),
+        Some(url) => Ok(Box::new(RedisStore::open(url, redis_ca_file)?)),
         None => Ok(Box::new(SqliteStore::open(data_dir)?)),
     }
 }
@@ -309,10 +321,12 @@ mod tests {
     #[test]
     fn a_bad_redis_url_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let err = open_store(dir.path(), Some("not a url")).err().unwrap();
+        let err = open_store(dir.path(), Some("not a url"), None)
+            .err()
+            .unwrap();
         assert!(matches!(err, StoreError::Invalid(_)), "{err}");
         // Nothing listens on port 1: the store cannot open, and says it is Redis.
-        let err = open_store(dir.path(), Some("redis://127.0.0.1:1"))
+        let err = open_store(dir.path(), Some("redis://127.0.0.1:1"), None)
             .err()
             .unwrap();
         assert!(matches!(err, StoreError::Redis(_)), "{err}");

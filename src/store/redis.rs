@@ -10,6 +10,8 @@
 //! - `projects` hash: id → JSON `{name, seq}` (immutable once written);
 //! - `rate_limits` hash: project id → `"100/s"` (a mutable project field);
 //! - `histories` hash: project id → `"100/120s"` or `"off"` (mutable; absent = off);
+//! - `max_connections` hash: project id → its own WebSocket connection limit (absent:
+//!   the node's `max_ws_connections_per_project`);
 //! - `keys` hash: key id → JSON `{project_id, kind, prefix, hash, seq}` (immutable);
 //! - `key_hashes` hash: hex SHA-256 → key id (revocation by full key);
 //! - `revoked` set: revoked key ids (revocation is a set insert: idempotent, permanent);
@@ -26,6 +28,7 @@
 //! Redis fails fast and recovers by itself.
 
 use std::collections::{HashMap, HashSet};
+use std::path::Path;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -144,6 +147,28 @@ fn k(name: &str) -> String {
     format!("{PREFIX}{name}")
 }
 
+/// A Redis client for `url`: `redis://` or `rediss://` (TLS), with an ACL user and
+/// password if the URL carries them. With `ca_file`, TLS trusts exactly the CA
+/// certificates in that PEM file instead of the system's roots.
+pub(crate) fn client(url: &str, ca_file: Option<&Path>) -> Result<redis::Client, StoreError> {
+    let invalid =
+        |e: &dyn std::fmt::Display| StoreError::Invalid(format!("invalid Redis URL: {e}"));
+    let Some(path) = ca_file else {
+        return redis::Client::open(url).map_err(|e| invalid(&e));
+    };
+    let info = redis::IntoConnectionInfo::into_connection_info(url).map_err(|e| invalid(&e))?;
+    let root_cert = std::fs::read(path).map_err(|source| StoreError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let certs = redis::TlsCertificates {
+        client_tls: None,
+        root_cert: Some(root_cert),
+    };
+    redis::Client::build_with_tls(info, certs)
+        .map_err(|e| StoreError::Invalid(format!("Redis TLS with {}: {e}", path.display())))
+}
+
 /// A connection to the Redis store. One per thread; reconnects lazily after an error.
 pub(crate) struct RedisStore {
     client: redis::Client,
@@ -158,9 +183,8 @@ impl From<redis::RedisError> for StoreError {
 
 impl RedisStore {
     /// Parse `url` and connect once, so a wrong URL or an unreachable Redis fails now.
-    pub(crate) fn open(url: &str) -> Result<RedisStore, StoreError> {
-        let client = redis::Client::open(url)
-            .map_err(|e| StoreError::Invalid(format!("invalid Redis URL: {e}")))?;
+    pub(crate) fn open(url: &str, ca_file: Option<&Path>) -> Result<RedisStore, StoreError> {
+        let client = client(url, ca_file)?;
         let mut store = RedisStore { client, conn: None };
         store.with(|c| redis::cmd("PING").query::<()>(c))?;
         Ok(store)
@@ -224,8 +248,9 @@ impl RedisStore {
             HashMap<String, String>,
             HashMap<String, String>,
             HashMap<String, String>,
+            HashMap<String, u64>,
         );
-        let (projects, limits, histories): Read = self.with(|c| {
+        let (projects, limits, histories, conns): Read = self.with(|c| {
             redis::pipe()
                 .atomic()
                 .cmd("HGETALL")
@@ -234,9 +259,11 @@ impl RedisStore {
                 .arg(k("rate_limits"))
                 .cmd("HGETALL")
                 .arg(k("histories"))
+                .cmd("HGETALL")
+                .arg(k("max_connections"))
                 .query(c)
         })?;
-        decode_projects(projects, &limits, &histories)
+        decode_projects(projects, &limits, &histories, &conns)
     }
 }
 
@@ -244,6 +271,7 @@ fn decode_projects(
     projects: HashMap<String, String>,
     limits: &HashMap<String, String>,
     histories: &HashMap<String, String>,
+    max_connections: &HashMap<String, u64>,
 ) -> Result<Vec<ProjectRecord>, StoreError> {
     let mut out = Vec::with_capacity(projects.len());
     for (id, json) in projects {
@@ -263,6 +291,7 @@ fn decode_projects(
         out.push((
             stored.seq,
             ProjectRecord {
+                max_connections: max_connections.get(&id).copied(),
                 id,
                 name: stored.name,
                 rate_limit,
@@ -326,6 +355,7 @@ impl Store for RedisStore {
             name: name.to_string(),
             rate_limit,
             history,
+            max_connections: None,
         };
         let stored = serde_json::to_string(&StoredProject {
             name: name.to_string(),
@@ -514,6 +544,29 @@ impl Store for RedisStore {
             .ok_or_else(|| project_not_found(project_id))
     }
 
+    fn set_max_connections(
+        &mut self,
+        project_id: &str,
+        max_connections: Option<u64>,
+    ) -> Result<ProjectRecord, StoreError> {
+        if !self.project_exists(project_id)? {
+            return Err(project_not_found(project_id));
+        }
+        self.with(|c| {
+            let mut pipe = redis::pipe();
+            pipe.atomic();
+            match max_connections {
+                Some(n) => pipe.hset(k("max_connections"), project_id, n),
+                None => pipe.hdel(k("max_connections"), project_id),
+            };
+            pipe.incr(k("version"), 1).query::<()>(c)
+        })?;
+        self.read_projects()?
+            .into_iter()
+            .find(|p| p.id == project_id)
+            .ok_or_else(|| project_not_found(project_id))
+    }
+
     fn create_key(
         &mut self,
         project_id: &str,
@@ -580,13 +633,14 @@ impl Store for RedisStore {
             HashMap<String, String>,
             HashMap<String, String>,
             HashMap<String, String>,
+            HashMap<String, u64>,
             HashMap<String, String>,
             HashSet<String>,
             HashMap<String, String>,
             HashMap<String, String>,
         );
-        let (projects, limits, histories, keys, revoked, secrets, token_keys): All =
-            self.with(|c| {
+        let (projects, limits, histories, conns, keys, revoked, secrets, token_keys): All = self
+            .with(|c| {
                 redis::pipe()
                     .atomic()
                     .cmd("HGETALL")
@@ -595,6 +649,8 @@ impl Store for RedisStore {
                     .arg(k("rate_limits"))
                     .cmd("HGETALL")
                     .arg(k("histories"))
+                    .cmd("HGETALL")
+                    .arg(k("max_connections"))
                     .cmd("HGETALL")
                     .arg(k("keys"))
                     .cmd("SMEMBERS")
@@ -606,7 +662,7 @@ impl Store for RedisStore {
                     .query(c)
             })?;
         Ok(StoreContents {
-            projects: decode_projects(projects, &limits, &histories)?,
+            projects: decode_projects(projects, &limits, &histories, &conns)?,
             keys: decode_keys(keys, &revoked, None)?,
             token_secrets: token_secret_records(secrets)?,
             token_keys: token_key_records(token_keys)?,

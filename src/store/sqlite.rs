@@ -39,7 +39,7 @@ pub(super) const DB_FILE: &str = "ringcast.db";
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Schema version this build writes (`PRAGMA user_version`).
-const SCHEMA_VERSION: i64 = 3;
+const SCHEMA_VERSION: i64 = 4;
 
 /// Migrations, index i brings the schema from version i to i + 1.
 const MIGRATIONS: &[&str] = &[
@@ -84,6 +84,8 @@ const MIGRATIONS: &[&str] = &[
         created_at  INTEGER NOT NULL
     );
     CREATE INDEX token_keys_by_project ON token_keys(project_id);",
+    // 3 -> 4: a project's own WebSocket connection limit (NULL: the node's default).
+    "ALTER TABLE projects ADD COLUMN max_connections INTEGER;",
 ];
 
 /// A connection to the SQLite store. One per thread; not shared.
@@ -255,11 +257,11 @@ fn project_exists(conn: &Connection, project_id: &str) -> Result<bool, StoreErro
 }
 
 /// A project row as read, before its rate limit is validated.
-type RawProject = (String, String, String, String);
+type RawProject = (String, String, String, String, Option<i64>);
 /// A key row as read: id, project_id, kind, revoked, prefix, hash.
 type RawKey = (String, String, String, bool, String, Vec<u8>);
 
-const SELECT_PROJECTS: &str = "SELECT id, name, rate_limit, history FROM projects";
+const SELECT_PROJECTS: &str = "SELECT id, name, rate_limit, history, max_connections FROM projects";
 const SELECT_KEYS: &str =
     "SELECT id, project_id, kind, revoked_at IS NOT NULL, prefix, hash FROM keys";
 
@@ -270,19 +272,24 @@ fn read_projects(
 ) -> Result<Vec<ProjectRecord>, StoreError> {
     let mut stmt = conn.prepare_cached(&format!("{SELECT_PROJECTS} {filter}"))?;
     let rows = stmt.query_map(args, |r| {
-        Ok::<RawProject, _>((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+        Ok::<RawProject, _>((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
     })?;
     rows.map(|row| {
-        let (id, name, rate_limit, history) = row?;
+        let (id, name, rate_limit, history, max_connections) = row?;
         let rate_limit = RateLimit::parse(&rate_limit)
             .map_err(|e| StoreError::Corrupt(format!("project {id}: {e}")))?;
         let history = HistorySpec::parse(&history)
             .map_err(|e| StoreError::Corrupt(format!("project {id}: {e}")))?;
+        let max_connections = max_connections
+            .map(u64::try_from)
+            .transpose()
+            .map_err(|_| StoreError::Corrupt(format!("project {id}: negative max_connections")))?;
         Ok(ProjectRecord {
             id,
             name,
             rate_limit,
             history,
+            max_connections,
         })
     })
     .collect()
@@ -336,6 +343,7 @@ impl Store for SqliteStore {
             name: name.to_string(),
             rate_limit,
             history,
+            max_connections: None,
         };
         let (token_record, token_secret) = mint_token_secret(&project.id, master)?;
         self.write(|tx| {
@@ -467,6 +475,29 @@ impl Store for SqliteStore {
             let changed = tx.execute(
                 "UPDATE projects SET history = ?1 WHERE id = ?2",
                 params![history.to_string(), project_id],
+            )?;
+            if changed == 0 {
+                return Err(project_not_found(project_id));
+            }
+            read_projects(tx, "WHERE id = ?1", [project_id])?
+                .pop()
+                .ok_or_else(|| project_not_found(project_id))
+        })
+    }
+
+    fn set_max_connections(
+        &mut self,
+        project_id: &str,
+        max_connections: Option<u64>,
+    ) -> Result<ProjectRecord, StoreError> {
+        let value = max_connections
+            .map(i64::try_from)
+            .transpose()
+            .map_err(|_| StoreError::Invalid("max_connections is too large".into()))?;
+        self.write(|tx| {
+            let changed = tx.execute(
+                "UPDATE projects SET max_connections = ?1 WHERE id = ?2",
+                params![value, project_id],
             )?;
             if changed == 0 {
                 return Err(project_not_found(project_id));
@@ -785,6 +816,47 @@ mod tests {
             SqliteStore::open(dir.path()),
             Err(StoreError::SchemaTooNew { .. })
         ));
+    }
+
+    /// A database left at any older schema opens, migrates to the current one and keeps
+    /// its projects; every later column works on it.
+    #[test]
+    fn every_older_schema_migrates() {
+        for version in 1..SCHEMA_VERSION {
+            let dir = tempfile::tempdir().unwrap();
+            let mut raw = Connection::open(dir.path().join(DB_FILE)).unwrap();
+            let tx = raw.transaction().unwrap();
+            for step in &MIGRATIONS[..version as usize] {
+                tx.execute_batch(step).unwrap();
+            }
+            tx.execute(
+                "INSERT INTO projects (id, name, rate_limit, created_at) VALUES ('prj_old', 'old', '5/s', 0)",
+                [],
+            )
+            .unwrap();
+            tx.pragma_update(None, "user_version", version).unwrap();
+            tx.commit().unwrap();
+            drop(raw);
+
+            let mut store = SqliteStore::open(dir.path()).unwrap();
+            let projects = store.list_projects().unwrap();
+            assert_eq!(projects.len(), 1, "schema {version}");
+            assert_eq!(projects[0].name, "old");
+            assert_eq!(projects[0].max_connections, None, "schema {version}");
+            let project = store.set_max_connections("prj_old", Some(7)).unwrap();
+            assert_eq!(project.max_connections, Some(7), "schema {version}");
+            store
+                .rotate_token_secret("prj_old", &MasterKey::random(), 0)
+                .unwrap();
+            store
+                .create_project("new", rl("1/s"), HistorySpec::OFF, &MasterKey::random())
+                .unwrap();
+            let raw = Connection::open(dir.path().join(DB_FILE)).unwrap();
+            let now: i64 = raw
+                .pragma_query_value(None, "user_version", |row| row.get(0))
+                .unwrap();
+            assert_eq!(now, SCHEMA_VERSION, "schema {version}");
+        }
     }
 
     #[test]

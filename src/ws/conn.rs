@@ -71,8 +71,15 @@ pub struct WsConn {
     fd: RawFd,
     fd_open: Cell<bool>,
     backlog_limit: usize,
-    queue: RefCell<VecDeque<Bytes>>,
+    /// Queued frames, each with whether it is this connection's own (a reply, a pong:
+    /// charged in full to the worker's [`WorkerBacklog`]) or a broadcast shared with
+    /// other subscribers (charged only its queue slot there).
+    queue: RefCell<VecDeque<(Bytes, bool)>>,
     queued_bytes: Cell<usize>,
+    /// The worker's budget of queued bytes, once attached ([`WsConn::attach_budget`]).
+    budget: RefCell<Option<Rc<WorkerBacklog>>>,
+    /// What this connection has charged to `budget`.
+    charged: Cell<usize>,
     state: Cell<State>,
     close_code: Cell<u16>,
     writer: Cell<Option<Waker>>,
@@ -92,6 +99,8 @@ impl WsConn {
             backlog_limit,
             queue: RefCell::new(VecDeque::new()),
             queued_bytes: Cell::new(0),
+            budget: RefCell::new(None),
+            charged: Cell::new(0),
             state: Cell::new(State::Open),
             close_code: Cell::new(0),
             writer: Cell::new(None),
@@ -128,16 +137,50 @@ impl WsConn {
     #[cfg(any(test, feature = "bench"))]
     pub fn take_queued(&self) -> Vec<Bytes> {
         self.queued_bytes.set(0);
-        self.queue.borrow_mut().drain(..).collect()
+        self.uncharge(self.charged.get());
+        self.queue.borrow_mut().drain(..).map(|(f, _)| f).collect()
     }
 
-    /// Queue a frame. Returns `false` when the connection is closing or was just
-    /// closed for exceeding its backlog. Never blocks, never copies the frame.
+    /// Count this connection's queue against the worker's budget from now on.
+    pub fn attach_budget(&self, budget: Rc<WorkerBacklog>) {
+        *self.budget.borrow_mut() = Some(budget);
+    }
+
+    fn charge(&self, n: usize) {
+        if let Some(b) = &*self.budget.borrow() {
+            self.charged.set(self.charged.get() + n);
+            b.add(n);
+        }
+    }
+
+    fn uncharge(&self, n: usize) {
+        if let Some(b) = &*self.budget.borrow() {
+            let n = n.min(self.charged.get());
+            self.charged.set(self.charged.get() - n);
+            b.sub(n);
+        }
+    }
+
+    /// Queue a frame of this connection's own (a reply). Returns `false` when the
+    /// connection is closing or was just closed for exceeding its backlog. Never
+    /// blocks, never copies the frame.
     pub fn send(self: &Rc<Self>, frame: Bytes) -> bool {
+        self.enqueue(frame, true)
+    }
+
+    /// Queue a broadcast frame that other subscribers share (the fan-out): it counts in
+    /// full against this connection's backlog, but only its queue slot against the
+    /// worker's budget, since its bytes exist once for all of them.
+    pub fn send_shared(self: &Rc<Self>, frame: Bytes) -> bool {
+        self.enqueue(frame, false)
+    }
+
+    fn enqueue(self: &Rc<Self>, frame: Bytes, own: bool) -> bool {
         if self.state.get() != State::Open {
             return false;
         }
-        let total = self.queued_bytes.get() + frame.len() + QUEUE_SLOT_COST;
+        let cost = frame.len() + QUEUE_SLOT_COST;
+        let total = self.queued_bytes.get() + cost;
         if total > self.backlog_limit {
             self.close(Disconnect::SLOW_CONSUMER);
             crate::metrics::with(|m| m.slow_consumer_close());
@@ -150,13 +193,35 @@ impl WsConn {
             // one instead of the default four (idle connections keep this capacity).
             q.reserve_exact(1);
         }
-        q.push_back(frame);
+        q.push_back((frame, own));
         self.queued_bytes.set(total);
         drop(q);
+        self.charge(if own { cost } else { QUEUE_SLOT_COST });
         if was_empty {
             self.wake_writer();
         }
         true
+    }
+
+    /// What this connection holds against the worker's budget.
+    pub fn charged_bytes(&self) -> usize {
+        self.charged.get()
+    }
+
+    /// Wait until at most `limit` bytes are queued, or the connection is no longer open
+    /// (the reader's back-pressure: it reads no more frames from a client whose own
+    /// queue is above the limit, so replies cannot pile up behind a client that does not
+    /// read them; the kernel's buffers and TCP flow control hold the client back).
+    async fn wait_drained(&self, limit: usize) {
+        poll_fn(|cx| {
+            if self.queued_bytes.get() <= limit || self.state.get() != State::Open {
+                Poll::Ready(())
+            } else {
+                self.waiter.set(Some(cx.waker().clone()));
+                Poll::Pending
+            }
+        })
+        .await
     }
 
     /// Start a server-side close. The backlog is dropped for a slow consumer (it is what
@@ -182,8 +247,11 @@ impl WsConn {
             // Release the queue's memory at once: a slow consumer's backlog may be large.
             q.shrink_to_fit();
             self.queued_bytes.set(0);
+            drop(q);
+            self.uncharge(self.charged.get());
+            q = self.queue.borrow_mut();
         }
-        q.push_back(frame::close_frame(code, why.reason));
+        q.push_back((frame::close_frame(code, why.reason), false));
         drop(q);
         self.close_code.set(code);
         self.state.set(State::Closing);
@@ -256,9 +324,12 @@ impl WsConn {
     fn take_batch(&self, batch: &mut FrameBatch) -> bool {
         let mut q = self.queue.borrow_mut();
         let mut taken = 0usize;
+        let mut uncharged = 0usize;
         while batch.bufs.len() < MAX_BATCH {
-            let Some(f) = q.pop_front() else { break };
-            taken += f.len() + QUEUE_SLOT_COST;
+            let Some((f, own)) = q.pop_front() else { break };
+            let cost = f.len() + QUEUE_SLOT_COST;
+            taken += cost;
+            uncharged += if own { cost } else { QUEUE_SLOT_COST };
             if batch.bufs.capacity() == 0 {
                 batch.bufs.reserve_exact(q.len() + 1);
             }
@@ -266,7 +337,14 @@ impl WsConn {
         }
         self.queued_bytes
             .set(self.queued_bytes.get().saturating_sub(taken));
-        q.is_empty() && self.state.get() == State::Closing
+        let done = q.is_empty() && self.state.get() == State::Closing;
+        drop(q);
+        self.uncharge(uncharged);
+        // A reader paused by back-pressure may read again.
+        if let Some(w) = self.waiter.take() {
+            w.wake();
+        }
+        done
     }
 
     /// Wait until the writer is done (close frame flushed, or socket dead).
@@ -276,6 +354,69 @@ impl WsConn {
                 Poll::Ready(())
             } else {
                 self.waiter.set(Some(cx.waker().clone()));
+                Poll::Pending
+            }
+        })
+        .await
+    }
+}
+
+impl Drop for WsConn {
+    fn drop(&mut self) {
+        // Frames still queued when the connection ends leave the worker's budget too.
+        self.uncharge(self.charged.get());
+    }
+}
+
+/// One worker's budget of queued bytes across all its WebSocket connections: what each
+/// holds of its own (replies) in full, plus one queue slot per broadcast frame. Over the
+/// budget, the worker closes the largest queues with 4008 first (`Shard::shed`), so a
+/// public key opening thousands of connections that never read cannot make the worker
+/// hold more than this. Thread-local, like the connections.
+pub struct WorkerBacklog {
+    total: Cell<usize>,
+    budget: usize,
+    over: Cell<Option<Waker>>,
+}
+
+impl WorkerBacklog {
+    pub fn new(budget: usize) -> WorkerBacklog {
+        WorkerBacklog {
+            total: Cell::new(0),
+            budget,
+            over: Cell::new(None),
+        }
+    }
+
+    pub fn total(&self) -> usize {
+        self.total.get()
+    }
+
+    pub fn budget(&self) -> usize {
+        self.budget
+    }
+
+    fn add(&self, n: usize) {
+        let total = self.total.get() + n;
+        self.total.set(total);
+        if total > self.budget {
+            if let Some(w) = self.over.take() {
+                w.wake();
+            }
+        }
+    }
+
+    fn sub(&self, n: usize) {
+        self.total.set(self.total.get().saturating_sub(n));
+    }
+
+    /// Resolves when the total is over the budget.
+    pub async fn over_budget(&self) {
+        poll_fn(|cx| {
+            if self.total.get() > self.budget {
+                Poll::Ready(())
+            } else {
+                self.over.set(Some(cx.waker().clone()));
                 Poll::Pending
             }
         })
@@ -467,6 +608,9 @@ pub struct ReadLimits {
     pub max_message: usize,
     /// Most frames one message may arrive in (empty continuations count), count.
     pub max_fragments: usize,
+    /// Back-pressure: no more client frames are handled while more than this many bytes
+    /// wait in the connection's queue (`ws_read_pause_bytes`).
+    pub pause_backlog: usize,
 }
 
 /// The reader task: decode frames, run the session, answer pings and closes. Returns
@@ -484,6 +628,21 @@ pub async fn read_loop<S: Session, R: AsyncReadRent>(
     // Bytes that arrived with the upgrade request are processed first.
     let mut peer_closed = !process(&conn, session, &mut asm, &mut pending, limits);
     while !peer_closed && conn.state.get() != State::Done {
+        // `process` stops early only for back-pressure: then the queue is over the
+        // limit, or was when it stopped (frames already read wait in `pending`).
+        let stalled = conn.is_open() && !pending.is_empty() && has_frame(&pending);
+        if conn.is_open() && (stalled || conn.queued_bytes() > limits.pause_backlog) {
+            // Back-pressure: handle nothing more from this client until its queue
+            // drained below the limit.
+            conn.wait_drained(limits.pause_backlog).await;
+            if conn.is_open() && !pending.is_empty() {
+                peer_closed = !process(&conn, session, &mut asm, &mut pending, limits);
+                if pending.is_empty() && pending.capacity() > 0 {
+                    pending = Vec::new();
+                }
+                continue;
+            }
+        }
         let buf = if pending.is_empty() {
             std::mem::take(&mut idle_buf)
         } else {
@@ -543,6 +702,10 @@ fn process<S: Session>(
     let mut off = 0;
     let mut keep_reading = true;
     while off < buf.len() {
+        if conn.queued_bytes() > limits.pause_backlog && conn.is_open() {
+            // Back-pressure: the rest waits in the buffer (see `read_loop`).
+            break;
+        }
         let view = match decode_frame(&mut buf[off..], limits.max_message) {
             Ok(Some(v)) => v,
             Ok(None) => break,
@@ -596,6 +759,27 @@ fn process<S: Session>(
     }
     buf.drain(..off);
     keep_reading
+}
+
+/// Whether `buf` starts with a whole frame (its header says how long it is). Cheap: reads
+/// at most the 14 header bytes; the payload is not looked at.
+fn has_frame(buf: &[u8]) -> bool {
+    if buf.len() < 2 {
+        return false;
+    }
+    let masked = buf[1] & 0x80 != 0;
+    let (len, header) = match buf[1] & 0x7f {
+        126 if buf.len() >= 4 => (u64::from(u16::from_be_bytes([buf[2], buf[3]])), 4),
+        127 if buf.len() >= 10 => {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&buf[2..10]);
+            (u64::from_be_bytes(b), 10)
+        }
+        126 | 127 => return false,
+        n => (u64::from(n), 2),
+    };
+    let need = header as u64 + if masked { 4 } else { 0 } + len;
+    buf.len() as u64 >= need
 }
 
 /// While closing: whether `buf` holds the peer's close frame (anything else is dropped).

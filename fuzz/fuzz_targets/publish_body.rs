@@ -1,0 +1,96 @@
+//! The publish body parser (`PublishParser`, simd-json underneath) on arbitrary bytes,
+//! with serde_json and the contract's name rule as the oracle.
+//!
+//! Checked: no panic (simd-json is SIMD and `unsafe` inside: run.sh builds with
+//! AddressSanitizer); whatever is accepted is a JSON object with exactly one of
+//! `channel` (a valid name) or `channels` (1 to 100 distinct valid names), the parsed
+//! ones, a valid `event`, and a `data` span that is the same JSON value; a reused parser
+//! gives the same answer as a fresh one. Every body serde_json reads as a valid publish
+//! is accepted (numbers beyond f64 aside: simd-json refuses them, a documented limit).
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use ringcast::PublishParser;
+
+fn valid_name(v: Option<&serde_json::Value>) -> Option<&str> {
+    let s = v?.as_str()?;
+    let n = s.chars().count();
+    ((1..=100).contains(&n) && !s.chars().any(|c| (c as u32) < 0x20 || c == '\u{7f}')).then_some(s)
+}
+
+/// The channels of a valid publish: `channel`, or `channels` (1 to 100 distinct valid
+/// names), exactly one of the two.
+fn valid_channels(v: &serde_json::Value) -> Option<Vec<String>> {
+    match (v.get("channel"), v.get("channels")) {
+        (Some(c), None) => valid_name(Some(c)).map(|c| vec![c.to_string()]),
+        (None, Some(serde_json::Value::Array(list))) => {
+            let names: Option<Vec<String>> = list
+                .iter()
+                .map(|c| valid_name(Some(c)).map(str::to_string))
+                .collect();
+            let names = names?;
+            let distinct: std::collections::HashSet<&String> = names.iter().collect();
+            ((1..=100).contains(&names.len()) && distinct.len() == names.len()).then_some(names)
+        }
+        _ => None,
+    }
+}
+
+/// A number serde_json reads but simd-json refuses (out of the f64 range).
+fn has_huge_number(v: &serde_json::Value) -> bool {
+    match v {
+        serde_json::Value::Number(n) => n.as_f64().is_none_or(|f| !f.is_finite()),
+        serde_json::Value::Array(a) => a.iter().any(has_huge_number),
+        serde_json::Value::Object(o) => o.values().any(has_huge_number),
+        _ => false,
+    }
+}
+
+fuzz_target!(|body: &[u8]| {
+    let mut parser = PublishParser::new();
+    let got = parser.parse(body).map(|p| {
+        let channels: Vec<String> = p
+            .channels
+            .as_slice()
+            .iter()
+            .map(|c| c.to_string())
+            .collect();
+        (channels, p.event.to_string(), p.data.to_vec())
+    });
+    let oracle: Option<serde_json::Value> = serde_json::from_slice(body).ok();
+    match &got {
+        Ok((channels, event, data)) => {
+            let v = oracle.expect("accepted a body serde_json refuses");
+            assert!(v.is_object());
+            assert_eq!(valid_channels(&v).as_ref(), Some(channels));
+            assert_eq!(valid_name(v.get("event")), Some(event.as_str()));
+            let forwarded: serde_json::Value =
+                serde_json::from_slice(data).expect("data span is not JSON");
+            assert!(forwarded.is_object() || forwarded.is_string());
+            assert_eq!(Some(&forwarded), v.get("data"));
+        }
+        Err(_) => {
+            if let Some(v) = oracle {
+                let ok = valid_channels(&v).is_some()
+                    && valid_name(v.get("event")).is_some()
+                    && v.get("data")
+                        .is_some_and(|d| d.is_object() || d.is_string());
+                assert!(!ok || has_huge_number(&v), "refused a valid publish");
+            }
+        }
+    }
+    // The parser is kept per worker: a second parse agrees with the first.
+    let again = parser.parse(body).map(|p| {
+        let channels: Vec<String> = p
+            .channels
+            .as_slice()
+            .iter()
+            .map(|c| c.to_string())
+            .collect();
+        (channels, p.event.to_string(), p.data.to_vec())
+    });
+    assert_eq!(again.is_ok(), got.is_ok());
+    if let (Ok(a), Ok(b)) = (again, got) {
+        assert_eq!(a, b);
+    }
+});
