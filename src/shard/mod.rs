@@ -64,7 +64,24 @@ struct Awaiting {
     project: u32,
     channel: Box<str>,
     ticket: u64,
-    replies: Vec<(Rc<WsConn>, Bytes)>,
+    replies: Vec<(Rc<WsConn>, Held)>,
+}
+
+/// A frame waiting behind a cluster confirmation: the connection's own reply, or a
+/// broadcast of the channel that arrived before that reply could go out (it must not
+/// overtake the `subscribed` it follows).
+enum Held {
+    Own(Bytes),
+    Shared(Bytes),
+}
+
+impl Held {
+    fn send(self, conn: &Rc<WsConn>) -> bool {
+        match self {
+            Held::Own(frame) => conn.send(frame),
+            Held::Shared(frame) => conn.send_shared(frame),
+        }
+    }
 }
 
 /// A registered WebSocket and what the shard must know of it beyond the transport.
@@ -299,7 +316,7 @@ impl Shard {
             .find(|a| a.project == project && &*a.channel == channel)
         {
             Some(a) => {
-                a.replies.push((conn.clone(), reply));
+                a.replies.push((conn.clone(), Held::Own(reply)));
                 true
             }
             None => {
@@ -320,8 +337,8 @@ impl Shard {
         };
         let done = awaiting.swap_remove(pos);
         drop(awaiting);
-        for (conn, reply) in done.replies {
-            conn.send(reply);
+        for (conn, held) in done.replies {
+            held.send(&conn);
         }
     }
 
@@ -335,23 +352,18 @@ impl Shard {
         else {
             return;
         };
-        let mut held = Vec::new();
         let a = &mut awaiting[pos];
-        a.replies.retain(|(c, r)| {
-            if c.id == conn_id {
-                held.push((c.clone(), r.clone()));
-                false
-            } else {
-                true
-            }
-        });
+        let (mut held, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut a.replies)
+            .into_iter()
+            .partition(|(c, _)| c.id == conn_id);
+        a.replies = kept;
         if last {
             // Nobody is left to wait for it; a later first subscriber gets a new ticket.
             held.extend(awaiting.swap_remove(pos).replies);
         }
         drop(awaiting);
-        for (conn, reply) in held {
-            conn.send(reply);
+        for (conn, frame) in held {
+            frame.send(&conn);
         }
     }
 
@@ -422,13 +434,13 @@ impl Shard {
     pub(crate) fn handle(&self, envelope: Envelope) {
         match envelope {
             Envelope::Broadcast(msg) => {
-                let delivered = fan_out(&self.registry.borrow(), &msg);
+                let delivered = self.deliver(&self.registry.borrow(), &msg);
                 // Once per broadcast per worker, never per subscriber.
                 crate::metrics::with(|m| m.deliveries(delivered as u64));
             }
             Envelope::Batch(batch) => {
                 let registry = self.registry.borrow();
-                let delivered: usize = batch.iter().map(|msg| fan_out(&registry, msg)).sum();
+                let delivered: usize = batch.iter().map(|msg| self.deliver(&registry, msg)).sum();
                 // Once per envelope per worker.
                 crate::metrics::with(|m| m.deliveries(delivered as u64));
             }
@@ -440,6 +452,36 @@ impl Shard {
                 ticket,
             } => self.interest_ready(project, &channel, ticket),
         }
+    }
+
+    /// Fan a broadcast out; while a cluster confirmation of its channel is pending, the
+    /// subscribers whose `subscribed` is held get the frame queued behind it instead.
+    /// Outside that window (always, in single-node mode) this is one empty-Vec check.
+    fn deliver(&self, registry: &Registry, msg: &Broadcast) -> usize {
+        let mut awaiting = self.awaiting.borrow_mut();
+        let Some(a) = awaiting
+            .iter_mut()
+            .find(|a| a.project == msg.project && a.channel == msg.channel)
+        else {
+            drop(awaiting);
+            return fan_out(registry, msg);
+        };
+        let Some(subs) = registry.subscribers(msg.project, &msg.channel) else {
+            return 0;
+        };
+        let mut waiting: Vec<u64> = a.replies.iter().map(|(c, _)| c.id).collect();
+        waiting.sort_unstable();
+        let mut delivered = 0;
+        for conn in subs.values() {
+            if waiting.binary_search(&conn.id).is_ok() {
+                a.replies
+                    .push((conn.clone(), Held::Shared(msg.frame.clone())));
+                delivered += 1;
+            } else if conn.send_shared(msg.frame.clone()) {
+                delivered += 1;
+            }
+        }
+        delivered
     }
 
     /// Make publishes of a channel reach this worker's mailbox before it has a
@@ -649,6 +691,38 @@ pub(crate) mod tests {
         shard.reply_when_live(3, "other", &a, ok.clone());
         shard.unsubscribe(3, "other", 1);
         assert_eq!(a.take_queued(), vec![ok]);
+    }
+
+    #[test]
+    fn a_broadcast_in_the_confirmation_window_waits_behind_subscribed() {
+        let rec = Arc::new(Recorder::default());
+        let (shard, mailboxes) = shard(Some(rec.clone()));
+        let a = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
+        let ok = Bytes::from_static(b"\x81\x02ok");
+        let frame = Bytes::from_static(b"\x81\x02{}");
+        shard.subscribe(3, "news", &a);
+        shard.reply_when_live(3, "news", &a, ok.clone());
+        // A local publish lands before Redis acknowledged the SUBSCRIBE.
+        assert!(mailboxes.broadcast(Arc::new(Broadcast {
+            project: 3,
+            channel: "news".into(),
+            frame: frame.clone(),
+        })));
+        assert_eq!(shard.drain(), 1);
+        assert_eq!(a.queued_bytes(), 0, "nothing may overtake `subscribed`");
+        shard.interest_ready(3, "news", 1);
+        assert_eq!(a.take_queued(), vec![ok.clone(), frame.clone()]);
+        // Leaving inside the window: `subscribed`, the message, then nothing more.
+        shard.subscribe(3, "other", &a);
+        shard.reply_when_live(3, "other", &a, ok.clone());
+        assert!(mailboxes.broadcast(Arc::new(Broadcast {
+            project: 3,
+            channel: "other".into(),
+            frame: frame.clone(),
+        })));
+        shard.drain();
+        shard.unsubscribe(3, "other", 1);
+        assert_eq!(a.take_queued(), vec![ok, frame]);
     }
 
     #[test]
