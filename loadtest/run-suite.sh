@@ -16,6 +16,8 @@
 #   RC_BIN=path/to/ringcast loadtest/run-suite.sh ...  # measure another build (e.g. main)
 #   loadtest/run-suite.sh --smoke         # CI: 5 s fanout against ringcast, exit 1 unless ratio 1.0
 #   loadtest/run-suite.sh --cluster       # 2 nodes (--workers 1 each) + redis: cross-node vs same-node
+#                                         #   (--only-scenario history: publish and cross-node fanout
+#                                         #   with history on vs off, positions from Redis)
 #   loadtest/run-suite.sh --metrics-ab    # ringcast only: publish and fanout with metrics off and on
 #                                         #   (on: --metrics-listen and a scrape every second), alternating
 #   RC_SERVE_FLAGS="--write-... ..."      # extra flags for every ringcast serve of the run
@@ -248,6 +250,10 @@ if [ "$CLUSTER" = 1 ]; then
   SK="$(sed -n 's/.*"secret_key":"\(sk_[^"]*\)".*/\1/p' "$TMP/keys.json")"
   PK="$(sed -n 's/.*"public_key":"\(pk_[^"]*\)".*/\1/p' "$TMP/keys.json")"
   [ -n "$SK" ] && [ -n "$PK" ] || { echo "run-suite.sh: no keys from: $(cat "$TMP/keys.json")" >&2; exit 1; }
+  # Scenario `history`: a second project whose positions come from Redis (issue 13).
+  "$RC" --redis "$REDIS_URL" project create bench-history --rate-limit 10000000/s --history 100/600s >"$TMP/hkeys.json"
+  HSK="$(sed -n 's/.*"secret_key":"\(sk_[^"]*\)".*/\1/p' "$TMP/hkeys.json")"
+  HPK="$(sed -n 's/.*"public_key":"\(pk_[^"]*\)".*/\1/p' "$TMP/hkeys.json")"
   "$RC" --redis "$REDIS_URL" serve --data-dir "$TMP/n1" --listen "127.0.0.1:$RC_PORT" --workers 1 >>"$TMP/node1.log" 2>&1 &
   RC_PID=$!
   "$RC" --redis "$REDIS_URL" serve --data-dir "$TMP/n2" --listen "127.0.0.1:$RC2_PORT" --workers 1 >>"$TMP/node2.log" 2>&1 &
@@ -261,17 +267,33 @@ if [ "$CLUSTER" = 1 ]; then
     shift 4
     echo "== cluster $name rep $rep: loadtest --url $N1 --publish-url $purl $*" >&2
     if ! "$LT" --quiet --target ringcast --url "$N1" --publish-url "$purl" \
-        --secret-key "$SK" --public-key "$PK" --server-pid "$RC_PID" --server-pid "$RC2_PID" \
+        --secret-key "${CSK:-$SK}" --public-key "${CPK:-$PK}" --server-pid "$RC_PID" --server-pid "$RC2_PID" \
         --label "cluster-$name/r$rep" "$@" >>"$RESULTS"; then
       echo "   (cluster $name rep $rep reported a failure; see its JSON line)" >&2
     fi
     sleep 2
   }
   for rep in $(seq 1 "$REPS"); do
-    for r in 100 "$HIGH"; do
-      crun "cross-$r" "$rep" "$N2" -- fanout --subs 1000 --channels 1 --rate "$r" --duration 10
-      crun "same-$r" "$rep" "$N1" -- fanout --subs 1000 --channels 1 --rate "$r" --duration 10
-    done
+    if want fanout; then
+      for r in 100 "$HIGH"; do
+        crun "cross-$r" "$rep" "$N2" -- fanout --subs 1000 --channels 1 --rate "$r" --duration 10
+        crun "same-$r" "$rep" "$N1" -- fanout --subs 1000 --channels 1 --rate "$r" --duration 10
+      done
+    fi
+    # History on (offsets from a Redis script) vs off, same nodes, alternating order.
+    if want history; then
+      order="off on"
+      [ $((rep % 2)) = 0 ] && order="on off"
+      for v in $order; do
+        if [ "$v" = on ]; then
+          CSK="$HSK" CPK="$HPK" crun "history-on-publish" "$rep" "$N2" -- publish --conns 64 --duration 10
+          CSK="$HSK" CPK="$HPK" crun "history-on-cross-$HIGH" "$rep" "$N2" -- fanout --subs 1000 --channels 1 --rate "$HIGH" --duration 10
+        else
+          crun "history-off-publish" "$rep" "$N2" -- publish --conns 64 --duration 10
+          crun "history-off-cross-$HIGH" "$rep" "$N2" -- fanout --subs 1000 --channels 1 --rate "$HIGH" --duration 10
+        fi
+      done
+    fi
     if want ramp; then
       crun cross-ramp "$rep" "$N2" -- ramp --subs 1000 --channels 1 --start-rate 50 --step-duration 5 --max-steps 10
       crun same-ramp "$rep" "$N1" -- ramp --subs 1000 --channels 1 --start-rate 50 --step-duration 5 --max-steps 10

@@ -19,6 +19,9 @@ pub enum Unavailable {
     QueueFull,
     /// The project holds `max_ws_connections_per_project` sockets on this node.
     ProjectConnectionLimit,
+    /// Cluster mode, a project with history: Redis, which gives messages their
+    /// offsets, did not answer. Nothing was published.
+    HistoryUnreachable,
 }
 
 impl Unavailable {
@@ -28,6 +31,9 @@ impl Unavailable {
             Unavailable::QueueFull => "a shard queue is full; retry shortly",
             Unavailable::ProjectConnectionLimit => {
                 "the project has reached its WebSocket connection limit"
+            }
+            Unavailable::HistoryUnreachable => {
+                "channel history (Redis) is unreachable; retry shortly"
             }
         }
     }

@@ -92,4 +92,8 @@ impl Fanout for Node {
     fn history(&self) -> &History {
         &self.history
     }
+
+    fn cluster(&self) -> Option<&Arc<Cluster>> {
+        self.cluster.as_ref()
+    }
 }

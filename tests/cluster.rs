@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{bin, next_json, parse_response, send_json, set_timeout, subscribe, Ws};
+use common::{bin, next_json, parse_response, set_timeout, subscribe, Ws};
 use serde_json::{json, Value};
 
 /// A redis-server child on a fixed port, restartable on the same port and directory.
@@ -493,75 +493,6 @@ fn a_batch_larger_than_a_lease_block_is_accepted() {
         }
         status == 202
     });
-}
-
-/// History settings live in Redis like the rest of the project; until positions are
-/// assigned through Redis, a node never claims a recovery from its own log (it misses
-/// what other nodes published): `since` answers `recovered: false` on every node.
-#[test]
-fn history_in_cluster_mode_never_recovers_from_one_nodes_log() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
-    let v = cli(
-        &redis,
-        &[
-            "project",
-            "create",
-            "hist",
-            "--rate-limit",
-            "1000/s",
-            "--history",
-            "100/600s",
-        ],
-    );
-    assert_eq!(v["project"]["history"], "100/600s");
-    let id = v["project"]["id"].as_str().unwrap().to_string();
-    let (secret, public) = (
-        v["secret_key"].as_str().unwrap().to_string(),
-        v["public_key"].as_str().unwrap().to_string(),
-    );
-    let list = cli(&redis, &["project", "list"]);
-    assert_eq!(list["projects"][0]["history"], "100/600s");
-    a.wait_key(&secret);
-    b.wait_key(&secret);
-    let mut wa = a.ws(&public);
-    let r = {
-        send_json(&mut wa, json!({"type": "subscribe", "channel": "c"}));
-        next_json(&mut wa)
-    };
-    let epoch = r["epoch"].as_str().unwrap().to_string();
-    // A subscriber on the other node gets the frame relayed with a's position (the
-    // receiving node's frame check lets a history frame's offset and epoch through).
-    let mut wb = b.ws(&public);
-    send_json(&mut wb, json!({"type": "subscribe", "channel": "c"}));
-    assert_eq!(next_json(&mut wb)["type"], "subscribed");
-    let (st, _, v) = a.publish(&secret, "c", json!("1"));
-    assert_eq!((st, v["offset"].as_u64()), (202, Some(1)));
-    assert_eq!(next_json(&mut wa)["offset"], 1);
-    let relayed = next_json(&mut wb);
-    assert_eq!(
-        (
-            &relayed["type"],
-            &relayed["data"],
-            &relayed["offset"],
-            &relayed["epoch"]
-        ),
-        (&json!("message"), &json!("1"), &json!(1), &json!(epoch)),
-        "{relayed}"
-    );
-    for node in [&a, &b] {
-        let mut w = node.ws(&public);
-        send_json(
-            &mut w,
-            json!({"type": "subscribe", "channel": "c", "since": {"offset": 0, "epoch": epoch}}),
-        );
-        let r = next_json(&mut w);
-        assert_eq!(r["type"], "subscribed");
-        assert_eq!(r["recovered"], false, "{r}");
-    }
-    let v = cli(&redis, &["project", "set-history", &id, "0/0s"]);
-    assert_eq!(v["project"]["history"], "off");
 }
 
 /// Messages of a json log file.

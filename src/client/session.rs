@@ -79,6 +79,9 @@ impl ClientSession {
         let spec = self.project.history.get();
         if self.subscriptions.iter().any(|c| &**c == channel) {
             // Already live on this channel: nothing to replay (it would duplicate).
+            if spec.is_on() && self.ask_cluster(conn, channel, None, since.is_some(), true) {
+                return;
+            }
             if spec.is_on() {
                 let pos = self
                     .shard
@@ -123,6 +126,14 @@ impl ClientSession {
             let reply = subscribed(channel, None, since.map(|_| false));
             self.shard
                 .reply_when_live(self.project.index, channel, conn, reply);
+            return;
+        }
+        // A history channel in cluster mode: Redis knows its position.
+        let wanted = since
+            .as_ref()
+            .map(|s| (s.offset, Box::<str>::from(s.epoch)));
+        if self.ask_cluster(conn, channel, wanted, since.is_some(), false) {
+            self.subscriptions.push(channel.into());
             return;
         }
         // A history channel. Under the history lock (no publish of the channel can get
@@ -187,6 +198,35 @@ impl ClientSession {
         if replayed > 0 {
             crate::metrics::with(|m| m.deliveries(replayed));
         }
+    }
+
+    /// Cluster mode: have the cluster answer a subscribe to a history channel. The
+    /// shard runs the continuation when Redis' answer reaches this worker's mailbox,
+    /// between the messages the position covers and the later ones: the subscriber
+    /// is registered there (unless `again`: it already is), so the replay and the live
+    /// messages meet with no gap and no duplicate. `false`: not in cluster mode.
+    fn ask_cluster(
+        &self,
+        conn: &Rc<WsConn>,
+        channel: &str,
+        since: Option<(u64, Box<str>)>,
+        recovering: bool,
+        again: bool,
+    ) -> bool {
+        let spec = self.project.history.get();
+        let project = self.project.index;
+        let budget = conn.backlog_limit() / 2;
+        let c = conn.clone();
+        let ch: Box<str> = channel.into();
+        let done: crate::shard::HistoryDone = Box::new(move |shard, ready| {
+            if !again {
+                let t = shard.subscribe(project, &ch, &c);
+                debug_assert_ne!(t, Subscribed::Already, "the session and the registry agree");
+            }
+            history_answer(&c, &ch, recovering, ready);
+        });
+        self.shard
+            .history_subscribe(conn.id, project, channel, since, spec, budget, done)
     }
 
     /// Subscribe to a private channel: the token first, then as any subscribe.
@@ -282,6 +322,37 @@ impl ClientSession {
             self.shard.unsubscribe(self.project.index, channel, conn.id);
         }
         conn.send(reply("unsubscribed", channel));
+    }
+}
+
+/// Send a cluster-mode history subscribe's answer: `subscribed` with the position
+/// Redis gave (none when Redis could not be asked), then the replay.
+fn history_answer(
+    conn: &Rc<WsConn>,
+    channel: &str,
+    recovering: bool,
+    ready: crate::shard::mailbox::HistoryReady,
+) {
+    use crate::shard::mailbox::HistoryReady;
+    match ready {
+        HistoryReady::Position {
+            offset,
+            epoch,
+            replay,
+        } => {
+            let recovered = recovering.then_some(replay.is_some());
+            conn.send(subscribed(channel, Some((offset, &epoch)), recovered));
+            let mut replayed = 0u64;
+            for frame in replay.into_iter().flatten() {
+                replayed += u64::from(conn.send(frame));
+            }
+            if replayed > 0 {
+                crate::metrics::with(|m| m.deliveries(replayed));
+            }
+        }
+        HistoryReady::Unknown => {
+            conn.send(subscribed(channel, None, recovering.then_some(false)));
+        }
     }
 }
 

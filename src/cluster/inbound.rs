@@ -6,6 +6,17 @@
 //! reconnect the thread re-subscribes to exactly what is wanted *then*, in batches of
 //! [`RESUBSCRIBE_BATCH`].
 //!
+//! History subscribes (a worker's [`HistorySubscribe`], carried by the interest queue
+//! so that the gain it counts as and the loss that follows stay in order) are answered
+//! here: once the channel's SUBSCRIBE is acknowledged, the read script (on a second,
+//! ordinary connection) returns the position and missed messages and, in the same
+//! atomic step, PUBLISHes a marker on this node's sync channel. Every message the read
+//! covers was published before the marker and every later one after it, so when the
+//! marker arrives here the answer ([`Envelope::HistoryReady`]) is pushed into the
+//! worker's mailbox exactly between the two: the worker registers the subscriber there.
+//! When the connection drops with answers still waiting for their marker, they are
+//! answered "position unknown" (messages may have been lost meanwhile).
+//!
 //! The connection reads with a short timeout ([`POLL`]): between reads the thread
 //! applies interest changes, so a new subscription reaches Redis within a few
 //! milliseconds of a client's `subscribe`. A read timeout leaves the RESP decoder's
@@ -24,19 +35,48 @@ use crossbeam_channel::Receiver;
 
 use super::outbound::ProjectIndex;
 use super::{
-    connect, sleep_unless_stopped, wire, Backoff, Cluster, Interest, IO_TIMEOUT, RESUBSCRIBE_BATCH,
+    connect, history, sleep_unless_stopped, wire, Backoff, Cluster, Interest, IO_TIMEOUT,
+    RESUBSCRIBE_BATCH,
 };
 use crate::auth::KeyCache;
-use crate::shard::mailbox::{Broadcast, Envelope, Mailboxes};
+use crate::shard::mailbox::{Broadcast, Envelope, HistoryReady, Mailboxes};
+use crate::shard::HistorySubscribe;
 
 /// Longest a read waits before the thread looks at interest changes again.
 pub(crate) const POLL: Duration = Duration::from_millis(5);
 
-/// Subscription changes to send to Redis.
+/// Subscription changes to send to Redis, and history subscribes to answer once they
+/// are acknowledged.
 #[derive(Default)]
 struct Pending {
     subscribe: Vec<String>,
     unsubscribe: Vec<String>,
+    recover: Vec<(Box<str>, Box<HistorySubscribe>)>,
+}
+
+/// History subscribes whose read is done, by marker, waiting for the marker to come
+/// back on the sync channel (see `cluster::history`).
+type Awaiting = HashMap<u64, (usize, u64, HistoryReady)>;
+
+/// Answer every waiting history subscribe "position unknown": the connection that
+/// would have carried its marker (and the messages before it) is gone.
+fn give_up(mailboxes: &Mailboxes, awaiting: &mut Awaiting, pending: &mut Pending) {
+    for (_, (worker, ticket, _)) in awaiting.drain() {
+        unknown(mailboxes, worker, ticket);
+    }
+    for (_, req) in pending.recover.drain(..) {
+        unknown(mailboxes, req.worker, req.ticket);
+    }
+}
+
+fn unknown(mailboxes: &Mailboxes, worker: usize, ticket: u64) {
+    mailboxes.control_to(
+        worker,
+        Envelope::HistoryReady {
+            ticket,
+            ready: HistoryReady::Unknown,
+        },
+    );
 }
 
 /// Gains to confirm to their workers once the SUBSCRIBEs of this round are answered
@@ -74,7 +114,9 @@ fn drain_interest(
         let Some(project) = projects.get(keys, change.project) else {
             // A project this node no longer knows: nothing to subscribe, but the
             // worker must not wait for ever.
-            if change.on {
+            if let Some(req) = change.recover {
+                pending.recover.push((Box::from(""), req));
+            } else if change.on {
                 confirm.0.push(change);
             }
             continue;
@@ -87,7 +129,11 @@ fn drain_interest(
                 pending.unsubscribe.retain(|c| *c != name);
                 pending.subscribe.push(name);
             }
-            confirm.0.push(change);
+            match change.recover {
+                // Answered by its `HistoryReady` once the SUBSCRIBE is acknowledged.
+                Some(req) => pending.recover.push((project.id.as_str().into(), req)),
+                None => confirm.0.push(change),
+            }
         } else if let Some(count) = wanted.get_mut(&name) {
             *count = count.saturating_sub(1);
             if *count == 0 {
@@ -112,6 +158,7 @@ pub(crate) fn run(
     // Set once Redis was lost: its return is then a warning too (see `outbound`).
     let mut lost = false;
     let mut confirm = Confirmations::default();
+    let mut awaiting = Awaiting::new();
     while !cluster.stopping() {
         let mut pending = Pending::default();
         drain_interest(
@@ -122,7 +169,15 @@ pub(crate) fn run(
             &mut pending,
             &mut confirm,
         );
-        let mut conn = match connect(client) {
+        // History subscribes cannot wait for a reconnect: answered now (no position),
+        // the reconnect restores their channels.
+        give_up(mailboxes, &mut awaiting, &mut pending);
+        let conns = connect(client).and_then(|sub| {
+            let mut data = connect(client)?;
+            history::load_scripts(&mut data)?;
+            Ok((sub, data))
+        });
+        let (mut conn, mut data) = match conns {
             Ok(c) => c,
             Err(e) => {
                 if cluster.inbound_ok.swap(false, Ordering::Relaxed) || !lost {
@@ -149,6 +204,8 @@ pub(crate) fn run(
         let result = subscribed_loop(
             cluster,
             &mut conn,
+            &mut data,
+            &mut awaiting,
             keys,
             mailboxes,
             rx,
@@ -162,6 +219,7 @@ pub(crate) fn run(
         // Whatever the loop could not confirm (the connection failed mid-way) is
         // answered now, as while Redis is away.
         confirm.send(mailboxes);
+        give_up(mailboxes, &mut awaiting, &mut Pending::default());
         if let Err(e) = result {
             tracing::warn!(error = %e, "cluster subscriber: Redis connection lost; reconnecting");
             lost = true;
@@ -199,8 +257,10 @@ fn wait_draining(
     while !cluster.stopping() && Instant::now() < deadline {
         // The Redis-level transitions need not be kept: the reconnect subscribes to
         // everything in `wanted`.
-        drain_interest(rx, keys, projects, wanted, &mut Pending::default(), confirm);
+        let mut pending = Pending::default();
+        drain_interest(rx, keys, projects, wanted, &mut pending, confirm);
         confirm.send(mailboxes);
+        give_up(mailboxes, &mut Awaiting::new(), &mut pending);
         sleep_unless_stopped(
             cluster,
             POLL.min(deadline.saturating_duration_since(Instant::now())),
@@ -212,6 +272,8 @@ fn wait_draining(
 fn subscribed_loop(
     cluster: &Cluster,
     conn: &mut redis::Connection,
+    data: &mut redis::Connection,
+    awaiting: &mut Awaiting,
     keys: &KeyCache,
     mailboxes: &Mailboxes,
     rx: &Receiver<Interest>,
@@ -221,9 +283,12 @@ fn subscribed_loop(
     lost: &mut bool,
     confirm: &mut Confirmations,
 ) -> redis::RedisResult<()> {
+    let sync = cluster.sync_channel();
+    let mut next_marker = 0u64;
     let mut pubsub = conn.as_pubsub();
     // Restore: everything wanted now, in bounded batches.
     pubsub.set_read_timeout(Some(IO_TIMEOUT))?;
+    pubsub.subscribe(&sync)?;
     let all: Vec<&String> = wanted.keys().collect();
     for chunk in all.chunks(RESUBSCRIBE_BATCH) {
         pubsub.subscribe(chunk)?;
@@ -265,13 +330,37 @@ fn subscribed_loop(
             pubsub.set_read_timeout(Some(POLL))?;
         }
         confirm.send(mailboxes);
-        // Take everything that has arrived; a timeout means "nothing more for now".
-        loop {
+        // Every channel of these subscribes is SUBSCRIBEd (acknowledged above or
+        // earlier): read their positions now; each read leaves its marker on `sync`.
+        for (project_id, req) in pending.recover.drain(..) {
+            next_marker += 1;
+            let marker = next_marker;
+            match recovery_read(data, &project_id, &req, &sync, marker) {
+                Ok(Some(ready)) => {
+                    awaiting.insert(marker, (req.worker, req.ticket, ready));
+                }
+                Ok(None) => unknown(mailboxes, req.worker, req.ticket),
+                Err(e) => {
+                    unknown(mailboxes, req.worker, req.ticket);
+                    return Err(e);
+                }
+            }
+        }
+        // Take what has arrived; a timeout means "nothing more for now". Under steady
+        // traffic there is no timeout: the round also ends after `POLL`, so interest
+        // changes and history subscribes are never starved by a busy channel.
+        let round = Instant::now();
+        while round.elapsed() < POLL {
             match pubsub.get_message() {
                 Ok(msg) => {
                     last_traffic = Instant::now();
-                    deliver(cluster, keys, mailboxes, own, &msg);
+                    if msg.get_channel_name() == sync {
+                        release(mailboxes, awaiting, msg.get_payload_bytes());
+                    } else {
+                        deliver(cluster, keys, mailboxes, own, &msg);
+                    }
                 }
+
                 Err(e) if e.is_timeout() => break,
                 Err(e) => return Err(e),
             }
@@ -282,10 +371,81 @@ fn subscribed_loop(
             pubsub.set_read_timeout(Some(IO_TIMEOUT))?;
             pubsub.ping::<()>()?;
             pubsub.set_read_timeout(Some(POLL))?;
+            redis::cmd("PING").query::<()>(data)?;
             last_traffic = Instant::now();
         }
     }
     Ok(())
+}
+
+/// Read a history subscribe's position (and replay) with the sync marker. `Ok(None)`:
+/// Redis answered something unusable (the subscriber gets no position).
+fn recovery_read(
+    data: &mut redis::Connection,
+    project_id: &str,
+    req: &HistorySubscribe,
+    sync: &str,
+    marker: u64,
+) -> redis::RedisResult<Option<HistoryReady>> {
+    if project_id.is_empty() {
+        return Ok(None);
+    }
+    let since = req.since.as_ref().map(|s| s.0);
+    let count = if since.is_some() {
+        req.size as usize
+    } else {
+        0
+    };
+    let marker_text = marker.to_string();
+    let cmd = history::read_cmd(
+        project_id,
+        &req.channel,
+        req.ttl_s,
+        since,
+        count,
+        Some((sync, &marker_text)),
+    );
+    let mut v: redis::Value = cmd.query(data)?;
+    if history::is_noscript(&v) {
+        history::load_scripts(data)?;
+        v = cmd.query(data)?;
+    }
+    let Some(read) = history::parse_read(v, since, usize::MAX) else {
+        return Ok(None);
+    };
+    let epoch = read.position.epoch;
+    let replay = req.since.as_ref().and_then(|(since, want)| {
+        if !history::complete(&read, *since, want) {
+            return None;
+        }
+        let frames: Vec<Bytes> = read
+            .entries
+            .iter()
+            .map(|e| wire::frame_with_position(&e.body, e.offset, epoch.as_str()))
+            .collect();
+        let cost: usize = frames.iter().map(crate::ws::conn::WsConn::cost_of).sum();
+        // Larger than the connection may queue: recovered false rather than a 4008.
+        (cost <= req.budget).then_some(frames)
+    });
+    Ok(Some(HistoryReady::Position {
+        offset: read.position.offset,
+        epoch: epoch.as_str().into(),
+        replay,
+    }))
+}
+
+/// A marker came back: every message its read covered is in the mailboxes, none
+/// after it is: the subscribe goes live now.
+fn release(mailboxes: &Mailboxes, awaiting: &mut Awaiting, payload: &[u8]) {
+    let Some(marker) = std::str::from_utf8(payload)
+        .ok()
+        .and_then(|t| t.parse::<u64>().ok())
+    else {
+        return;
+    };
+    if let Some((worker, ticket, ready)) = awaiting.remove(&marker) {
+        mailboxes.control_to(worker, Envelope::HistoryReady { ticket, ready });
+    }
 }
 
 /// Hand one message from another node to every worker.
@@ -294,6 +454,9 @@ fn deliver(cluster: &Cluster, keys: &KeyCache, mailboxes: &Mailboxes, own: u64, 
         return;
     };
     let payload = msg.get_payload_bytes();
+    if payload.first() == Some(&wire::VERSION_HISTORY) {
+        return deliver_positioned(cluster, keys, mailboxes, project_id, channel, payload);
+    }
     let Some((origin, frame)) = wire::decode_payload(payload) else {
         cluster
             .stats
@@ -343,6 +506,56 @@ fn deliver(cluster: &Cluster, keys: &KeyCache, mailboxes: &Mailboxes, own: u64, 
             tracing::warn!(
                 dropped,
                 "cluster subscriber: mailboxes full; dropping remote messages"
+            );
+        }
+    }
+}
+
+/// A message of a history channel (any node's, this one's included: Redis gave it its
+/// position, and local subscribers get it from here too, in offset order). Its frame
+/// is made once per node.
+fn deliver_positioned(
+    cluster: &Cluster,
+    keys: &KeyCache,
+    mailboxes: &Mailboxes,
+    project_id: &str,
+    channel: &str,
+    payload: &[u8],
+) {
+    let snapshot = keys.load();
+    let (Some(m), Some(project)) = (wire::decode_history(payload), snapshot.project(project_id))
+    else {
+        cluster
+            .stats
+            .receive_dropped
+            .fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    let frame = wire::frame_with_position(m.body, m.offset, m.epoch);
+    if !wire::check_frame(&frame, channel) {
+        // Not what a ringcast publish makes: never forward foreign bytes to browsers.
+        cluster
+            .stats
+            .receive_dropped
+            .fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let broadcast = Arc::new(Broadcast {
+        project: project.index,
+        channel: channel.into(),
+        frame,
+    });
+    if mailboxes.broadcast(broadcast) {
+        cluster.stats.received.fetch_add(1, Ordering::Relaxed);
+    } else {
+        let dropped = cluster
+            .stats
+            .receive_dropped
+            .fetch_add(1, Ordering::Relaxed);
+        if dropped.is_power_of_two() {
+            tracing::warn!(
+                dropped,
+                "cluster subscriber: mailboxes full; dropping history messages"
             );
         }
     }

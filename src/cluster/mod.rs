@@ -22,6 +22,13 @@
 //! - [`leases`] (`ringcast-quota`): tops up each project's leased share of the
 //!   cluster-wide quota (blocks of tokens from an atomic Lua script; see
 //!   [`crate::quota::lease`]).
+//! - [`history`] (`ringcast-history`): projects with history publish through Redis, not
+//!   through the relay: one script call per request gives each message its offset, keeps
+//!   it in the channel's stream and PUBLISHes it to every node, this one included
+//!   (history messages are delivered from Redis on every node, so every subscriber sees
+//!   offset order). The thread also serves REST history reads. A subscribe to a history
+//!   channel is answered by the subscriber thread (`inbound`), which reads the position
+//!   and replay once the channel's SUBSCRIBE is acknowledged.
 //!
 //! Faults: when either connection fails, [`Cluster::is_ok`] turns false (`/health`
 //! answers 503 with `"cluster"` failing), the thread reconnects with capped, jittered
@@ -35,6 +42,7 @@
 //! received in order on one subscriber connection, so subscribers on every node see
 //! them in publish order per channel.
 
+pub(crate) mod history;
 pub(crate) mod inbound;
 pub(crate) mod leases;
 pub(crate) mod outbound;
@@ -86,6 +94,9 @@ pub(crate) struct Interest {
     pub on: bool,
     /// The worker's ticket for a gain, echoed in its `InterestReady`.
     pub ticket: u64,
+    /// A history subscribe (always with `on`): the subscriber thread reads the
+    /// channel's position once Redis acknowledged its SUBSCRIBE (see `inbound`).
+    pub recover: Option<Box<crate::shard::HistorySubscribe>>,
 }
 
 /// Counters, for logs and metrics.
@@ -97,6 +108,8 @@ pub(crate) struct ClusterStats {
     pub received: AtomicU64,
     /// Remote messages dropped: a mailbox was full, or the project is unknown here.
     pub receive_dropped: AtomicU64,
+    /// History publishes or reads Redis answered with something unexpected.
+    pub history_errors: AtomicU64,
 }
 
 /// The handle workers and the server hold.
@@ -104,6 +117,7 @@ pub(crate) struct Cluster {
     node_id: u64,
     relay_tx: Sender<Arc<Broadcast>>,
     interest_tx: Sender<Interest>,
+    history_tx: Sender<history::Request>,
     inbound_ok: AtomicBool,
     outbound_ok: AtomicBool,
     stop: AtomicBool,
@@ -126,10 +140,12 @@ impl Cluster {
         // off. Its size is bounded by subscribe/unsubscribe traffic, which the thread
         // drains every few milliseconds.
         let (interest_tx, interest_rx) = crossbeam_channel::unbounded();
+        let (history_tx, history_rx) = crossbeam_channel::bounded(history::QUEUE);
         let cluster = Arc::new(Cluster {
             node_id: rand::random(),
             relay_tx,
             interest_tx,
+            history_tx,
             inbound_ok: AtomicBool::new(false),
             outbound_ok: AtomicBool::new(false),
             stop: AtomicBool::new(false),
@@ -141,10 +157,14 @@ impl Cluster {
         let quota = std::thread::Builder::new()
             .name("ringcast-quota".into())
             .spawn(move || leases::run(&c, &quota_client, &k))?;
+        let (c, history_client) = (cluster.clone(), client.clone());
+        let history = std::thread::Builder::new()
+            .name("ringcast-history".into())
+            .spawn(move || history::run(&c, &history_client, &history_rx))?;
         let subscribe = spawn_inbound(&cluster, client, keys, mailboxes, interest_rx)?;
         // The server watches these: each runs until `stop`, and one that ends before
         // ends the process (see `server::serve`).
-        Ok((cluster, vec![relay, quota, subscribe]))
+        Ok((cluster, vec![relay, quota, history, subscribe]))
     }
 
     /// This node's random id, carried in every payload it publishes.
@@ -169,6 +189,17 @@ impl Cluster {
     /// publishers can still overfill it by what they check at the same moment.
     pub(crate) fn relay_room(&self, frames: usize) -> bool {
         self.relay_tx.len() + frames.min(RELAY_QUEUE) <= RELAY_QUEUE
+    }
+
+    /// Hand a history publish or read to the history thread. `false` (the request's
+    /// reply then answers [`history::Unreachable`]) when its queue is full.
+    pub(crate) fn history(&self, request: history::Request) -> bool {
+        self.history_tx.try_send(request).is_ok()
+    }
+
+    /// The pub/sub channel on which this node's recovery reads leave their markers.
+    pub(crate) fn sync_channel(&self) -> String {
+        format!("ringcast:sync:{:016x}", self.node_id)
     }
 
     /// Both Redis connections are up.
@@ -268,7 +299,23 @@ impl crate::shard::InterestSink for Cluster {
             channel: channel.into(),
             on,
             ticket,
+            recover: None,
         });
+    }
+
+    fn history_subscribe(&self, req: crate::shard::HistorySubscribe) -> bool {
+        // The same queue as interest changes: the gain this request counts as and
+        // the loss its answer leads to stay in order.
+        let _ = self.interest_tx.send(Interest {
+            worker: req.worker,
+            project: req.project,
+            channel: req.channel.clone(),
+            on: true,
+            // No `InterestReady` for this gain: its `HistoryReady` answers it.
+            ticket: 0,
+            recover: Some(Box::new(req)),
+        });
+        true
     }
 }
 

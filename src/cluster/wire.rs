@@ -9,6 +9,12 @@
 //!   WebSocket frame exactly as the origin encoded it. The frame is not re-encoded on the
 //!   receiving node: it is copied once into a `Bytes` that all its subscribers share.
 //!
+//! - History payload ([`VERSION_HISTORY`], cluster mode with history on): the same
+//!   header, then `<offset>,<epoch>,<body>` in ASCII, written by the publish script in
+//!   Redis (`cluster::history`), which alone knows the position. `body` is the message
+//!   JSON without its closing brace and position ([`message_body`]); every node,
+//!   the origin included, turns it into the frame once ([`frame_with_position`]).
+//!
 //! Decoding never panics on foreign input: anything malformed is `None`.
 //!
 //! Whoever can write to Redis can publish on these channels, so a received frame is not
@@ -27,6 +33,9 @@ pub(crate) const CHANNEL_PREFIX: &str = "ringcast:m:";
 /// cluster during an upgrade loses cross-node messages between the two versions rather
 /// than delivering frames it cannot vouch for).
 pub(crate) const VERSION: u8 = 1;
+
+/// Payload format of a message of a history channel (position assigned by Redis).
+pub(crate) const VERSION_HISTORY: u8 = 2;
 
 /// Bytes before the frame in a payload.
 pub(crate) const HEADER_LEN: usize = 9;
@@ -115,18 +124,163 @@ fn frame_payload(frame: &[u8]) -> Option<&[u8]> {
     (len == payload.len() as u64 && minimal).then_some(payload)
 }
 
+/// The header every payload of `origin` starts with, for the publish script.
+pub(crate) fn history_header(origin: u64) -> [u8; HEADER_LEN] {
+    let mut out = [0u8; HEADER_LEN];
+    out[0] = VERSION_HISTORY;
+    out[1..].copy_from_slice(&origin.to_le_bytes());
+    out
+}
+
+/// A message of a history channel as it travels through Redis.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Positioned<'a> {
+    pub origin: u64,
+    pub offset: u64,
+    pub epoch: &'a str,
+    pub body: &'a [u8],
+}
+
+/// Decode a [`VERSION_HISTORY`] payload.
+pub(crate) fn decode_history(payload: &[u8]) -> Option<Positioned<'_>> {
+    if payload.len() <= HEADER_LEN || payload[0] != VERSION_HISTORY {
+        return None;
+    }
+    let origin = u64::from_le_bytes(payload[1..HEADER_LEN].try_into().ok()?);
+    let rest = &payload[HEADER_LEN..];
+    let comma = memchr::memchr(b',', rest)?;
+    let offset = parse_offset(&rest[..comma])?;
+    let rest = &rest[comma + 1..];
+    let comma = memchr::memchr(b',', rest)?;
+    let epoch = std::str::from_utf8(&rest[..comma]).ok()?;
+    if epoch.is_empty() || !epoch.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return None;
+    }
+    Some(Positioned {
+        origin,
+        offset,
+        epoch,
+        body: &rest[comma + 1..],
+    })
+}
+
+/// A decimal offset, 1 or more.
+pub(crate) fn parse_offset(text: &[u8]) -> Option<u64> {
+    if text.is_empty() || text.len() > 20 || !text.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(text)
+        .ok()?
+        .parse()
+        .ok()
+        .filter(|&o| o > 0)
+}
+
+/// The JSON of a message without its position and closing brace, and where `data`
+/// starts in it: what the publish script keeps and relays.
+pub(crate) fn message_body(channel: &str, event: &str, data: &[u8], id: &str) -> (Vec<u8>, usize) {
+    use crate::json::{json_str_len, write_json_str};
+    const A: &[u8] = b"{\"type\":\"message\",\"channel\":";
+    const B: &[u8] = b",\"event\":";
+    const C: &[u8] = b",\"data\":";
+    const D: &[u8] = b",\"id\":\"";
+    let len = A.len()
+        + json_str_len(channel)
+        + B.len()
+        + json_str_len(event)
+        + C.len()
+        + data.len()
+        + D.len()
+        + id.len()
+        + 1;
+    let mut out = Vec::with_capacity(len);
+    out.extend_from_slice(A);
+    write_json_str(&mut out, channel);
+    out.extend_from_slice(B);
+    write_json_str(&mut out, event);
+    out.extend_from_slice(C);
+    let data_start = out.len();
+    out.extend_from_slice(data);
+    out.extend_from_slice(D);
+    out.extend_from_slice(id.as_bytes());
+    out.push(b'"');
+    (out, data_start)
+}
+
+/// The WebSocket frame of a history message: `body` with its position and closing
+/// brace, in one exactly-sized allocation.
+pub(crate) fn frame_with_position(body: &[u8], offset: u64, epoch: &str) -> bytes::Bytes {
+    use crate::ws::frame::{header_len, write_header, Opcode};
+    const E: &[u8] = b",\"offset\":";
+    const F: &[u8] = b",\"epoch\":\"";
+    let mut digits = [0u8; 20];
+    let offset_text = decimal(offset, &mut digits);
+    let len = body.len() + E.len() + offset_text.len() + F.len() + epoch.len() + 2;
+    let mut out = Vec::with_capacity(header_len(len) + len);
+    write_header(&mut out, Opcode::Text, len);
+    out.extend_from_slice(body);
+    out.extend_from_slice(E);
+    out.extend_from_slice(offset_text);
+    out.extend_from_slice(F);
+    // Epochs are alphanumeric (checked on decode, made by ringcast): no escaping.
+    out.extend_from_slice(epoch.as_bytes());
+    out.extend_from_slice(b"\"}");
+    debug_assert_eq!(out.len(), out.capacity());
+    bytes::Bytes::from(out)
+}
+
+/// `v` in decimal, written into `buf`.
+fn decimal(mut v: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            return &buf[i..];
+        }
+    }
+}
+
+/// Split a kept body into (event, data, id) for REST history; `None` when it is not
+/// what [`message_body`] makes.
+pub(crate) fn split_body(body: &[u8], data_start: usize) -> Option<(String, &[u8], &str)> {
+    const B: &[u8] = b",\"event\":";
+    const C: &[u8] = b",\"data\":";
+    const D: &[u8] = b",\"id\":\"";
+    let head = body.get(..data_start)?;
+    let head = head.strip_suffix(C)?;
+    // A `,"` never occurs inside a JSON string (a quote in it is escaped), so the
+    // first `,"event":` is the field.
+    let at = memchr::memmem::find(head, B)?;
+    let event: String = serde_json::from_slice(&head[at + B.len()..]).ok()?;
+    let tail = &body[data_start..];
+    let id_at = memchr::memmem::rfind(tail, D)?;
+    let data = &tail[..id_at];
+    let id = tail[id_at + D.len()..].strip_suffix(b"\"")?;
+    Some((event, data, std::str::from_utf8(id).ok()?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// A message frame as a publish encodes it (`publish::encode::message_frame`, which
+    /// this layer may not name: the publish layer sits above it).
+    fn message_frame(channel: &str, event: &str, data: &[u8], id: &str) -> bytes::Bytes {
+        let (mut body, _) = message_body(channel, event, data, id);
+        body.push(b'}');
+        crate::ws::frame::frame(crate::ws::frame::Opcode::Text, &body)
+    }
+
     #[test]
     fn only_well_formed_message_frames_of_the_channel_pass() {
-        let good = crate::publish::encode::message_frame("news", "e", br#"{"a":1}"#, "m1");
+        let good = message_frame("news", "e", br#"{"a":1}"#, "m1");
         assert!(check_frame(&good, "news"));
         assert!(!check_frame(&good, "other"), "another channel's frame");
-        let s = crate::publish::encode::message_frame("news", "e", br#""text""#, "m1");
+        let s = message_frame("news", "e", br#""text""#, "m1");
         assert!(check_frame(&s, "news"));
-        let num = crate::publish::encode::message_frame("news", "e", b"7", "m1");
+        let num = message_frame("news", "e", b"7", "m1");
         assert!(
             !check_frame(&num, "news"),
             "data must be an object or a string"
@@ -143,14 +297,8 @@ mod tests {
         let extra = crate::ws::frame::frame(crate::ws::frame::Opcode::Text, json);
         assert!(!check_frame(&extra, "news"), "an unknown field");
         // A history project's frame, with its position.
-        let (at, _) = crate::publish::encode::message_frame_at(
-            "news",
-            "e",
-            br#"{"a":1}"#,
-            "m1",
-            42,
-            "00ff00ff",
-        );
+        let (body, _) = message_body("news", "e", br#"{"a":1}"#, "m1");
+        let at = frame_with_position(&body, 42, "00ff00ff");
         assert!(check_frame(&at, "news"), "a frame with offset and epoch");
         let half =
             br#"{"type":"message","channel":"news","event":"e","data":{},"id":"x","offset":1}"#;
@@ -165,6 +313,38 @@ mod tests {
         let mut long = vec![0x81, 126, 0, 2];
         long.extend_from_slice(b"{}");
         assert!(!check_frame(&long, "news"));
+    }
+
+    #[test]
+    fn history_payloads_round_trip_into_exact_frames() {
+        let (body, start) = message_body("a:\"b\"", "ev,\"x", br#"{"k":[1,2]}"#, "id1");
+        let mut payload = history_header(7).to_vec();
+        payload.extend_from_slice(b"42,00ff00ff,");
+        payload.extend_from_slice(&body);
+        let p = decode_history(&payload).unwrap();
+        assert_eq!((p.origin, p.offset, p.epoch), (7, 42, "00ff00ff"));
+        let frame = frame_with_position(p.body, p.offset, p.epoch);
+        assert_eq!(frame[1] as usize, frame.len() - 2);
+        let v: serde_json::Value = serde_json::from_slice(&frame[2..]).unwrap();
+        assert_eq!(v["channel"], "a:\"b\"");
+        assert_eq!(v["event"], "ev,\"x");
+        assert_eq!(v["data"]["k"][1], 2);
+        assert_eq!(v["offset"], 42);
+        assert_eq!(v["epoch"], "00ff00ff");
+        let (event, data, id) = split_body(&body, start).unwrap();
+        assert_eq!(
+            (event.as_str(), data, id),
+            ("ev,\"x", &br#"{"k":[1,2]}"#[..], "id1")
+        );
+        // Foreign or damaged payloads are refused.
+        assert!(decode_history(&payload[..HEADER_LEN + 3]).is_none());
+        let mut bad = payload.clone();
+        bad[HEADER_LEN] = b'x';
+        assert!(decode_history(&bad).is_none());
+        assert!(decode_history(&encode_payload(7, b"frame")).is_none());
+        assert_eq!(parse_offset(b"0"), None);
+        assert_eq!(parse_offset(b"99999999999999999999999"), None);
+        assert!(split_body(b"garbage", 3).is_none());
     }
 
     #[test]

@@ -51,6 +51,12 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+/// Cluster mode: prefix of a channel's position hash in Redis (`<prefix><project id>:<channel>`,
+/// see `cluster::history`).
+pub(crate) const REDIS_META_PREFIX: &str = "ringcast:hm:";
+/// Cluster mode: prefix of a channel's stream of kept messages in Redis.
+pub(crate) const REDIS_STREAM_PREFIX: &str = "ringcast:hs:";
+
 /// Bytes counted per entry beyond its frame and event name (the entry, its deque slot).
 const ENTRY_OVERHEAD: usize = 96;
 /// Bytes counted per channel beyond its name (the log, its map slots).
@@ -76,6 +82,19 @@ impl Epoch {
             *b = b"0123456789abcdef"[((v >> (28 - 4 * i)) & 0xf) as usize];
         }
         Epoch(out)
+    }
+
+    /// A random epoch (cluster mode: the one a channel's new history takes in Redis).
+    pub(crate) fn random() -> Epoch {
+        Epoch::from_u32(rand::random())
+    }
+
+    /// An epoch read back (from Redis): exactly 8 lowercase hex digits.
+    pub(crate) fn parse(s: &str) -> Option<Epoch> {
+        let b: [u8; 8] = s.as_bytes().try_into().ok()?;
+        b.iter()
+            .all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'))
+            .then_some(Epoch(b))
     }
 
     pub(crate) fn as_str(&self) -> &str {
@@ -201,9 +220,10 @@ pub(crate) struct History {
 pub(crate) enum Recoveries {
     /// A single node: its logs hold every message of its channels.
     Allowed,
-    /// Cluster mode: positions are per node (not yet assigned through Redis), so a
-    /// node's log misses what other nodes published; a recovery from it could hide a
-    /// gap. Every `since` answers `recovered: false`.
+    /// Cluster mode: history projects keep their history in Redis
+    /// (`cluster::history`), never here; should a node's log ever be asked, it
+    /// misses what other nodes published, so every `since` answers
+    /// `recovered: false` rather than risk a gap.
     Refused,
 }
 

@@ -20,7 +20,7 @@ use monoio::buf::IoBufMut;
 use monoio::io::AsyncWriteRentExt;
 use monoio::net::TcpStream;
 
-use super::outcome::{Outcome, Upgrade};
+use super::outcome::{Deferred, Outcome, Upgrade};
 use super::parse::parse_head;
 use super::response::{write_error, Extra};
 use super::route::route;
@@ -47,6 +47,8 @@ pub(crate) struct HttpConn {
     close: bool,
     /// The client's address, looked up only when `ws_connect_rate_per_ip` is on.
     pub(super) peer: Option<std::net::IpAddr>,
+    /// An answer being prepared (see [`Outcome::Deferred`]).
+    deferred: Option<Deferred>,
 }
 
 /// How a read ended.
@@ -64,6 +66,7 @@ impl HttpConn {
             request_started: None,
             close: false,
             peer: None,
+            deferred: None,
         }
     }
 
@@ -99,6 +102,16 @@ impl HttpConn {
                         self.close = true;
                         break;
                     }
+                }
+                Outcome::Deferred(answer) => {
+                    // Only answers decided from a whole request are deferred.
+                    consumed += head.head_len + head.content_length.unwrap_or(0);
+                    self.request_started = None;
+                    self.deferred = Some(answer);
+                    if !head.keep_alive() {
+                        self.close = true;
+                    }
+                    break;
                 }
                 Outcome::Upgrade(u) => {
                     consumed += head.head_len;
@@ -199,6 +212,15 @@ pub(crate) async fn serve<S: Transport>(svc: Rc<Service>, mut stream: S, guard: 
             let answers = std::mem::take(&mut conn.out);
             upgrade::start(svc, stream, u, answers, conn.buf, guard);
             return;
+        }
+        if let Some(answer) = conn.deferred.take() {
+            // Answers written before it go first; then this one, then the requests
+            // buffered after it.
+            let bytes = answer.await;
+            conn.out.extend_from_slice(&bytes);
+            if !conn.close {
+                continue;
+            }
         }
         if !conn
             .flush(&mut stream, svc.config().http_idle_timeout())

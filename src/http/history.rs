@@ -15,6 +15,9 @@ use super::parse::{query_param, RequestHead};
 use super::response::{write_json, Extra};
 use super::{ApiError, Service};
 use crate::apikey::KeyKind;
+use crate::cluster::history::{ReadRequest, Request};
+use crate::error::Unavailable;
+use crate::history::Position;
 use crate::json::write_json_str;
 
 /// Most messages one request returns, and the default.
@@ -42,6 +45,39 @@ pub(crate) fn handle(
     if !spec.is_on() {
         return answer(out, ApiError::HistoryOff);
     }
+    if let Some(cluster) = &svc.node.cluster {
+        // Cluster mode: the history is in Redis; the cluster's thread reads it.
+        let (tx, reply) = crate::cluster::history::reply();
+        cluster.history(Request::Read(ReadRequest {
+            project_id: project.id.as_str().into(),
+            channel: params.channel.as_str().into(),
+            size: spec.size,
+            ttl_s: spec.ttl_s,
+            since: params.since,
+            limit: params.limit,
+            reply: tx,
+        }));
+        return Outcome::Deferred(Box::pin(async move {
+            let mut out = Vec::new();
+            match reply.wait().await {
+                Ok(read) => {
+                    let entries = read.entries.iter().filter_map(|k| {
+                        let (event, data, id) =
+                            crate::cluster::wire::split_body(&k.body, k.data_start)?;
+                        Some((event, data, id, k.offset))
+                    });
+                    write_history(&mut out, &params, read.position, entries);
+                }
+                Err(_) => {
+                    answer(
+                        &mut out,
+                        ApiError::Unavailable(Unavailable::HistoryUnreachable),
+                    );
+                }
+            }
+            out
+        }));
+    }
     let (position, entries) = svc.node.history.lock().read(
         project.index,
         &params.channel,
@@ -49,6 +85,19 @@ pub(crate) fn handle(
         params.since,
         params.limit,
     );
+    let entries = entries
+        .iter()
+        .map(|e| (&*e.event, &e.data[..], &*e.id, e.offset));
+    write_history(out, &params, position, entries)
+}
+
+/// The 200 answer (or the 409 of an `epoch` that is not the channel's).
+fn write_history<E: AsRef<str>>(
+    out: &mut Vec<u8>,
+    params: &Params,
+    position: Position,
+    entries: impl Iterator<Item = (E, impl AsRef<[u8]>, impl AsRef<str>, u64)>,
+) -> Outcome {
     if params
         .epoch
         .as_deref()
@@ -56,23 +105,23 @@ pub(crate) fn handle(
     {
         return answer(out, ApiError::EpochMismatch);
     }
-    let mut body = Vec::with_capacity(128 + entries.iter().map(|e| e.frame.len()).sum::<usize>());
+    let mut body = Vec::with_capacity(1024);
     body.extend_from_slice(b"{\"channel\":");
     write_json_str(&mut body, &params.channel);
     body.extend_from_slice(format!(",\"offset\":{},\"epoch\":", position.offset).as_bytes());
     write_json_str(&mut body, position.epoch.as_str());
     body.extend_from_slice(b",\"messages\":[");
-    for (i, e) in entries.iter().enumerate() {
+    for (i, (event, data, id, offset)) in entries.enumerate() {
         if i > 0 {
             body.push(b',');
         }
         body.extend_from_slice(b"{\"event\":");
-        write_json_str(&mut body, &e.event);
+        write_json_str(&mut body, event.as_ref());
         body.extend_from_slice(b",\"data\":");
-        body.extend_from_slice(&e.data);
+        body.extend_from_slice(data.as_ref());
         body.extend_from_slice(b",\"id\":");
-        write_json_str(&mut body, &e.id);
-        body.extend_from_slice(format!(",\"offset\":{}}}", e.offset).as_bytes());
+        write_json_str(&mut body, id.as_ref());
+        body.extend_from_slice(format!(",\"offset\":{offset}}}").as_bytes());
     }
     body.extend_from_slice(b"]}");
     write_json(out, 200, &body, Extra::default());

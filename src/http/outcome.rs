@@ -14,7 +14,15 @@ pub(crate) enum Outcome {
     NeedMore,
     /// Switch to WebSocket; the 101 answer is in the output.
     Upgrade(Upgrade),
+    /// The answer comes later (cluster mode: a history publish or read waits for
+    /// Redis on the cluster's thread): the future gives its bytes. The request was
+    /// read whole; the connection serves nothing else until it is written, so answers
+    /// keep request order.
+    Deferred(Deferred),
 }
+
+/// An answer being prepared off the worker; awaiting it never blocks the worker.
+pub(crate) type Deferred = std::pin::Pin<Box<dyn std::future::Future<Output = Vec<u8>>>>;
 
 /// An accepted upgrade, waiting for its 101 to be written.
 pub(crate) struct Upgrade {

@@ -22,7 +22,7 @@ use crate::auth::ProjectState;
 use crate::error::Unavailable;
 use crate::metrics::Api;
 use crate::publish::parse::BatchLimits;
-use crate::publish::{Accepted, Answer};
+use crate::publish::{Accepted, Answer, Decided};
 use crate::quota::{now_ns, Decision};
 
 /// Which publish endpoint a request is for.
@@ -80,7 +80,7 @@ pub(crate) fn handle(
     // reads per publish, only while metrics are served.
     let started = node.metrics_timing.then(Instant::now);
     let body = &req[head.head_len..head.head_len + length];
-    let answer = {
+    let decided = {
         let mut parser = svc.parser.borrow_mut();
         match endpoint {
             Endpoint::One => crate::publish::accept(project, body, &mut parser, &svc.ids, &**node),
@@ -93,6 +93,23 @@ pub(crate) fn handle(
             }
         }
     };
+    match decided {
+        Decided::Now(answer) => {
+            finish(out, &answer, started);
+            Outcome::Answered { close: false }
+        }
+        // Cluster mode, a history project: answered once Redis gave the positions.
+        Decided::Later(later) => Outcome::Deferred(Box::pin(async move {
+            let answer = later.wait().await;
+            let mut out = Vec::new();
+            finish(&mut out, &answer, started);
+            out
+        })),
+    }
+}
+
+/// Count an answer and write it.
+fn finish(out: &mut Vec<u8>, answer: &Answer, started: Option<Instant>) {
     let status = match &answer.outcome {
         Ok(_) => {
             let elapsed = started.map(|t| t.elapsed());
@@ -108,8 +125,7 @@ pub(crate) fn handle(
         Err(err) => err.status(),
     };
     count(status);
-    write_answer(out, &answer);
-    Outcome::Answered { close: false }
+    write_answer(out, answer);
 }
 
 /// A refusal decided from the head once the project is known: its rate headers are

@@ -131,6 +131,20 @@ mod tests {
     }
 
     #[test]
+    fn cluster_history_frames_are_byte_for_byte_the_local_ones() {
+        // A node builds a history frame from the body Redis relays; it must be the
+        // frame this node would have encoded, or the frame check drops it.
+        let (body, _) = crate::cluster::wire::message_body("c:1", "e\"", br#"{"a":[1]}"#, "abc");
+        let remote = crate::cluster::wire::frame_with_position(&body, 42, "00ff00ff");
+        let (local, _) = message_frame_at("c:1", "e\"", br#"{"a":[1]}"#, "abc", 42, "00ff00ff");
+        assert_eq!(remote, local);
+        let mut plain = body;
+        plain.push(b'}');
+        let plain = crate::ws::frame::frame(Opcode::Text, &plain);
+        assert_eq!(plain, message_frame("c:1", "e\"", br#"{"a":[1]}"#, "abc"));
+    }
+
+    #[test]
     fn large_frames_use_extended_lengths() {
         let data = format!("\"{}\"", "x".repeat(70_000));
         let f = message_frame("c", "e", data.as_bytes(), "id");

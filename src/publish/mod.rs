@@ -18,6 +18,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::auth::ProjectState;
+use crate::cluster::history::{Item, PublishRequest, Reply, Request, Unreachable};
+use crate::cluster::Cluster;
 use crate::error::{ApiError, Unavailable};
 use crate::history::{Entry, History, HistorySpec, Position};
 use crate::ids::{Id, IdGen};
@@ -75,6 +77,102 @@ pub(crate) trait Fanout {
     fn shutting_down(&self) -> bool;
     /// The node's channel history (only history projects touch it).
     fn history(&self) -> &History;
+    /// Cluster mode's bridge: history projects publish through Redis.
+    fn cluster(&self) -> Option<&Arc<Cluster>>;
+}
+
+/// What [`accept`] or [`accept_batch`] decided: answered now, or (cluster mode, a
+/// history project) once Redis gave the messages their positions.
+pub(crate) enum Decided {
+    Now(Answer),
+    Later(Later),
+}
+
+/// A publish waiting for Redis (see [`cluster_publish`]).
+pub(crate) struct Later {
+    reply: Reply<Result<Vec<Position>, Unreachable>>,
+    project: Arc<ProjectState>,
+    accepted: Accepted,
+    /// Whether the answer carries the position (one message, one channel).
+    single: bool,
+    rate: Decision,
+    units: u32,
+}
+
+impl Later {
+    /// Wait for Redis (the worker serves others meanwhile) and give the answer.
+    pub(crate) async fn wait(self) -> Answer {
+        match self.reply.wait().await {
+            Ok(positions) => {
+                let accepted = match self.accepted {
+                    Accepted::One(id, _) => {
+                        Accepted::One(id, positions.first().copied().filter(|_| self.single))
+                    }
+                    many => many,
+                };
+                Answer {
+                    outcome: Ok(accepted),
+                    index: None,
+                    rate: self.rate,
+                    retry_after_s: None,
+                    units: self.units,
+                }
+            }
+            // Not published (or, when Redis stopped answering after running the
+            // script, published without this answer: RELIABILITY.md).
+            Err(Unreachable) => {
+                unavailable(&self.project, Unavailable::HistoryUnreachable, self.units)
+            }
+        }
+    }
+}
+
+/// Cluster mode, a history project: Redis gives each message of each channel its
+/// offset, keeps it and publishes it to every node (this one included, which delivers
+/// it to its subscribers from there, in offset order), in one script call for the
+/// whole request. Each frame's body is encoded once here; each node adds the position.
+fn cluster_publish(
+    cluster: &Cluster,
+    project: &Arc<ProjectState>,
+    spec: HistorySpec,
+    msgs: &[Publish<'_>],
+    accepted: Accepted,
+    rate: Decision,
+    units: u32,
+) -> Later {
+    let ids: Vec<&str> = match &accepted {
+        Accepted::One(id, _) => vec![id.as_str()],
+        Accepted::Many(ids) => ids.iter().map(|i| i.as_str()).collect(),
+    };
+    let mut items = Vec::with_capacity(units as usize);
+    for (msg, id) in msgs.iter().zip(ids) {
+        for &channel in msg.channels.as_slice() {
+            let (body, data_start) =
+                crate::cluster::wire::message_body(channel, msg.event, msg.data, id);
+            items.push(Item {
+                channel: channel.into(),
+                body,
+                data_start,
+            });
+        }
+    }
+    let (tx, reply) = crate::cluster::history::reply();
+    // A full queue drops the request, and with it `tx`: the reply answers 503 at once.
+    cluster.history(Request::Publish(PublishRequest {
+        project_id: project.id.as_str().into(),
+        size: spec.size,
+        ttl_s: spec.ttl_s,
+        items,
+        reply: tx,
+    }));
+    Later {
+        reply,
+        project: Arc::clone(project),
+        single: msgs.len() == 1 && msgs[0].channels.is_single(),
+        accepted,
+        rate,
+        units,
+    }
 }
 
 /// Publish `msgs` of a history project: under the history lock, give each message of
@@ -204,30 +302,53 @@ fn encode_into(project: u32, msg: &Publish<'_>, id: &Id, out: &mut Vec<Arc<Broad
 
 /// Handle a publish whose body has been read, for an authenticated project.
 pub(crate) fn accept(
-    project: &ProjectState,
+    project: &Arc<ProjectState>,
     body: &[u8],
     parser: &mut PublishParser,
     ids: &IdGen,
     fanout: &dyn Fanout,
-) -> Answer {
+) -> Decided {
     let msg = match parser.parse(body) {
         Ok(msg) => msg,
-        Err(error) => return Answer::refused(error, None, project.quota.peek(now_ns())),
+        Err(error) => {
+            return Decided::Now(Answer::refused(error, None, project.quota.peek(now_ns())))
+        }
     };
     let spent = units(std::slice::from_ref(&msg));
     let decision = match reserve(project, spent) {
         Ok(d) => d,
-        Err(answer) => return answer,
+        Err(answer) => return Decided::Now(answer),
     };
     let cost = units(std::slice::from_ref(&msg));
     if fanout.shutting_down() {
-        return unavailable(project, Unavailable::ShuttingDown, cost);
+        return Decided::Now(unavailable(project, Unavailable::ShuttingDown, cost));
     }
     let id = ids.next_id();
     let spec = project.history.get();
+    if let (true, Some(cluster)) = (spec.is_on(), fanout.cluster()) {
+        let accepted = Accepted::One(id, None);
+        let msgs = std::slice::from_ref(&msg);
+        return Decided::Later(cluster_publish(
+            cluster, project, spec, msgs, accepted, decision, spent,
+        ));
+    }
+    Decided::Now(accept_now(project, &msg, id, spec, decision, spent, fanout))
+}
+
+/// The rest of [`accept`] on a single node, or for a project without history.
+fn accept_now(
+    project: &ProjectState,
+    msg: &Publish<'_>,
+    id: Id,
+    spec: HistorySpec,
+    decision: Decision,
+    spent: u32,
+    fanout: &dyn Fanout,
+) -> Answer {
+    let cost = spent;
     if spec.is_on() {
         let Some(first) =
-            publish_with_history(project, spec, std::slice::from_ref(&msg), &[id], fanout)
+            publish_with_history(project, spec, std::slice::from_ref(msg), &[id], fanout)
         else {
             return unavailable(project, Unavailable::QueueFull, cost);
         };
@@ -249,7 +370,7 @@ pub(crate) fn accept(
         })),
         parse::Channels::Many(names) => {
             let mut frames = Vec::with_capacity(names.len());
-            encode_into(project.index, &msg, &id, &mut frames);
+            encode_into(project.index, msg, &id, &mut frames);
             fanout.broadcast_batch(frames.into())
         }
     };
@@ -269,31 +390,52 @@ pub(crate) fn accept(
 /// the whole batch in one step, encode each frame once and hand all of them to each
 /// interested worker in one push. All or nothing at every step.
 pub(crate) fn accept_batch(
-    project: &ProjectState,
+    project: &Arc<ProjectState>,
     body: &[u8],
     limits: BatchLimits,
     parser: &mut PublishParser,
     ids: &IdGen,
     fanout: &dyn Fanout,
-) -> Answer {
+) -> Decided {
     let msgs = match parser.parse_batch(body, limits) {
         Ok(msgs) => msgs,
         Err(BatchError { error, index }) => {
-            return Answer::refused(error, index, project.quota.peek(now_ns()))
+            return Decided::Now(Answer::refused(error, index, project.quota.peek(now_ns())))
         }
     };
     let units = units(&msgs);
     let decision = match reserve(project, units) {
         Ok(d) => d,
-        Err(answer) => return answer,
+        Err(answer) => return Decided::Now(answer),
     };
     if fanout.shutting_down() {
-        return unavailable(project, Unavailable::ShuttingDown, units);
+        return Decided::Now(unavailable(project, Unavailable::ShuttingDown, units));
     }
     let id_list: Vec<Id> = msgs.iter().map(|_| ids.next_id()).collect();
     let spec = project.history.get();
+    if let (true, Some(cluster)) = (spec.is_on(), fanout.cluster()) {
+        let accepted = Accepted::Many(id_list);
+        return Decided::Later(cluster_publish(
+            cluster, project, spec, &msgs, accepted, decision, units,
+        ));
+    }
+    Decided::Now(batch_now(
+        project, &msgs, id_list, spec, decision, units, fanout,
+    ))
+}
+
+/// The rest of [`accept_batch`] on a single node, or for a project without history.
+fn batch_now(
+    project: &ProjectState,
+    msgs: &[Publish<'_>],
+    id_list: Vec<Id>,
+    spec: HistorySpec,
+    decision: Decision,
+    units: u32,
+    fanout: &dyn Fanout,
+) -> Answer {
     let queued = if spec.is_on() {
-        publish_with_history(project, spec, &msgs, &id_list, fanout).is_some()
+        publish_with_history(project, spec, msgs, &id_list, fanout).is_some()
     } else {
         let mut frames = Vec::with_capacity(units as usize);
         for (msg, id) in msgs.iter().zip(&id_list) {

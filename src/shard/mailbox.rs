@@ -60,6 +60,26 @@ pub enum Envelope {
         channel: Box<str>,
         ticket: u64,
     },
+    /// Cluster mode, history channel: the subscribe given `ticket` may go live here,
+    /// between the messages its position covers and those after it.
+    HistoryReady {
+        ticket: u64,
+        ready: HistoryReady,
+    },
+}
+
+/// What a cluster-mode subscribe to a history channel learnt from Redis.
+#[derive(Debug)]
+pub enum HistoryReady {
+    /// The channel's position, and the missed frames (in order) when the subscribe
+    /// asked to recover and every one of them is kept.
+    Position {
+        offset: u64,
+        epoch: Box<str>,
+        replay: Option<Vec<Bytes>>,
+    },
+    /// Redis could not be asked: no position (and nothing recovered).
+    Unknown,
 }
 
 /// One worker's mailbox.
@@ -106,7 +126,10 @@ impl Mailbox {
             Envelope::Broadcast(_) => 1,
             Envelope::Batch(batch) => self.batch_units(batch.len()),
             // Control envelopes hold no frames: never refused, never counted.
-            Envelope::KeysChanged | Envelope::Shutdown | Envelope::InterestReady { .. } => 0,
+            Envelope::KeysChanged
+            | Envelope::Shutdown
+            | Envelope::InterestReady { .. }
+            | Envelope::HistoryReady { .. } => 0,
         }
     }
 

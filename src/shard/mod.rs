@@ -56,6 +56,15 @@ use stop::StopSignal;
 /// message published anywhere in the cluster after it.
 pub(crate) trait InterestSink: Send + Sync {
     fn interest(&self, worker: usize, project: u32, channel: &str, on: bool, ticket: u64);
+
+    /// Cluster mode: a subscribe to a channel of a history project, whose position
+    /// (and replay) only Redis knows. Counts as a gain of interest (`on`) for the
+    /// channel; the sink answers with [`Envelope::HistoryReady`] carrying `ticket` in
+    /// worker `worker`'s mailbox, placed after every message the position covers and
+    /// before any later one. `false`: not in cluster mode (the node's history decides).
+    fn history_subscribe(&self, _req: HistorySubscribe) -> bool {
+        false
+    }
 }
 
 /// Replies held until the cluster confirmed a channel's subscription (see
@@ -82,6 +91,33 @@ impl Held {
             Held::Shared(frame) => conn.send_shared(frame),
         }
     }
+}
+
+/// A cluster-mode subscribe to a history channel, for the sink.
+#[derive(Debug)]
+pub(crate) struct HistorySubscribe {
+    pub worker: usize,
+    pub ticket: u64,
+    pub project: u32,
+    pub channel: Box<str>,
+    /// The client's `since` (offset, epoch).
+    pub since: Option<(u64, Box<str>)>,
+    pub size: u32,
+    pub ttl_s: u32,
+    /// Most bytes a replay may queue (see `WsConn::cost_of`).
+    pub budget: usize,
+}
+
+/// What to do once a [`HistorySubscribe`] is answered (made by the client layer).
+pub(crate) type HistoryDone = Box<dyn FnOnce(&Shard, mailbox::HistoryReady)>;
+
+/// A subscribe waiting for [`Envelope::HistoryReady`].
+struct PendingHistory {
+    ticket: u64,
+    conn_id: u64,
+    project: u32,
+    channel: Box<str>,
+    done: HistoryDone,
 }
 
 /// A registered WebSocket and what the shard must know of it beyond the transport.
@@ -130,6 +166,8 @@ pub(crate) struct Shard {
     started: Instant,
     stop: StopSignal,
     history: Arc<History>,
+    /// Cluster-mode history subscribes waiting for Redis (few, short-lived).
+    pending_history: RefCell<Vec<PendingHistory>>,
 }
 
 /// One admitted connection; the shard's open count drops when it does.
@@ -182,6 +220,87 @@ impl Shard {
             started: Instant::now(),
             stop: StopSignal::default(),
             history: setup.history,
+            pending_history: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// Cluster mode: ask the cluster for a history channel's position (and replay)
+    /// and run `done` when it answers, in mailbox order (see [`InterestSink`]).
+    /// Meanwhile the channel's messages reach this mailbox (they go to the channel's
+    /// other subscribers). `false` (and `done` dropped) when not in cluster mode.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn history_subscribe(
+        &self,
+        conn_id: u64,
+        project: u32,
+        channel: &str,
+        since: Option<(u64, Box<str>)>,
+        spec: crate::history::HistorySpec,
+        budget: usize,
+        done: HistoryDone,
+    ) -> bool {
+        let Some(sink) = &self.sink else {
+            return false;
+        };
+        let ticket = self.next_ticket.get() + 1;
+        self.next_ticket.set(ticket);
+        self.mailbox.interest.add(channel_hash(project, channel));
+        let asked = sink.history_subscribe(HistorySubscribe {
+            worker: self.index,
+            ticket,
+            project,
+            channel: channel.into(),
+            since,
+            size: spec.size,
+            ttl_s: spec.ttl_s,
+            budget,
+        });
+        if !asked {
+            self.mailbox.interest.remove(channel_hash(project, channel));
+            return false;
+        }
+        self.pending_history.borrow_mut().push(PendingHistory {
+            ticket,
+            conn_id,
+            project,
+            channel: channel.into(),
+            done,
+        });
+        true
+    }
+
+    /// The cluster answered a history subscribe: run its continuation, then give back
+    /// the interest it held.
+    fn history_ready(&self, ticket: u64, ready: mailbox::HistoryReady) {
+        let mut pending = self.pending_history.borrow_mut();
+        let Some(at) = pending.iter().position(|p| p.ticket == ticket) else {
+            return; // cancelled (unsubscribed or closed): its hold was given back then
+        };
+        let p = pending.swap_remove(at);
+        drop(pending);
+        (p.done)(self, ready);
+        self.release_history_hold(p.project, &p.channel);
+    }
+
+    /// Forget `conn_id`'s waiting history subscribe of a channel (it unsubscribed or
+    /// closed first).
+    fn cancel_history(&self, project: u32, channel: &str, conn_id: u64) {
+        let mut pending = self.pending_history.borrow_mut();
+        let Some(at) = pending
+            .iter()
+            .position(|p| p.conn_id == conn_id && p.project == project && &*p.channel == channel)
+        else {
+            return;
+        };
+        let p = pending.swap_remove(at);
+        drop(pending);
+        self.release_history_hold(p.project, &p.channel);
+    }
+
+    fn release_history_hold(&self, project: u32, channel: &str) {
+        self.mailbox.interest.remove(channel_hash(project, channel));
+        if let Some(sink) = &self.sink {
+            sink.interest(self.index, project, channel, false, 0);
         }
     }
 
@@ -370,6 +489,9 @@ impl Shard {
     /// Unsubscribe, mirroring a last subscriber gone into the interest filter and the
     /// cluster.
     pub(crate) fn unsubscribe(&self, project: u32, channel: &str, conn_id: u64) -> Unsubscribed {
+        if self.sink.is_some() {
+            self.cancel_history(project, channel, conn_id);
+        }
         let t = self
             .registry
             .borrow_mut()
@@ -451,6 +573,7 @@ impl Shard {
                 channel,
                 ticket,
             } => self.interest_ready(project, &channel, ticket),
+            Envelope::HistoryReady { ticket, ready } => self.history_ready(ticket, ready),
         }
     }
 
@@ -656,6 +779,79 @@ pub(crate) mod tests {
                 );
             }
         }
+    }
+
+    /// A sink standing for the cluster: records history subscribes.
+    #[derive(Default)]
+    struct HistorySink(std::sync::Mutex<Vec<(u64, bool)>>);
+    impl InterestSink for HistorySink {
+        fn interest(&self, _worker: usize, _project: u32, _channel: &str, on: bool, _t: u64) {
+            self.0.lock().unwrap().push((0, on));
+        }
+        fn history_subscribe(&self, req: HistorySubscribe) -> bool {
+            self.0.lock().unwrap().push((req.ticket, true));
+            true
+        }
+    }
+
+    #[test]
+    fn a_history_subscribe_holds_interest_until_its_answer_or_its_cancel() {
+        let sink = Arc::new(HistorySink::default());
+        let (shard, mailboxes) = shard(Some(sink.clone()));
+        let mb = mailboxes.get(0).unwrap();
+        let h = channel_hash(3, "news");
+        let a = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
+        let ran = Rc::new(Cell::new(false));
+        let (r, c) = (ran.clone(), a.clone());
+        let spec = crate::history::HistorySpec::parse("10/60s").unwrap();
+        let done: HistoryDone = Box::new(move |shard, _ready| {
+            shard.subscribe(3, "news", &c);
+            r.set(true);
+        });
+        assert!(shard.history_subscribe(1, 3, "news", None, spec, 1 << 16, done));
+        assert!(
+            mb.interest.may_want(h),
+            "messages reach the mailbox meanwhile"
+        );
+        assert_eq!(
+            shard.subscriber_count(3, "news"),
+            0,
+            "not live before the answer"
+        );
+        mailboxes.control_to(
+            0,
+            Envelope::HistoryReady {
+                ticket: 1,
+                ready: mailbox::HistoryReady::Unknown,
+            },
+        );
+        shard.drain();
+        assert!(ran.get());
+        assert_eq!(shard.subscriber_count(3, "news"), 1);
+        // The hold was given back: gain (the request), gain (first subscriber), loss.
+        let seen: Vec<bool> = sink.0.lock().unwrap().iter().map(|e| e.1).collect();
+        assert_eq!(seen, [true, true, false]);
+        assert!(
+            mb.interest.may_want(h),
+            "the subscriber's own count remains"
+        );
+        // Cancelled (unsubscribed before the answer): the answer does nothing.
+        let b = Rc::new(WsConn::new(2, -1, 1 << 20, 0));
+        let done: HistoryDone = Box::new(move |shard, _| {
+            shard.subscribe(3, "other", &b);
+        });
+        assert!(shard.history_subscribe(2, 3, "other", None, spec, 1 << 16, done));
+        shard.unsubscribe(3, "other", 2);
+        assert!(!mb.interest.may_want(channel_hash(3, "other")));
+        mailboxes.control_to(
+            0,
+            Envelope::HistoryReady {
+                ticket: 2,
+                ready: mailbox::HistoryReady::Unknown,
+            },
+        );
+        shard.drain();
+        assert_eq!(shard.subscriber_count(3, "other"), 0);
     }
 
     #[test]

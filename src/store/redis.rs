@@ -538,6 +538,10 @@ impl Store for RedisStore {
                 .incr(k("version"), 1)
                 .query::<()>(c)
         })?;
+        // The project's cluster-mode history is forgotten at every change: messages
+        // published while it was off are not in it, so no position taken before may be
+        // recovered (the next use starts a new epoch).
+        self.with(|c| forget_history(c, project_id))?;
         self.read_projects()?
             .into_iter()
             .find(|p| p.id == project_id)
@@ -678,4 +682,31 @@ impl Store for RedisStore {
         let n: u64 = self.with(|c| redis::cmd("HLEN").arg(k("projects")).query(c))?;
         Ok(n == 0)
     }
+}
+
+/// Delete every history key (position hash, stream) of a project, by SCAN (an admin
+/// command: never on a node's path).
+fn forget_history(c: &mut redis::Connection, project_id: &str) -> redis::RedisResult<()> {
+    use crate::history::{REDIS_META_PREFIX, REDIS_STREAM_PREFIX};
+    for prefix in [REDIS_META_PREFIX, REDIS_STREAM_PREFIX] {
+        let pattern = format!("{prefix}{project_id}:*");
+        let mut cursor = 0u64;
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query(c)?;
+            if !keys.is_empty() {
+                redis::cmd("DEL").arg(&keys).query::<()>(c)?;
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+    }
+    Ok(())
 }

@@ -1,0 +1,272 @@
+//! Cluster test support shared by the cluster test files: a real `redis-server` on a
+//! free loopback port, `ringcast serve --redis URL` processes, the CLI against Redis.
+//! Included with `#[path]` (not every test binary needs it).
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::common::{self, next_json, parse_response, set_timeout, Ws};
+use serde_json::{json, Value};
+
+/// A redis-server child on a fixed port, restartable on the same port and directory.
+pub struct Redis {
+    pub port: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl Redis {
+    /// `None` (after saying why) when redis-server is missing and tools are optional.
+    pub fn start() -> Option<Redis> {
+        let found = Command::new("redis-server")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !found {
+            if std::env::var("RINGCAST_REQUIRE_TOOLS").is_ok_and(|v| v == "1") {
+                panic!("redis-server is not installed and RINGCAST_REQUIRE_TOOLS=1");
+            }
+            eprintln!("SKIP: redis-server is not installed (apt-get install redis-server)");
+            return None;
+        }
+        // Redis needs a concrete port: take a free one from the kernel and release it.
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let mut redis = Redis {
+            port,
+            dir: tempfile::tempdir().expect("tempdir"),
+            child: None,
+        };
+        // Cluster mode needs one master key file shared by every node and the CLI.
+        std::fs::write(redis.master_key_file(), format!("{}\n", "ab".repeat(32))).unwrap();
+        redis.spawn();
+        Some(redis)
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// The master key file every node and CLI call of this cluster uses.
+    pub fn master_key_file(&self) -> PathBuf {
+        self.dir.path().join("master.key")
+    }
+
+    pub fn spawn(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.conn().is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn conn(&self) -> redis::RedisResult<redis::Connection> {
+        let client = redis::Client::open(self.url())?;
+        let mut c = client.get_connection_with_timeout(Duration::from_secs(1))?;
+        redis::cmd("PING").query::<()>(&mut c)?;
+        Ok(c)
+    }
+
+    /// Save a snapshot (so a restart keeps projects and keys, like a production Redis
+    /// with persistence), then kill the server hard.
+    pub fn kill(&mut self) {
+        let mut c = self.conn().expect("redis conn");
+        redis::cmd("SAVE").query::<()>(&mut c).expect("SAVE");
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Subscribers (nodes) that Redis has for a ringcast channel.
+    pub fn numsub(&self, project_id: &str, channel: &str) -> u64 {
+        let name = format!("ringcast:m:{project_id}:{channel}");
+        let Ok(mut c) = self.conn() else {
+            return 0;
+        };
+        redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(&name)
+            .query::<(String, u64)>(&mut c)
+            .map(|(_, n)| n)
+            .unwrap_or(0)
+    }
+
+    pub fn wait_numsub(&self, project_id: &str, channel: &str, want: u64) {
+        wait_for(&format!("{want} Redis subscribers of {channel}"), || {
+            self.numsub(project_id, channel) == want
+        });
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+pub fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The CLI against Redis.
+pub fn cli(redis: &Redis, args: &[&str]) -> Value {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(common::bin())
+        .arg("--data-dir")
+        .arg(dir.path())
+        .args(["--redis", &redis.url()])
+        .env("RINGCAST_MASTER_KEY_FILE", redis.master_key_file())
+        .args(args)
+        .output()
+        .expect("run ringcast CLI");
+    assert!(
+        out.status.success(),
+        "ringcast {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("CLI prints JSON")
+}
+
+pub struct Project {
+    pub id: String,
+    pub secret: String,
+    pub public: String,
+}
+
+pub fn project(redis: &Redis, name: &str, rate: &str) -> Project {
+    let v = cli(redis, &["project", "create", name, "--rate-limit", rate]);
+    Project {
+        id: v["project"]["id"].as_str().unwrap().to_string(),
+        secret: v["secret_key"].as_str().unwrap().to_string(),
+        public: v["public_key"].as_str().unwrap().to_string(),
+    }
+}
+
+/// One `ringcast serve --redis URL` process.
+pub struct Node {
+    pub addr: SocketAddr,
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Node {
+    pub fn start(redis: &Redis) -> Node {
+        let dir = tempfile::tempdir().unwrap();
+        let data: PathBuf = dir.path().join("data");
+        let mut child = Command::new(common::bin())
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--redis", &redis.url()])
+            .env("RINGCAST_MASTER_KEY_FILE", redis.master_key_file())
+            .args(["serve", "--listen", "127.0.0.1:0", "--workers", "2"])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn ringcast serve");
+        let addr = wait_listening(&mut child, &data);
+        Node {
+            addr,
+            child,
+            _dir: dir,
+        }
+    }
+
+    pub fn raw(&self, bytes: &[u8]) -> Vec<u8> {
+        let mut s = TcpStream::connect(self.addr).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(bytes).expect("write");
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        out
+    }
+
+    pub fn health(&self) -> (u16, Value) {
+        let resp = self.raw(b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+        let (s, _, v) = parse_response(&resp);
+        (s, v)
+    }
+
+    pub fn publish(&self, key: &str, channel: &str, data: Value) -> (u16, String, Value) {
+        let body = json!({"channel": channel, "event": "e", "data": data}).to_string();
+        let req = format!(
+            "POST /api/v1/publish HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\nConnection: close\r\nX-Api-Key: {key}\r\nContent-Type: application/json\r\n\r\n{body}",
+            body.len()
+        );
+        parse_response(&self.raw(req.as_bytes()))
+    }
+
+    pub fn ws(&self, key: &str) -> Ws {
+        let url = format!("ws://{}/api/v1/ws?key={}", self.addr, key);
+        let (mut ws, _) = tungstenite::connect(url).expect("ws connect");
+        set_timeout(&mut ws, Duration::from_secs(10));
+        assert_eq!(next_json(&mut ws)["type"], "connected");
+        ws
+    }
+
+    /// Wait until this node accepts `secret` (keys arrive through the watcher).
+    pub fn wait_key(&self, secret: &str) {
+        wait_for("the node to know the key", || {
+            self.publish(secret, "warmup", json!("x")).0 != 401
+        });
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn wait_listening(child: &mut Child, data: &Path) -> SocketAddr {
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(rest) = line.strip_prefix("ringcast listening on http://") {
+                let _ = tx.send(rest.split_whitespace().next().unwrap_or("").to_string());
+            }
+        }
+    });
+    let addr = rx
+        .recv_timeout(Duration::from_secs(20))
+        .unwrap_or_else(|_| panic!("node ({}) did not start", data.display()));
+    addr.parse().expect("address")
+}
+
+pub fn wait_health(node: &Node, status: u16) -> Value {
+    let mut last = Value::Null;
+    wait_for(&format!("health {status}"), || {
+        let (s, v) = node.health();
+        last = v;
+        s == status
+    });
+    last
+}
