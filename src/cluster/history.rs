@@ -8,7 +8,9 @@
 //! body, `d` where `data` starts in it), capped at `history_size` entries (`XADD
 //! MAXLEN`) and expiring `history_ttl` after the last publish; entries older than the
 //! TTL are never read (the stream ids are Redis' clock, reads start at now − TTL). The
-//! hash lives twice the TTL after its last use, like a single node's forgotten log.
+//! hash lives twice the TTL after the channel's last publish, like a single node's
+//! forgotten log; one made by a read (nothing published yet) lives
+//! [`READ_MADE_TTL_S`], so reads of arbitrary names cannot fill Redis.
 //!
 //! - Publish ([`PUBLISH_SCRIPT`], one script call per request, whatever its number of
 //!   messages and channels): for each frame, the hash gives the next offset (a missing
@@ -73,7 +75,8 @@ end
 return out
 "#;
 
-/// One read. KEYS: hash, stream. ARGV: a fresh epoch, hash TTL (s), TTL (ms), `since`
+/// One read. KEYS: hash, stream. ARGV: a fresh epoch, TTL (s) of a hash the read makes
+/// ([`READ_MADE_TTL_S`]; reads never extend a hash's life), TTL (ms), `since`
 /// (-1: none), most entries, sync channel ('' : none), marker. Returns epoch, last
 /// offset, entries newest first (at most `count`, and only those after `since`).
 pub(crate) const READ_SCRIPT: &str = r#"
@@ -86,7 +89,6 @@ if not epoch then
   redis.call('EXPIRE', KEYS[1], ARGV[2])
 else
   offset = tonumber(redis.call('HGET', KEYS[1], 'o'))
-  redis.call('EXPIRE', KEYS[1], ARGV[2])
 end
 local n = tonumber(ARGV[5])
 local since = tonumber(ARGV[4])
@@ -116,7 +118,13 @@ pub(crate) fn stream_key(project_id: &str, channel: &str) -> String {
     format!("{REDIS_STREAM_PREFIX}{project_id}:{channel}")
 }
 
-/// Seconds the position hash outlives its last use: twice the TTL (as a single node
+/// Seconds a position hash made by a read (a subscribe or REST read of a channel with
+/// nothing kept) lives unless a publish follows: reads of arbitrary names must not fill
+/// Redis. A client that saw offset 0 and comes back later than this without any publish
+/// in between gets `recovered: false` (nothing was missed; it reloads).
+pub(crate) const READ_MADE_TTL_S: u64 = 60;
+
+/// Seconds the position hash outlives its last publish: twice the TTL (as a single node
 /// forgets a log idle that long), at least a minute.
 pub(crate) fn meta_ttl_s(ttl_s: u32) -> u64 {
     (2 * u64::from(ttl_s)).max(60)
@@ -269,7 +277,7 @@ pub(crate) fn read_cmd(
         .arg(meta_key(project_id, channel))
         .arg(stream_key(project_id, channel))
         .arg(Epoch::random().as_str())
-        .arg(meta_ttl_s(ttl_s))
+        .arg(READ_MADE_TTL_S)
         .arg(u64::from(ttl_s) * 1000)
         .arg(since.map_or(-1i64, |s| s.min(i64::MAX as u64) as i64))
         .arg(count.max(1))
