@@ -47,6 +47,15 @@ impl Redis {
         };
         // Cluster mode needs one master key file shared by every node and the CLI.
         std::fs::write(redis.master_key_file(), format!("{}\n", "ab".repeat(32))).unwrap();
+        // As an operator would keep it (the server warns about a file others can read).
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(
+                redis.master_key_file(),
+                std::fs::Permissions::from_mode(0o600),
+            )
+            .unwrap();
+        }
         redis.spawn();
         Some(redis)
     }
@@ -171,8 +180,8 @@ pub fn project(redis: &Redis, name: &str, rate: &str) -> Project {
 /// One `ringcast serve --redis URL` process.
 pub struct Node {
     pub addr: SocketAddr,
-    child: Child,
-    _dir: tempfile::TempDir,
+    pub child: Child,
+    pub _dir: tempfile::TempDir,
 }
 
 impl Node {
