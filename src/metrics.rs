@@ -185,6 +185,11 @@ pub(crate) struct NodeGauges {
     pub cluster_connected: Option<bool>,
     /// Cluster relays dropped (queue full or Redis away), when in cluster mode.
     pub cluster_relay_dropped: u64,
+    /// Messages received from Redis and dropped (mailboxes full, unknown project, not a
+    /// frame ringcast makes): a gap on this node, so operators must see it.
+    pub cluster_receive_dropped: u64,
+    /// History publishes or reads that Redis answered with something unexpected.
+    pub cluster_history_errors: u64,
 }
 
 /// A metric family summed over workers: name, type, help, and how to read one worker.
@@ -350,6 +355,18 @@ impl Metrics {
             "# HELP {name} Publishes not relayed to the other nodes (relay queue full or Redis away).\n# TYPE {name} counter"
         );
         let _ = writeln!(out, "{name} {}", node.cluster_relay_dropped);
+        let name = "ringcast_cluster_receive_dropped_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Messages from other nodes dropped here (mailboxes full, unknown project, or not a ringcast frame).\n# TYPE {name} counter"
+        );
+        let _ = writeln!(out, "{name} {}", node.cluster_receive_dropped);
+        let name = "ringcast_cluster_history_errors_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} History publishes or reads in cluster mode that Redis answered unexpectedly.\n# TYPE {name} counter"
+        );
+        let _ = writeln!(out, "{name} {}", node.cluster_history_errors);
         out
     }
 }
@@ -381,7 +398,11 @@ mod tests {
             mailbox_depths: vec![0, 5],
             cluster_connected: None,
             cluster_relay_dropped: 0,
+            cluster_receive_dropped: 4,
+            cluster_history_errors: 0,
         });
+        assert_eq!(value(&text, "ringcast_cluster_receive_dropped_total"), 4);
+        assert_eq!(value(&text, "ringcast_cluster_history_errors_total"), 0);
         assert_eq!(value(&text, "ringcast_deliveries_total"), 7);
         let req = "ringcast_publish_requests_total{api=\"native\",status=";
         assert_eq!(value(&text, &format!("{req}\"202\"}}")), 2);

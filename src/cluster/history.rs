@@ -38,10 +38,10 @@ use std::task::Poll;
 
 use atomic_waker::AtomicWaker;
 use bytes::Bytes;
-use crossbeam_channel::{Receiver, RecvTimeoutError};
+use crossbeam_channel::Receiver;
 use redis::Value;
 
-use super::{connect, wire, Backoff, Cluster, IO_TIMEOUT, MAX_BATCH};
+use super::{connect, next_batch, wire, Backoff, Cluster, MAX_BATCH};
 use crate::history::{Epoch, Position, REDIS_META_PREFIX, REDIS_STREAM_PREFIX};
 
 /// Requests waiting for the history thread; a full queue answers 503 at once.
@@ -458,19 +458,8 @@ fn serve(
 ) -> redis::RedisResult<()> {
     let node = cluster.node_id();
     while !cluster.stopping() {
-        match rx.recv_timeout(IO_TIMEOUT) {
-            Ok(first) => batch.push(first),
-            Err(RecvTimeoutError::Timeout) => {
-                redis::cmd("PING").query::<()>(conn)?;
-                continue;
-            }
-            Err(RecvTimeoutError::Disconnected) => return Ok(()),
-        }
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(r) => batch.push(r),
-                Err(_) => break,
-            }
+        if !next_batch(conn, rx, batch)? {
+            return Ok(());
         }
         let cmds: Vec<redis::Cmd> = batch
             .iter()

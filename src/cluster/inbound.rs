@@ -495,20 +495,7 @@ fn deliver(cluster: &Cluster, keys: &KeyCache, mailboxes: &Mailboxes, own: u64, 
         // One copy per message per node; every local subscriber shares it.
         frame: Bytes::copy_from_slice(frame),
     });
-    if mailboxes.broadcast(broadcast) {
-        cluster.stats.received.fetch_add(1, Ordering::Relaxed);
-    } else {
-        let dropped = cluster
-            .stats
-            .receive_dropped
-            .fetch_add(1, Ordering::Relaxed);
-        if dropped.is_power_of_two() {
-            tracing::warn!(
-                dropped,
-                "cluster subscriber: mailboxes full; dropping remote messages"
-            );
-        }
-    }
+    enqueue(cluster, mailboxes, broadcast);
 }
 
 /// A message of a history channel (any node's, this one's included: Redis gave it its
@@ -545,6 +532,12 @@ fn deliver_positioned(
         channel: channel.into(),
         frame,
     });
+    enqueue(cluster, mailboxes, broadcast);
+}
+
+/// Hand a received message to the workers, counting it; full mailboxes drop it (the
+/// subscriber thread never waits on workers), logged at each power of two.
+fn enqueue(cluster: &Cluster, mailboxes: &Mailboxes, broadcast: Arc<Broadcast>) {
     if mailboxes.broadcast(broadcast) {
         cluster.stats.received.fetch_add(1, Ordering::Relaxed);
     } else {
@@ -555,7 +548,7 @@ fn deliver_positioned(
         if dropped.is_power_of_two() {
             tracing::warn!(
                 dropped,
-                "cluster subscriber: mailboxes full; dropping history messages"
+                "cluster subscriber: mailboxes full; dropping received messages"
             );
         }
     }

@@ -63,6 +63,36 @@ use crate::shard::mailbox::{Broadcast, Mailboxes};
 pub(crate) const RELAY_QUEUE: usize = 16_384;
 /// Most PUBLISH commands in one pipeline.
 pub(crate) const MAX_BATCH: usize = 512;
+
+/// Wait for the next request of a Redis writer thread and take what else is queued, up
+/// to [`MAX_BATCH`], so that one pipelined round trip serves them all. While idle, ping
+/// Redis every [`IO_TIMEOUT`] so that health tells the truth. `Ok(false)`: the senders
+/// are gone (shutdown); an error means the connection is lost.
+pub(crate) fn next_batch<T>(
+    conn: &mut redis::Connection,
+    rx: &Receiver<T>,
+    batch: &mut Vec<T>,
+) -> redis::RedisResult<bool> {
+    loop {
+        match rx.recv_timeout(IO_TIMEOUT) {
+            Ok(first) => {
+                batch.push(first);
+                break;
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                redis::cmd("PING").query::<()>(conn)?;
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return Ok(false),
+        }
+    }
+    while batch.len() < MAX_BATCH {
+        match rx.try_recv() {
+            Ok(r) => batch.push(r),
+            Err(_) => break,
+        }
+    }
+    Ok(true)
+}
 /// Channels per SUBSCRIBE when restoring after a reconnect (no storm of single commands,
 /// no single enormous command either).
 pub(crate) const RESUBSCRIBE_BATCH: usize = 256;

@@ -14,9 +14,9 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use crossbeam_channel::{Receiver, RecvTimeoutError};
+use crossbeam_channel::Receiver;
 
-use super::{connect, sleep_unless_stopped, wire, Backoff, Cluster, IO_TIMEOUT, MAX_BATCH};
+use super::{connect, next_batch, sleep_unless_stopped, wire, Backoff, Cluster, MAX_BATCH};
 use crate::auth::{KeyCache, ProjectState};
 use crate::shard::mailbox::Broadcast;
 
@@ -116,20 +116,8 @@ fn relay_until_error(
 ) -> redis::RedisResult<()> {
     let node = cluster.node_id();
     while !cluster.stopping() {
-        match rx.recv_timeout(IO_TIMEOUT) {
-            Ok(first) => batch.push(first),
-            Err(RecvTimeoutError::Timeout) => {
-                // Idle: prove the connection is alive so health tells the truth.
-                redis::cmd("PING").query::<()>(conn)?;
-                continue;
-            }
-            Err(RecvTimeoutError::Disconnected) => return Ok(()),
-        }
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(msg) => batch.push(msg),
-                Err(_) => break,
-            }
+        if !next_batch(conn, rx, batch)? {
+            return Ok(());
         }
         let mut pipe = redis::pipe();
         for msg in batch.iter() {

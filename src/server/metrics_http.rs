@@ -53,16 +53,20 @@ pub(crate) fn spawn(
 
 /// What the scrape reads beside the per-worker blocks.
 fn gauges(node: &Node) -> NodeGauges {
+    use std::sync::atomic::Ordering::Relaxed;
+    let stat = |f: fn(&crate::cluster::ClusterStats) -> &std::sync::atomic::AtomicU64| {
+        node.cluster
+            .as_ref()
+            .map_or(0, |c| f(&c.stats).load(Relaxed))
+    };
     NodeGauges {
         mailbox_depths: (0..node.config.workers.max(1))
             .filter_map(|i| node.mailboxes.get(i).map(|m| m.len()))
             .collect(),
         cluster_connected: node.cluster.as_ref().map(|c| c.is_ok()),
-        cluster_relay_dropped: node.cluster.as_ref().map_or(0, |c| {
-            c.stats
-                .relay_dropped
-                .load(std::sync::atomic::Ordering::Relaxed)
-        }),
+        cluster_relay_dropped: stat(|s| &s.relay_dropped),
+        cluster_receive_dropped: stat(|s| &s.receive_dropped),
+        cluster_history_errors: stat(|s| &s.history_errors),
     }
 }
 
