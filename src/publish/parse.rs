@@ -466,15 +466,25 @@ fn skip_string(text: &[u8], mut p: usize) -> Option<usize> {
     }
 }
 
+/// `p` is at the first byte of a value. Containers are walked byte by byte (strings
+/// jumped over) and every number in them is checked, because simd-json is not trusted
+/// with all of them: its path for numbers of 19 or more digits accepts whatever follows
+/// the digits (`[2522222222222222222x]`, `[2.5222222222222222222222-;2]`; found by the
+/// libFuzzer target fuzz/publish_body), and `data` must reach subscribers as valid JSON.
 fn skip_value(text: &[u8], mut p: usize) -> Option<usize> {
     match text.get(p)? {
         b'"' => skip_string(text, p),
+        b'-' | b'0'..=b'9' => skip_number(text, p),
         b'{' | b'[' => {
             let mut depth = 0usize;
             loop {
                 match text.get(p)? {
                     b'"' => {
                         p = skip_string(text, p)?;
+                        continue;
+                    }
+                    b'-' | b'0'..=b'9' => {
+                        p = skip_number(text, p)?;
                         continue;
                     }
                     b'{' | b'[' => depth += 1,
@@ -498,6 +508,43 @@ fn skip_value(text: &[u8], mut p: usize) -> Option<usize> {
             }
             Some(p)
         }
+    }
+}
+
+/// `p` is at the first byte of a number: returns the index after it if it follows
+/// JSON's grammar (`-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`) and is
+/// followed by a delimiter or the end; `None` otherwise.
+fn skip_number(text: &[u8], mut p: usize) -> Option<usize> {
+    let digits = |p: usize| p + text[p..].iter().take_while(|b| b.is_ascii_digit()).count();
+    if text.get(p) == Some(&b'-') {
+        p += 1;
+    }
+    match text.get(p)? {
+        b'0' => p += 1,
+        b'1'..=b'9' => p = digits(p),
+        _ => return None,
+    }
+    if text.get(p) == Some(&b'.') {
+        let end = digits(p + 1);
+        if end == p + 1 {
+            return None;
+        }
+        p = end;
+    }
+    if matches!(text.get(p), Some(b'e' | b'E')) {
+        p += 1;
+        if matches!(text.get(p), Some(b'+' | b'-')) {
+            p += 1;
+        }
+        let end = digits(p);
+        if end == p {
+            return None;
+        }
+        p = end;
+    }
+    match text.get(p) {
+        None | Some(b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r') => Some(p),
+        _ => None,
     }
 }
 
@@ -756,6 +803,47 @@ mod tests {
             .collect();
         assert_eq!(spans, [r#"{"a":[1,2]}"#, r#""x,]""#, "3", "[ ]"]);
         assert_eq!(array_elements(b"[]", 0..2).count(), 0);
+    }
+
+    #[test]
+    fn malformed_long_numbers_are_invalid_json() {
+        // simd-json accepts each of these `data` values (its path for long numbers does
+        // not look at what follows the digits).
+        for data in [
+            r#"{"a":[2522222222222222222x]}"#,
+            r#"{"a":[2.5222222222222222222222-;2]}"#,
+            r#"{"a":[2.5222222222222222222222x]}"#,
+            r#"{"a":[2.5222222222222222222222e5x]}"#,
+            r#"{"a":2522222222222222222x}"#,
+        ] {
+            let body = format!(r#"{{"channel":"news","event":"e","data":{data}}}"#);
+            assert!(
+                matches!(parse(&body), Err(ApiError::InvalidJson)),
+                "accepted {body}"
+            );
+            let batch = format!(r#"{{"messages":[{body}]}}"#);
+            let mut p = PublishParser::new();
+            assert!(
+                p.parse_batch(
+                    batch.as_bytes(),
+                    BatchLimits {
+                        max_messages: 10,
+                        max_message_bytes: 1 << 16
+                    }
+                )
+                .is_err(),
+                "batch accepted {batch}"
+            );
+        }
+        // Long but well-formed numbers stay accepted, verbatim.
+        for data in [
+            r#"{"a":[2.5222222222222222222222,-0,1e5,1E+5,-1.5e-7,25222222222222222222222]}"#,
+            r#"{"a":2522222222222222222 }"#,
+        ] {
+            let body = format!(r#"{{"channel":"news","event":"e","data":{data}}}"#);
+            let (_, _, d) = parse(&body).expect(&body);
+            assert_eq!(d, data);
+        }
     }
 }
 
