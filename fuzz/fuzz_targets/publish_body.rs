@@ -79,7 +79,14 @@ fuzz_target!(|body: &[u8]| {
             .collect();
         (channels, p.event.to_string(), p.data.to_vec())
     });
-    let oracle: Option<serde_json::Value> = serde_json::from_slice(body).ok();
+    let oracle = match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(v) => Some(v),
+        // An escaped lone surrogate (`"\ud800"`) is valid JSON grammar (RFC 8259 §8.2)
+        // and `JSON.parse` reads it; serde_json refuses it. ringcast forwards `data` as
+        // written (docs/protocol.md), so serde_json cannot judge these bodies.
+        Err(e) if e.to_string().contains("surrogate") => return,
+        Err(_) => None,
+    };
     match &got {
         Ok((channels, event, data)) => {
             let v = oracle.expect("accepted a body serde_json refuses");
