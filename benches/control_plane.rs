@@ -24,6 +24,7 @@ fn populated_cache() -> (Arc<KeyCache>, Vec<String>) {
             rate_limit: RateLimit::parse("1000/s").expect("valid limit"),
             history: HistorySpec::OFF,
             max_connections: None,
+            client_events: false,
         })
         .collect();
     let mut keys = Vec::with_capacity(KEYS);

@@ -71,6 +71,7 @@ fn fanout(c: &mut Criterion) {
             project: 0,
             channel: "orders".into(),
             frame: frame.clone(),
+            except: None,
         };
         group.throughput(Throughput::Elements(subs as u64));
         group.bench_function(BenchmarkId::from_parameter(subs), |b| {
@@ -98,6 +99,7 @@ fn mailbox(c: &mut Criterion) {
             project: 0,
             channel: "c".into(),
             frame: Bytes::from_static(b"x"),
+            except: None,
         });
         b.iter(|| {
             let producer = {

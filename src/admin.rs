@@ -73,8 +73,10 @@ pub(crate) enum Request {
     },
     SetLimits {
         project_id: String,
-        /// `None`: back to the node's default.
-        max_connections: Option<u64>,
+        /// `None`: unchanged; `Some(None)`: back to the node's default.
+        max_connections: Option<Option<u64>>,
+        /// `None`: unchanged.
+        client_events: Option<bool>,
     },
     CreateKey {
         project_id: String,
@@ -180,15 +182,17 @@ pub(crate) fn parse_request(command: &Command) -> Result<Request, AdminError> {
         Command::Project(ProjectCommand::SetLimits {
             project_id,
             max_connections,
+            client_events,
         }) => Request::SetLimits {
             project_id: project_id.clone(),
-            max_connections: match max_connections.trim() {
-                "default" => None,
-                n => Some(
-                    n.parse()
-                        .map_err(|_| AdminError::MaxConnections(max_connections.clone()))?,
-                ),
+            max_connections: match max_connections.as_deref().map(str::trim) {
+                None => None,
+                Some("default") => Some(None),
+                Some(n) => Some(Some(n.parse().map_err(|_| {
+                    AdminError::MaxConnections(n.to_string())
+                })?)),
             },
+            client_events: client_events.map(|c| c == crate::cli::OnOff::On),
         },
         Command::Key(KeyCommand::Create { project_id, kind }) => Request::CreateKey {
             project_id: project_id.clone(),
@@ -327,8 +331,24 @@ pub(crate) fn execute(
         Request::SetLimits {
             project_id,
             max_connections,
+            client_events,
         } => {
-            let project = store.set_max_connections(&project_id, max_connections)?;
+            // Each given limit is its own store change (clap requires at least one).
+            let mut project = None;
+            if let Some(n) = max_connections {
+                project = Some(store.set_max_connections(&project_id, n)?);
+            }
+            if let Some(on) = client_events {
+                project = Some(store.set_client_events(&project_id, on)?);
+            }
+            let project = match project {
+                Some(p) => p,
+                None => store
+                    .list_projects()?
+                    .into_iter()
+                    .find(|p| p.id == project_id)
+                    .ok_or_else(|| StoreError::NotFound(format!("no project with id {project_id:?}")))?,
+            };
             json!({ "project": project_json(&project) })
         }
         Request::CreateKey { project_id, kind } => {
@@ -387,6 +407,8 @@ fn project_json(project: &ProjectRecord) -> Value {
             Some(n) => json!(n),
             None => json!("default"),
         },
+        // Added field: whether client events are allowed ("on"/"off").
+        "client_events": if project.client_events { "on" } else { "off" },
     })
 }
 

@@ -281,8 +281,12 @@ pub enum ProjectCommand {
         project_id: String,
         /// WebSocket connections the project may hold per node: a number (0 =
         /// unlimited) or `default` (the server's max_ws_connections_per_project).
-        #[arg(long)]
-        max_connections: String,
+        #[arg(long, required_unless_present = "client_events")]
+        max_connections: Option<String>,
+        /// Whether subscribers of private and presence channels may send client
+        /// events (`client-*`) to each other: `on` or `off` (the default).
+        #[arg(long, value_enum)]
+        client_events: Option<OnOff>,
     },
 }
 
@@ -298,6 +302,13 @@ pub enum KeyCommand {
     Revoke { key_or_id: String },
     /// List a project's keys (prefixes only).
     List { project_id: String },
+}
+
+/// A switch given on the command line.
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum OnOff {
+    On,
+    Off,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]

@@ -102,6 +102,7 @@ pub(crate) struct WorkerMetrics {
     deliveries: Cell64,
     bytes_sent: Cell64,
     slow_consumer_closes: Cell64,
+    client_events: Cell64,
     connections: Cell64,
     subscriptions: Cell64,
     duration_buckets: [Cell64; BUCKET_NS.len()],
@@ -135,6 +136,11 @@ impl WorkerMetrics {
 
     pub(crate) fn slow_consumer_close(&self) {
         self.slow_consumer_closes.add(1);
+    }
+
+    /// One client event accepted from a connection of this worker and relayed.
+    pub(crate) fn client_event(&self) {
+        self.client_events.add(1);
     }
 
     /// This worker's open WebSocket connections now.
@@ -241,7 +247,7 @@ impl Metrics {
             env!("CARGO_PKG_VERSION")
         );
 
-        let simple: [Family; 6] = [
+        let simple: [Family; 7] = [
             (
                 "ringcast_connections",
                 "gauge",
@@ -277,6 +283,12 @@ impl Metrics {
                 "counter",
                 "WebSocket connections closed with 4008 (send backlog over its limit).",
                 |w| w.slow_consumer_closes.get(),
+            ),
+            (
+                "ringcast_client_events_total",
+                "counter",
+                "Client events accepted from connections and relayed to the channel's other subscribers.",
+                |w| w.client_events.get(),
             ),
         ];
         for (name, kind, help, get) in simple {

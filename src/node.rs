@@ -48,6 +48,14 @@ impl Node {
     }
 }
 
+impl crate::client::EventRelay for Node {
+    /// A client event leaves like a one-channel publish: the local mailboxes, then (in
+    /// cluster mode) the relay to the other nodes. Never through history.
+    fn relay(&self, msg: Arc<Broadcast>) -> bool {
+        !self.is_shutting_down() && Fanout::broadcast(self, msg)
+    }
+}
+
 impl Fanout for Node {
     fn broadcast(&self, msg: Arc<Broadcast>) -> bool {
         match &self.cluster {

@@ -45,6 +45,10 @@ pub struct ProjectState {
     /// `max_ws_connections_per_project`. Updated in place by a rebuild (`project
     /// set-limits` applies within the watcher's interval).
     pub max_connections: std::sync::atomic::AtomicU64,
+    /// Whether clients may send client events on the project's private and presence
+    /// channels (`project set-limits --client-events`). Updated in place by a rebuild;
+    /// read once per client event, never on the fan-out path.
+    pub client_events: std::sync::atomic::AtomicBool,
 }
 
 /// `ProjectState::max_connections` when the project has no limit of its own.
@@ -285,6 +289,9 @@ impl KeyCache {
                         record.max_connections.unwrap_or(NODE_DEFAULT),
                         std::sync::atomic::Ordering::Relaxed,
                     );
+                    existing
+                        .client_events
+                        .store(record.client_events, std::sync::atomic::Ordering::Relaxed);
                     Arc::clone(existing)
                 }
                 Some(existing) => {
@@ -298,6 +305,7 @@ impl KeyCache {
                         history: Arc::clone(&existing.history),
                         ws_connections: Arc::clone(&existing.ws_connections),
                         max_connections: record.max_connections.unwrap_or(NODE_DEFAULT).into(),
+                        client_events: record.client_events.into(),
                     });
                     replacement.history.set(record.history);
                     replacement.quota.set_limit(record.rate_limit);
@@ -315,6 +323,7 @@ impl KeyCache {
                         history: Arc::new(HistoryCell::new(record.history)),
                         ws_connections: Arc::default(),
                         max_connections: record.max_connections.unwrap_or(NODE_DEFAULT).into(),
+                        client_events: record.client_events.into(),
                     })
                 }
             };
@@ -429,6 +438,7 @@ mod tests {
             rate_limit: RateLimit::parse(rate).unwrap(),
             history: crate::history::HistorySpec::OFF,
             max_connections: None,
+            client_events: false,
         }
     }
 

@@ -279,6 +279,10 @@ mod tests {
             self.check()?;
             self.inner.set_max_connections(id, n)
         }
+        fn set_client_events(&mut self, id: &str, on: bool) -> Result<ProjectRecord, StoreError> {
+            self.check()?;
+            self.inner.set_client_events(id, on)
+        }
         fn create_key(
             &mut self,
             id: &str,

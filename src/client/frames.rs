@@ -47,6 +47,55 @@ pub(crate) fn subscribed(
     frame::frame(Opcode::Text, &json)
 }
 
+/// The message frame of a client event: a publish's message frame (same fields, same
+/// order) plus `"user_id"` when the sender's grant on a presence channel names one.
+/// Encoded once per event, in one exactly-sized allocation.
+pub(crate) fn client_event_frame(
+    channel: &str,
+    event: &str,
+    data: &[u8],
+    id: &str,
+    user_id: Option<&str>,
+) -> Bytes {
+    use crate::json::json_str_len;
+    const A: &[u8] = b"{\"type\":\"message\",\"channel\":";
+    const B: &[u8] = b",\"event\":";
+    const C: &[u8] = b",\"data\":";
+    const D: &[u8] = b",\"id\":\"";
+    const E: &[u8] = b"\"";
+    const U: &[u8] = b",\"user_id\":";
+    let user_len = user_id.map_or(0, |u| U.len() + json_str_len(u));
+    let payload_len = A.len()
+        + json_str_len(channel)
+        + B.len()
+        + json_str_len(event)
+        + C.len()
+        + data.len()
+        + D.len()
+        + id.len()
+        + E.len()
+        + user_len
+        + 1;
+    let mut out = Vec::with_capacity(frame::header_len(payload_len) + payload_len);
+    frame::write_header(&mut out, Opcode::Text, payload_len);
+    out.extend_from_slice(A);
+    write_json_str(&mut out, channel);
+    out.extend_from_slice(B);
+    write_json_str(&mut out, event);
+    out.extend_from_slice(C);
+    out.extend_from_slice(data);
+    out.extend_from_slice(D);
+    out.extend_from_slice(id.as_bytes());
+    out.extend_from_slice(E);
+    if let Some(user) = user_id {
+        out.extend_from_slice(U);
+        write_json_str(&mut out, user);
+    }
+    out.push(b'}');
+    debug_assert_eq!(out.len(), out.capacity());
+    Bytes::from(out)
+}
+
 /// An error frame that keeps the connection open.
 pub(crate) fn error_frame(code: &str, message: &str) -> Bytes {
     let mut json = Vec::with_capacity(48 + message.len());
@@ -143,6 +192,23 @@ mod tests {
         assert_eq!(
             parse(refreshed_frame("private-a", 1_900_000_000)),
             serde_json::json!({"type":"refreshed","channel":"private-a","exp":1_900_000_000u64})
+        );
+    }
+
+    #[test]
+    fn client_event_frames_are_message_frames_with_an_optional_user() {
+        let parse = |f: Bytes| {
+            let start = if f[1] & 0x7f == 126 { 4 } else { 2 };
+            serde_json::from_slice::<serde_json::Value>(&f[start..]).unwrap()
+        };
+        assert_eq!(
+            parse(client_event_frame("private-\"a", "client-t", br#"{"x":1}"#, "i1", None)),
+            serde_json::json!({"type":"message","channel":"private-\"a","event":"client-t","data":{"x":1},"id":"i1"})
+        );
+        let long = "u".repeat(200);
+        assert_eq!(
+            parse(client_event_frame("presence-r", "client-t", br#""s""#, "i2", Some(&long))),
+            serde_json::json!({"type":"message","channel":"presence-r","event":"client-t","data":"s","id":"i2","user_id":long})
         );
     }
 }

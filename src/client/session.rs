@@ -28,6 +28,7 @@ use crate::shard::Shard;
 use crate::ws::conn::{Session, WsConn};
 use crate::ws::frame::Opcode;
 
+use super::events::{self, ClientEvent, EventContext, RateLog, Refusal};
 use super::frames::{channel_error_frame, error_frame, refreshed_frame, reply, subscribed, PONG};
 use super::private::{needs_token, unix_now, Expiry, Grant};
 
@@ -50,6 +51,10 @@ pub(crate) struct ClientSession {
     expiry: Rc<Expiry>,
     /// One grant per private channel in `subscriptions` (empty for most connections).
     grants: Vec<Rc<Grant>>,
+    /// The worker's client-event relay and id source.
+    events: Rc<EventContext>,
+    /// This connection's recent client events (made on its first one).
+    event_log: Option<Box<RateLog>>,
 }
 
 impl ClientSession {
@@ -58,6 +63,7 @@ impl ClientSession {
         project: Arc<ProjectState>,
         max_subscriptions: usize,
         expiry: Rc<Expiry>,
+        events: Rc<EventContext>,
     ) -> ClientSession {
         ClientSession {
             shard,
@@ -66,6 +72,8 @@ impl ClientSession {
             subscriptions: Vec::new(),
             expiry,
             grants: Vec::new(),
+            events,
+            event_log: None,
         }
     }
 
@@ -316,6 +324,50 @@ impl ClientSession {
         });
     }
 
+    /// A `client_event` frame whose channel name is valid: relay it to the channel's
+    /// other subscribers, or answer why not (see `client::events`).
+    fn client_event(
+        &mut self,
+        conn: &Rc<WsConn>,
+        channel: &str,
+        value: &simd_json::BorrowedValue<'_>,
+    ) -> Result<(), Refusal> {
+        use simd_json::prelude::{TypedScalarValue, ValueAsObject, Writable};
+        let event = value.get("event").and_then(|e| e.as_str()).unwrap_or("");
+        events::check_event(event)?;
+        let data = match value.get("data") {
+            Some(d) if d.is_str() || d.as_object().is_some() => d,
+            _ => return Err(Refusal::BadData),
+        };
+        if !events::allowed(&self.project) {
+            return Err(Refusal::Off);
+        }
+        if !needs_token(channel) {
+            return Err(Refusal::NotPrivate);
+        }
+        // Private channels always hold a grant; one the expiry timer ended was pruned.
+        let grant = self.grant(channel).ok_or(Refusal::NotSubscribed)?;
+        let log = self.event_log.get_or_insert_with(Box::default);
+        if !log.admit(crate::quota::now_ns()) {
+            return Err(Refusal::ConnectionRate);
+        }
+        // Re-encoded from the parsed value (simd-json parsed the frame in place): one
+        // copy per event, never per subscriber.
+        let data = data.encode();
+        let user_id = if channel.starts_with("presence-") {
+            grant.sub.as_deref()
+        } else {
+            None
+        };
+        let ev = ClientEvent {
+            channel,
+            event,
+            data: data.as_bytes(),
+            user_id,
+        };
+        events::relay(&self.events, &self.project, conn.id, &ev)
+    }
+
     fn unsubscribe(&mut self, conn: &Rc<WsConn>, channel: &str) {
         if let Some(pos) = self.subscriptions.iter().position(|c| &**c == channel) {
             self.subscriptions.swap_remove(pos);
@@ -394,7 +446,7 @@ impl Session for ClientSession {
             "ping" => {
                 conn.send(Bytes::from_static(PONG));
             }
-            "subscribe" | "unsubscribe" | "refresh" => {
+            "subscribe" | "unsubscribe" | "refresh" | "client_event" => {
                 let channel = match value.get("channel").and_then(|c| c.as_str()) {
                     Some(c) => c,
                     None => {
@@ -412,7 +464,15 @@ impl Session for ClientSession {
                     ));
                     return Ok(());
                 }
-                if kind == "subscribe" {
+                if kind == "client_event" {
+                    if let Err(refusal) = self.client_event(conn, channel, &value) {
+                        conn.send(channel_error_frame(
+                            refusal.code(),
+                            channel,
+                            refusal.message(),
+                        ));
+                    }
+                } else if kind == "subscribe" {
                     let since = match value.get("since") {
                         None => None,
                         Some(s) => {
@@ -447,7 +507,7 @@ impl Session for ClientSession {
             _ => {
                 conn.send(error_frame(
                     "unknown_type",
-                    "type must be subscribe, unsubscribe, refresh or ping",
+                    "type must be subscribe, unsubscribe, refresh, client_event or ping",
                 ));
             }
         }
@@ -546,13 +606,37 @@ mod tests {
             history: Arc::default(),
             ws_connections: Arc::default(),
             max_connections: crate::auth::cache::NODE_DEFAULT.into(),
+            client_events: false.into(),
         });
+        let events = test_events(mailboxes_of(&rec));
         (
-            ClientSession::new(shard.clone(), project, max, Expiry::new(shard.clone())),
+            ClientSession::new(shard.clone(), project, max, Expiry::new(shard.clone()), events),
             conn,
             shard,
             rec,
         )
+    }
+
+    /// Client events relayed into `mailboxes` (worker 0's shard drains them).
+    struct TestRelay(crate::shard::mailbox::Mailboxes);
+
+    impl crate::client::EventRelay for TestRelay {
+        fn relay(&self, msg: Arc<crate::shard::mailbox::Broadcast>) -> bool {
+            self.0.broadcast(msg)
+        }
+    }
+
+    fn test_events(mailboxes: crate::shard::mailbox::Mailboxes) -> Rc<EventContext> {
+        EventContext::new(
+            Arc::new(TestRelay(mailboxes)),
+            Rc::new(crate::ids::IdGen::new(0)),
+            0,
+            64 * 1024,
+        )
+    }
+
+    fn mailboxes_of(rec: &Recorder) -> crate::shard::mailbox::Mailboxes {
+        rec.1.lock().unwrap().clone().expect("the recorder's mailboxes")
     }
 
     /// A session of project index 0 ("prj_p") whose token secret is `secret`.
@@ -572,6 +656,7 @@ mod tests {
                 rate_limit: crate::quota::RateLimit::parse("1/s").unwrap(),
                 history: crate::history::HistorySpec::OFF,
                 max_connections: None,
+                client_events: false,
             }],
             token_secrets: vec![TokenSecretRecord {
                 id: "tsk_1".into(),
@@ -599,7 +684,8 @@ mod tests {
         }));
         let expiry = Expiry::new(shard.clone());
         let conn = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
-        let session = ClientSession::new(shard.clone(), project, 2, expiry.clone());
+        let events = test_events(mailboxes.clone());
+        let session = ClientSession::new(shard.clone(), project, 2, expiry.clone(), events);
         (session, conn, shard, expiry)
     }
 

@@ -494,6 +494,7 @@ fn deliver(cluster: &Cluster, keys: &KeyCache, mailboxes: &Mailboxes, own: u64, 
         channel: channel.into(),
         // One copy per message per node; every local subscriber shares it.
         frame: Bytes::copy_from_slice(frame),
+        except: None,
     });
     enqueue(cluster, mailboxes, broadcast);
 }
@@ -531,6 +532,7 @@ fn deliver_positioned(
         project: project.index,
         channel: channel.into(),
         frame,
+        except: None,
     });
     enqueue(cluster, mailboxes, broadcast);
 }

@@ -93,7 +93,13 @@ pub(crate) fn check_frame(frame: &[u8], channel: &str) -> bool {
         }
         _ => false,
     };
-    let expected = if fields.contains_key("offset") { 7 } else { 5 };
+    // A client event on a presence channel also carries its sender's `user_id`.
+    let user = match fields.get("user_id") {
+        None => 0,
+        Some(u) if u.is_string() => 1,
+        Some(_) => return false,
+    };
+    let expected = if fields.contains_key("offset") { 7 } else { 5 } + user;
     position
         && fields.len() == expected
         && text("type") == Some("message")
@@ -296,6 +302,14 @@ mod tests {
             br#"{"type":"message","channel":"news","event":"e","data":{},"id":"x","extra":1}"#;
         let extra = crate::ws::frame::frame(crate::ws::frame::Opcode::Text, json);
         assert!(!check_frame(&extra, "news"), "an unknown field");
+        // A client event on a presence channel carries its sender's user id
+        // (`client::frames::client_event_frame`, also above this layer).
+        let json = br#"{"type":"message","channel":"presence-r","event":"client-t","data":{},"id":"x","user_id":"u1"}"#;
+        let user = crate::ws::frame::frame(crate::ws::frame::Opcode::Text, json);
+        assert!(check_frame(&user, "presence-r"), "a client event with user_id");
+        let json = br#"{"type":"message","channel":"presence-r","event":"client-t","data":{},"id":"x","user_id":7}"#;
+        let user = crate::ws::frame::frame(crate::ws::frame::Opcode::Text, json);
+        assert!(!check_frame(&user, "presence-r"), "a user_id that is not a string");
         // A history project's frame, with its position.
         let (body, _) = message_body("news", "e", br#"{"a":1}"#, "m1");
         let at = frame_with_position(&body, 42, "00ff00ff");

@@ -1,6 +1,6 @@
 //! What one worker's HTTP side holds: the node it belongs to, its own shard, and the
-//! per-worker scratch of the publish path (the simd-json parser and the id generator),
-//! and the worker's expiry timer of private subscriptions.
+//! per-worker scratch of the publish path (the simd-json parser and the id generator,
+//! shared with client events), and the worker's expiry timer of private subscriptions.
 //!
 //! Made once per worker by the server and shared by that worker's connection tasks
 //! through an `Rc`: nothing here crosses cores.
@@ -9,7 +9,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use crate::client::Expiry;
+use crate::client::{EventContext, Expiry};
 use crate::config::Config;
 use crate::ids::IdGen;
 use crate::node::Node;
@@ -20,15 +20,24 @@ pub(crate) struct Service {
     pub node: Arc<Node>,
     pub shard: Rc<Shard>,
     pub parser: RefCell<PublishParser>,
-    pub ids: IdGen,
+    pub ids: Rc<IdGen>,
     /// The worker's expiry timer of private subscriptions (its task runs in the worker).
     pub expiry: Rc<Expiry>,
+    /// What the worker's sessions need to relay client events.
+    pub events: Rc<EventContext>,
 }
 
 impl Service {
     pub(crate) fn new(node: Arc<Node>, shard: Rc<Shard>) -> Service {
-        let ids = IdGen::new(shard.index());
+        let ids = Rc::new(IdGen::new(shard.index()));
+        let events = EventContext::new(
+            node.clone(),
+            ids.clone(),
+            shard.index(),
+            node.config.max_body_bytes,
+        );
         Service {
+            events,
             node,
             expiry: Expiry::new(shard.clone()),
             shard,

@@ -138,6 +138,7 @@ pub(crate) fn start<S: Transport>(
         upgrade.project,
         cfg.max_subscriptions_per_connection,
         svc.expiry.clone(),
+        svc.events.clone(),
     );
     // An empty leftover still owns the 4 KiB HTTP read buffer: free it now, not when
     // the connection ends (it would be most of an idle connection's memory).

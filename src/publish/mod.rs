@@ -223,6 +223,7 @@ fn publish_with_history(
                 project: project.index,
                 channel: channel.into(),
                 frame,
+                except: None,
             }));
         }
     }
@@ -296,6 +297,7 @@ fn encode_into(project: u32, msg: &Publish<'_>, id: &Id, out: &mut Vec<Arc<Broad
             project,
             channel: (*channel).into(),
             frame: encode::message_frame(channel, msg.event, msg.data, id.as_str()),
+            except: None,
         }));
     }
 }
@@ -367,6 +369,7 @@ fn accept_now(
             project: project.index,
             channel: (*channel).into(),
             frame: encode::message_frame(channel, msg.event, msg.data, id.as_str()),
+            except: None,
         })),
         parse::Channels::Many(names) => {
             let mut frames = Vec::with_capacity(names.len());

@@ -37,6 +37,21 @@ pub struct Broadcast {
     pub channel: Box<str>,
     /// The complete WebSocket frame every subscriber receives.
     pub frame: Bytes,
+    /// The one connection that must not receive it, as (worker index, connection id):
+    /// a client event's sender. `None` for every publish. Connection ids are per
+    /// worker, so only that worker skips anyone; it never travels to another node.
+    pub except: Option<(usize, u64)>,
+}
+
+impl Broadcast {
+    /// The connection id worker `worker` must skip, or 0 (no connection has id 0).
+    #[inline]
+    pub fn skip_on(&self, worker: usize) -> u64 {
+        match self.except {
+            Some((w, conn)) if w == worker => conn,
+            _ => 0,
+        }
+    }
 }
 
 /// Frames of one batch, in request order (per channel, the order subscribers see).
@@ -314,6 +329,7 @@ mod tests {
             project: 0,
             channel: "c".into(),
             frame: Bytes::from_static(b"x"),
+            except: None,
         })
     }
 
@@ -353,6 +369,7 @@ mod tests {
             project: 0,
             channel: "other".into(),
             frame: Bytes::from_static(b"y"),
+            except: None,
         });
         let batch: BroadcastBatch = vec![msg(), other, msg()].into();
         assert!(boxes.broadcast_batch(batch.clone()));

@@ -587,15 +587,19 @@ impl Shard {
             .find(|a| a.project == msg.project && a.channel == msg.channel)
         else {
             drop(awaiting);
-            return fan_out(registry, msg);
+            return fan_out_skipping(registry, msg, msg.skip_on(self.index));
         };
         let Some(subs) = registry.subscribers(msg.project, &msg.channel) else {
             return 0;
         };
+        let skip = msg.skip_on(self.index);
         let mut waiting: Vec<u64> = a.replies.iter().map(|(c, _)| c.id).collect();
         waiting.sort_unstable();
         let mut delivered = 0;
         for conn in subs.values() {
+            if conn.id == skip {
+                continue;
+            }
             if waiting.binary_search(&conn.id).is_ok() {
                 a.replies
                     .push((conn.clone(), Held::Shared(msg.frame.clone())));
@@ -720,14 +724,21 @@ impl Shard {
 }
 
 /// Deliver one broadcast to a registry's subscribers of its channel. Returns how many
-/// connections took the frame.
+/// connections took the frame. (The shard itself calls [`fan_out_skipping`].)
+#[cfg(any(test, feature = "bench"))]
 pub fn fan_out(registry: &Registry, msg: &Broadcast) -> usize {
+    fan_out_skipping(registry, msg, 0)
+}
+
+/// [`fan_out`] leaving out connection `skip` (a client event's sender; 0: nobody, no
+/// connection has id 0). One integer compare per subscriber, nothing allocated.
+fn fan_out_skipping(registry: &Registry, msg: &Broadcast, skip: u64) -> usize {
     let Some(subs) = registry.subscribers(msg.project, &msg.channel) else {
         return 0;
     };
     let mut delivered = 0;
     for conn in subs.values() {
-        if conn.send_shared(msg.frame.clone()) {
+        if conn.id != skip && conn.send_shared(msg.frame.clone()) {
             delivered += 1;
         }
     }
@@ -903,6 +914,7 @@ pub(crate) mod tests {
             project: 3,
             channel: "news".into(),
             frame: frame.clone(),
+            except: None,
         })));
         assert_eq!(shard.drain(), 1);
         assert_eq!(a.queued_bytes(), 0, "nothing may overtake `subscribed`");
@@ -915,6 +927,7 @@ pub(crate) mod tests {
             project: 3,
             channel: "other".into(),
             frame: frame.clone(),
+            except: None,
         })));
         shard.drain();
         shard.unsubscribe(3, "other", 1);
@@ -956,12 +969,37 @@ pub(crate) mod tests {
             project: 3,
             channel: "news".into(),
             frame: frame.clone(),
+            except: None,
         });
         assert!(mailboxes.broadcast(msg));
         assert_eq!(shard.drain(), 1);
         assert_eq!(a.queued_bytes(), b.queued_bytes());
         assert!(a.queued_bytes() > frame.len());
         assert_eq!(shard.drain(), 0);
+    }
+
+    #[test]
+    fn a_broadcast_skips_its_sender_only_on_the_senders_worker() {
+        let (shard, mailboxes) = shard(None);
+        let a = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
+        let b = Rc::new(WsConn::new(2, -1, 1 << 20, 0));
+        shard.subscribe(3, "private-x", &a);
+        shard.subscribe(3, "private-x", &b);
+        let send = |except| {
+            assert!(mailboxes.broadcast(Arc::new(Broadcast {
+                project: 3,
+                channel: "private-x".into(),
+                frame: bytes::Bytes::from_static(b"\x81\x02{}"),
+                except,
+            })));
+            shard.drain();
+            (a.take_queued().len(), b.take_queued().len())
+        };
+        // This shard is worker 0: connection 1 of worker 0 is left out.
+        assert_eq!(send(Some((0, 1))), (0, 1));
+        // The same connection id on another worker is another connection.
+        assert_eq!(send(Some((1, 1))), (1, 1));
+        assert_eq!(send(None), (1, 1));
     }
 
     #[test]

@@ -41,6 +41,9 @@ pub struct ProjectRecord {
     /// WebSocket connections this project may hold per node; `None`: the node's
     /// `max_ws_connections_per_project`. `Some(0)`: unlimited.
     pub max_connections: Option<u64>,
+    /// Whether subscribers of this project's private and presence channels may send
+    /// client events to each other (`false` by default).
+    pub client_events: bool,
 }
 
 /// A key as stored: everything but the key itself.
@@ -246,6 +249,14 @@ pub(crate) trait Store: Send {
         &mut self,
         project_id: &str,
         max_connections: Option<u64>,
+    ) -> Result<ProjectRecord, StoreError>;
+
+    /// Allow or forbid client events on a project's channels; returns the updated
+    /// project.
+    fn set_client_events(
+        &mut self,
+        project_id: &str,
+        on: bool,
     ) -> Result<ProjectRecord, StoreError>;
 
     /// A new key for an existing project; returns its record and the full key.

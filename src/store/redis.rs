@@ -12,6 +12,7 @@
 //! - `histories` hash: project id → `"100/120s"` or `"off"` (mutable; absent = off);
 //! - `max_connections` hash: project id → its own WebSocket connection limit (absent:
 //!   the node's `max_ws_connections_per_project`);
+//! - `client_events` set: ids of the projects that allow client events (absent: off);
 //! - `keys` hash: key id → JSON `{project_id, kind, prefix, hash, seq}` (immutable);
 //! - `key_hashes` hash: hex SHA-256 → key id (revocation by full key);
 //! - `revoked` set: revoked key ids (revocation is a set insert: idempotent, permanent);
@@ -249,8 +250,9 @@ impl RedisStore {
             HashMap<String, String>,
             HashMap<String, String>,
             HashMap<String, u64>,
+            HashSet<String>,
         );
-        let (projects, limits, histories, conns): Read = self.with(|c| {
+        let (projects, limits, histories, conns, events): Read = self.with(|c| {
             redis::pipe()
                 .atomic()
                 .cmd("HGETALL")
@@ -261,9 +263,11 @@ impl RedisStore {
                 .arg(k("histories"))
                 .cmd("HGETALL")
                 .arg(k("max_connections"))
+                .cmd("SMEMBERS")
+                .arg(k("client_events"))
                 .query(c)
         })?;
-        decode_projects(projects, &limits, &histories, &conns)
+        decode_projects(projects, &limits, &histories, &conns, &events)
     }
 }
 
@@ -272,6 +276,7 @@ fn decode_projects(
     limits: &HashMap<String, String>,
     histories: &HashMap<String, String>,
     max_connections: &HashMap<String, u64>,
+    client_events: &HashSet<String>,
 ) -> Result<Vec<ProjectRecord>, StoreError> {
     let mut out = Vec::with_capacity(projects.len());
     for (id, json) in projects {
@@ -292,6 +297,7 @@ fn decode_projects(
             stored.seq,
             ProjectRecord {
                 max_connections: max_connections.get(&id).copied(),
+                client_events: client_events.contains(&id),
                 id,
                 name: stored.name,
                 rate_limit,
@@ -356,6 +362,7 @@ impl Store for RedisStore {
             rate_limit,
             history,
             max_connections: None,
+            client_events: false,
         };
         let stored = serde_json::to_string(&StoredProject {
             name: name.to_string(),
@@ -548,6 +555,30 @@ impl Store for RedisStore {
             .ok_or_else(|| project_not_found(project_id))
     }
 
+    fn set_client_events(
+        &mut self,
+        project_id: &str,
+        on: bool,
+    ) -> Result<ProjectRecord, StoreError> {
+        if !self.project_exists(project_id)? {
+            return Err(project_not_found(project_id));
+        }
+        self.with(|c| {
+            let mut pipe = redis::pipe();
+            pipe.atomic();
+            if on {
+                pipe.sadd(k("client_events"), project_id);
+            } else {
+                pipe.srem(k("client_events"), project_id);
+            }
+            pipe.incr(k("version"), 1).query::<()>(c)
+        })?;
+        self.read_projects()?
+            .into_iter()
+            .find(|p| p.id == project_id)
+            .ok_or_else(|| project_not_found(project_id))
+    }
+
     fn set_max_connections(
         &mut self,
         project_id: &str,
@@ -638,12 +669,13 @@ impl Store for RedisStore {
             HashMap<String, String>,
             HashMap<String, String>,
             HashMap<String, u64>,
+            HashSet<String>,
             HashMap<String, String>,
             HashSet<String>,
             HashMap<String, String>,
             HashMap<String, String>,
         );
-        let (projects, limits, histories, conns, keys, revoked, secrets, token_keys): All = self
+        let (projects, limits, histories, conns, events, keys, revoked, secrets, token_keys): All = self
             .with(|c| {
                 redis::pipe()
                     .atomic()
@@ -655,6 +687,8 @@ impl Store for RedisStore {
                     .arg(k("histories"))
                     .cmd("HGETALL")
                     .arg(k("max_connections"))
+                    .cmd("SMEMBERS")
+                    .arg(k("client_events"))
                     .cmd("HGETALL")
                     .arg(k("keys"))
                     .cmd("SMEMBERS")
@@ -666,7 +700,7 @@ impl Store for RedisStore {
                     .query(c)
             })?;
         Ok(StoreContents {
-            projects: decode_projects(projects, &limits, &histories, &conns)?,
+            projects: decode_projects(projects, &limits, &histories, &conns, &events)?,
             keys: decode_keys(keys, &revoked, None)?,
             token_secrets: token_secret_records(secrets)?,
             token_keys: token_key_records(token_keys)?,

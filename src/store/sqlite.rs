@@ -39,7 +39,7 @@ pub(super) const DB_FILE: &str = "ringcast.db";
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Schema version this build writes (`PRAGMA user_version`).
-const SCHEMA_VERSION: i64 = 4;
+const SCHEMA_VERSION: i64 = 5;
 
 /// Migrations, index i brings the schema from version i to i + 1.
 const MIGRATIONS: &[&str] = &[
@@ -86,6 +86,8 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX token_keys_by_project ON token_keys(project_id);",
     // 3 -> 4: a project's own WebSocket connection limit (NULL: the node's default).
     "ALTER TABLE projects ADD COLUMN max_connections INTEGER;",
+    // 4 -> 5: client events allowed on the project's private/presence channels (0: off).
+    "ALTER TABLE projects ADD COLUMN client_events INTEGER NOT NULL DEFAULT 0;",
 ];
 
 /// A connection to the SQLite store. One per thread; not shared.
@@ -257,11 +259,11 @@ fn project_exists(conn: &Connection, project_id: &str) -> Result<bool, StoreErro
 }
 
 /// A project row as read, before its rate limit is validated.
-type RawProject = (String, String, String, String, Option<i64>);
+type RawProject = (String, String, String, String, Option<i64>, bool);
 /// A key row as read: id, project_id, kind, revoked, prefix, hash.
 type RawKey = (String, String, String, bool, String, Vec<u8>);
 
-const SELECT_PROJECTS: &str = "SELECT id, name, rate_limit, history, max_connections FROM projects";
+const SELECT_PROJECTS: &str = "SELECT id, name, rate_limit, history, max_connections, client_events FROM projects";
 const SELECT_KEYS: &str =
     "SELECT id, project_id, kind, revoked_at IS NOT NULL, prefix, hash FROM keys";
 
@@ -272,10 +274,17 @@ fn read_projects(
 ) -> Result<Vec<ProjectRecord>, StoreError> {
     let mut stmt = conn.prepare_cached(&format!("{SELECT_PROJECTS} {filter}"))?;
     let rows = stmt.query_map(args, |r| {
-        Ok::<RawProject, _>((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+        Ok::<RawProject, _>((
+            r.get(0)?,
+            r.get(1)?,
+            r.get(2)?,
+            r.get(3)?,
+            r.get(4)?,
+            r.get(5)?,
+        ))
     })?;
     rows.map(|row| {
-        let (id, name, rate_limit, history, max_connections) = row?;
+        let (id, name, rate_limit, history, max_connections, client_events) = row?;
         let rate_limit = RateLimit::parse(&rate_limit)
             .map_err(|e| StoreError::Corrupt(format!("project {id}: {e}")))?;
         let history = HistorySpec::parse(&history)
@@ -290,6 +299,7 @@ fn read_projects(
             rate_limit,
             history,
             max_connections,
+            client_events,
         })
     })
     .collect()
@@ -344,6 +354,7 @@ impl Store for SqliteStore {
             rate_limit,
             history,
             max_connections: None,
+            client_events: false,
         };
         let (token_record, token_secret) = mint_token_secret(&project.id, master)?;
         self.write(|tx| {
@@ -475,6 +486,25 @@ impl Store for SqliteStore {
             let changed = tx.execute(
                 "UPDATE projects SET history = ?1 WHERE id = ?2",
                 params![history.to_string(), project_id],
+            )?;
+            if changed == 0 {
+                return Err(project_not_found(project_id));
+            }
+            read_projects(tx, "WHERE id = ?1", [project_id])?
+                .pop()
+                .ok_or_else(|| project_not_found(project_id))
+        })
+    }
+
+    fn set_client_events(
+        &mut self,
+        project_id: &str,
+        on: bool,
+    ) -> Result<ProjectRecord, StoreError> {
+        self.write(|tx| {
+            let changed = tx.execute(
+                "UPDATE projects SET client_events = ?1 WHERE id = ?2",
+                params![on, project_id],
             )?;
             if changed == 0 {
                 return Err(project_not_found(project_id));
@@ -844,6 +874,10 @@ mod tests {
             assert_eq!(projects[0].name, "old");
             assert_eq!(projects[0].max_connections, None, "schema {version}");
             let project = store.set_max_connections("prj_old", Some(7)).unwrap();
+            assert_eq!(project.max_connections, Some(7), "schema {version}");
+            assert!(!projects[0].client_events, "schema {version}: off by default");
+            let project = store.set_client_events("prj_old", true).unwrap();
+            assert!(project.client_events, "schema {version}");
             assert_eq!(project.max_connections, Some(7), "schema {version}");
             store
                 .rotate_token_secret("prj_old", &MasterKey::random(), 0)
