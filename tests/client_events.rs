@@ -1,0 +1,465 @@
+//! Client events, black box: the real binary, the real CLI (`project set-limits
+//! --client-events`), tokens signed by an independent JWT library, real WebSocket
+//! clients, and in cluster mode a real `redis-server` and two nodes.
+//!
+//! A connection's worker is read from its `connection_id` (the id's worker field), so
+//! "another worker" is chosen, never hoped for.
+
+mod common;
+#[path = "support/cluster.rs"]
+mod support;
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use common::{cli, next_json, send_json, set_timeout, wait_for, Options, Server, Ws};
+use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
+use serde_json::{json, Value};
+
+struct Private {
+    id: String,
+    secret: String,
+    public: String,
+    token_secret: String,
+}
+
+fn from_create(v: &Value) -> Private {
+    Private {
+        id: v["project"]["id"].as_str().unwrap().into(),
+        secret: v["secret_key"].as_str().unwrap().into(),
+        public: v["public_key"].as_str().unwrap().into(),
+        token_secret: v["token_secret"].as_str().unwrap().into(),
+    }
+}
+
+fn project(server: &Server, name: &str, extra: &[&str]) -> Private {
+    let mut args = vec!["project", "create", name, "--rate-limit", "10000/s"];
+    args.extend_from_slice(extra);
+    let v = cli(&server.data_dir, &args);
+    assert_eq!(v["project"]["client_events"], "off", "off by default: {v}");
+    let p = from_create(&v);
+    server.wait_key(&p.secret);
+    p
+}
+
+fn token(secret: &str, channel: &str, sub: &str) -> String {
+    let exp = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 600;
+    encode(
+        &Header::new(Algorithm::HS256),
+        &json!({"channel": channel, "exp": exp, "sub": sub}),
+        &EncodingKey::from_secret(secret.as_bytes()),
+    )
+    .unwrap()
+}
+
+/// A WebSocket and the worker it landed on (from its connection id).
+fn connect(url: &str) -> (Ws, String) {
+    let (mut ws, _) = tungstenite::connect(url).expect("ws connect");
+    set_timeout(&mut ws, Duration::from_secs(10));
+    let hello = next_json(&mut ws);
+    assert_eq!(hello["type"], "connected", "{hello}");
+    // Ids: 8 hex digits of node prefix, 3 of worker index, 9 of counter.
+    let worker = hello["connection_id"].as_str().unwrap()[8..11].to_string();
+    (ws, worker)
+}
+
+/// Three connections: the sender, a peer on the sender's worker, a peer on another.
+fn three_on_two_workers(url: &str) -> (Ws, Ws, Ws) {
+    let (sender, w) = connect(url);
+    let (mut same, mut other) = (None, None);
+    for _ in 0..200 {
+        let (ws, worker) = connect(url);
+        if worker == w && same.is_none() {
+            same = Some(ws);
+        } else if worker != w && other.is_none() {
+            other = Some(ws);
+        }
+        if same.is_some() && other.is_some() {
+            break;
+        }
+    }
+    (
+        sender,
+        same.expect("a connection on the sender's worker"),
+        other.expect("a connection on another worker"),
+    )
+}
+
+fn sub_private(ws: &mut Ws, channel: &str, token: &str) {
+    send_json(
+        ws,
+        json!({"type": "subscribe", "channel": channel, "token": token}),
+    );
+    let reply = next_json(ws);
+    assert_eq!(reply["type"], "subscribed", "{reply}");
+}
+
+fn event(channel: &str, name: &str, data: Value) -> Value {
+    json!({"type": "client_event", "channel": channel, "event": name, "data": data})
+}
+
+/// Send a client event and read the error frame it gets.
+fn refused(ws: &mut Ws, frame: Value) -> Value {
+    let channel = frame["channel"].clone();
+    send_json(ws, frame);
+    let reply = next_json(ws);
+    assert_eq!(reply["type"], "error", "{reply}");
+    assert_eq!(reply["channel"], channel, "{reply}");
+    reply
+}
+
+fn expect_silence(ws: &mut Ws, d: Duration) {
+    common::expect_silence(ws, d);
+}
+
+/// Turn client events on with the CLI, then wait until the server applied it: a probe
+/// event is no longer refused (the probe is then delivered to `peers`, read here).
+fn turn_on(sender: &mut Ws, peers: &mut [&mut Ws], channel: &str, on_cli: impl FnOnce()) {
+    on_cli();
+    wait_for(Duration::from_secs(10), "client events to be on", || {
+        send_json(sender, event(channel, "client-probe", json!({})));
+        set_timeout(sender, Duration::from_millis(300));
+        let accepted = match sender.read() {
+            Ok(tungstenite::Message::Text(t)) => {
+                let v: Value = serde_json::from_str(t.as_str()).unwrap();
+                assert_eq!(v["code"], "forbidden", "{v}");
+                false
+            }
+            Ok(other) => panic!("unexpected {other:?}"),
+            Err(_) => true, // no answer: relayed
+        };
+        set_timeout(sender, Duration::from_secs(10));
+        accepted
+    });
+    for p in peers.iter_mut() {
+        let v = next_json(p);
+        assert_eq!(v["event"], "client-probe", "{v}");
+    }
+}
+
+#[test]
+fn off_by_default_then_relayed_to_others_on_every_worker_never_the_sender() {
+    let s = Server::start();
+    let p = project(&s, "chat", &[]);
+    let ch = "private-room";
+    let url = s.ws_url(&p.public);
+    let (mut sender, mut same, mut other) = three_on_two_workers(&url);
+    for ws in [&mut sender, &mut same, &mut other] {
+        sub_private(ws, ch, &token(&p.token_secret, ch, "u1"));
+    }
+
+    // Off: forbidden, nothing relayed.
+    let r = refused(&mut sender, event(ch, "client-typing", json!({"a": 1})));
+    assert_eq!(r["code"], "forbidden", "{r}");
+    expect_silence(&mut same, Duration::from_millis(300));
+    expect_silence(&mut other, Duration::from_millis(300));
+
+    turn_on(&mut sender, &mut [&mut same, &mut other], ch, || {
+        let v = cli(
+            &s.data_dir,
+            &["project", "set-limits", &p.id, "--client-events", "on"],
+        );
+        assert_eq!(v["project"]["client_events"], "on", "{v}");
+        let list = cli(&s.data_dir, &["project", "list"]);
+        assert_eq!(list["projects"][0]["client_events"], "on", "{list}");
+    });
+
+    send_json(
+        &mut sender,
+        event(ch, "client-typing", json!({"a": [1, "x"]})),
+    );
+    let mut ids = Vec::new();
+    for ws in [&mut same, &mut other] {
+        let mut v = next_json(ws);
+        let id = v.as_object_mut().unwrap().remove("id").expect("an id");
+        let id = id.as_str().unwrap().to_string();
+        assert!(
+            id.len() == 20 && id.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{id}"
+        );
+        ids.push(id);
+        // Exactly a publish's message frame: no offset, no user_id on a private channel.
+        assert_eq!(
+            v,
+            json!({"type": "message", "channel": ch, "event": "client-typing", "data": {"a": [1, "x"]}})
+        );
+    }
+    assert_eq!(ids[0], ids[1], "one event, one id");
+    // A string `data` is passed as is.
+    send_json(&mut same, event(ch, "client-s", json!("text")));
+    for ws in [&mut sender, &mut other] {
+        let v = next_json(ws);
+        assert_eq!((v["event"].as_str(), v["data"].as_str()), (Some("client-s"), Some("text")));
+    }
+    // Never back to the sender.
+    expect_silence(&mut sender, Duration::from_millis(500));
+    expect_silence(&mut same, Duration::from_millis(100));
+
+    // Off again: forbidden again.
+    cli(
+        &s.data_dir,
+        &["project", "set-limits", &p.id, "--client-events", "off"],
+    );
+    wait_for(Duration::from_secs(10), "client events to be off", || {
+        send_json(&mut sender, event(ch, "client-x", json!({})));
+        match errors_within(&mut sender, Duration::from_millis(300)).first() {
+            Some(v) => {
+                assert_eq!(v["code"], "forbidden", "{v}");
+                true
+            }
+            None => {
+                // Still on: the peers got it.
+                next_json(&mut same);
+                next_json(&mut other);
+                false
+            }
+        }
+    });
+}
+
+/// The connection's side of a burst: drains `n` answers (errors) or times out.
+fn errors_within(ws: &mut Ws, d: Duration) -> Vec<Value> {
+    let mut out = Vec::new();
+    set_timeout(ws, d);
+    while let Ok(tungstenite::Message::Text(t)) = ws.read() {
+        out.push(serde_json::from_str(t.as_str()).unwrap());
+    }
+    set_timeout(ws, Duration::from_secs(10));
+    out
+}
+
+#[test]
+fn more_than_ten_a_second_are_dropped_with_rate_limited_and_the_connection_stays() {
+    let s = Server::start_with(Options {
+        workers: 1,
+        ..Options::default()
+    });
+    let p = project(&s, "chat", &[]);
+    let ch = "private-burst";
+    let (mut sender, _) = connect(&s.ws_url(&p.public));
+    let (mut peer, _) = connect(&s.ws_url(&p.public));
+    for ws in [&mut sender, &mut peer] {
+        sub_private(ws, ch, &token(&p.token_secret, ch, "u"));
+    }
+    turn_on(&mut sender, &mut [&mut peer], ch, || {
+        cli(
+            &s.data_dir,
+            &["project", "set-limits", &p.id, "--client-events", "on"],
+        );
+    });
+    // The probe above was one of this second's events: wait it out before the burst,
+    // by sending nothing until a second has passed (measured, not slept blindly).
+    let start = std::time::Instant::now();
+    wait_for(Duration::from_secs(5), "a second since the probe", || {
+        start.elapsed() >= Duration::from_millis(1100)
+    });
+    // 15 in one burst: all within far less than a second.
+    let burst: String = (0..15)
+        .map(|i| event(ch, "client-n", json!({"i": i})).to_string())
+        .collect::<Vec<_>>()
+        .join("\n");
+    for line in burst.lines() {
+        sender
+            .write(tungstenite::Message::text(line.to_string()))
+            .unwrap();
+    }
+    sender.flush().unwrap();
+    let mut got = Vec::new();
+    for _ in 0..10 {
+        let v = next_json(&mut peer);
+        got.push(v["data"]["i"].as_i64().unwrap());
+    }
+    assert_eq!(got, (0..10).collect::<Vec<_>>(), "the first ten, in order");
+    expect_silence(&mut peer, Duration::from_millis(300));
+    let errors = errors_within(&mut sender, Duration::from_millis(500));
+    assert_eq!(errors.len(), 5, "{errors:?}");
+    for e in &errors {
+        assert_eq!(
+            (e["type"].as_str(), e["code"].as_str(), e["channel"].as_str()),
+            (Some("error"), Some("rate_limited"), Some(ch)),
+            "{e}"
+        );
+    }
+    // Not a close: the connection still answers.
+    send_json(&mut sender, json!({"type": "ping"}));
+    assert_eq!(next_json(&mut sender)["type"], "pong");
+}
+
+#[test]
+fn refusals_public_not_subscribed_bad_names_bad_and_large_data() {
+    let s = Server::start_with(Options {
+        config: "max_body_bytes = 1024\n".into(),
+        ..Options::default()
+    });
+    let p = project(&s, "chat", &[]);
+    let ch = "private-ok";
+    let (mut sender, _) = connect(&s.ws_url(&p.public));
+    let (mut peer, _) = connect(&s.ws_url(&p.public));
+    for ws in [&mut sender, &mut peer] {
+        sub_private(ws, ch, &token(&p.token_secret, ch, "u"));
+        common::subscribe(ws, "news");
+    }
+    turn_on(&mut sender, &mut [&mut peer], ch, || {
+        cli(
+            &s.data_dir,
+            &["project", "set-limits", &p.id, "--client-events", "on"],
+        );
+    });
+    let cases = [
+        (event("news", "client-x", json!({})), "forbidden"),
+        (event("private-other", "client-x", json!({})), "forbidden"),
+        (event("presence-other", "client-x", json!({})), "forbidden"),
+        (event(ch, "typing", json!({})), "invalid_event"),
+        (event(ch, "pusher:ping", json!({})), "invalid_event"),
+        (event(ch, "client-", json!({})).clone(), "ok"),
+        (event(ch, &format!("client-{}", "x".repeat(94)), json!({})), "invalid_event"),
+        (event(ch, "client-x", json!(7)), "invalid_data"),
+        (event(ch, "client-x", json!([1])), "invalid_data"),
+        (json!({"type": "client_event", "channel": ch, "event": "client-x"}), "invalid_data"),
+        (event(ch, "client-x", json!({"big": "y".repeat(1100)})), "payload_too_large"),
+    ];
+    for (frame, code) in cases {
+        if code == "ok" {
+            send_json(&mut sender, frame);
+            assert_eq!(next_json(&mut peer)["event"], "client-");
+            continue;
+        }
+        let r = refused(&mut sender, frame.clone());
+        assert_eq!(r["code"], code, "{frame}: {r}");
+    }
+    // An invalid channel name is the subscribe frame's error.
+    send_json(&mut sender, event("", "client-x", json!({})));
+    assert_eq!(next_json(&mut sender)["code"], "invalid_channel");
+    // Nothing of the refused ones reached anyone.
+    expect_silence(&mut peer, Duration::from_millis(300));
+}
+
+#[test]
+fn presence_channels_add_the_senders_user_id() {
+    let s = Server::start();
+    let p = project(&s, "chat", &[]);
+    let ch = "presence-room";
+    let (mut sender, _) = connect(&s.ws_url(&p.public));
+    let (mut peer, _) = connect(&s.ws_url(&p.public));
+    sub_private(&mut sender, ch, &token(&p.token_secret, ch, "alice"));
+    sub_private(&mut peer, ch, &token(&p.token_secret, ch, "bob"));
+    turn_on(&mut sender, &mut [&mut peer], ch, || {
+        cli(
+            &s.data_dir,
+            &["project", "set-limits", &p.id, "--client-events", "on"],
+        );
+    });
+    send_json(&mut peer, event(ch, "client-hi", json!({"x": 1})));
+    let v = next_json(&mut sender);
+    assert_eq!(v["user_id"], "bob", "{v}");
+    assert_eq!(v["data"], json!({"x": 1}));
+    send_json(&mut sender, event(ch, "client-hi", json!({})));
+    assert_eq!(next_json(&mut peer)["user_id"], "alice");
+}
+
+#[test]
+fn client_events_are_not_kept_in_history_and_cost_quota() {
+    let s = Server::start();
+    let v = cli(
+        &s.data_dir,
+        &["project", "create", "h", "--rate-limit", "4/min", "--history", "10/600s"],
+    );
+    let p = from_create(&v);
+    s.wait_key(&p.secret); // one quota unit (the warm-up publish may spend it)
+    let ch = "private-h";
+    let (mut sender, _) = connect(&s.ws_url(&p.public));
+    let (mut peer, _) = connect(&s.ws_url(&p.public));
+    for ws in [&mut sender, &mut peer] {
+        sub_private(ws, ch, &token(&p.token_secret, ch, "u"));
+    }
+    turn_on(&mut sender, &mut [&mut peer], ch, || {
+        cli(
+            &s.data_dir,
+            &["project", "set-limits", &p.id, "--client-events", "on"],
+        );
+    });
+    // Not kept: the channel's history is empty, and the frame has no position.
+    let req = format!(
+        "GET /api/v1/history?channel={ch} HTTP/1.1\r\nHost: t\r\nX-Api-Key: {}\r\nConnection: close\r\n\r\n",
+        p.secret
+    );
+    let (st, _, h) = common::parse_response(&s.raw(req.as_bytes()));
+    assert_eq!(st, 200, "{h}");
+    assert_eq!(h["offset"], 0, "{h}");
+    assert_eq!(h["messages"], json!([]), "{h}");
+    // One quota unit each: with 4/min, at most 4 units in all (the warm-up publish, the
+    // probe, ...): keep sending until refused by the quota, then a REST publish is 429.
+    let mut accepted = 0;
+    loop {
+        send_json(&mut sender, event(ch, "client-q", json!({})));
+        set_timeout(&mut sender, Duration::from_millis(300));
+        match sender.read() {
+            Ok(tungstenite::Message::Text(t)) => {
+                let v: Value = serde_json::from_str(t.as_str()).unwrap();
+                assert_eq!(v["code"], "rate_limited", "{v}");
+                break;
+            }
+            _ => accepted += 1,
+        }
+        assert!(accepted < 4, "the quota never refused a client event");
+    }
+    set_timeout(&mut sender, Duration::from_secs(10));
+    let (st, _) = s.publish(&p.secret, "news", "e", json!({}));
+    assert_eq!(st, 429, "the client events spent the project's quota");
+    for _ in 0..accepted {
+        let v = next_json(&mut peer);
+        assert_eq!(v["event"], "client-q");
+        assert!(v.get("offset").is_none(), "{v}");
+    }
+}
+
+#[test]
+fn cluster_relays_to_subscribers_on_other_nodes_with_user_id() {
+    use support::{Node, Redis};
+    let Some(redis) = Redis::start() else { return };
+    let a = Node::start(&redis);
+    let b = Node::start(&redis);
+    let v = support::cli(
+        &redis,
+        &["project", "create", "c", "--rate-limit", "10000/s"],
+    );
+    let p = from_create(&v);
+    a.wait_key(&p.secret);
+    b.wait_key(&p.secret);
+    let ch = "presence-cluster";
+    let (mut sender, _) = connect(&format!("ws://{}/api/v1/ws?key={}", a.addr, p.public));
+    let (mut near, _) = connect(&format!("ws://{}/api/v1/ws?key={}", a.addr, p.public));
+    let (mut far, _) = connect(&format!("ws://{}/api/v1/ws?key={}", b.addr, p.public));
+    sub_private(&mut sender, ch, &token(&p.token_secret, ch, "s1"));
+    sub_private(&mut near, ch, &token(&p.token_secret, ch, "n1"));
+    sub_private(&mut far, ch, &token(&p.token_secret, ch, "f1"));
+    turn_on(&mut sender, &mut [&mut near, &mut far], ch, || {
+        let v = support::cli(
+            &redis,
+            &["project", "set-limits", &p.id, "--client-events", "on"],
+        );
+        assert_eq!(v["project"]["client_events"], "on", "{v}");
+    });
+    send_json(&mut sender, event(ch, "client-move", json!({"x": 3})));
+    let (n, f) = (next_json(&mut near), next_json(&mut far));
+    for v in [&n, &f] {
+        assert_eq!(v["event"], "client-move", "{v}");
+        assert_eq!(v["user_id"], "s1", "{v}");
+        assert_eq!(v["data"], json!({"x": 3}));
+    }
+    assert_eq!(n["id"], f["id"], "one id on every node");
+    // Exactly once on each node, never to the sender.
+    expect_silence(&mut far, Duration::from_millis(300));
+    expect_silence(&mut near, Duration::from_millis(100));
+    expect_silence(&mut sender, Duration::from_millis(100));
+    // And the other way, from node B.
+    send_json(&mut far, event(ch, "client-back", json!("b")));
+    for ws in [&mut sender, &mut near] {
+        let v = next_json(ws);
+        assert_eq!((v["event"].as_str(), v["user_id"].as_str()), (Some("client-back"), Some("f1")));
+    }
+    expect_silence(&mut far, Duration::from_millis(300));
+}
