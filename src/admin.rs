@@ -188,9 +188,10 @@ pub(crate) fn parse_request(command: &Command) -> Result<Request, AdminError> {
             max_connections: match max_connections.as_deref().map(str::trim) {
                 None => None,
                 Some("default") => Some(None),
-                Some(n) => Some(Some(n.parse().map_err(|_| {
-                    AdminError::MaxConnections(n.to_string())
-                })?)),
+                Some(n) => Some(Some(
+                    n.parse()
+                        .map_err(|_| AdminError::MaxConnections(n.to_string()))?,
+                )),
             },
             client_events: client_events.map(|c| c == crate::cli::OnOff::On),
         },
@@ -347,7 +348,9 @@ pub(crate) fn execute(
                     .list_projects()?
                     .into_iter()
                     .find(|p| p.id == project_id)
-                    .ok_or_else(|| StoreError::NotFound(format!("no project with id {project_id:?}")))?,
+                    .ok_or_else(|| {
+                        StoreError::NotFound(format!("no project with id {project_id:?}"))
+                    })?,
             };
             json!({ "project": project_json(&project) })
         }

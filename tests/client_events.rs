@@ -192,7 +192,10 @@ fn off_by_default_then_relayed_to_others_on_every_worker_never_the_sender() {
     send_json(&mut same, event(ch, "client-s", json!("text")));
     for ws in [&mut sender, &mut other] {
         let v = next_json(ws);
-        assert_eq!((v["event"].as_str(), v["data"].as_str()), (Some("client-s"), Some("text")));
+        assert_eq!(
+            (v["event"].as_str(), v["data"].as_str()),
+            (Some("client-s"), Some("text"))
+        );
     }
     // Never back to the sender.
     expect_silence(&mut sender, Duration::from_millis(500));
@@ -278,7 +281,11 @@ fn more_than_ten_a_second_are_dropped_with_rate_limited_and_the_connection_stays
     assert_eq!(errors.len(), 5, "{errors:?}");
     for e in &errors {
         assert_eq!(
-            (e["type"].as_str(), e["code"].as_str(), e["channel"].as_str()),
+            (
+                e["type"].as_str(),
+                e["code"].as_str(),
+                e["channel"].as_str()
+            ),
             (Some("error"), Some("rate_limited"), Some(ch)),
             "{e}"
         );
@@ -315,11 +322,20 @@ fn refusals_public_not_subscribed_bad_names_bad_and_large_data() {
         (event(ch, "typing", json!({})), "invalid_event"),
         (event(ch, "pusher:ping", json!({})), "invalid_event"),
         (event(ch, "client-", json!({})).clone(), "ok"),
-        (event(ch, &format!("client-{}", "x".repeat(94)), json!({})), "invalid_event"),
+        (
+            event(ch, &format!("client-{}", "x".repeat(94)), json!({})),
+            "invalid_event",
+        ),
         (event(ch, "client-x", json!(7)), "invalid_data"),
         (event(ch, "client-x", json!([1])), "invalid_data"),
-        (json!({"type": "client_event", "channel": ch, "event": "client-x"}), "invalid_data"),
-        (event(ch, "client-x", json!({"big": "y".repeat(1100)})), "payload_too_large"),
+        (
+            json!({"type": "client_event", "channel": ch, "event": "client-x"}),
+            "invalid_data",
+        ),
+        (
+            event(ch, "client-x", json!({"big": "y".repeat(1100)})),
+            "payload_too_large",
+        ),
     ];
     for (frame, code) in cases {
         if code == "ok" {
@@ -338,8 +354,11 @@ fn refusals_public_not_subscribed_bad_names_bad_and_large_data() {
 }
 
 #[test]
-fn presence_channels_add_the_senders_user_id() {
-    let s = Server::start();
+fn presence_channels_add_the_senders_user_id_and_metrics_count_them() {
+    let s = Server::start_with(Options {
+        config: "metrics_listen = \"127.0.0.1:0\"\n".into(),
+        ..Options::default()
+    });
     let p = project(&s, "chat", &[]);
     let ch = "presence-room";
     let (mut sender, _) = connect(&s.ws_url(&p.public));
@@ -358,6 +377,36 @@ fn presence_channels_add_the_senders_user_id() {
     assert_eq!(v["data"], json!({"x": 1}));
     send_json(&mut sender, event(ch, "client-hi", json!({})));
     assert_eq!(next_json(&mut peer)["user_id"], "alice");
+    // The probe and two events; each one delivery.
+    let counters = scrape(&s);
+    assert_eq!(
+        counters.get("ringcast_client_events_total"),
+        Some(&3.0),
+        "{counters:?}"
+    );
+    assert_eq!(
+        counters.get("ringcast_deliveries_total"),
+        Some(&3.0),
+        "{counters:?}"
+    );
+}
+
+/// The counters of one scrape of the metrics listener.
+fn scrape(s: &Server) -> std::collections::HashMap<String, f64> {
+    use std::io::{Read, Write};
+    let addr = s.metrics.expect("the server prints its metrics address");
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    conn.read_to_string(&mut text).unwrap();
+    text.lines()
+        .filter(|l| l.starts_with("ringcast_") && !l.contains('{'))
+        .filter_map(|l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .collect()
 }
 
 #[test]
@@ -365,7 +414,15 @@ fn client_events_are_not_kept_in_history_and_cost_quota() {
     let s = Server::start();
     let v = cli(
         &s.data_dir,
-        &["project", "create", "h", "--rate-limit", "4/min", "--history", "10/600s"],
+        &[
+            "project",
+            "create",
+            "h",
+            "--rate-limit",
+            "4/min",
+            "--history",
+            "10/600s",
+        ],
     );
     let p = from_create(&v);
     s.wait_key(&p.secret); // one quota unit (the warm-up publish may spend it)
@@ -459,7 +516,10 @@ fn cluster_relays_to_subscribers_on_other_nodes_with_user_id() {
     send_json(&mut far, event(ch, "client-back", json!("b")));
     for ws in [&mut sender, &mut near] {
         let v = next_json(ws);
-        assert_eq!((v["event"].as_str(), v["user_id"].as_str()), (Some("client-back"), Some("f1")));
+        assert_eq!(
+            (v["event"].as_str(), v["user_id"].as_str()),
+            (Some("client-back"), Some("f1"))
+        );
     }
     expect_silence(&mut far, Duration::from_millis(300));
 }

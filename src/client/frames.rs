@@ -202,12 +202,24 @@ mod tests {
             serde_json::from_slice::<serde_json::Value>(&f[start..]).unwrap()
         };
         assert_eq!(
-            parse(client_event_frame("private-\"a", "client-t", br#"{"x":1}"#, "i1", None)),
+            parse(client_event_frame(
+                "private-\"a",
+                "client-t",
+                br#"{"x":1}"#,
+                "i1",
+                None
+            )),
             serde_json::json!({"type":"message","channel":"private-\"a","event":"client-t","data":{"x":1},"id":"i1"})
         );
         let long = "u".repeat(200);
         assert_eq!(
-            parse(client_event_frame("presence-r", "client-t", br#""s""#, "i2", Some(&long))),
+            parse(client_event_frame(
+                "presence-r",
+                "client-t",
+                br#""s""#,
+                "i2",
+                Some(&long)
+            )),
             serde_json::json!({"type":"message","channel":"presence-r","event":"client-t","data":"s","id":"i2","user_id":long})
         );
     }

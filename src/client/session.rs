@@ -610,7 +610,13 @@ mod tests {
         });
         let events = test_events(mailboxes_of(&rec));
         (
-            ClientSession::new(shard.clone(), project, max, Expiry::new(shard.clone()), events),
+            ClientSession::new(
+                shard.clone(),
+                project,
+                max,
+                Expiry::new(shard.clone()),
+                events,
+            ),
             conn,
             shard,
             rec,
@@ -636,7 +642,11 @@ mod tests {
     }
 
     fn mailboxes_of(rec: &Recorder) -> crate::shard::mailbox::Mailboxes {
-        rec.1.lock().unwrap().clone().expect("the recorder's mailboxes")
+        rec.1
+            .lock()
+            .unwrap()
+            .clone()
+            .expect("the recorder's mailboxes")
     }
 
     /// A session of project index 0 ("prj_p") whose token secret is `secret`.

@@ -306,10 +306,16 @@ mod tests {
         // (`client::frames::client_event_frame`, also above this layer).
         let json = br#"{"type":"message","channel":"presence-r","event":"client-t","data":{},"id":"x","user_id":"u1"}"#;
         let user = crate::ws::frame::frame(crate::ws::frame::Opcode::Text, json);
-        assert!(check_frame(&user, "presence-r"), "a client event with user_id");
+        assert!(
+            check_frame(&user, "presence-r"),
+            "a client event with user_id"
+        );
         let json = br#"{"type":"message","channel":"presence-r","event":"client-t","data":{},"id":"x","user_id":7}"#;
         let user = crate::ws::frame::frame(crate::ws::frame::Opcode::Text, json);
-        assert!(!check_frame(&user, "presence-r"), "a user_id that is not a string");
+        assert!(
+            !check_frame(&user, "presence-r"),
+            "a user_id that is not a string"
+        );
         // A history project's frame, with its position.
         let (body, _) = message_body("news", "e", br#"{"a":1}"#, "m1");
         let at = frame_with_position(&body, 42, "00ff00ff");

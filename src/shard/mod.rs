@@ -725,7 +725,7 @@ impl Shard {
 
 /// Deliver one broadcast to a registry's subscribers of its channel. Returns how many
 /// connections took the frame. (The shard itself calls [`fan_out_skipping`].)
-#[cfg(any(test, feature = "bench"))]
+#[cfg(feature = "bench")]
 pub fn fan_out(registry: &Registry, msg: &Broadcast) -> usize {
     fan_out_skipping(registry, msg, 0)
 }

@@ -675,8 +675,8 @@ impl Store for RedisStore {
             HashMap<String, String>,
             HashMap<String, String>,
         );
-        let (projects, limits, histories, conns, events, keys, revoked, secrets, token_keys): All = self
-            .with(|c| {
+        let (projects, limits, histories, conns, events, keys, revoked, secrets, token_keys): All =
+            self.with(|c| {
                 redis::pipe()
                     .atomic()
                     .cmd("HGETALL")

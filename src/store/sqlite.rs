@@ -263,7 +263,8 @@ type RawProject = (String, String, String, String, Option<i64>, bool);
 /// A key row as read: id, project_id, kind, revoked, prefix, hash.
 type RawKey = (String, String, String, bool, String, Vec<u8>);
 
-const SELECT_PROJECTS: &str = "SELECT id, name, rate_limit, history, max_connections, client_events FROM projects";
+const SELECT_PROJECTS: &str =
+    "SELECT id, name, rate_limit, history, max_connections, client_events FROM projects";
 const SELECT_KEYS: &str =
     "SELECT id, project_id, kind, revoked_at IS NOT NULL, prefix, hash FROM keys";
 
@@ -875,7 +876,10 @@ mod tests {
             assert_eq!(projects[0].max_connections, None, "schema {version}");
             let project = store.set_max_connections("prj_old", Some(7)).unwrap();
             assert_eq!(project.max_connections, Some(7), "schema {version}");
-            assert!(!projects[0].client_events, "schema {version}: off by default");
+            assert!(
+                !projects[0].client_events,
+                "schema {version}: off by default"
+            );
             let project = store.set_client_events("prj_old", true).unwrap();
             assert!(project.client_events, "schema {version}");
             assert_eq!(project.max_connections, Some(7), "schema {version}");
