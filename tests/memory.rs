@@ -333,7 +333,7 @@ fn new_websockets_per_second_per_address_are_limited() {
 ///
 /// `RINGCAST_TEST_BIN=target/release/ringcast cargo test --release --test memory -- --ignored --nocapture worst_case`
 #[test]
-#[ignore]
+#[ignore = "measurement, not a check: prints the memory one public key pins for RELIABILITY.md; run by hand with --ignored against a release build"]
 fn worst_case_memory_per_public_key() {
     let n: usize = std::env::var("MEASURE_CONNS")
         .ok()

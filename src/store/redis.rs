@@ -244,6 +244,14 @@ impl RedisStore {
         Ok((record, key, json))
     }
 
+    /// One project as stored now (after a change, for the CLI's answer).
+    fn read_project(&mut self, project_id: &str) -> Result<ProjectRecord, StoreError> {
+        self.read_projects()?
+            .into_iter()
+            .find(|p| p.id == project_id)
+            .ok_or_else(|| project_not_found(project_id))
+    }
+
     fn read_projects(&mut self) -> Result<Vec<ProjectRecord>, StoreError> {
         type Read = (
             HashMap<String, String>,
@@ -524,10 +532,7 @@ impl Store for RedisStore {
                 .incr(k("version"), 1)
                 .query::<()>(c)
         })?;
-        self.read_projects()?
-            .into_iter()
-            .find(|p| p.id == project_id)
-            .ok_or_else(|| project_not_found(project_id))
+        self.read_project(project_id)
     }
 
     fn set_history(
@@ -549,10 +554,7 @@ impl Store for RedisStore {
         // published while it was off are not in it, so no position taken before may be
         // recovered (the next use starts a new epoch).
         self.with(|c| forget_history(c, project_id))?;
-        self.read_projects()?
-            .into_iter()
-            .find(|p| p.id == project_id)
-            .ok_or_else(|| project_not_found(project_id))
+        self.read_project(project_id)
     }
 
     fn set_client_events(
@@ -573,10 +575,7 @@ impl Store for RedisStore {
             }
             pipe.incr(k("version"), 1).query::<()>(c)
         })?;
-        self.read_projects()?
-            .into_iter()
-            .find(|p| p.id == project_id)
-            .ok_or_else(|| project_not_found(project_id))
+        self.read_project(project_id)
     }
 
     fn set_max_connections(
@@ -596,10 +595,7 @@ impl Store for RedisStore {
             };
             pipe.incr(k("version"), 1).query::<()>(c)
         })?;
-        self.read_projects()?
-            .into_iter()
-            .find(|p| p.id == project_id)
-            .ok_or_else(|| project_not_found(project_id))
+        self.read_project(project_id)
     }
 
     fn create_key(
