@@ -25,6 +25,7 @@ fn populated_cache() -> (Arc<KeyCache>, Vec<String>) {
             history: HistorySpec::OFF,
             max_connections: None,
             client_events: false,
+            webhook: None,
         })
         .collect();
     let mut keys = Vec::with_capacity(KEYS);
@@ -43,6 +44,7 @@ fn populated_cache() -> (Arc<KeyCache>, Vec<String>) {
                 revoked: false,
                 prefix: key_prefix(&key),
                 hash: hash_key(&key),
+                public_key: None,
             };
             keys.push(key);
             record

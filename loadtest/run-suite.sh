@@ -9,10 +9,12 @@
 #   loadtest/run-suite.sh --reps 1        # one repetition
 #   loadtest/run-suite.sh --only ringcast # or --only nchan
 #   loadtest/run-suite.sh --only-scenario ramp   # one scenario: floor idle-10k idle-19k
-#                                         #   publish fanout wide burst ramp batch history private
+#                                         #   publish fanout wide burst ramp batch history private presence
 #                                         #   (batch, history: ringcast only, issue 13)
 #   (private: ringcast only, fanout and burst on a public channel and on a private- one,
 #    alternating, same server process; tokens signed with PyJWT, issue 14)
+#   (presence: likewise, a plain channel beside a presence- one; every subscriber is one
+#    member, user "lt", so the channel's member list is what a hub keeps, issue 15)
 #   RC_BIN=path/to/ringcast loadtest/run-suite.sh ...  # measure another build (e.g. main)
 #   loadtest/run-suite.sh --smoke         # CI: 5 s fanout against ringcast, exit 1 unless ratio 1.0
 #   loadtest/run-suite.sh --cluster       # 2 nodes (--workers 1 each) + redis: cross-node vs same-node
@@ -57,7 +59,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-SCENARIOS="floor idle-10k idle-19k publish fanout wide burst ramp batch history private"
+SCENARIOS="floor idle-10k idle-19k publish fanout wide burst ramp batch history private presence"
 if [ -n "$SCENARIO" ] && ! echo " $SCENARIOS " | grep -q " $SCENARIO "; then
   echo "run-suite.sh: unknown scenario $SCENARIO (one of: $SCENARIOS)" >&2
   exit 2
@@ -418,6 +420,20 @@ for rep in $(seq 1 "$REPS"); do
         run "$t" "$name-public" "$rep" -- --tag "u$tag" fanout $args --duration 10
         # shellcheck disable=SC2086
         run "$t" "$name-private" "$rep" -- --channel-prefix private-lt --tag "$tag" --token "$token" fanout $args --duration 10
+      done
+    fi
+    # Presence channels beside plain ones, same process, alternating: the subscribers of
+    # the presence run are members (one user, as many tabs), so each subscribe passes
+    # through the presence hub; the fan-out itself is the same registry walk.
+    if want presence && [ "$t" = ringcast ]; then
+      for shape in "fanout:--subs 10000 --channels 1 --rate 4" "burst:--subs 100 --channels 1 --rate 1000"; do
+        name="${shape%%:*}"; args="${shape#*:}"
+        tag="m${rep}${name}$$"
+        token="$(python3 -c 'import jwt,sys,time; print(jwt.encode({"channel": sys.argv[2], "exp": int(time.time()) + 3600, "sub": "lt"}, sys.argv[1], algorithm="HS256"))' "$TS" "presence-lt${tag}c0")"
+        # shellcheck disable=SC2086
+        run "$t" "$name-plain" "$rep" -- --tag "u$tag" fanout $args --duration 10
+        # shellcheck disable=SC2086
+        run "$t" "$name-presence" "$rep" -- --channel-prefix presence-lt --tag "$tag" --token "$token" fanout $args --duration 10
       done
     fi
   done

@@ -23,7 +23,10 @@ use crate::config::Config;
 use crate::history::{HistorySpec, HistorySpecError};
 use crate::quota::{RateLimit, RateLimitError};
 use crate::sealed::{MasterKey, SealError};
-use crate::store::{open_store, ProjectRecord, Store, StoreError, TokenKeyAlg};
+use crate::store::webhook::validate_url;
+use crate::store::{
+    open_store, HookKinds, ProjectRecord, Store, StoreError, TokenKeyAlg, WebhookSpec,
+};
 
 /// Why an admin command failed.
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +55,9 @@ pub(crate) enum AdminError {
     },
     #[error("--max-connections must be a whole number or `default`, not {0:?}")]
     MaxConnections(String),
+    /// A webhook URL or event list that cannot be used; the sentence says why.
+    #[error("{0}")]
+    Webhook(String),
 }
 
 /// One admin command with its arguments validated.
@@ -100,6 +106,11 @@ pub(crate) enum Request {
     RemoveTokenKey {
         project_id: String,
         key_id: String,
+    },
+    SetWebhook {
+        project_id: String,
+        /// `None`: off.
+        webhook: Option<WebhookSpec>,
     },
 }
 
@@ -233,6 +244,32 @@ pub(crate) fn parse_request(command: &Command) -> Result<Request, AdminError> {
                 public_pem,
             }
         }
+        Command::Project(ProjectCommand::SetWebhook {
+            project_id,
+            url,
+            events,
+            off,
+        }) => {
+            let webhook = match (url, off) {
+                (Some(url), false) => {
+                    validate_url(url).map_err(AdminError::Webhook)?;
+                    let events = match events {
+                        Some(list) => HookKinds::parse(list).map_err(AdminError::Webhook)?,
+                        None => HookKinds::DEFAULT,
+                    };
+                    Some(WebhookSpec {
+                        url: url.clone(),
+                        events,
+                    })
+                }
+                // clap refuses a URL with --off and neither; this is the --off case.
+                _ => None,
+            };
+            Request::SetWebhook {
+                project_id: project_id.clone(),
+                webhook,
+            }
+        }
         Command::Project(ProjectCommand::RemoveTokenKey { project_id, key_id }) => {
             Request::RemoveTokenKey {
                 project_id: project_id.clone(),
@@ -354,6 +391,13 @@ pub(crate) fn execute(
             };
             json!({ "project": project_json(&project) })
         }
+        Request::SetWebhook {
+            project_id,
+            webhook,
+        } => {
+            let project = store.set_webhook(&project_id, webhook)?;
+            json!({ "project": project_json(&project) })
+        }
         Request::CreateKey { project_id, kind } => {
             let (record, key) = store.create_key(&project_id, kind)?;
             json!({ "key": key, "id": record.id, "project_id": record.project_id })
@@ -412,6 +456,14 @@ fn project_json(project: &ProjectRecord) -> Value {
         },
         // Added field: whether client events are allowed ("on"/"off").
         "client_events": if project.client_events { "on" } else { "off" },
+        // Added field: the webhook, or "off".
+        "webhook": match &project.webhook {
+            Some(w) => json!({
+                "url": w.url,
+                "events": w.events.iter().map(|k| k.as_str()).collect::<Vec<_>>(),
+            }),
+            None => json!("off"),
+        },
     })
 }
 
@@ -511,6 +563,87 @@ mod tests {
         assert_eq!(keys[2]["id"], key_id.as_str());
         assert_eq!(keys[2]["state"], "revoked");
         assert_eq!(keys[0].as_object().unwrap().len(), 4);
+    }
+
+    #[test]
+    fn set_webhook_validates_and_is_listed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = SqliteStore::open(dir.path()).unwrap();
+        let created = run_in(&mut store, &["project", "create", "hooks"]).unwrap();
+        assert_eq!(created["project"]["webhook"], "off");
+        let id = created["project"]["id"].as_str().unwrap().to_string();
+
+        for bad in [
+            "ftp://example.com/",
+            "example.com/hook",
+            "http://",
+            "http://a b/",
+        ] {
+            assert!(
+                matches!(
+                    request(&["project", "set-webhook", &id, bad]),
+                    Err(AdminError::Webhook(_))
+                ),
+                "{bad}"
+            );
+        }
+        assert!(matches!(
+            request(&[
+                "project",
+                "set-webhook",
+                &id,
+                "http://h/",
+                "--events",
+                "occupied"
+            ]),
+            Err(AdminError::Webhook(_))
+        ));
+        let clap_refuses = |args: &[&str]| {
+            Cli::try_parse_from(std::iter::once("ringcast").chain(args.iter().copied())).is_err()
+        };
+        assert!(clap_refuses(&["project", "set-webhook", &id]));
+        assert!(clap_refuses(&[
+            "project",
+            "set-webhook",
+            &id,
+            "http://h/",
+            "--off"
+        ]));
+
+        let set = run_in(
+            &mut store,
+            &["project", "set-webhook", &id, "https://h.example/w"],
+        )
+        .unwrap();
+        assert_eq!(
+            set["project"]["webhook"],
+            json!({"url": "https://h.example/w", "events": ["channel_occupied", "channel_vacated", "member_added", "member_removed"]})
+        );
+        let set = run_in(
+            &mut store,
+            &[
+                "project",
+                "set-webhook",
+                &id,
+                "http://127.0.0.1:1/x",
+                "--events",
+                "client_event,member_added",
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            set["project"]["webhook"]["events"],
+            json!(["member_added", "client_event"])
+        );
+        let listed = run_in(&mut store, &["project", "list"]).unwrap();
+        assert_eq!(listed["projects"][0]["webhook"], set["project"]["webhook"]);
+        let off = run_in(&mut store, &["project", "set-webhook", &id, "--off"]).unwrap();
+        assert_eq!(off["project"]["webhook"], "off");
+        let err = run_in(&mut store, &["project", "set-webhook", "prj_nope", "--off"]).unwrap_err();
+        assert!(
+            matches!(err, AdminError::Store(StoreError::NotFound(_))),
+            "{err}"
+        );
     }
 
     #[test]

@@ -288,6 +288,21 @@ pub enum ProjectCommand {
         #[arg(long, value_enum)]
         client_events: Option<OnOff>,
     },
+    /// Send the project's events (channel occupied/vacated, member added/removed,
+    /// client events) to URL as Pusher-format webhooks, or turn them off with --off.
+    SetWebhook {
+        project_id: String,
+        /// Where to POST: an http:// or https:// URL.
+        #[arg(required_unless_present = "off", conflicts_with = "off")]
+        url: Option<String>,
+        /// Comma-separated event kinds: channel_occupied, channel_vacated, member_added,
+        /// member_removed, client_event (default: all but client_event).
+        #[arg(long, conflicts_with = "off")]
+        events: Option<String>,
+        /// Turn the project's webhook off.
+        #[arg(long)]
+        off: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -96,6 +96,9 @@ pub struct Config {
     /// Most channels one WebSocket connection may be subscribed to. Default 100.
     /// Over: an error frame `too_many_subscriptions`, the connection stays open.
     pub max_subscriptions_per_connection: usize,
+    /// Most distinct users (members) one presence channel holds. Default 100. Over: the
+    /// subscribe of another user gets an error frame `presence_full`.
+    pub max_presence_members: usize,
     /// Unsent bytes queued for one WebSocket connection before it is closed with 4008.
     /// Default 1048576 (1 MiB).
     pub send_backlog_bytes: usize,
@@ -155,6 +158,10 @@ pub struct Config {
     /// Log filter when `RUST_LOG` is not set (tracing's env-filter syntax, e.g. `info`
     /// or `warn,ringcast=debug`). Default `info`.
     pub log_level: String,
+    /// Webhook events waiting to be sent, per project (and in the hand-over queue from
+    /// the workers to the webhook sender). Default 10000. Over it an event is dropped,
+    /// counted in `ringcast_webhook_events_dropped_total` and logged.
+    pub webhook_queue_events: usize,
     /// File holding the master key that seals token secrets (64 hex characters).
     /// Default: none, meaning `<data_dir>/master.key`, created with mode 0600 on first
     /// start (embedded store). Required in cluster mode: the same file on every node.
@@ -181,6 +188,7 @@ impl Default for Config {
             max_frame_bytes: 16 * 1024,
             max_fragments_per_message: 64,
             max_subscriptions_per_connection: 100,
+            max_presence_members: 100,
             send_backlog_bytes: 1024 * 1024,
             write_coalesce_ms: 3,
             max_connections_per_worker: 25_000,
@@ -200,6 +208,7 @@ impl Default for Config {
             metrics_listen: None,
             log_format: LogFormat::Text,
             log_level: "info".to_string(),
+            webhook_queue_events: 10_000,
             master_key_file: None,
         }
     }
@@ -452,6 +461,7 @@ impl Config {
                 "max_subscriptions_per_connection",
                 self.max_subscriptions_per_connection,
             ),
+            ("max_presence_members", self.max_presence_members),
             ("send_backlog_bytes", self.send_backlog_bytes),
             ("ws_read_pause_bytes", self.ws_read_pause_bytes),
             ("worker_send_budget_bytes", self.worker_send_budget_bytes),
@@ -464,6 +474,7 @@ impl Config {
                 self.max_connections_per_worker,
             ),
             ("mailbox_capacity", self.mailbox_capacity),
+            ("webhook_queue_events", self.webhook_queue_events),
             ("heartbeat_s", self.heartbeat_s as usize),
             ("key_refresh_ms", self.key_refresh_ms as usize),
             (

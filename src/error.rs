@@ -22,6 +22,8 @@ pub enum Unavailable {
     /// Cluster mode, a project with history: Redis, which gives messages their
     /// offsets, did not answer. Nothing was published.
     HistoryUnreachable,
+    /// The presence and occupancy state could not be read (its thread is gone).
+    StateUnreachable,
 }
 
 impl Unavailable {
@@ -34,6 +36,9 @@ impl Unavailable {
             }
             Unavailable::HistoryUnreachable => {
                 "channel history (Redis) is unreachable; retry shortly"
+            }
+            Unavailable::StateUnreachable => {
+                "channel occupancy and presence cannot be read now; retry shortly"
             }
         }
     }

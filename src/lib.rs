@@ -19,13 +19,21 @@
 //!   own threads; one more producer into the mailboxes and one more interest sink.
 //! - [`client`]: the client protocol on a WebSocket (subscribe, unsubscribe, ping,
 //!   error frames), per connection, above the shard.
+//! - [`presence`]: the node's presence and occupancy hub, on its own control-plane
+//!   thread: who is in each presence channel (per user), how many subscribers each
+//!   channel has across the node's workers; answers joins through the mailboxes and
+//!   REST queries through [`reply`].
 //! - [`shard`]: one core's data-plane state: subscription registry, registered
 //!   WebSockets, mailbox (the only cross-core path), interest filter, admission, stop
 //!   state, fan-out.
 //! - [`ws`]: WebSocket as pure transport: handshake answer, frame codec, reassembly,
 //!   the connection's reader and writer. Knows no project, key or channel.
-//! - [`names`], [`json`], [`close`], [`ids`]: leaves: the channel/event name rule, JSON
-//!   string escaping, the table of close codes, message and connection ids.
+//! - [`names`], [`json`], [`close`], [`ids`], [`reply`]: leaves: the channel/event name
+//!   rule, JSON string escaping, the table of close codes, message and connection ids,
+//!   one-shot answers from a control-plane thread to a worker's task.
+//! - [`webhook`]: the webhook sender: a bounded queue from any thread, one scheduler
+//!   thread (batching, the 3 s grace, retries) and one sender thread per project that
+//!   is sending; above `auth`/`store`, named by `client`, `node` and `server`.
 //! - [`metrics`]: per-worker counters (each written only by its own worker, through a
 //!   thread-local), gauges and the publish-duration histogram, summed and rendered as
 //!   Prometheus text at scrape time; `shard`, `ws` and `http` write to it, the server's
@@ -69,14 +77,17 @@ mod json;
 mod metrics;
 mod names;
 mod node;
+mod presence;
 mod publish;
 mod quota;
+mod reply;
 mod sealed;
 mod server;
 mod shard;
 mod store;
 mod tls;
 pub mod tools;
+mod webhook;
 mod ws;
 
 // The binary: argument parsing and the two entry points.
@@ -92,7 +103,7 @@ pub use config::Config;
 pub use history::spec::HistorySpec;
 pub use quota::rate_limit::RateLimit;
 pub use quota::Quota;
-pub use store::{KeyRecord, ProjectRecord, StoreContents};
+pub use store::{HookKind, HookKinds, KeyRecord, ProjectRecord, StoreContents, WebhookSpec};
 
 // Parsers and codecs (property tests, hot-path benches).
 pub use http::parse::parse_head;

@@ -196,6 +196,14 @@ pub(crate) struct NodeGauges {
     pub cluster_receive_dropped: u64,
     /// History publishes or reads that Redis answered with something unexpected.
     pub cluster_history_errors: u64,
+    /// Webhook events dropped because a queue was full.
+    pub webhook_dropped_queue_full: u64,
+    /// Webhook events dropped after 5 minutes of failed retries.
+    pub webhook_dropped_retries_exhausted: u64,
+    /// Webhook requests answered 2xx.
+    pub webhook_requests_ok: u64,
+    /// Webhook requests answered otherwise or not at all (each is retried).
+    pub webhook_requests_failed: u64,
 }
 
 /// A metric family summed over workers: name, type, help, and how to read one worker.
@@ -379,6 +387,33 @@ impl Metrics {
             "# HELP {name} History publishes or reads in cluster mode that Redis answered unexpectedly.\n# TYPE {name} counter"
         );
         let _ = writeln!(out, "{name} {}", node.cluster_history_errors);
+
+        let name = "ringcast_webhook_events_dropped_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Webhook events not delivered: a queue was full (webhook_queue_events), or 5 minutes of retries failed.\n# TYPE {name} counter"
+        );
+        let _ = writeln!(
+            out,
+            "{name}{{reason=\"queue_full\"}} {}",
+            node.webhook_dropped_queue_full
+        );
+        let _ = writeln!(
+            out,
+            "{name}{{reason=\"retries_exhausted\"}} {}",
+            node.webhook_dropped_retries_exhausted
+        );
+        let name = "ringcast_webhook_requests_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Webhook requests made, by result (failed: non-2xx or no answer within 5 s; each is retried).\n# TYPE {name} counter"
+        );
+        let _ = writeln!(out, "{name}{{result=\"ok\"}} {}", node.webhook_requests_ok);
+        let _ = writeln!(
+            out,
+            "{name}{{result=\"failed\"}} {}",
+            node.webhook_requests_failed
+        );
         out
     }
 }
@@ -412,7 +447,21 @@ mod tests {
             cluster_relay_dropped: 0,
             cluster_receive_dropped: 4,
             cluster_history_errors: 0,
+            webhook_dropped_queue_full: 3,
+            webhook_requests_failed: 2,
+            ..NodeGauges::default()
         });
+        assert_eq!(
+            value(
+                &text,
+                "ringcast_webhook_events_dropped_total{reason=\"queue_full\"}"
+            ),
+            3
+        );
+        assert_eq!(
+            value(&text, "ringcast_webhook_requests_total{result=\"failed\"}"),
+            2
+        );
         assert_eq!(value(&text, "ringcast_cluster_receive_dropped_total"), 4);
         assert_eq!(value(&text, "ringcast_cluster_history_errors_total"), 0);
         assert_eq!(value(&text, "ringcast_deliveries_total"), 7);

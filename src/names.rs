@@ -1,10 +1,24 @@
 //! The rule every channel and event name follows, on every API (REST publish, the
 //! WebSocket subscribe frame): 1 to [`MAX_NAME_CHARS`] Unicode scalar values, no ASCII
 //! control character. Matching is exact byte equality elsewhere; nothing here
-//! normalises. A leaf: it names no other module.
+//! normalises. Also the name of a channel's Redis pub/sub channel in cluster mode
+//! ([`redis_channel`]). A leaf: it names no other module.
 
 /// Longest `channel` or `event`, in Unicode scalar values (not bytes).
 pub(crate) const MAX_NAME_CHARS: usize = 100;
+
+/// Prefix of every message channel ringcast subscribes to or publishes on.
+pub(crate) const CHANNEL_PREFIX: &str = "ringcast:m:";
+
+/// The Redis channel of `channel` in project `project_id`.
+pub(crate) fn redis_channel(project_id: &str, channel: &str) -> String {
+    let mut s = String::with_capacity(CHANNEL_PREFIX.len() + project_id.len() + 1 + channel.len());
+    s.push_str(CHANNEL_PREFIX);
+    s.push_str(project_id);
+    s.push(':');
+    s.push_str(channel);
+    s
+}
 
 /// Why a name was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

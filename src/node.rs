@@ -15,6 +15,7 @@ use crate::config::Config;
 use crate::history::History;
 use crate::publish::Fanout;
 use crate::shard::mailbox::{Broadcast, BroadcastBatch, Mailboxes};
+use crate::webhook::Webhooks;
 
 pub(crate) struct Node {
     pub config: Config,
@@ -33,8 +34,13 @@ pub(crate) struct Node {
     /// Metrics are served (`metrics_listen`): time each publish for the histogram.
     /// Counters are kept either way (the logs' slow-consumer summary reads them).
     pub metrics_timing: bool,
+    /// The node's presence and occupancy hub (its own thread).
+    pub presence: Arc<crate::presence::Hub>,
     /// `ws_connect_rate_per_ip`; `None` when off (the default).
     pub connect_rate: Option<crate::quota::connect_rate::ConnectRate>,
+    /// The webhook sender: `emit` from any thread (client events on the workers,
+    /// occupancy and presence transitions from the control plane).
+    pub webhooks: Arc<Webhooks>,
 }
 
 impl Node {

@@ -97,6 +97,26 @@ fn sub_private(ws: &mut Ws, channel: &str, token: &str) {
     assert_eq!(reply["type"], "subscribed", "{reply}");
 }
 
+/// Read the presence `join` frames of `users` (in any order): the subscribers that were
+/// already in a presence channel hear each later member's join.
+fn joins(ws: &mut Ws, users: &[&str]) {
+    let mut seen: Vec<String> = (0..users.len())
+        .map(|_| {
+            let v = next_json(ws);
+            assert_eq!(
+                (&v["type"], &v["action"]),
+                (&json!("presence"), &json!("join")),
+                "{v}"
+            );
+            v["user_id"].as_str().unwrap().to_string()
+        })
+        .collect();
+    seen.sort();
+    let mut want: Vec<String> = users.iter().map(|u| u.to_string()).collect();
+    want.sort();
+    assert_eq!(seen, want);
+}
+
 fn event(channel: &str, name: &str, data: Value) -> Value {
     json!({"type": "client_event", "channel": channel, "event": name, "data": data})
 }
@@ -365,6 +385,7 @@ fn presence_channels_add_the_senders_user_id_and_metrics_count_them() {
     let (mut peer, _) = connect(&s.ws_url(&p.public));
     sub_private(&mut sender, ch, &token(&p.token_secret, ch, "alice"));
     sub_private(&mut peer, ch, &token(&p.token_secret, ch, "bob"));
+    joins(&mut sender, &["bob"]);
     turn_on(&mut sender, &mut [&mut peer], ch, || {
         cli(
             &s.data_dir,
@@ -493,6 +514,8 @@ fn cluster_relays_to_subscribers_on_other_nodes_with_user_id() {
     sub_private(&mut sender, ch, &token(&p.token_secret, ch, "s1"));
     sub_private(&mut near, ch, &token(&p.token_secret, ch, "n1"));
     sub_private(&mut far, ch, &token(&p.token_secret, ch, "f1"));
+    joins(&mut sender, &["n1", "f1"]);
+    joins(&mut near, &["f1"]);
     turn_on(&mut sender, &mut [&mut near, &mut far], ch, || {
         let v = support::cli(
             &redis,

@@ -78,7 +78,10 @@ fn spec_scan_sees_every_route() {
     assert_eq!(routes["/api/v1/history"], ["get"]);
     assert_eq!(routes["/health"], ["get"]);
     assert_eq!(routes["/api/v1/ws"], ["get"]);
-    assert_eq!(routes.len(), 5, "{routes:?}");
+    assert_eq!(routes["/api/v1/channels"], ["get"]);
+    assert_eq!(routes["/api/v1/channels/info"], ["get"]);
+    assert_eq!(routes["/api/v1/presence"], ["get"]);
+    assert_eq!(routes.len(), 8, "{routes:?}");
 }
 
 #[test]

@@ -187,7 +187,8 @@ fn metrics_move_by_exactly_the_publishes_deliveries_and_refusals() {
             for pair in labels.trim_end_matches('}').split(',') {
                 let name = pair.split('=').next().unwrap();
                 assert!(
-                    ["api", "status", "le", "worker", "version"].contains(&name),
+                    ["api", "status", "le", "worker", "version", "reason", "result"]
+                        .contains(&name),
                     "unexpected label in {series}"
                 );
             }

@@ -17,14 +17,21 @@ export interface Message<T = unknown> {
   user_id?: string;
 }
 
+/** A presence member: the token's `sub` (always a string) and its `info`, when it had one. */
 export interface PresenceMember {
   user_id: string;
+  /** The `info` of the user's first connection to the channel; absent when it had none. */
   info?: unknown;
 }
 
+/**
+ * A user's first connection joined, or last connection left. One per user, whatever
+ * the number of tabs; the subscriber's own join is in `members`, not an event.
+ */
 export interface PresenceEvent {
   action: "join" | "leave";
   user_id: string;
+  /** The member's info; on a leave, the info it joined with. */
   info?: unknown;
 }
 
@@ -108,7 +115,12 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents> {
   /** Last history position seen (sent as `since` on resubscribe). */
   readonly offset?: number;
   readonly epoch?: string;
-  /** Presence channels: members in join order. */
+  /**
+   * Presence channels: the members in join order, the subscriber's own user included.
+   * The server's list from the last `subscribed`, kept up to date by `presence` events;
+   * empty while not subscribed (cleared when the connection is lost and replaced whole at
+   * the next `subscribed`: re-read it there).
+   */
   readonly members: PresenceMember[];
   unsubscribe(): void;
   /** Send a `client-...` event; false when it cannot be sent now (nothing is queued). */

@@ -88,6 +88,11 @@ export class RingcastError extends Error {
 
 function noop() {}
 
+/** A presence member as the client lists it: `info` only when the user has one. */
+function member(user_id, info) {
+  return info === undefined ? { user_id } : { user_id, info };
+}
+
 function needsToken(channel) {
   return channel.startsWith("private-") || channel.startsWith("presence-");
 }
@@ -546,10 +551,14 @@ export class Ringcast extends Emitter {
       if (typeof f.offset === "number") sub.offset = f.offset;
       if (typeof f.epoch === "string") sub.epoch = f.epoch;
     }
+    // The member list is the server's, whole: nothing from an earlier connection is
+    // kept (members who left while we were away must not linger).
+    sub._members = new Map();
     if (f.presence && Array.isArray(f.presence.members)) {
-      sub._members = new Map();
       for (const m of f.presence.members) {
-        sub._members.set(String(m.user_id), { user_id: String(m.user_id), info: m.info });
+        if (m === null || typeof m !== "object" || m.user_id === undefined) continue;
+        const user_id = String(m.user_id);
+        if (!sub._members.has(user_id)) sub._members.set(user_id, member(user_id, m.info));
       }
     }
     const info = { ...f };
@@ -557,13 +566,28 @@ export class Ringcast extends Emitter {
     sub._emit("subscribed", info);
   }
 
+  /**
+   * A join or leave. The server sends one join per user (its first connection) and one
+   * leave (its last): a join for a member already listed or a leave for one not listed
+   * changes nothing and is not reported. A leave reports the info the member joined with.
+   */
   _onPresence(sub, f) {
+    if (f.user_id === undefined) return;
     const user_id = String(f.user_id);
-    if (f.action === "join") sub._members.set(user_id, { user_id, info: f.info });
-    else if (f.action === "leave") sub._members.delete(user_id);
-    else return;
-    const ev = { action: f.action, user_id };
-    if (f.info !== undefined) ev.info = f.info;
+    let ev;
+    if (f.action === "join") {
+      if (sub._members.has(user_id)) return;
+      const m = member(user_id, f.info);
+      sub._members.set(user_id, m);
+      ev = { action: "join", ...m };
+    } else if (f.action === "leave") {
+      const m = sub._members.get(user_id);
+      if (!m) return;
+      sub._members.delete(user_id);
+      ev = { action: "leave", ...m };
+    } else {
+      return;
+    }
     sub._emit("presence", ev);
   }
 
@@ -706,8 +730,10 @@ export class Ringcast extends Emitter {
     sub._members = new Map();
   }
 
+  /** The channel is no longer held: no refresh, no members. */
   _removeSub(sub) {
     this._cancelRefresh(sub);
+    sub._members = new Map();
     if (this._subs.get(sub.channel) === sub) this._subs.delete(sub.channel);
   }
 
@@ -716,7 +742,6 @@ export class Ringcast extends Emitter {
     const wasActive = sub.state === "subscribing" || sub.state === "subscribed";
     this._removeSub(sub);
     sub.state = "unsubscribed";
-    sub._members = new Map();
     if (wasActive) this._send({ type: "unsubscribe", channel: sub.channel });
   }
 

@@ -13,6 +13,9 @@
 //! - Rebuilding happens on the control-plane thread, never on a worker.
 //! - Token secrets are opened (master key) and public token keys parsed here, at
 //!   rebuild, so a worker verifying a token only looks its project's [`TokenKeys`] up.
+//! - A project's webhook ([`WebhookTarget`]: URL, event kinds, the `X-Pusher-Key` and
+//!   the signing secret) is resolved here too, so the webhook sender looks one index up;
+//!   the signing secret is never printed (`Debug` leaves it out).
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -25,7 +28,7 @@ use crate::apikey::{hash_key, is_well_formed, KeyHash, KeyKind};
 use crate::history::HistoryCell;
 use crate::quota::Quota;
 use crate::sealed::MasterKey;
-use crate::store::{StoreContents, TokenKeyRecord, TokenSecretRecord};
+use crate::store::{HookKinds, StoreContents, TokenKeyRecord, TokenSecretRecord};
 
 /// A project as the data plane sees it.
 #[derive(Debug)]
@@ -64,6 +67,28 @@ impl ProjectState {
             NODE_DEFAULT => node_default,
             n => usize::try_from(n).unwrap_or(usize::MAX),
         }
+    }
+}
+
+/// A project's webhook as the sender uses it.
+pub struct WebhookTarget {
+    pub url: String,
+    pub events: HookKinds,
+    /// `X-Pusher-Key`: the oldest active public key of the project known whole; `None`
+    /// when every active public key predates schema 6 (only hashes were kept).
+    pub public_key: Option<String>,
+    /// The HMAC key of `X-Pusher-Signature`: the UTF-8 bytes of the project's newest
+    /// token secret that opens; `None` when none does.
+    pub secret: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for WebhookTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhookTarget")
+            .field("events", &self.events)
+            .field("has_public_key", &self.public_key.is_some())
+            .field("has_secret", &self.secret.is_some())
+            .finish_non_exhaustive()
     }
 }
 
@@ -109,6 +134,8 @@ pub struct KeySnapshot {
     projects: HashMap<String, Arc<ProjectState>>,
     /// Project index → what verifies its private-channel tokens.
     tokens: HashMap<u32, Arc<TokenKeys>>,
+    /// Project index → its webhook, for the projects that have one.
+    webhooks: HashMap<u32, Arc<WebhookTarget>>,
     generation: u64,
 }
 
@@ -214,11 +241,20 @@ impl KeySnapshot {
         self.tokens.get(&project_index).map(|t| &**t)
     }
 
+    /// The webhook of the project with this index, if it has one.
+    pub fn webhook(&self, project_index: u32) -> Option<&Arc<WebhookTarget>> {
+        self.webhooks.get(&project_index)
+    }
+
     /// Number of active keys.
     pub fn active_keys(&self) -> usize {
         self.by_hash.len()
     }
 }
+
+/// What [`KeyCache::token_keys`] makes: each project's verifiers (by index), each
+/// project's newest opened secret in clear, and how many secrets did not open.
+type OpenedTokens = (HashMap<u32, Arc<TokenKeys>>, HashMap<u32, Vec<u8>>, usize);
 
 /// Where the next snapshot is built from. Behind a mutex because two concurrent
 /// rebuilds must not hand out the same index; only the control plane takes it.
@@ -278,7 +314,11 @@ impl KeyCache {
         // guards is still coherent (indexes only grow), so carry on.
         let mut state = self.rebuild.lock().unwrap_or_else(PoisonError::into_inner);
         let mut projects = HashMap::with_capacity(contents.projects.len());
+        let mut hooks = Vec::new();
         for record in contents.projects {
+            if let Some(spec) = &record.webhook {
+                hooks.push((record.id.clone(), spec.clone()));
+            }
             let project = match state.known.get(&record.id) {
                 Some(existing) if existing.name == record.name => {
                     if existing.quota.limit() != record.rate_limit {
@@ -331,8 +371,9 @@ impl KeyCache {
             projects.insert(record.id, project);
         }
 
-        let (tokens, unopened) =
+        let (tokens, mut newest_secret, unopened) =
             self.token_keys(&contents.token_secrets, &contents.token_keys, &projects);
+        let mut oldest_public: HashMap<u32, String> = HashMap::new();
         let mut by_hash = PrehashedMap::default();
         by_hash.reserve(contents.keys.len());
         let mut active_ids = HashSet::with_capacity(contents.keys.len());
@@ -345,6 +386,12 @@ impl KeyCache {
                 continue;
             };
             active_ids.insert(key.id.clone());
+            if let Some(public) = &key.public_key {
+                // Keys come oldest first: the first one seen stays.
+                oldest_public
+                    .entry(project.index)
+                    .or_insert_with(|| public.clone());
+            }
             by_hash.insert(
                 key.hash,
                 KeyEntry {
@@ -355,27 +402,44 @@ impl KeyCache {
             );
         }
 
+        let webhooks = hooks
+            .into_iter()
+            .filter_map(|(id, spec)| {
+                let index = projects.get(&id)?.index;
+                let target = WebhookTarget {
+                    url: spec.url,
+                    events: spec.events,
+                    public_key: oldest_public.remove(&index),
+                    secret: newest_secret.remove(&index),
+                };
+                Some((index, Arc::new(target)))
+            })
+            .collect();
+
         state.generation += 1;
         self.current.store(Arc::new(KeySnapshot {
             by_hash,
             active_ids,
             projects,
             tokens,
+            webhooks,
             generation: state.generation,
         }));
         unopened
     }
 
     /// Each project's token verifiers: secrets opened with the master key (those past
-    /// their rotation deadline left out), public keys parsed.
+    /// their rotation deadline left out), public keys parsed; and each project's newest
+    /// opened secret in clear (the webhook signing key).
     fn token_keys(
         &self,
         secrets: &[TokenSecretRecord],
         token_keys: &[TokenKeyRecord],
         projects: &HashMap<String, Arc<ProjectState>>,
-    ) -> (HashMap<u32, Arc<TokenKeys>>, usize) {
+    ) -> OpenedTokens {
         let now = crate::store::unix_now();
         let mut building: HashMap<u32, TokenKeys> = HashMap::new();
+        let mut newest: HashMap<u32, Vec<u8>> = HashMap::new();
         let mut unopened = 0;
         for secret in secrets {
             let Some(project) = projects.get(&secret.project_id) else {
@@ -397,6 +461,8 @@ impl KeyCache {
                 .entry(project.index)
                 .or_default()
                 .add_secret(&clear, until);
+            // Secrets come oldest first, so the last one that opens is the newest.
+            newest.insert(project.index, clear);
         }
         for key in token_keys {
             if let Some(project) = projects.get(&key.project_id) {
@@ -420,7 +486,34 @@ impl KeyCache {
                 (index, Arc::new(keys))
             })
             .collect();
-        (tokens, unopened)
+        (tokens, newest, unopened)
+    }
+}
+
+/// Project index → project, for the snapshot generation it was built from.
+pub(crate) struct ProjectIndex {
+    generation: u64,
+    by_index: HashMap<u32, Arc<ProjectState>>,
+}
+
+impl ProjectIndex {
+    pub(crate) fn new() -> ProjectIndex {
+        ProjectIndex {
+            generation: u64::MAX,
+            by_index: HashMap::new(),
+        }
+    }
+
+    pub(crate) fn get(&mut self, keys: &KeyCache, index: u32) -> Option<&Arc<ProjectState>> {
+        let snapshot = keys.load();
+        if snapshot.generation() != self.generation || !self.by_index.contains_key(&index) {
+            self.generation = snapshot.generation();
+            self.by_index = snapshot
+                .projects()
+                .map(|p| (p.index, Arc::clone(p)))
+                .collect();
+        }
+        self.by_index.get(&index)
     }
 }
 
@@ -439,6 +532,7 @@ mod tests {
             history: crate::history::HistorySpec::OFF,
             max_connections: None,
             client_events: false,
+            webhook: None,
         }
     }
 
@@ -451,6 +545,7 @@ mod tests {
             revoked: false,
             prefix: key_prefix(&full),
             hash: hash_key(&full),
+            public_key: (kind == KeyKind::Public).then(|| full.clone()),
         };
         (record, full)
     }
@@ -529,6 +624,57 @@ mod tests {
         let snap = cache.load();
         assert_eq!(snap.project("prj_c").unwrap().index, 2);
         assert_eq!(snap.project("prj_a").unwrap().index, 0);
+    }
+
+    #[test]
+    fn a_webhook_carries_the_oldest_public_key_and_the_newest_secret() {
+        use crate::store::{HookKind, HookKinds, WebhookSpec};
+        let master = MasterKey::random();
+        let secret = |id: &str, clear: &str, expires_at: Option<i64>| TokenSecretRecord {
+            id: id.into(),
+            project_id: "prj_a".into(),
+            sealed: master.seal("prj_a", clear.as_bytes()).unwrap(),
+            expires_at,
+        };
+        let (mut revoked, _) = key("key_0", "prj_a", KeyKind::Public);
+        revoked.revoked = true;
+        let (mut legacy, _) = key("key_1", "prj_a", KeyKind::Public);
+        legacy.public_key = None; // made before schema 6: hash only
+        let (first, first_full) = key("key_2", "prj_a", KeyKind::Public);
+        let (second, _) = key("key_3", "prj_a", KeyKind::Public);
+        let (sk, _) = key("key_4", "prj_a", KeyKind::Secret);
+        let mut hooked = project("prj_a", "1/s");
+        hooked.webhook = Some(WebhookSpec {
+            url: "http://127.0.0.1:9/hook".into(),
+            events: HookKinds::DEFAULT,
+        });
+        let far = crate::store::unix_now() + 3600;
+        let token_secrets = vec![
+            secret("tsk_1", "ts_old", Some(far)),
+            secret("tsk_2", "ts_new", None),
+        ];
+        let cache = KeyCache::with_master(master);
+        cache.rebuild(StoreContents {
+            projects: vec![hooked, project("prj_b", "1/s")],
+            keys: vec![revoked, legacy, first, second, sk],
+            token_secrets,
+            ..StoreContents::default()
+        });
+        let snap = cache.load();
+        let a = snap.project("prj_a").unwrap().index;
+        let b = snap.project("prj_b").unwrap().index;
+        let target = snap.webhook(a).unwrap();
+        assert_eq!(target.url, "http://127.0.0.1:9/hook");
+        assert!(target.events.contains(HookKind::ChannelVacated));
+        assert!(!target.events.contains(HookKind::ClientEvent));
+        assert_eq!(target.public_key.as_deref(), Some(first_full.as_str()));
+        assert_eq!(target.secret.as_deref(), Some(&b"ts_new"[..]));
+        let shown = format!("{target:?}");
+        assert!(
+            !shown.contains("ts_new") && !shown.contains("127.0.0.1"),
+            "{shown}"
+        );
+        assert!(snap.webhook(b).is_none());
     }
 
     #[test]

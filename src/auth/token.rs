@@ -58,7 +58,13 @@ pub struct Grant {
     pub exp: u64,
     /// The user the token was made for, if it says.
     pub sub: Option<String>,
+    /// The `info` claim (the user's public details on presence channels) as compact
+    /// JSON text: always an object of at most [`MAX_INFO_BYTES`].
+    pub info: Option<String>,
 }
+
+/// Largest `info` claim, as compact JSON text.
+pub(crate) const MAX_INFO_BYTES: usize = 1024;
 
 /// Why a token was refused: the `forbidden` error frame's message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -89,6 +95,10 @@ pub enum TokenRefusal {
     SubjectChanged,
     #[error("this connection holds no subscription to the channel (or it has ended)")]
     NotSubscribed,
+    #[error("the token's info claim must be a JSON object of at most 1 KiB")]
+    BadInfo,
+    #[error("a presence channel needs a token whose sub (1 to 128 characters) names the user")]
+    NoSubject,
 }
 
 #[derive(Deserialize)]
@@ -100,6 +110,8 @@ struct Claims {
     channels: Option<Vec<String>>,
     #[serde(default)]
     sub: Option<String>,
+    #[serde(default)]
+    info: Option<serde_json::Value>,
 }
 
 impl TokenKeys {
@@ -177,9 +189,21 @@ impl TokenKeys {
         if !named {
             return Err(TokenRefusal::WrongChannel);
         }
+        let info = match claims.info {
+            None | Some(serde_json::Value::Null) => None,
+            Some(v @ serde_json::Value::Object(_)) => {
+                let text = v.to_string();
+                if text.len() > MAX_INFO_BYTES {
+                    return Err(TokenRefusal::BadInfo);
+                }
+                Some(text)
+            }
+            Some(_) => return Err(TokenRefusal::BadInfo),
+        };
         Ok(Grant {
             exp: claims.exp,
             sub: claims.sub,
+            info,
         })
     }
 }

@@ -283,6 +283,14 @@ mod tests {
             self.check()?;
             self.inner.set_client_events(id, on)
         }
+        fn set_webhook(
+            &mut self,
+            id: &str,
+            webhook: Option<crate::store::WebhookSpec>,
+        ) -> Result<ProjectRecord, StoreError> {
+            self.check()?;
+            self.inner.set_webhook(id, webhook)
+        }
         fn create_key(
             &mut self,
             id: &str,

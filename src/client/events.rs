@@ -15,6 +15,8 @@
 //!   publish; the sender is left out by an id compare in the fan-out (the broadcast's
 //!   `except`), so nothing is allocated per subscriber. It is never kept in history.
 //! - Each refusal answers an error frame naming the channel; the connection stays open.
+//! - A relayed event is also a `client_event` webhook when the project's webhook asks
+//!   for them (`crate::webhook`; never blocks, dropped and counted when its queue is full).
 
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
@@ -26,6 +28,7 @@ use crate::auth::ProjectState;
 use crate::ids::IdGen;
 use crate::quota::now_ns;
 use crate::shard::mailbox::Broadcast;
+use crate::webhook::{HookEvent, HookKind, Webhooks};
 
 use super::frames::client_event_frame;
 
@@ -51,6 +54,8 @@ pub(crate) struct EventContext {
     worker: usize,
     /// Largest encoded `data` (`max_body_bytes`, the publish limit).
     max_data_bytes: usize,
+    /// The node's webhook sender (`client_event` webhooks); `None` in unit tests.
+    webhooks: Option<Arc<Webhooks>>,
 }
 
 impl EventContext {
@@ -59,12 +64,14 @@ impl EventContext {
         ids: Rc<IdGen>,
         worker: usize,
         max_data_bytes: usize,
+        webhooks: Option<Arc<Webhooks>>,
     ) -> Rc<EventContext> {
         Rc::new(EventContext {
             relay,
             ids,
             worker,
             max_data_bytes,
+            webhooks,
         })
     }
 }
@@ -151,6 +158,8 @@ pub(crate) struct ClientEvent<'a> {
     pub data: &'a [u8],
     /// The sender's token `sub`, on a presence channel.
     pub user_id: Option<&'a str>,
+    /// The sender's connection id, as its `connected` frame gave it.
+    pub socket_id: &'a str,
 }
 
 /// Take the project's quota for one event, encode it once and hand it to the node,
@@ -186,6 +195,21 @@ pub(crate) fn relay(
         // `ringcast_messages_published_total` counts quota units: this is one.
         m.messages_published(1);
     });
+    // A project whose webhook does not ask for client events pays one snapshot read.
+    if let Some(hooks) = &ctx.webhooks {
+        if hooks.wants(project.index, HookKind::ClientEvent) {
+            hooks.emit(
+                project.index,
+                HookEvent::ClientEvent {
+                    channel: ev.channel.into(),
+                    event: ev.event.into(),
+                    data: String::from_utf8_lossy(ev.data).into(),
+                    socket_id: ev.socket_id.into(),
+                    user_id: ev.user_id.map(Into::into),
+                },
+            );
+        }
+    }
     Ok(())
 }
 

@@ -47,6 +47,18 @@ pub(crate) fn subscribed(
     frame::frame(Opcode::Text, &json)
 }
 
+/// `subscribed` on a presence channel: the hub's presence object (`{"count":N,
+/// "members":[...]}`, JSON text it wrote) under `"presence"`.
+pub(crate) fn subscribed_presence(channel: &str, presence: &str) -> Bytes {
+    let mut json = Vec::with_capacity(64 + channel.len() + presence.len());
+    json.extend_from_slice(b"{\"type\":\"subscribed\",\"channel\":");
+    write_json_str(&mut json, channel);
+    json.extend_from_slice(b",\"presence\":");
+    json.extend_from_slice(presence.as_bytes());
+    json.push(b'}');
+    frame::frame(Opcode::Text, &json)
+}
+
 /// The message frame of a client event: a publish's message frame (same fields, same
 /// order) plus `"user_id"` when the sender's grant on a presence channel names one.
 /// Encoded once per event, in one exactly-sized allocation.

@@ -151,6 +151,13 @@ impl Expiry {
         }
     }
 
+    /// End a grant that never went live (its presence join was refused): the session
+    /// prunes it, and its channel, on its next frame.
+    pub(crate) fn end(&self, grant: &Grant) {
+        self.disarm(grant);
+        grant.ended.set(true);
+    }
+
     /// End every grant whose deadline is at or before `now`: unsubscribe it and tell
     /// the client. Returns how many ended.
     pub(crate) fn fire_due(&self, now: Instant) -> usize {

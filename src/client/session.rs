@@ -23,14 +23,20 @@ use simd_json::prelude::{ValueAsScalar, ValueObjectAccess};
 use crate::auth::token::{Grant as TokenGrant, TokenRefusal};
 use crate::auth::ProjectState;
 use crate::close::Disconnect;
+use crate::ids::Id;
 use crate::shard::registry::Subscribed;
 use crate::shard::Shard;
 use crate::ws::conn::{Session, WsConn};
 use crate::ws::frame::Opcode;
 
 use super::events::{self, ClientEvent, EventContext, RateLog, Refusal};
-use super::frames::{channel_error_frame, error_frame, refreshed_frame, reply, subscribed, PONG};
+use super::frames::{
+    channel_error_frame, error_frame, refreshed_frame, reply, subscribed, subscribed_presence, PONG,
+};
 use super::private::{needs_token, unix_now, Expiry, Grant};
+use crate::presence::{Hub, Join};
+use crate::shard::mailbox::PresenceAnswer;
+use crate::shard::{is_presence, PresenceDone};
 
 /// A subscribe's `since`: the last position the client saw.
 struct Since<'a> {
@@ -55,6 +61,11 @@ pub(crate) struct ClientSession {
     events: Rc<EventContext>,
     /// This connection's recent client events (made on its first one).
     event_log: Option<Box<RateLog>>,
+    /// The node's presence hub (joins of presence channels go to it).
+    presence: Option<Arc<Hub>>,
+    /// The id the client was given in its `connected` frame (a client event webhook's
+    /// `socket_id`).
+    connection_id: Id,
 }
 
 impl ClientSession {
@@ -64,6 +75,8 @@ impl ClientSession {
         max_subscriptions: usize,
         expiry: Rc<Expiry>,
         events: Rc<EventContext>,
+        presence: Option<Arc<Hub>>,
+        connection_id: Id,
     ) -> ClientSession {
         ClientSession {
             shard,
@@ -74,7 +87,28 @@ impl ClientSession {
             grants: Vec::new(),
             events,
             event_log: None,
+            presence,
+            connection_id,
         }
+    }
+
+    /// Whether this connection may take one more channel; answers the client if not.
+    fn room_for_one_more(&self, conn: &Rc<WsConn>) -> bool {
+        if self.subscriptions.len() >= self.max_subscriptions {
+            conn.send(error_frame(
+                "too_many_subscriptions",
+                "this connection has reached its subscription limit",
+            ));
+            return false;
+        }
+        if self.shard.subscriptions_full() {
+            conn.send(error_frame(
+                "too_many_subscriptions",
+                "the server holds as many subscriptions as it may; try again later",
+            ));
+            return false;
+        }
+        true
     }
 
     /// Channels this session holds.
@@ -111,18 +145,7 @@ impl ClientSession {
             }
             return;
         }
-        if self.subscriptions.len() >= self.max_subscriptions {
-            conn.send(error_frame(
-                "too_many_subscriptions",
-                "this connection has reached its subscription limit",
-            ));
-            return;
-        }
-        if self.shard.subscriptions_full() {
-            conn.send(error_frame(
-                "too_many_subscriptions",
-                "the server holds as many subscriptions as it may; try again later",
-            ));
+        if !self.room_for_one_more(conn) {
             return;
         }
         if !spec.is_on() {
@@ -256,7 +279,18 @@ impl ClientSession {
                 return forbidden(conn, channel, TokenRefusal::SubjectChanged);
             }
             self.expiry.arm(&held, granted.exp);
+            if let (Some(hub), Some(user)) = (&self.presence, held.sub.clone()) {
+                if is_presence(channel) {
+                    // Answered with the member list again; membership is unchanged.
+                    return self.join_presence(hub, conn, &held, &user, granted.info);
+                }
+            }
             return self.subscribe(conn, channel, since);
+        }
+        if is_presence(channel) {
+            if let Some(hub) = self.presence.clone() {
+                return self.subscribe_presence(&hub, conn, channel, granted);
+            }
         }
         self.subscribe(conn, channel, since);
         if self.subscriptions.iter().any(|c| &**c == channel) {
@@ -264,6 +298,78 @@ impl ClientSession {
             self.expiry.arm(&grant, granted.exp);
             self.grants.push(grant);
         }
+    }
+
+    /// Subscribe to a presence channel: a member (the token's `sub`) joins through the
+    /// node's hub, which answers with the member list (or `presence_full`). The channel
+    /// counts as held from now on, so an unsubscribe or close before the answer still
+    /// tells the hub. Presence channels keep no history: `since` is not used.
+    fn subscribe_presence(
+        &mut self,
+        hub: &Arc<Hub>,
+        conn: &Rc<WsConn>,
+        channel: &str,
+        granted: TokenGrant,
+    ) {
+        let user = match granted.sub {
+            Some(ref u) if (1..=128).contains(&u.chars().count()) => u.clone(),
+            _ => return forbidden(conn, channel, TokenRefusal::NoSubject),
+        };
+        if !self.room_for_one_more(conn) {
+            return;
+        }
+        self.subscriptions.push(channel.into());
+        let grant = Grant::new(
+            self.project.index,
+            channel,
+            conn,
+            Some(user.clone()),
+            granted.exp,
+        );
+        self.expiry.arm(&grant, granted.exp);
+        self.grants.push(grant.clone());
+        self.join_presence(hub, conn, &grant, &user, granted.info);
+    }
+
+    /// Ask the hub to add this connection to the channel's members; the answer arrives
+    /// in this worker's mailbox and registers the subscription there (see
+    /// `presence`'s ordering invariant).
+    fn join_presence(
+        &self,
+        hub: &Hub,
+        conn: &Rc<WsConn>,
+        grant: &Rc<Grant>,
+        user: &str,
+        info: Option<String>,
+    ) {
+        let project = self.project.index;
+        let channel = grant.channel.clone();
+        let (c, g, expiry) = (conn.clone(), grant.clone(), self.expiry.clone());
+        let ch = channel.clone();
+        let done: PresenceDone = Box::new(move |shard, answer| match answer {
+            PresenceAnswer::Joined(object) => {
+                shard.subscribe(project, &ch, &c);
+                shard.reply_when_live(project, &ch, &c, subscribed_presence(&ch, &object));
+            }
+            PresenceAnswer::Full => {
+                expiry.end(&g);
+                c.send(channel_error_frame(
+                    "presence_full",
+                    &ch,
+                    "the presence channel has as many members as it may hold",
+                ));
+            }
+        });
+        let ticket = self.shard.presence_wait(conn.id, project, &channel, done);
+        hub.join(Join {
+            project,
+            channel,
+            user_id: user.into(),
+            info: info.map(String::into_boxed_str),
+            worker: self.shard.index(),
+            conn: conn.id,
+            ticket,
+        });
     }
 
     /// `refresh`: a new token for a held private subscription moves its expiry. A
@@ -364,6 +470,7 @@ impl ClientSession {
             event,
             data: data.as_bytes(),
             user_id,
+            socket_id: self.connection_id.as_str(),
         };
         events::relay(&self.events, &self.project, conn.id, &ev)
     }
@@ -616,6 +723,8 @@ mod tests {
                 max,
                 Expiry::new(shard.clone()),
                 events,
+                None,
+                crate::ids::IdGen::new(0).next_id(),
             ),
             conn,
             shard,
@@ -638,6 +747,7 @@ mod tests {
             Rc::new(crate::ids::IdGen::new(0)),
             0,
             64 * 1024,
+            None,
         )
     }
 
@@ -667,6 +777,7 @@ mod tests {
                 history: crate::history::HistorySpec::OFF,
                 max_connections: None,
                 client_events: false,
+                webhook: None,
             }],
             token_secrets: vec![TokenSecretRecord {
                 id: "tsk_1".into(),
@@ -687,6 +798,7 @@ mod tests {
             max_connections: 2,
             send_budget: 1 << 30,
             max_subscriptions: 1 << 20,
+            watch: None,
             history: std::sync::Arc::new(crate::history::History::new(
                 1 << 20,
                 crate::history::Recoveries::Allowed,
@@ -695,7 +807,15 @@ mod tests {
         let expiry = Expiry::new(shard.clone());
         let conn = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
         let events = test_events(mailboxes.clone());
-        let session = ClientSession::new(shard.clone(), project, 2, expiry.clone(), events);
+        let session = ClientSession::new(
+            shard.clone(),
+            project,
+            2,
+            expiry.clone(),
+            events,
+            None,
+            crate::ids::IdGen::new(0).next_id(),
+        );
         (session, conn, shard, expiry)
     }
 

@@ -33,10 +33,7 @@
 //! is unreachable every request is answered at once with [`Unreachable`].
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::task::Poll;
 
-use atomic_waker::AtomicWaker;
 use bytes::Bytes;
 use crossbeam_channel::Receiver;
 use redis::Value;
@@ -130,77 +127,7 @@ pub(crate) fn meta_ttl_s(ttl_s: u32) -> u64 {
     (2 * u64::from(ttl_s)).max(60)
 }
 
-/// Redis could not be asked (away, timed out, or answered with an error).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Unreachable;
-
-/// A one-shot answer from a control-plane thread to a worker's task: the thread fills
-/// it and wakes the task (monoio wakers may be woken from any thread).
-pub(crate) struct Reply<T> {
-    slot: Arc<ReplySlot<T>>,
-}
-
-struct ReplySlot<T> {
-    value: Mutex<Option<T>>,
-    waker: AtomicWaker,
-}
-
-/// The sending half; dropping it unsent answers [`Unreachable`].
-pub(crate) struct ReplyTx<T> {
-    slot: Option<Arc<ReplySlot<Result<T, Unreachable>>>>,
-}
-
-/// A reply pair.
-pub(crate) fn reply<T>() -> (ReplyTx<T>, Reply<Result<T, Unreachable>>) {
-    let slot = Arc::new(ReplySlot {
-        value: Mutex::new(None),
-        waker: AtomicWaker::new(),
-    });
-    (
-        ReplyTx {
-            slot: Some(slot.clone()),
-        },
-        Reply { slot },
-    )
-}
-
-impl<T> ReplyTx<T> {
-    pub(crate) fn send(mut self, value: Result<T, Unreachable>) {
-        if let Some(slot) = self.slot.take() {
-            *slot.value.lock().unwrap_or_else(PoisonError::into_inner) = Some(value);
-            slot.waker.wake();
-        }
-    }
-}
-
-impl<T> Drop for ReplyTx<T> {
-    fn drop(&mut self) {
-        if let Some(slot) = self.slot.take() {
-            *slot.value.lock().unwrap_or_else(PoisonError::into_inner) = Some(Err(Unreachable));
-            slot.waker.wake();
-        }
-    }
-}
-
-impl<T> Reply<T> {
-    /// Wait for the answer without blocking the worker.
-    pub(crate) async fn wait(self) -> T {
-        std::future::poll_fn(|cx| {
-            self.slot.waker.register(cx.waker());
-            match self
-                .slot
-                .value
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take()
-            {
-                Some(v) => Poll::Ready(v),
-                None => Poll::Pending,
-            }
-        })
-        .await
-    }
-}
+pub(crate) use crate::reply::{reply, Reply, ReplyTx, Unreachable};
 
 /// One message of one channel to publish.
 pub(crate) struct Item {

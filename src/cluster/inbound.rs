@@ -457,6 +457,9 @@ fn deliver(cluster: &Cluster, keys: &KeyCache, mailboxes: &Mailboxes, own: u64, 
     if payload.first() == Some(&wire::VERSION_HISTORY) {
         return deliver_positioned(cluster, keys, mailboxes, project_id, channel, payload);
     }
+    if payload.first() == Some(&crate::presence::remote::VERSION_PRESENCE) {
+        return deliver_presence(cluster, keys, mailboxes, own, project_id, channel, payload);
+    }
     let Some((origin, frame)) = wire::decode_payload(payload) else {
         cluster
             .stats
@@ -497,6 +500,45 @@ fn deliver(cluster: &Cluster, keys: &KeyCache, mailboxes: &Mailboxes, own: u64, 
         except: None,
     });
     enqueue(cluster, mailboxes, broadcast);
+}
+
+/// A presence frame another node's hub decided (a member joined or left anywhere):
+/// to this node's subscribers of the channel, never refused (see
+/// `Envelope::Presence`).
+fn deliver_presence(
+    cluster: &Cluster,
+    keys: &KeyCache,
+    mailboxes: &Mailboxes,
+    own: u64,
+    project_id: &str,
+    channel: &str,
+    payload: &[u8],
+) {
+    let snapshot = keys.load();
+    let decoded = wire::decode_presence(payload);
+    let (Some((origin, frame)), Some(project)) = (decoded, snapshot.project(project_id)) else {
+        cluster
+            .stats
+            .receive_dropped
+            .fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    if origin == own {
+        return; // this node's hub gave it to its own workers
+    }
+    if !crate::shard::is_presence(channel) || !wire::check_presence_frame(frame, channel) {
+        cluster
+            .stats
+            .receive_dropped
+            .fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    mailboxes.presence(Arc::new(Broadcast {
+        project: project.index,
+        channel: channel.into(),
+        frame: Bytes::copy_from_slice(frame),
+        except: None,
+    }));
 }
 
 /// A message of a history channel (any node's, this one's included: Redis gave it its

@@ -96,13 +96,9 @@ pub(crate) fn next_batch<T>(
 /// Channels per SUBSCRIBE when restoring after a reconnect (no storm of single commands,
 /// no single enormous command either).
 pub(crate) const RESUBSCRIBE_BATCH: usize = 256;
-/// First reconnect delay; doubles up to [`MAX_BACKOFF`].
-pub(crate) const MIN_BACKOFF: Duration = Duration::from_millis(100);
-pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(2);
-/// Connect/read/write timeout of a bridge connection's commands; also how long a dead
-/// Redis can go unnoticed at most while the connection is idle (a PING is sent this
-/// often).
-pub(crate) const IO_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) use crate::store::redis::{connect, Backoff, BRIDGE_IO_TIMEOUT as IO_TIMEOUT};
+#[cfg(test)]
+use crate::store::redis::{MAX_BACKOFF, MIN_BACKOFF};
 
 /// Why the cluster bridge could not start.
 #[derive(Debug, thiserror::Error)]
@@ -270,36 +266,6 @@ fn spawn_inbound(
     std::thread::Builder::new()
         .name("ringcast-subscribe".into())
         .spawn(move || inbound::run(&cluster, &client, &keys, &mailboxes, &rx))
-}
-
-/// Capped exponential backoff with jitter, so that nodes that lost Redis together do not
-/// all come back in the same millisecond.
-pub(crate) struct Backoff(Duration);
-
-impl Backoff {
-    pub(crate) fn new() -> Backoff {
-        Backoff(MIN_BACKOFF)
-    }
-
-    pub(crate) fn reset(&mut self) {
-        self.0 = MIN_BACKOFF;
-    }
-
-    /// The next delay (between half and all of the current step), then double the step.
-    pub(crate) fn next_delay(&mut self) -> Duration {
-        let step = self.0;
-        self.0 = (self.0 * 2).min(MAX_BACKOFF);
-        let half = step / 2;
-        half + half.mul_f64(rand::random::<f64>())
-    }
-}
-
-/// Connect with the bridge's timeouts.
-pub(crate) fn connect(client: &redis::Client) -> redis::RedisResult<redis::Connection> {
-    let conn = client.get_connection_with_timeout(IO_TIMEOUT)?;
-    conn.set_write_timeout(Some(IO_TIMEOUT))?;
-    conn.set_read_timeout(Some(IO_TIMEOUT))?;
-    Ok(conn)
 }
 
 /// Sleep `d` in small steps, returning early when the cluster is stopping.

@@ -10,42 +10,16 @@
 //! the thread keeps an index → id table rebuilt whenever the key snapshot changes
 //! (indexes are never reused, so a table entry never goes stale).
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crossbeam_channel::Receiver;
 
 use super::{connect, next_batch, sleep_unless_stopped, wire, Backoff, Cluster, MAX_BATCH};
-use crate::auth::{KeyCache, ProjectState};
+use crate::auth::KeyCache;
 use crate::shard::mailbox::Broadcast;
 
-/// Project index → project, for the snapshot generation it was built from.
-pub(crate) struct ProjectIndex {
-    generation: u64,
-    by_index: HashMap<u32, Arc<ProjectState>>,
-}
-
-impl ProjectIndex {
-    pub(crate) fn new() -> ProjectIndex {
-        ProjectIndex {
-            generation: u64::MAX,
-            by_index: HashMap::new(),
-        }
-    }
-
-    pub(crate) fn get(&mut self, keys: &KeyCache, index: u32) -> Option<&Arc<ProjectState>> {
-        let snapshot = keys.load();
-        if snapshot.generation() != self.generation || !self.by_index.contains_key(&index) {
-            self.generation = snapshot.generation();
-            self.by_index = snapshot
-                .projects()
-                .map(|p| (p.index, Arc::clone(p)))
-                .collect();
-        }
-        self.by_index.get(&index)
-    }
-}
+pub(crate) use crate::auth::cache::ProjectIndex;
 
 pub(crate) fn run(
     cluster: &Cluster,

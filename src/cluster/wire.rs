@@ -26,8 +26,7 @@
 //! make a browser receive a close, a ping, a binary frame, broken JSON or a frame of
 //! another channel.
 
-/// Prefix of every message channel ringcast subscribes to or publishes on.
-pub(crate) const CHANNEL_PREFIX: &str = "ringcast:m:";
+pub(crate) use crate::names::{redis_channel, CHANNEL_PREFIX};
 
 /// Payload format version; a node drops payloads of another version (a mixed-version
 /// cluster during an upgrade loses cross-node messages between the two versions rather
@@ -39,16 +38,6 @@ pub(crate) const VERSION_HISTORY: u8 = 2;
 
 /// Bytes before the frame in a payload.
 pub(crate) const HEADER_LEN: usize = 9;
-
-/// The Redis channel of `channel` in project `project_id`.
-pub(crate) fn redis_channel(project_id: &str, channel: &str) -> String {
-    let mut s = String::with_capacity(CHANNEL_PREFIX.len() + project_id.len() + 1 + channel.len());
-    s.push_str(CHANNEL_PREFIX);
-    s.push_str(project_id);
-    s.push(':');
-    s.push_str(channel);
-    s
-}
 
 /// Split a Redis channel into (project id, channel).
 pub(crate) fn parse_channel(redis_channel: &str) -> Option<(&str, &str)> {
@@ -109,6 +98,38 @@ pub(crate) fn check_frame(frame: &[u8], channel: &str) -> bool {
         && fields
             .get("data")
             .is_some_and(|d| d.is_object() || d.is_string())
+}
+
+/// Whether `frame` is exactly a presence frame of `channel` as the presence hub writes
+/// it: `{"type":"presence","channel":…,"action":"join"|"leave","user_id":"…"}`, plus an
+/// object `info` on a join, nothing else.
+pub(crate) fn check_presence_frame(frame: &[u8], channel: &str) -> bool {
+    let Some(payload) = frame_payload(frame) else {
+        return false;
+    };
+    let Ok(serde_json::Value::Object(fields)) = serde_json::from_slice(payload) else {
+        return false;
+    };
+    let text = |k: &str| fields.get(k).and_then(|v| v.as_str());
+    let info = match (text("action"), fields.get("info")) {
+        (Some("join"), Some(i)) if i.is_object() => 1,
+        (Some("join"), None) | (Some("leave"), None) => 0,
+        _ => return false,
+    };
+    fields.len() == 4 + info
+        && text("type") == Some("presence")
+        && text("channel") == Some(channel)
+        && text("user_id").is_some_and(|u| !u.is_empty())
+}
+
+/// Split a presence payload ([`crate::presence::remote::VERSION_PRESENCE`]) into its
+/// origin node and frame.
+pub(crate) fn decode_presence(payload: &[u8]) -> Option<(u64, &[u8])> {
+    if payload.len() < HEADER_LEN || payload[0] != crate::presence::remote::VERSION_PRESENCE {
+        return None;
+    }
+    let origin = u64::from_le_bytes(payload[1..HEADER_LEN].try_into().ok()?);
+    Some((origin, &payload[HEADER_LEN..]))
 }
 
 /// The payload of a single final unmasked text frame whose header is minimal and whose
@@ -270,6 +291,34 @@ pub(crate) fn split_body(body: &[u8], data_start: usize) -> Option<(String, &[u8
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn presence_frames_from_redis_are_checked_exactly() {
+        let f = |j: &str| crate::ws::frame::frame(crate::ws::frame::Opcode::Text, j.as_bytes());
+        let ok = f(
+            r#"{"type":"presence","channel":"presence-r","action":"join","user_id":"u","info":{"a":1}}"#,
+        );
+        assert!(check_presence_frame(&ok, "presence-r"));
+        assert!(!check_presence_frame(&ok, "presence-other"));
+        let leave =
+            f(r#"{"type":"presence","channel":"presence-r","action":"leave","user_id":"u"}"#);
+        assert!(check_presence_frame(&leave, "presence-r"));
+        for bad in [
+            r#"{"type":"presence","channel":"presence-r","action":"leave","user_id":"u","info":{}}"#,
+            r#"{"type":"presence","channel":"presence-r","action":"kick","user_id":"u"}"#,
+            r#"{"type":"message","channel":"presence-r","action":"join","user_id":"u"}"#,
+            r#"{"type":"presence","channel":"presence-r","action":"join","user_id":""}"#,
+            r#"{"type":"presence","channel":"presence-r","action":"join","user_id":"u","x":1}"#,
+            r#"{"type":"presence","channel":"presence-r","action":"join","user_id":"u","info":"s"}"#,
+        ] {
+            assert!(!check_presence_frame(&f(bad), "presence-r"), "{bad}");
+        }
+        let mut payload = vec![crate::presence::remote::VERSION_PRESENCE];
+        payload.extend_from_slice(&7u64.to_le_bytes());
+        payload.extend_from_slice(&ok);
+        assert_eq!(decode_presence(&payload), Some((7, &ok[..])));
+        assert_eq!(decode_presence(&payload[..5]), None);
+    }
 
     /// A message frame as a publish encodes it (`publish::encode::message_frame`, which
     /// this layer may not name: the publish layer sits above it).

@@ -185,7 +185,7 @@ impl Params {
 
 /// Decode a query value (`%XX` escapes, `+` as a space); `None` when the result is not
 /// UTF-8 or an escape is malformed.
-fn percent_decode(raw: &[u8]) -> Option<String> {
+pub(crate) fn percent_decode(raw: &[u8]) -> Option<String> {
     let mut out = Vec::with_capacity(raw.len());
     let mut i = 0;
     while i < raw.len() {

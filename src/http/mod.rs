@@ -17,6 +17,7 @@
 //! allocations per request and hides the buffer we need for the upgrade; the part we would
 //! keep from it (httparse) is what we use here.
 
+pub(crate) mod channels;
 pub(crate) mod conn;
 pub(crate) mod console;
 pub(crate) mod health;

@@ -9,7 +9,7 @@ use std::rc::Rc;
 
 use super::outcome::{answer, Outcome};
 use super::parse::{Method, RequestHead};
-use super::{console, health, history, publish, upgrade, ApiError, Service};
+use super::{channels, console, health, history, publish, upgrade, ApiError, Service};
 
 /// Route one request whose head is parsed; `req` starts at the head.
 pub(crate) fn route(
@@ -36,6 +36,18 @@ pub(crate) fn route(
         },
         b"/api/v1/history" => match head.method() {
             Method::Get => history::handle(svc, head, req, out),
+            _ => answer(out, ApiError::MethodNotAllowed("GET")),
+        },
+        b"/api/v1/channels" => match head.method() {
+            Method::Get => channels::handle(svc, head, req, out, channels::Ask::List),
+            _ => answer(out, ApiError::MethodNotAllowed("GET")),
+        },
+        b"/api/v1/channels/info" => match head.method() {
+            Method::Get => channels::handle(svc, head, req, out, channels::Ask::Info),
+            _ => answer(out, ApiError::MethodNotAllowed("GET")),
+        },
+        b"/api/v1/presence" => match head.method() {
+            Method::Get => channels::handle(svc, head, req, out, channels::Ask::Presence),
             _ => answer(out, ApiError::MethodNotAllowed("GET")),
         },
         b"/health" => match head.method() {

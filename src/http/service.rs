@@ -35,6 +35,7 @@ impl Service {
             ids.clone(),
             shard.index(),
             node.config.max_body_bytes,
+            Some(node.webhooks.clone()),
         );
         Service {
             events,

@@ -139,6 +139,8 @@ pub(crate) fn start<S: Transport>(
         cfg.max_subscriptions_per_connection,
         svc.expiry.clone(),
         svc.events.clone(),
+        Some(svc.node.presence.clone()),
+        connection_id,
     );
     // An empty leftover still owns the 4 KiB HTTP read buffer: free it now, not when
     // the connection ends (it would be most of an idle connection's memory).

@@ -67,6 +67,14 @@ fn gauges(node: &Node) -> NodeGauges {
         cluster_relay_dropped: stat(|s| &s.relay_dropped),
         cluster_receive_dropped: stat(|s| &s.receive_dropped),
         cluster_history_errors: stat(|s| &s.history_errors),
+        webhook_dropped_queue_full: node.webhooks.stats().dropped_queue_full.load(Relaxed),
+        webhook_dropped_retries_exhausted: node
+            .webhooks
+            .stats()
+            .dropped_retries_exhausted
+            .load(Relaxed),
+        webhook_requests_ok: node.webhooks.stats().requests_ok.load(Relaxed),
+        webhook_requests_failed: node.webhooks.stats().requests_failed.load(Relaxed),
     }
 }
 

@@ -235,7 +235,28 @@ fn serve(
     };
     let config_history_max = config.history_max_bytes;
     let connect_rate = crate::quota::connect_rate::ConnectRate::new(config.ws_connect_rate_per_ip);
+    // Webhooks first: the presence hub reports its transitions to them.
+    let webhooks = crate::webhook::Webhooks::start(&config, keys.clone());
+    let transitions: Arc<dyn crate::presence::Transitions> = webhooks.clone();
+    // The presence hub shares the bridge's node id: its relayed frames carry it, so the
+    // bridge skips this node's own.
+    let presence_cluster = match (&cluster, config.redis.as_deref()) {
+        (Some(c), Some(url)) => Some(crate::presence::remote::Setup {
+            client: crate::store::redis::client(url, config.redis_ca_file.as_deref())
+                .map_err(|e| anyhow::anyhow!("invalid Redis URL: {e}"))?,
+            node_id: c.node_id(),
+            keys: keys.clone(),
+        }),
+        _ => None,
+    };
+    let presence = crate::presence::Hub::start(
+        mailboxes.clone(),
+        config.max_presence_members,
+        Some(transitions),
+        presence_cluster,
+    )?;
     let shared = Arc::new(Node {
+        presence,
         config,
         keys: keys.clone(),
         mailboxes: mailboxes.clone(),
@@ -252,6 +273,7 @@ fn serve(
         )),
         metrics_timing,
         connect_rate,
+        webhooks,
     });
     let metrics_addr = match shared.config.metrics_listen {
         Some(addr) => Some(metrics_http::spawn(addr, metrics.clone(), shared.clone())?),
@@ -376,6 +398,8 @@ fn serve(
         std::thread::sleep(Duration::from_millis(10));
     }
     stop_watcher.store(true, Ordering::SeqCst);
+    // The workers' leaves are queued before this: members go before the lease does.
+    shared.presence.stop(Duration::from_secs(2));
     if let Some(cluster) = &cluster {
         cluster.stop();
     }

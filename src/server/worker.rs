@@ -147,6 +147,7 @@ pub(crate) fn run(setup: WorkerSetup) -> std::io::Result<()> {
             history: node.history.clone(),
             send_budget: node.config.worker_send_budget_bytes,
             max_subscriptions: node.config.max_subscriptions_per_worker,
+            watch: Some(node.presence.clone() as Arc<dyn crate::shard::ChannelWatch>),
         }));
         let svc = Rc::new(Service::new(node, shard.clone()));
         monoio::spawn(shard.clone().run_mailbox());

@@ -81,6 +81,25 @@ pub enum Envelope {
         ticket: u64,
         ready: HistoryReady,
     },
+    /// A presence frame (a member joined or left) from the presence hub, fanned out like
+    /// a broadcast. A control envelope: the hub must never lose one (members would see
+    /// a wrong list), and it makes at most two per connection's subscribe.
+    Presence(Arc<Broadcast>),
+    /// The presence hub's answer to the join given `ticket`.
+    PresenceReady {
+        ticket: u64,
+        answer: PresenceAnswer,
+    },
+}
+
+/// What the presence hub answered a join.
+#[derive(Debug)]
+pub enum PresenceAnswer {
+    /// Joined: the channel's presence object (`{"count":N,"members":[...]}`, the joiner
+    /// included) as JSON text, for its `subscribed` frame.
+    Joined(Box<str>),
+    /// The channel has `max_presence_members` users and this one is not among them.
+    Full,
 }
 
 /// What a cluster-mode subscribe to a history channel learnt from Redis.
@@ -144,7 +163,9 @@ impl Mailbox {
             Envelope::KeysChanged
             | Envelope::Shutdown
             | Envelope::InterestReady { .. }
-            | Envelope::HistoryReady { .. } => 0,
+            | Envelope::HistoryReady { .. }
+            | Envelope::Presence(_)
+            | Envelope::PresenceReady { .. } => 0,
         }
     }
 
@@ -292,6 +313,17 @@ impl Mailboxes {
     pub fn control(&self, make: impl Fn() -> Envelope) {
         for mb in self.boxes.iter() {
             mb.push(make());
+        }
+    }
+
+    /// Queue a presence frame on every worker that may have subscribers of its channel
+    /// (never refused; see [`Envelope::Presence`]).
+    pub fn presence(&self, msg: Arc<Broadcast>) {
+        let hash = channel_hash(msg.project, &msg.channel);
+        for mb in self.boxes.iter() {
+            if mb.interest.may_want(hash) {
+                mb.push(Envelope::Presence(msg.clone()));
+            }
         }
     }
 

@@ -67,6 +67,35 @@ pub(crate) trait InterestSink: Send + Sync {
     }
 }
 
+/// Told of every change in this worker's subscriber count of a channel, and of every
+/// presence channel a connection leaves or gives up joining (the node's presence and
+/// occupancy hub). Called on a worker at subscribe and unsubscribe, never on the
+/// fan-out path; it must not block.
+pub(crate) trait ChannelWatch: Send + Sync {
+    /// `delta` is +1 (a connection subscribed) or -1 (one left).
+    fn count(&self, worker: usize, project: u32, channel: &str, delta: i32);
+    /// Connection `conn` of worker `worker` is no longer in (nor joining) a presence
+    /// channel. Said for every way a subscription ends, whether or not it was live.
+    fn leave(&self, worker: usize, conn: u64, project: u32, channel: &str);
+}
+
+/// Channels with members: presence channels.
+pub(crate) fn is_presence(channel: &str) -> bool {
+    channel.starts_with("presence-")
+}
+
+/// What to do once the presence hub answered a join (made by the client layer).
+pub(crate) type PresenceDone = Box<dyn FnOnce(&Shard, mailbox::PresenceAnswer)>;
+
+/// A presence join waiting for [`Envelope::PresenceReady`].
+struct PendingPresence {
+    ticket: u64,
+    conn_id: u64,
+    project: u32,
+    channel: Box<str>,
+    done: PresenceDone,
+}
+
 /// Replies held until the cluster confirmed a channel's subscription (see
 /// [`InterestSink`]). Lives only for the Redis round trip of a first subscriber.
 struct Awaiting {
@@ -141,6 +170,8 @@ pub(crate) struct ShardSetup {
     pub send_budget: usize,
     /// Subscriptions this worker holds at most (`max_subscriptions_per_worker`).
     pub max_subscriptions: usize,
+    /// The node's presence and occupancy hub.
+    pub watch: Option<Arc<dyn ChannelWatch>>,
 }
 
 /// One worker's data-plane state.
@@ -168,6 +199,9 @@ pub(crate) struct Shard {
     history: Arc<History>,
     /// Cluster-mode history subscribes waiting for Redis (few, short-lived).
     pending_history: RefCell<Vec<PendingHistory>>,
+    watch: Option<Arc<dyn ChannelWatch>>,
+    /// Presence joins waiting for the hub (few, short-lived).
+    pending_presence: RefCell<Vec<PendingPresence>>,
 }
 
 /// One admitted connection; the shard's open count drops when it does.
@@ -221,7 +255,41 @@ impl Shard {
             stop: StopSignal::default(),
             history: setup.history,
             pending_history: RefCell::new(Vec::new()),
+            watch: setup.watch,
+            pending_presence: RefCell::new(Vec::new()),
         }
+    }
+
+    /// Wait for the presence hub's answer to a join of `conn_id` (sent by the caller
+    /// with the returned ticket); `done` runs when it arrives, in mailbox order, unless
+    /// the connection left the channel first.
+    pub(crate) fn presence_wait(
+        &self,
+        conn_id: u64,
+        project: u32,
+        channel: &str,
+        done: PresenceDone,
+    ) -> u64 {
+        let ticket = self.next_ticket.get() + 1;
+        self.next_ticket.set(ticket);
+        self.pending_presence.borrow_mut().push(PendingPresence {
+            ticket,
+            conn_id,
+            project,
+            channel: channel.into(),
+            done,
+        });
+        ticket
+    }
+
+    fn presence_ready(&self, ticket: u64, answer: mailbox::PresenceAnswer) {
+        let mut pending = self.pending_presence.borrow_mut();
+        let Some(at) = pending.iter().position(|p| p.ticket == ticket) else {
+            return; // the connection left first (and told the hub so)
+        };
+        let p = pending.swap_remove(at);
+        drop(pending);
+        (p.done)(self, answer);
     }
 
     /// Cluster mode: ask the cluster for a history channel's position (and replay)
@@ -402,6 +470,9 @@ impl Shard {
         let t = self.registry.borrow_mut().subscribe(project, channel, conn);
         if t != Subscribed::Already {
             self.count_subscriptions(1);
+            if let Some(watch) = &self.watch {
+                watch.count(self.index, project, channel, 1);
+            }
         }
         if t == Subscribed::First {
             self.mailbox.interest.add(channel_hash(project, channel));
@@ -498,6 +569,17 @@ impl Shard {
             .unsubscribe(project, channel, conn_id);
         if t != Unsubscribed::NotSubscribed {
             self.count_subscriptions(-1);
+            if let Some(watch) = &self.watch {
+                watch.count(self.index, project, channel, -1);
+            }
+        }
+        if is_presence(channel) {
+            if let Some(watch) = &self.watch {
+                self.pending_presence.borrow_mut().retain(|p| {
+                    !(p.conn_id == conn_id && p.project == project && &*p.channel == channel)
+                });
+                watch.leave(self.index, conn_id, project, channel);
+            }
         }
         if self.sink.is_some() && t != Unsubscribed::NotSubscribed {
             self.release_held(project, channel, conn_id, t == Unsubscribed::Last);
@@ -574,6 +656,11 @@ impl Shard {
                 ticket,
             } => self.interest_ready(project, &channel, ticket),
             Envelope::HistoryReady { ticket, ready } => self.history_ready(ticket, ready),
+            // Presence frames are not messages: not counted as deliveries.
+            Envelope::Presence(msg) => {
+                self.deliver(&self.registry.borrow(), &msg);
+            }
+            Envelope::PresenceReady { ticket, answer } => self.presence_ready(ticket, answer),
         }
     }
 
@@ -762,6 +849,7 @@ pub(crate) mod tests {
             history: Arc::new(History::new(1 << 20, crate::history::Recoveries::Allowed)),
             send_budget: 1 << 30,
             max_subscriptions: 1 << 20,
+            watch: None,
         });
         (Rc::new(shard), mailboxes)
     }

@@ -4,8 +4,10 @@
 //! directory, single node) and [`RedisStore`] (cluster mode, `--redis URL`: every node
 //! and every admin command share one Redis).
 //! Invariants every implementation keeps:
-//! - Only [`KeyHash`]es and display prefixes of keys are stored, never a full key. A
-//!   full key is returned once, by the call that created it.
+//! - Of a secret key only its [`KeyHash`] and display prefix are stored, never the full
+//!   key, which is returned once, by the call that created it. Public keys are public
+//!   (every web page carries one) and are kept whole too, for the webhook's
+//!   `X-Pusher-Key`.
 //! - A project token secret (`ts_...`) is stored only sealed under the master key
 //!   ([`crate::sealed`]); the clear secret is returned once, by the call that made it.
 //!   Of a token key (ES256/EdDSA) only the public half is ever stored.
@@ -16,9 +18,11 @@
 
 pub(crate) mod redis;
 mod sqlite;
+pub(crate) mod webhook;
 
 pub(crate) use self::redis::RedisStore;
 pub(crate) use sqlite::SqliteStore;
+pub use webhook::{HookKind, HookKinds, WebhookSpec};
 
 use std::path::{Path, PathBuf};
 
@@ -44,6 +48,8 @@ pub struct ProjectRecord {
     /// Whether subscribers of this project's private and presence channels may send
     /// client events to each other (`false` by default).
     pub client_events: bool,
+    /// Where and what the project's webhook sends (`project set-webhook`); `None`: off.
+    pub webhook: Option<WebhookSpec>,
 }
 
 /// A key as stored: everything but the key itself.
@@ -56,6 +62,10 @@ pub struct KeyRecord {
     /// Display prefix, e.g. `sk_ab12…`.
     pub prefix: String,
     pub hash: KeyHash,
+    /// The whole key, for public keys only (they are public: every web page carries
+    /// one); the webhook's `X-Pusher-Key` needs it. `None` for secret keys, and for
+    /// public keys made before schema 6 (only their hash was kept).
+    pub public_key: Option<String>,
 }
 
 impl KeyRecord {
@@ -71,6 +81,7 @@ impl KeyRecord {
             revoked: false,
             prefix: key_prefix(&key),
             hash: hash_key(&key),
+            public_key: (kind == KeyKind::Public).then(|| key.clone()),
         };
         (record, key)
     }
@@ -257,6 +268,13 @@ pub(crate) trait Store: Send {
         &mut self,
         project_id: &str,
         on: bool,
+    ) -> Result<ProjectRecord, StoreError>;
+
+    /// Set (or with `None` turn off) a project's webhook; returns the updated project.
+    fn set_webhook(
+        &mut self,
+        project_id: &str,
+        webhook: Option<WebhookSpec>,
     ) -> Result<ProjectRecord, StoreError>;
 
     /// A new key for an existing project; returns its record and the full key.

@@ -13,7 +13,10 @@
 //! - `max_connections` hash: project id → its own WebSocket connection limit (absent:
 //!   the node's `max_ws_connections_per_project`);
 //! - `client_events` set: ids of the projects that allow client events (absent: off);
-//! - `keys` hash: key id → JSON `{project_id, kind, prefix, hash, seq}` (immutable);
+//! - `webhooks` hash: project id → JSON `{url, events}` (`events` as printed, e.g.
+//!   `"channel_occupied,client_event"`; absent: no webhook);
+//! - `keys` hash: key id → JSON `{project_id, kind, prefix, hash, seq[, public_key]}`
+//!   (immutable; `public_key`, the whole key, for public keys made since webhooks);
 //! - `key_hashes` hash: hex SHA-256 → key id (revocation by full key);
 //! - `revoked` set: revoked key ids (revocation is a set insert: idempotent, permanent);
 //! - `token_secrets` hash: id → JSON `{project_id, sealed (base64), expires_at, seq}`,
@@ -22,7 +25,7 @@
 //! - `version`: INCR'd in the same MULTI/EXEC as every change (the change token);
 //! - `seq`: a counter that orders projects and keys "oldest first".
 //!
-//! Invariants: only hashes and display prefixes are stored; every change and its
+//! Invariants: of secret keys only hashes and display prefixes are stored; every change and its
 //! `version` bump commit atomically (MULTI/EXEC); [`Store::load_all`] is one MULTI/EXEC,
 //! so it is one consistent view. A failed call drops the connection; the next call
 //! reconnects (with [`IO_TIMEOUT`] bounding every wait), so a watcher polling a dead
@@ -37,8 +40,9 @@ use serde::{Deserialize, Serialize};
 use base64::Engine as _;
 
 use super::{
-    mint_token_secret, rotated_expiry, unix_now, validate_project_name, KeyRecord, ProjectRecord,
-    Store, StoreContents, StoreError, TokenKeyAlg, TokenKeyRecord, TokenSecretRecord,
+    mint_token_secret, rotated_expiry, unix_now, validate_project_name, HookKinds, KeyRecord,
+    ProjectRecord, Store, StoreContents, StoreError, TokenKeyAlg, TokenKeyRecord,
+    TokenSecretRecord, WebhookSpec,
 };
 use crate::apikey::{generate_id, hash_key, key_prefix, KeyHash, KeyKind};
 use crate::history::HistorySpec;
@@ -66,6 +70,15 @@ struct StoredKey {
     /// Hex SHA-256 of the full key.
     hash: String,
     seq: u64,
+    /// The whole key, for a public key only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    public_key: Option<String>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StoredWebhook {
+    url: String,
+    events: String,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -238,6 +251,7 @@ impl RedisStore {
             prefix: record.prefix.clone(),
             hash: record.hash.to_hex(),
             seq: self.next_seq()?,
+            public_key: record.public_key.clone(),
         };
         let json = serde_json::to_string(&stored)
             .map_err(|e| StoreError::Corrupt(format!("cannot encode key: {e}")))?;
@@ -259,8 +273,9 @@ impl RedisStore {
             HashMap<String, String>,
             HashMap<String, u64>,
             HashSet<String>,
+            HashMap<String, String>,
         );
-        let (projects, limits, histories, conns, events): Read = self.with(|c| {
+        let (projects, limits, histories, conns, events, hooks): Read = self.with(|c| {
             redis::pipe()
                 .atomic()
                 .cmd("HGETALL")
@@ -273,9 +288,11 @@ impl RedisStore {
                 .arg(k("max_connections"))
                 .cmd("SMEMBERS")
                 .arg(k("client_events"))
+                .cmd("HGETALL")
+                .arg(k("webhooks"))
                 .query(c)
         })?;
-        decode_projects(projects, &limits, &histories, &conns, &events)
+        decode_projects(projects, &limits, &histories, &conns, &events, &hooks)
     }
 }
 
@@ -285,6 +302,7 @@ fn decode_projects(
     histories: &HashMap<String, String>,
     max_connections: &HashMap<String, u64>,
     client_events: &HashSet<String>,
+    webhooks: &HashMap<String, String>,
 ) -> Result<Vec<ProjectRecord>, StoreError> {
     let mut out = Vec::with_capacity(projects.len());
     for (id, json) in projects {
@@ -301,9 +319,22 @@ fn decode_projects(
                 .map_err(|e| StoreError::Corrupt(format!("project {id}: {e}")))?,
             None => HistorySpec::OFF,
         };
+        let webhook = match webhooks.get(&id) {
+            Some(json) => {
+                let hook: StoredWebhook = serde_json::from_str(json)
+                    .map_err(|e| StoreError::Corrupt(format!("project {id} webhook: {e}")))?;
+                Some(WebhookSpec {
+                    url: hook.url,
+                    events: HookKinds::parse(&hook.events)
+                        .map_err(|e| StoreError::Corrupt(format!("project {id}: {e}")))?,
+                })
+            }
+            None => None,
+        };
         out.push((
             stored.seq,
             ProjectRecord {
+                webhook,
                 max_connections: max_connections.get(&id).copied(),
                 client_events: client_events.contains(&id),
                 id,
@@ -344,6 +375,7 @@ fn decode_keys(
                 kind,
                 prefix: stored.prefix,
                 hash: KeyHash(hash),
+                public_key: stored.public_key,
             },
         ));
     }
@@ -371,6 +403,7 @@ impl Store for RedisStore {
             history,
             max_connections: None,
             client_events: false,
+            webhook: None,
         };
         let stored = serde_json::to_string(&StoredProject {
             name: name.to_string(),
@@ -578,6 +611,33 @@ impl Store for RedisStore {
         self.read_project(project_id)
     }
 
+    fn set_webhook(
+        &mut self,
+        project_id: &str,
+        webhook: Option<WebhookSpec>,
+    ) -> Result<ProjectRecord, StoreError> {
+        if !self.project_exists(project_id)? {
+            return Err(project_not_found(project_id));
+        }
+        let json = match &webhook {
+            Some(w) => Some(encode_json(&StoredWebhook {
+                url: w.url.clone(),
+                events: w.events.to_string(),
+            })?),
+            None => None,
+        };
+        self.with(|c| {
+            let mut pipe = redis::pipe();
+            pipe.atomic();
+            match &json {
+                Some(json) => pipe.hset(k("webhooks"), project_id, json),
+                None => pipe.hdel(k("webhooks"), project_id),
+            };
+            pipe.incr(k("version"), 1).query::<()>(c)
+        })?;
+        self.read_project(project_id)
+    }
+
     fn set_max_connections(
         &mut self,
         project_id: &str,
@@ -670,8 +730,9 @@ impl Store for RedisStore {
             HashSet<String>,
             HashMap<String, String>,
             HashMap<String, String>,
+            HashMap<String, String>,
         );
-        let (projects, limits, histories, conns, events, keys, revoked, secrets, token_keys): All =
+        let (projects, limits, histories, conns, events, keys, revoked, secrets, token_keys, hooks): All =
             self.with(|c| {
                 redis::pipe()
                     .atomic()
@@ -693,10 +754,12 @@ impl Store for RedisStore {
                     .arg(k("token_secrets"))
                     .cmd("HGETALL")
                     .arg(k("token_keys"))
+                    .cmd("HGETALL")
+                    .arg(k("webhooks"))
                     .query(c)
             })?;
         Ok(StoreContents {
-            projects: decode_projects(projects, &limits, &histories, &conns, &events)?,
+            projects: decode_projects(projects, &limits, &histories, &conns, &events, &hooks)?,
             keys: decode_keys(keys, &revoked, None)?,
             token_secrets: token_secret_records(secrets)?,
             token_keys: token_key_records(token_keys)?,
@@ -739,4 +802,45 @@ fn forget_history(c: &mut redis::Connection, project_id: &str) -> redis::RedisRe
         }
     }
     Ok(())
+}
+
+// Connection helpers shared by every control-plane thread that talks to Redis (the
+// cluster bridge, the presence hub).
+
+/// First reconnect delay; doubles up to [`MAX_BACKOFF`].
+pub(crate) const MIN_BACKOFF: Duration = Duration::from_millis(100);
+pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// Connect/read/write timeout of a bridge connection's commands; also how long a dead
+/// Redis can go unnoticed at most while the connection is idle (a PING is sent this
+/// often).
+pub(crate) const BRIDGE_IO_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Capped exponential backoff with jitter, so that nodes that lost Redis together do not
+/// all come back in the same millisecond.
+pub(crate) struct Backoff(Duration);
+
+impl Backoff {
+    pub(crate) fn new() -> Backoff {
+        Backoff(MIN_BACKOFF)
+    }
+
+    pub(crate) fn reset(&mut self) {
+        self.0 = MIN_BACKOFF;
+    }
+
+    /// The next delay (between half and all of the current step), then double the step.
+    pub(crate) fn next_delay(&mut self) -> Duration {
+        let step = self.0;
+        self.0 = (self.0 * 2).min(MAX_BACKOFF);
+        let half = step / 2;
+        half + half.mul_f64(rand::random::<f64>())
+    }
+}
+
+/// Connect with the bridge's timeouts.
+pub(crate) fn connect(client: &redis::Client) -> redis::RedisResult<redis::Connection> {
+    let conn = client.get_connection_with_timeout(BRIDGE_IO_TIMEOUT)?;
+    conn.set_write_timeout(Some(BRIDGE_IO_TIMEOUT))?;
+    conn.set_read_timeout(Some(BRIDGE_IO_TIMEOUT))?;
+    Ok(conn)
 }

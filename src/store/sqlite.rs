@@ -23,8 +23,8 @@ use std::time::Duration;
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 
 use super::{
-    mint_token_secret, rotated_expiry, validate_project_name, KeyRecord, ProjectRecord, Store,
-    StoreContents, StoreError, TokenKeyAlg, TokenKeyRecord, TokenSecretRecord,
+    mint_token_secret, rotated_expiry, validate_project_name, HookKinds, KeyRecord, ProjectRecord,
+    Store, StoreContents, StoreError, TokenKeyAlg, TokenKeyRecord, TokenSecretRecord, WebhookSpec,
 };
 use crate::apikey::{generate_id, hash_key, key_prefix, KeyHash, KeyKind};
 use crate::history::HistorySpec;
@@ -39,7 +39,7 @@ pub(super) const DB_FILE: &str = "ringcast.db";
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Schema version this build writes (`PRAGMA user_version`).
-const SCHEMA_VERSION: i64 = 5;
+const SCHEMA_VERSION: i64 = 6;
 
 /// Migrations, index i brings the schema from version i to i + 1.
 const MIGRATIONS: &[&str] = &[
@@ -88,6 +88,11 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE projects ADD COLUMN max_connections INTEGER;",
     // 4 -> 5: client events allowed on the project's private/presence channels (0: off).
     "ALTER TABLE projects ADD COLUMN client_events INTEGER NOT NULL DEFAULT 0;",
+    // 5 -> 6: webhooks (URL and event list; NULL: off), and public keys kept whole (the
+    // webhook's X-Pusher-Key; older public keys stay hash-only, NULL here).
+    "ALTER TABLE projects ADD COLUMN webhook_url TEXT;
+    ALTER TABLE projects ADD COLUMN webhook_events TEXT;
+    ALTER TABLE keys ADD COLUMN public_key TEXT;",
 ];
 
 /// A connection to the SQLite store. One per thread; not shared.
@@ -235,15 +240,16 @@ fn insert_key(
 ) -> Result<(KeyRecord, String), StoreError> {
     let (record, key) = KeyRecord::mint(project_id, kind);
     tx.execute(
-        "INSERT INTO keys (id, project_id, kind, hash, prefix, created_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT INTO keys (id, project_id, kind, hash, prefix, created_at, public_key)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
         params![
             record.id,
             record.project_id,
             kind.as_str(),
             &record.hash.0[..],
             record.prefix,
-            unix_now()
+            unix_now(),
+            record.public_key,
         ],
     )?;
     Ok((record, key))
@@ -259,14 +265,30 @@ fn project_exists(conn: &Connection, project_id: &str) -> Result<bool, StoreErro
 }
 
 /// A project row as read, before its rate limit is validated.
-type RawProject = (String, String, String, String, Option<i64>, bool);
-/// A key row as read: id, project_id, kind, revoked, prefix, hash.
-type RawKey = (String, String, String, bool, String, Vec<u8>);
+type RawProject = (
+    String,
+    String,
+    String,
+    String,
+    Option<i64>,
+    bool,
+    Option<String>,
+    Option<String>,
+);
+/// A key row as read: id, project_id, kind, revoked, prefix, hash, public key.
+type RawKey = (
+    String,
+    String,
+    String,
+    bool,
+    String,
+    Vec<u8>,
+    Option<String>,
+);
 
-const SELECT_PROJECTS: &str =
-    "SELECT id, name, rate_limit, history, max_connections, client_events FROM projects";
+const SELECT_PROJECTS: &str = "SELECT id, name, rate_limit, history, max_connections, client_events, webhook_url, webhook_events FROM projects";
 const SELECT_KEYS: &str =
-    "SELECT id, project_id, kind, revoked_at IS NOT NULL, prefix, hash FROM keys";
+    "SELECT id, project_id, kind, revoked_at IS NOT NULL, prefix, hash, public_key FROM keys";
 
 fn read_projects(
     conn: &Connection,
@@ -282,10 +304,12 @@ fn read_projects(
             r.get(3)?,
             r.get(4)?,
             r.get(5)?,
+            r.get(6)?,
+            r.get(7)?,
         ))
     })?;
     rows.map(|row| {
-        let (id, name, rate_limit, history, max_connections, client_events) = row?;
+        let (id, name, rate_limit, history, max_connections, client_events, url, events) = row?;
         let rate_limit = RateLimit::parse(&rate_limit)
             .map_err(|e| StoreError::Corrupt(format!("project {id}: {e}")))?;
         let history = HistorySpec::parse(&history)
@@ -294,6 +318,14 @@ fn read_projects(
             .map(u64::try_from)
             .transpose()
             .map_err(|_| StoreError::Corrupt(format!("project {id}: negative max_connections")))?;
+        let webhook = match (url, events) {
+            (Some(url), Some(events)) => Some(WebhookSpec {
+                url,
+                events: HookKinds::parse(&events)
+                    .map_err(|e| StoreError::Corrupt(format!("project {id}: {e}")))?,
+            }),
+            _ => None,
+        };
         Ok(ProjectRecord {
             id,
             name,
@@ -301,6 +333,7 @@ fn read_projects(
             history,
             max_connections,
             client_events,
+            webhook,
         })
     })
     .collect()
@@ -320,10 +353,11 @@ fn read_keys(
             r.get(3)?,
             r.get(4)?,
             r.get(5)?,
+            r.get(6)?,
         ))
     })?;
     rows.map(|row| {
-        let (id, project_id, kind, revoked, prefix, hash) = row?;
+        let (id, project_id, kind, revoked, prefix, hash, public_key) = row?;
         let kind = KeyKind::parse(&kind)
             .ok_or_else(|| StoreError::Corrupt(format!("key {id}: unknown kind {kind:?}")))?;
         let hash = <[u8; 32]>::try_from(hash.as_slice())
@@ -335,6 +369,7 @@ fn read_keys(
             revoked,
             prefix,
             hash: KeyHash(hash),
+            public_key,
         })
     })
     .collect()
@@ -356,6 +391,7 @@ impl Store for SqliteStore {
             history,
             max_connections: None,
             client_events: false,
+            webhook: None,
         };
         let (token_record, token_secret) = mint_token_secret(&project.id, master)?;
         self.write(|tx| {
@@ -506,6 +542,29 @@ impl Store for SqliteStore {
             let changed = tx.execute(
                 "UPDATE projects SET client_events = ?1 WHERE id = ?2",
                 params![on, project_id],
+            )?;
+            if changed == 0 {
+                return Err(project_not_found(project_id));
+            }
+            read_projects(tx, "WHERE id = ?1", [project_id])?
+                .pop()
+                .ok_or_else(|| project_not_found(project_id))
+        })
+    }
+
+    fn set_webhook(
+        &mut self,
+        project_id: &str,
+        webhook: Option<WebhookSpec>,
+    ) -> Result<ProjectRecord, StoreError> {
+        let (url, events) = match &webhook {
+            Some(w) => (Some(w.url.as_str()), Some(w.events.to_string())),
+            None => (None, None),
+        };
+        self.write(|tx| {
+            let changed = tx.execute(
+                "UPDATE projects SET webhook_url = ?1, webhook_events = ?2 WHERE id = ?3",
+                params![url, events, project_id],
             )?;
             if changed == 0 {
                 return Err(project_not_found(project_id));
@@ -678,6 +737,9 @@ mod tests {
         assert_eq!(keys[0].kind, KeyKind::Secret);
         assert_eq!(keys[0].hash, hash_key(&secret));
         assert_eq!(keys[1].hash, hash_key(&public));
+        assert_eq!(keys[0].public_key, None, "a secret key is never kept whole");
+        assert_eq!(keys[1].public_key.as_deref(), Some(public.as_str()));
+        assert_eq!(extra.public_key.as_deref(), Some(extra_key.as_str()));
         assert_eq!(keys[2], extra);
         assert!(keys.iter().all(|k| !k.revoked));
 
@@ -713,10 +775,14 @@ mod tests {
         for entry in std::fs::read_dir(dir.path()).unwrap() {
             bytes.extend(std::fs::read(entry.unwrap().path()).unwrap());
         }
-        for key in [secret, public, token] {
+        for key in [secret, token] {
             let needle = &key.as_bytes()[3..];
             assert!(!bytes.windows(needle.len()).any(|w| w == needle));
         }
+        // A public key is public (every web page carries one): kept whole, for the
+        // webhook's X-Pusher-Key.
+        let needle = &public.as_bytes()[3..];
+        assert!(bytes.windows(needle.len()).any(|w| w == needle));
     }
 
     #[test]
@@ -883,6 +949,19 @@ mod tests {
             let project = store.set_client_events("prj_old", true).unwrap();
             assert!(project.client_events, "schema {version}");
             assert_eq!(project.max_connections, Some(7), "schema {version}");
+            assert_eq!(
+                projects[0].webhook, None,
+                "schema {version}: off by default"
+            );
+            let hook = WebhookSpec {
+                url: "https://example.com/hook".into(),
+                events: HookKinds::DEFAULT,
+            };
+            let project = store.set_webhook("prj_old", Some(hook.clone())).unwrap();
+            assert_eq!(project.webhook, Some(hook), "schema {version}");
+            assert!(project.client_events, "schema {version}");
+            let project = store.set_webhook("prj_old", None).unwrap();
+            assert_eq!(project.webhook, None, "schema {version}");
             store
                 .rotate_token_secret("prj_old", &MasterKey::random(), 0)
                 .unwrap();

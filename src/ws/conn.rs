@@ -224,8 +224,6 @@ impl WsConn {
         .await
     }
 
-    /// Start a server-side close. The backlog is dropped for a slow consumer (it is what
-    /// made it slow); otherwise queued frames go out first.
     /// The backlog bound (`send_backlog_bytes`) in the bytes [`WsConn::send`] counts.
     pub fn backlog_limit(&self) -> usize {
         self.backlog_limit
@@ -236,6 +234,8 @@ impl WsConn {
         frame.len() + QUEUE_SLOT_COST
     }
 
+    /// Start a server-side close. The backlog is dropped for a slow consumer (it is what
+    /// made it slow); otherwise queued frames go out first.
     pub fn close(self: &Rc<Self>, why: Disconnect) {
         let code = why.code;
         if self.state.get() != State::Open {

@@ -11,6 +11,7 @@ import { tmpdir } from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { createInterface } from "node:readline";
+import { createHmac } from "node:crypto";
 
 export const repoRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
 export const BIN = path.resolve(repoRoot, process.env.RINGCAST_BIN || "target/debug/ringcast");
@@ -189,7 +190,12 @@ export async function startServer({ dataDir, listen = "127.0.0.1:0", dev = false
 /** Create a project with the CLI and wait until the running server knows its keys. */
 export async function createProject(server, name = "e2e") {
   const out = await cli(server.dataDir, "project", "create", name, "--rate-limit", "1000/s");
-  const project = { id: out.project.id, secret: out.secret_key, public: out.public_key };
+  const project = {
+    id: out.project.id,
+    secret: out.secret_key,
+    public: out.public_key,
+    tokenSecret: out.token_secret,
+  };
   await waitKey(server, project.secret);
   return project;
 }
@@ -225,6 +231,30 @@ export async function publish(server, secret, channel, event, data) {
     body = text;
   }
   return { status: res.status, body };
+}
+
+/** GET a REST path (e.g. "/api/v1/presence?channel=...") with a secret key; returns {status, body}. */
+export async function apiGet(server, secret, pathAndQuery) {
+  const res = await fetch(`${server.url}${pathAndQuery}`, { headers: { "X-Api-Key": secret } });
+  const text = await res.text();
+  let body;
+  try {
+    body = JSON.parse(text);
+  } catch {
+    body = text;
+  }
+  return { status: res.status, body };
+}
+
+/**
+ * A channel token as an application backend signs it: a JWT, HS256 with the project's
+ * token secret (`ts_...`), over `claims` (`channel`, `exp`, and for presence `sub`, `info`).
+ */
+export function signToken(tokenSecret, claims) {
+  const b64 = (v) => Buffer.from(JSON.stringify(v)).toString("base64url");
+  const body = `${b64({ alg: "HS256", typ: "JWT" })}.${b64(claims)}`;
+  const sig = createHmac("sha256", tokenSecret).update(body).digest("base64url");
+  return `${body}.${sig}`;
 }
 
 // ---- static files ------------------------------------------------------------------

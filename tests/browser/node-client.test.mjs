@@ -5,7 +5,9 @@ import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import WebSocket from "ws";
 import { Ringcast } from "../../clients/js/ringcast.js";
-import { startServer, createProject, publish, waitFor, cleanupAll, onCleanup, cli } from "./helpers.mjs";
+import {
+  startServer, createProject, publish, apiGet, signToken, waitFor, cleanupAll, onCleanup, cli,
+} from "./helpers.mjs";
 
 after(cleanupAll);
 
@@ -118,4 +120,58 @@ test("Node: after a lost connection the client recovers the missed messages once
   assert.deepEqual(messages.map((m) => m.data.i), [1, 2, 3, 4, 5, 6, 7]);
   assert.equal(new Set(messages.map((m) => m.epoch)).size, 1);
   assert.equal(sockets.length, 2);
+});
+
+test("Node: presence members, joins and leaves, and a token that expires ends the subscription", async () => {
+  const server = await startServer();
+  const project = await createProject(server, "presence");
+  const now = () => Math.floor(Date.now() / 1000);
+  /** A client of `user` whose tokens expire `ttl` seconds after they are made. */
+  const clientOf = (user, info, ttl) => {
+    // The first token is reused: a client cannot extend it (refresh says so), so the
+    // subscription ends at exp + 5 s.
+    let token;
+    const client = new Ringcast(server.wsUrl, {
+      key: project.public,
+      WebSocket,
+      getToken: (channel) =>
+        (token ??= signToken(project.tokenSecret, { channel, sub: user, info, exp: now() + ttl })),
+    });
+    onCleanup(() => client.close());
+    const seen = { presence: [], ended: [], errors: [], subscribed: 0 };
+    const sub = client.subscribe("presence-room", () => {});
+    sub.on("presence", (e) => seen.presence.push(e));
+    sub.on("unsubscribed", (r) => seen.ended.push(r));
+    sub.on("error", (e) => seen.errors.push(e.code));
+    sub.on("subscribed", () => (seen.subscribed += 1));
+    client.connect();
+    return { client, sub, seen };
+  };
+  const u1 = clientOf("u1", { n: 1 }, 600);
+  await waitFor(() => u1.seen.subscribed === 1, { message: "u1 subscribed" });
+  const u2 = clientOf("u2", { n: 2 }, 2);
+  await waitFor(() => u2.seen.subscribed === 1, { message: "u2 subscribed" });
+  assert.deepEqual(u2.sub.members, [{ user_id: "u1", info: { n: 1 } }, { user_id: "u2", info: { n: 2 } }]);
+  await waitFor(() => u1.seen.presence.length === 1, { message: "u1 sees u2 join" });
+  assert.deepEqual(u1.seen.presence, [{ action: "join", user_id: "u2", info: { n: 2 } }]);
+
+  // u2's token runs out: the server ends the subscription (token_expired) and u2 leaves.
+  await waitFor(() => u2.seen.ended.length === 1, { timeout: 15000, message: "u2's token to expire" });
+  assert.deepEqual(u2.seen.ended, ["token_expired"]);
+  assert.deepEqual(u2.seen.errors, ["token_not_refreshed"]);
+  assert.equal(u2.sub.state, "unsubscribed");
+  assert.deepEqual(u2.sub.members, []);
+  await waitFor(() => u1.seen.presence.length === 2, { message: "u1 sees u2 leave" });
+  assert.deepEqual(u1.seen.presence[1], { action: "leave", user_id: "u2", info: { n: 2 } });
+  assert.deepEqual(u1.sub.members, [{ user_id: "u1", info: { n: 1 } }]);
+  assert.equal(u2.client.state, "connected");
+
+  // u1 unsubscribes: the server's list is empty.
+  u1.sub.unsubscribe();
+  await waitFor(
+    async () => (await apiGet(server, project.secret, "/api/v1/presence?channel=presence-room")).body.count === 0,
+    { message: "the member list to empty" },
+  );
+  assert.deepEqual(u1.seen.ended, []);
+  assert.deepEqual(u1.seen.errors, []);
 });

@@ -500,9 +500,90 @@ test("presence: members from subscribed, join and leave events", () => {
   Socket.last.frame({ type: "presence", channel: "presence-room", action: "leave", user_id: "u1" });
   assert.deepEqual(events, [
     { action: "join", user_id: "u2", info: { n: 2 } },
-    { action: "leave", user_id: "u1" },
+    // A leave reports the info the member joined with (the server's leave has none).
+    { action: "leave", user_id: "u1", info: { n: 1 } },
   ]);
   assert.deepEqual(sub.members, [{ user_id: "10", info: {} }, { user_id: "u2", info: { n: 2 } }]);
+});
+
+test("presence: a member without info is listed without it; repeated join and unknown leave change nothing", () => {
+  const { Socket, client } = setup({ getToken: async () => "t.t.t" });
+  client.connect();
+  Socket.last.accept();
+  const sub = client.subscribe("presence-room", () => {});
+  sub.state = "subscribing";
+  const events = [];
+  sub.on("presence", (e) => events.push(e));
+  Socket.last.frame({
+    type: "subscribed",
+    channel: "presence-room",
+    presence: { count: 1, members: [{ user_id: "u1", info: { first: true } }] },
+  });
+  Socket.last.frame({ type: "presence", channel: "presence-room", action: "join", user_id: "u2" });
+  // The first connection's info stays the member's.
+  Socket.last.frame({ type: "presence", channel: "presence-room", action: "join", user_id: "u1", info: { first: false } });
+  Socket.last.frame({ type: "presence", channel: "presence-room", action: "leave", user_id: "nobody" });
+  Socket.last.frame({ type: "presence", channel: "presence-room", action: "wave", user_id: "u2" });
+  assert.deepEqual(events, [{ action: "join", user_id: "u2" }]);
+  assert.deepEqual(sub.members, [{ user_id: "u1", info: { first: true } }, { user_id: "u2" }]);
+  assert.ok(!("info" in sub.members[1]));
+});
+
+test("presence: frames before subscribed are ignored; after a reconnect only the new list counts", async () => {
+  const { Socket, client, clock } = setup({ getToken: async () => "t.t.t" });
+  client.connect();
+  Socket.last.accept();
+  const sub = client.subscribe("presence-room", () => {});
+  await flush();
+  const events = [];
+  const infos = [];
+  sub.on("presence", (e) => events.push(e));
+  sub.on("subscribed", (i) => infos.push(i));
+  // The server's list already counts this join: the frame before it must not be applied twice.
+  Socket.last.frame({ type: "presence", channel: "presence-room", action: "join", user_id: "u0" });
+  Socket.last.frame({
+    type: "subscribed",
+    channel: "presence-room",
+    presence: { count: 3, members: [{ user_id: "u0" }, { user_id: "me" }, { user_id: "gone" }] },
+  });
+  assert.deepEqual(sub.members.map((m) => m.user_id), ["u0", "me", "gone"]);
+  Socket.last.serverClose(1006);
+  assert.equal(client.state, "disconnected");
+  assert.equal(sub.state, "pending");
+  assert.deepEqual(sub.members, []);
+  clock.advance(1000);
+  Socket.last.accept();
+  await flush();
+  assert.equal(sub.state, "subscribing");
+  // "gone" left while we were away; "new" joined.
+  Socket.last.frame({
+    type: "subscribed",
+    channel: "presence-room",
+    presence: { count: 3, members: [{ user_id: "u0" }, { user_id: "me" }, { user_id: "new" }] },
+  });
+  assert.deepEqual(sub.members.map((m) => m.user_id), ["u0", "me", "new"]);
+  assert.equal(infos.length, 2);
+  assert.deepEqual(events, []);
+});
+
+test("presence: a server-side end and presence_full leave no members behind", async () => {
+  const { Socket, client } = setup({ getToken: async () => "t.t.t" });
+  client.connect();
+  Socket.last.accept();
+  const sub = client.subscribe("presence-a", () => {});
+  const full = client.subscribe("presence-b", () => {});
+  await flush();
+  Socket.last.frame({ type: "subscribed", channel: "presence-a", presence: { count: 1, members: [{ user_id: "me" }] } });
+  assert.equal(sub.members.length, 1);
+  Socket.last.frame({ type: "unsubscribed", channel: "presence-a", reason: "token_expired" });
+  assert.deepEqual(sub.members, []);
+  const errors = [];
+  full.on("error", (e) => errors.push(e));
+  Socket.last.frame({ type: "error", code: "presence_full", channel: "presence-b", message: "full" });
+  assert.deepEqual(errors.map((e) => [e.code, e.channel]), [["presence_full", "presence-b"]]);
+  assert.equal(full.state, "unsubscribed");
+  assert.equal(client.subscription("presence-b"), undefined);
+  assert.deepEqual(full.members, []);
 });
 
 test("trigger sends a client event only when subscribed, never queues", () => {

@@ -1,0 +1,726 @@
+//! The node's presence and occupancy hub: who is in each presence channel (per user, not
+//! per connection) and how many subscribers each channel has across all workers. It
+//! runs on its own control-plane thread and owns that state alone, so nothing on the
+//! fan-out path ever takes a lock for it.
+//!
+//! Inputs, in one FIFO queue (so what one worker says arrives in the order it said it):
+//! subscriber-count changes and presence leaves from every shard (through
+//! [`ChannelWatch`]), presence joins from the client protocol, and REST queries.
+//! Outputs: join/leave frames pushed to the workers' mailboxes as
+//! [`Envelope::Presence`](crate::shard::mailbox::Envelope) control envelopes, join
+//! answers as `PresenceReady` to the joining worker, and query answers through
+//! [`crate::reply`].
+//!
+//! Invariants:
+//! - A user joins once and leaves once: the join frame goes out when the user's first
+//!   connection joins, the leave frame when its last one is gone, whatever ended it
+//!   (every end of a subscription passes through `Shard::unsubscribe`, which tells the
+//!   hub). Members are listed in join order; the first connection's `info` is the
+//!   member's.
+//! - At most `max_presence_members` distinct users per channel; another user is
+//!   answered `Full` and nothing changes.
+//! - A joiner's answer is queued on its worker after the join frame went to every
+//!   worker, and every later join or leave frame is queued after the answer, so the
+//!   member list in its `subscribed` and the frames that follow never disagree.
+//! - A channel's record exists only while it has subscribers or members.
+//! - The queue is unbounded: only workers produce into it, a few entries per subscribe
+//!   or unsubscribe, and the hub drains far faster than clients can subscribe.
+
+pub(crate) mod remote;
+
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use crossbeam_channel::{Receiver, Sender};
+use indexmap::IndexMap;
+
+use crate::json::write_json_str;
+use crate::reply::ReplyTx;
+use crate::shard::mailbox::{Broadcast, Envelope, Mailboxes, PresenceAnswer};
+use crate::shard::ChannelWatch;
+use crate::ws::frame::{self, Opcode};
+
+/// Most channels one occupancy listing returns.
+pub(crate) const MAX_LISTED: usize = 10_000;
+
+/// A connection asks to join a presence channel (its token was verified).
+pub(crate) struct Join {
+    pub project: u32,
+    pub channel: Box<str>,
+    pub user_id: Box<str>,
+    /// The token's `info` claim as compact JSON text (an object).
+    pub info: Option<Box<str>>,
+    pub worker: usize,
+    pub conn: u64,
+    /// The shard's ticket for the answer (`Shard::presence_wait`).
+    pub ticket: u64,
+}
+
+/// One channel's counts, for `GET /api/v1/channels/info`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ChannelInfo {
+    pub subscribers: u64,
+    /// Distinct users, for presence channels.
+    pub user_count: Option<usize>,
+}
+
+/// One presence channel's members, oldest join first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Members {
+    /// `(user_id, info JSON text)`.
+    pub members: Vec<(Box<str>, Option<Box<str>>)>,
+}
+
+/// A REST question.
+pub(crate) enum Query {
+    /// Occupied channels whose name starts with `prefix`, sorted, at most [`MAX_LISTED`].
+    Channels {
+        project: u32,
+        prefix: Box<str>,
+        reply: ReplyTx<Vec<(Box<str>, u64)>>,
+    },
+    Info {
+        project: u32,
+        channel: Box<str>,
+        reply: ReplyTx<ChannelInfo>,
+    },
+    Members {
+        project: u32,
+        channel: Box<str>,
+        reply: ReplyTx<Members>,
+    },
+}
+
+enum Op {
+    Count {
+        project: u32,
+        channel: Box<str>,
+        delta: i32,
+    },
+    Join(Join),
+    Leave {
+        project: u32,
+        channel: Box<str>,
+        worker: usize,
+        conn: u64,
+    },
+    Query(Query),
+    /// The node is stopping: give back what it holds (cluster mode), then answer.
+    Stop(ReplyTx<()>),
+}
+
+/// The hub's handle: cheap to clone behind an `Arc`, used from any thread.
+pub(crate) struct Hub {
+    tx: Sender<Op>,
+}
+
+impl Hub {
+    /// Start the hub's thread. It ends when every handle is gone. With `cluster`, the
+    /// sets are cluster-wide through Redis (see [`remote`]).
+    pub(crate) fn start(
+        mailboxes: Mailboxes,
+        max_members: usize,
+        hooks: Option<Arc<dyn Transitions>>,
+        cluster: Option<remote::Setup>,
+    ) -> std::io::Result<Arc<Hub>> {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let effects = Effects { mailboxes, hooks };
+        std::thread::Builder::new()
+            .name("presence".into())
+            .spawn(move || match cluster {
+                None => run_local(rx, Local::new(max_members), effects),
+                Some(setup) => remote::run(rx, Local::new(max_members), effects, setup),
+            })?;
+        Ok(Arc::new(Hub { tx }))
+    }
+
+    /// Ask to join; the answer reaches the worker's mailbox.
+    pub(crate) fn join(&self, join: Join) {
+        // The thread outlives every handle; a send fails only while the process ends.
+        let _ = self.tx.send(Op::Join(join));
+    }
+
+    /// Ask a REST question; the answer comes through its reply (or `Unreachable`).
+    pub(crate) fn query(&self, query: Query) {
+        let _ = self.tx.send(Op::Query(query));
+    }
+
+    /// At shutdown, after the workers closed their connections: in cluster mode, take
+    /// this node's members and subscribers out of Redis now and tell the other nodes
+    /// (rather than when its lease lapses). Waits at most `limit`.
+    pub(crate) fn stop(&self, limit: std::time::Duration) {
+        let (tx, rx) = crate::reply::reply();
+        if self.tx.send(Op::Stop(tx)).is_err() {
+            return;
+        }
+        let deadline = std::time::Instant::now() + limit;
+        while std::time::Instant::now() < deadline {
+            if rx.try_take().is_some() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+}
+
+impl ChannelWatch for Hub {
+    fn count(&self, _worker: usize, project: u32, channel: &str, delta: i32) {
+        let _ = self.tx.send(Op::Count {
+            project,
+            channel: channel.into(),
+            delta,
+        });
+    }
+
+    fn leave(&self, worker: usize, conn: u64, project: u32, channel: &str) {
+        let _ = self.tx.send(Op::Leave {
+            project,
+            channel: channel.into(),
+            worker,
+            conn,
+        });
+    }
+}
+
+/// Where the hub reports channel and member transitions (webhooks). Called on the
+/// hub's thread; it must not block. In cluster mode each transition is reported by
+/// exactly one node: the one whose change made it.
+pub(crate) trait Transitions: Send + Sync {
+    fn occupied(&self, project: u32, channel: &str);
+    fn vacated(&self, project: u32, channel: &str);
+    fn member_added(&self, project: u32, channel: &str, user_id: &str);
+    fn member_removed(&self, project: u32, channel: &str, user_id: &str);
+}
+
+/// What the hub makes happen outside itself: frames to the workers, transitions to
+/// the webhooks, answers to joiners.
+pub(crate) struct Effects {
+    mailboxes: Mailboxes,
+    hooks: Option<Arc<dyn Transitions>>,
+}
+
+impl Effects {
+    /// A join or leave frame to this node's subscribers of the channel.
+    fn frame(&self, project: u32, channel: &str, frame: Bytes, except: Option<(usize, u64)>) {
+        self.mailboxes.presence(Arc::new(Broadcast {
+            project,
+            channel: channel.into(),
+            frame,
+            except,
+        }));
+    }
+
+    fn answer(&self, worker: usize, ticket: u64, answer: PresenceAnswer) {
+        self.mailboxes
+            .control_to(worker, Envelope::PresenceReady { ticket, answer });
+    }
+
+    fn hooks(&self) -> Option<&dyn Transitions> {
+        self.hooks.as_deref()
+    }
+}
+
+fn run_local(rx: Receiver<Op>, mut local: Local, fx: Effects) {
+    for op in rx.iter() {
+        apply_local(&mut local, &fx, op);
+    }
+}
+
+/// One operation on a single node, where this node's state is the whole truth.
+fn apply_local(local: &mut Local, fx: &Effects, op: Op) {
+    match op {
+        Op::Count {
+            project,
+            channel,
+            delta,
+        } => {
+            let (before, after) = local.count(project, &channel, delta);
+            if let Some(h) = fx.hooks() {
+                if before == 0 && after > 0 {
+                    h.occupied(project, &channel);
+                } else if before > 0 && after == 0 {
+                    h.vacated(project, &channel);
+                }
+            }
+        }
+        Op::Join(j) => {
+            let answer = match local.join(&j, true) {
+                Joined::Full => PresenceAnswer::Full,
+                Joined::Again => PresenceAnswer::Joined(local.object(j.project, &j.channel).into()),
+                Joined::Added => {
+                    // Everyone already in the channel hears of the join before the
+                    // joiner's answer is queued (see the module's invariants).
+                    let frame = presence_frame(&j.channel, "join", &j.user_id, j.info.as_deref());
+                    fx.frame(j.project, &j.channel, frame, Some((j.worker, j.conn)));
+                    if let Some(h) = fx.hooks() {
+                        h.member_added(j.project, &j.channel, &j.user_id);
+                    }
+                    PresenceAnswer::Joined(local.object(j.project, &j.channel).into())
+                }
+            };
+            fx.answer(j.worker, j.ticket, answer);
+            local.tidy(j.project, &j.channel);
+        }
+        Op::Leave {
+            project,
+            channel,
+            worker,
+            conn,
+        } => {
+            if let Some((user, true)) = local.leave(project, &channel, worker, conn) {
+                fx.frame(
+                    project,
+                    &channel,
+                    presence_frame(&channel, "leave", &user, None),
+                    None,
+                );
+                if let Some(h) = fx.hooks() {
+                    h.member_removed(project, &channel, &user);
+                }
+            }
+        }
+        Op::Query(q) => local.answer(q),
+        // A single node's state ends with the process.
+        Op::Stop(reply) => reply.send(Ok(())),
+    }
+}
+
+struct Member {
+    info: Option<Box<str>>,
+    /// (worker, connection id) of each connection of this user in the channel.
+    conns: Vec<(usize, u64)>,
+}
+
+#[derive(Default)]
+struct Channel {
+    subscribers: u64,
+    /// user id → member, in join order.
+    members: IndexMap<Box<str>, Member>,
+    /// (worker, connection) → its user, for leaves.
+    by_conn: HashMap<(usize, u64), Box<str>>,
+}
+
+impl Channel {
+    fn is_empty(&self) -> bool {
+        self.subscribers == 0 && self.members.is_empty()
+    }
+}
+
+/// What a join changed on this node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Joined {
+    /// A new member.
+    Added,
+    /// Another connection of a member (or the same one again).
+    Again,
+    /// Over the member limit; nothing changed.
+    Full,
+}
+
+/// This node's own subscribers and members (the whole truth on a single node; this
+/// node's share of it in cluster mode).
+struct Local {
+    max_members: usize,
+    /// Per project, its channels by name (sorted: prefix listings are range scans).
+    projects: HashMap<u32, BTreeMap<Box<str>, Channel>>,
+}
+
+impl Local {
+    fn new(max_members: usize) -> Local {
+        Local {
+            max_members,
+            projects: HashMap::new(),
+        }
+    }
+
+    fn channel(&self, project: u32, channel: &str) -> Option<&Channel> {
+        self.projects.get(&project)?.get(channel)
+    }
+
+    fn channel_mut(&mut self, project: u32, channel: &str) -> &mut Channel {
+        let channels = self.projects.entry(project).or_default();
+        if !channels.contains_key(channel) {
+            channels.insert(channel.into(), Channel::default());
+        }
+        channels.get_mut(channel).expect("inserted above")
+    }
+
+    /// Drop a channel's record once nothing is left in it.
+    fn tidy(&mut self, project: u32, channel: &str) {
+        let Some(channels) = self.projects.get_mut(&project) else {
+            return;
+        };
+        if channels.get(channel).is_some_and(Channel::is_empty) {
+            channels.remove(channel);
+            if channels.is_empty() {
+                self.projects.remove(&project);
+            }
+        }
+    }
+
+    /// Apply a subscriber-count change; returns the count before and after.
+    fn count(&mut self, project: u32, channel: &str, delta: i32) -> (u64, u64) {
+        let ch = self.channel_mut(project, channel);
+        let before = ch.subscribers;
+        ch.subscribers = if delta >= 0 {
+            before.saturating_add(delta as u64)
+        } else {
+            before.saturating_sub(u64::from(delta.unsigned_abs()))
+        };
+        let after = ch.subscribers;
+        self.tidy(project, channel);
+        (before, after)
+    }
+
+    /// Record a join (the limit is checked only when `limit`: in cluster mode Redis
+    /// checks it for the whole cluster). The caller tidies after a `Full`.
+    fn join(&mut self, j: &Join, limit: bool) -> Joined {
+        let max = self.max_members;
+        let ch = self.channel_mut(j.project, &j.channel);
+        let key = (j.worker, j.conn);
+        if let Some(member) = ch.members.get_mut(&j.user_id) {
+            if !member.conns.contains(&key) {
+                member.conns.push(key);
+                ch.by_conn.insert(key, j.user_id.clone());
+            }
+            return Joined::Again;
+        }
+        if limit && ch.members.len() >= max {
+            return Joined::Full;
+        }
+        ch.members.insert(
+            j.user_id.clone(),
+            Member {
+                info: j.info.clone(),
+                conns: vec![key],
+            },
+        );
+        ch.by_conn.insert(key, j.user_id.clone());
+        Joined::Added
+    }
+
+    /// Forget a connection's membership: its user, and whether that was the user's
+    /// last connection here. `None`: it was not a member (refused, or never joined).
+    fn leave(
+        &mut self,
+        project: u32,
+        channel: &str,
+        worker: usize,
+        conn: u64,
+    ) -> Option<(Box<str>, bool)> {
+        let ch = self.projects.get_mut(&project)?.get_mut(channel)?;
+        let user = ch.by_conn.remove(&(worker, conn))?;
+        let member = ch.members.get_mut(&user)?;
+        member.conns.retain(|&c| c != (worker, conn));
+        let last = member.conns.is_empty();
+        if last {
+            // Keeps the others' join order (a shift, over at most the member limit).
+            ch.members.shift_remove(&user);
+        }
+        self.tidy(project, channel);
+        Some((user, last))
+    }
+
+    /// The channel's presence object (see [`presence_object`]).
+    fn object(&self, project: u32, channel: &str) -> String {
+        let members: Vec<(&str, Option<&str>)> = self
+            .channel(project, channel)
+            .map(|c| {
+                c.members
+                    .iter()
+                    .map(|(u, m)| (&**u, m.info.as_deref()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        presence_object(members.into_iter())
+    }
+
+    fn answer(&self, q: Query) {
+        match q {
+            Query::Channels {
+                project,
+                prefix,
+                reply,
+            } => {
+                let list = self.projects.get(&project).map_or_else(Vec::new, |chs| {
+                    chs.range::<str, _>((Bound::Included(&*prefix), Bound::Unbounded))
+                        .take_while(|(name, _)| name.starts_with(&*prefix))
+                        .filter(|(_, ch)| ch.subscribers > 0)
+                        .take(MAX_LISTED)
+                        .map(|(name, ch)| (name.clone(), ch.subscribers))
+                        .collect()
+                });
+                reply.send(Ok(list));
+            }
+            Query::Info {
+                project,
+                channel,
+                reply,
+            } => {
+                let ch = self.channel(project, &channel);
+                let subscribers = ch.map_or(0, |c| c.subscribers);
+                let user_count =
+                    crate::shard::is_presence(&channel).then(|| ch.map_or(0, |c| c.members.len()));
+                reply.send(Ok(ChannelInfo {
+                    subscribers,
+                    user_count,
+                }));
+            }
+            Query::Members {
+                project,
+                channel,
+                reply,
+            } => {
+                let members = self.channel(project, &channel).map_or_else(Vec::new, |c| {
+                    c.members
+                        .iter()
+                        .map(|(u, m)| (u.clone(), m.info.clone()))
+                        .collect()
+                });
+                reply.send(Ok(Members { members }));
+            }
+        }
+    }
+}
+
+/// `{"count":N,"members":[{"user_id":"u1","info":{...}},...]}`.
+pub(crate) fn presence_object<'a>(
+    members: impl ExactSizeIterator<Item = (&'a str, Option<&'a str>)>,
+) -> String {
+    let mut out = Vec::with_capacity(32 + 48 * members.len());
+    out.extend_from_slice(format!("{{\"count\":{},\"members\":", members.len()).as_bytes());
+    write_members(&mut out, members);
+    out.push(b'}');
+    // Only JSON text was written: names escaped, info already JSON.
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// `[{"user_id":"u1","info":{...}},...]` (`info` left out for a member without one).
+pub(crate) fn write_members<'a>(
+    out: &mut Vec<u8>,
+    members: impl Iterator<Item = (&'a str, Option<&'a str>)>,
+) {
+    out.push(b'[');
+    for (i, (user, info)) in members.enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"{\"user_id\":");
+        write_json_str(out, user);
+        if let Some(info) = info {
+            out.extend_from_slice(b",\"info\":");
+            out.extend_from_slice(info.as_bytes());
+        }
+        out.push(b'}');
+    }
+    out.push(b']');
+}
+
+/// `{"type":"presence","channel":...,"action":"join"|"leave","user_id":...[,"info":{...}]}`.
+pub(crate) fn presence_frame(channel: &str, action: &str, user: &str, info: Option<&str>) -> Bytes {
+    let mut json = Vec::with_capacity(80 + channel.len() + user.len());
+    json.extend_from_slice(b"{\"type\":\"presence\",\"channel\":");
+    write_json_str(&mut json, channel);
+    json.extend_from_slice(b",\"action\":\"");
+    json.extend_from_slice(action.as_bytes());
+    json.extend_from_slice(b"\",\"user_id\":");
+    write_json_str(&mut json, user);
+    if let Some(info) = info {
+        json.extend_from_slice(b",\"info\":");
+        json.extend_from_slice(info.as_bytes());
+    }
+    json.push(b'}');
+    frame::frame(Opcode::Text, &json)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shard::interest::channel_hash;
+    use std::sync::Mutex;
+
+    trait Apply {
+        fn apply(&mut self, op: Op);
+    }
+    impl Apply for (&mut Local, &Effects) {
+        fn apply(&mut self, op: Op) {
+            apply_local(self.0, self.1, op);
+        }
+    }
+
+    #[derive(Default)]
+    struct Log(Mutex<Vec<String>>);
+    impl Transitions for Log {
+        fn occupied(&self, _p: u32, c: &str) {
+            self.0.lock().unwrap().push(format!("occupied {c}"));
+        }
+        fn vacated(&self, _p: u32, c: &str) {
+            self.0.lock().unwrap().push(format!("vacated {c}"));
+        }
+        fn member_added(&self, _p: u32, c: &str, u: &str) {
+            self.0.lock().unwrap().push(format!("added {c} {u}"));
+        }
+        fn member_removed(&self, _p: u32, c: &str, u: &str) {
+            self.0.lock().unwrap().push(format!("removed {c} {u}"));
+        }
+    }
+
+    fn join(user: &str, worker: usize, conn: u64, ticket: u64) -> Op {
+        Op::Join(Join {
+            project: 1,
+            channel: "presence-room".into(),
+            user_id: user.into(),
+            info: Some("{\"n\":1}".into()),
+            worker,
+            conn,
+            ticket,
+        })
+    }
+
+    fn leave(worker: usize, conn: u64) -> Op {
+        Op::Leave {
+            project: 1,
+            channel: "presence-room".into(),
+            worker,
+            conn,
+        }
+    }
+
+    fn drain(m: &Mailboxes, worker: usize) -> Vec<String> {
+        let mb = m.get(worker).unwrap();
+        let mut out = Vec::new();
+        while let Some(e) = mb.try_recv() {
+            out.push(match e {
+                Envelope::Presence(b) => {
+                    let text = String::from_utf8_lossy(&b.frame[2..]).into_owned();
+                    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+                    format!(
+                        "{} {}",
+                        v["action"].as_str().unwrap(),
+                        v["user_id"].as_str().unwrap()
+                    )
+                }
+                Envelope::PresenceReady { ticket, answer } => match answer {
+                    PresenceAnswer::Joined(o) => format!("ready {ticket} {o}"),
+                    PresenceAnswer::Full => format!("full {ticket}"),
+                },
+                other => format!("{other:?}"),
+            });
+        }
+        out
+    }
+
+    #[test]
+    fn a_user_joins_once_and_leaves_once_whatever_its_connections() {
+        let m = Mailboxes::new(2, 16);
+        for w in 0..2 {
+            m.get(w)
+                .unwrap()
+                .interest
+                .add(channel_hash(1, "presence-room"));
+        }
+        let log = Arc::new(Log::default());
+        let mut local = Local::new(2);
+        let fx = Effects {
+            mailboxes: m.clone(),
+            hooks: Some(log.clone()),
+        };
+        let mut s = (&mut local, &fx);
+        s.apply(join("u1", 0, 1, 10));
+        assert_eq!(drain(&m, 1), ["join u1"]);
+        assert_eq!(
+            drain(&m, 0),
+            [
+                "join u1".to_string(),
+                "ready 10 {\"count\":1,\"members\":[{\"user_id\":\"u1\",\"info\":{\"n\":1}}]}"
+                    .to_string()
+            ]
+        );
+        // A second tab on another worker: no frame, same single member.
+        s.apply(join("u1", 1, 7, 11));
+        assert_eq!(drain(&m, 0), Vec::<String>::new());
+        assert_eq!(drain(&m, 1).len(), 1);
+        // A third user over the limit of 2 is refused; a second one is not.
+        s.apply(join("u2", 1, 8, 12));
+        drain(&m, 0);
+        drain(&m, 1);
+        s.apply(join("u3", 1, 9, 13));
+        assert_eq!(drain(&m, 1), ["full 13"]);
+        // Leaving: only the last connection of u1 makes a leave.
+        s.apply(leave(0, 1));
+        assert!(drain(&m, 0).is_empty());
+        s.apply(leave(1, 7));
+        assert_eq!(drain(&m, 0), ["leave u1"]);
+        // Unknown connections (refused, or never joined) change nothing.
+        s.apply(leave(1, 9));
+        s.apply(leave(0, 99));
+        assert!(drain(&m, 0).is_empty());
+        assert_eq!(
+            *log.0.lock().unwrap(),
+            [
+                "added presence-room u1",
+                "added presence-room u2",
+                "removed presence-room u1"
+            ]
+        );
+    }
+
+    #[test]
+    fn counts_make_occupied_and_vacated_once_and_list_by_prefix() {
+        let m = Mailboxes::new(1, 16);
+        let log = Arc::new(Log::default());
+        let mut local = Local::new(100);
+        let fx = Effects {
+            mailboxes: m,
+            hooks: Some(log.clone()),
+        };
+        let mut s = (&mut local, &fx);
+        let count = |s: &mut (&mut Local, &Effects), c: &str, d: i32| {
+            s.apply(Op::Count {
+                project: 1,
+                channel: c.into(),
+                delta: d,
+            })
+        };
+        count(&mut s, "news", 1);
+        count(&mut s, "news", 1);
+        count(&mut s, "news-eu", 1);
+        count(&mut s, "sport", 1);
+        count(&mut s, "news", -1);
+        let (tx, rx) = crate::reply::reply();
+        s.apply(Op::Query(Query::Channels {
+            project: 1,
+            prefix: "news".into(),
+            reply: tx,
+        }));
+        let list = futures_lite_block(rx);
+        let expected: Vec<(Box<str>, u64)> = vec![("news".into(), 1), ("news-eu".into(), 1)];
+        assert_eq!(list, expected);
+        count(&mut s, "news", -1);
+        count(&mut s, "news", 1);
+        assert_eq!(
+            *log.0.lock().unwrap(),
+            [
+                "occupied news",
+                "occupied news-eu",
+                "occupied sport",
+                "vacated news",
+                "occupied news"
+            ]
+        );
+        count(&mut s, "news", -1);
+        count(&mut s, "news-eu", -1);
+        count(&mut s, "sport", -1);
+        assert!(
+            s.0.projects.is_empty(),
+            "no record is kept for empty channels"
+        );
+    }
+
+    /// The reply is filled synchronously by `apply`: take it without a runtime.
+    fn futures_lite_block<T>(rx: crate::reply::Reply<Result<T, crate::reply::Unreachable>>) -> T {
+        rx.try_take().expect("answered").expect("not unreachable")
+    }
+}

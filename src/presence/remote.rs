@@ -1,0 +1,834 @@
+//! Cluster mode of the presence hub: presence sets and subscriber counts are
+//! cluster-wide, in Redis, changed only by atomic Lua scripts run from this thread.
+//!
+//! Layout (all under `ringcast:`; `<pid>` is the project id, which never holds `:`):
+//! - `occ:<pid>`: hash channel → subscribers on every node; `occn:<node>`: hash
+//!   `<pid>\n<channel>` → this node's share (so a dead node's share can be taken back).
+//! - `pres:<pid>:<channel>`: hash user → connections on every node; `presi:…`: user →
+//!   info of its first connection; `preso:…`: sorted set user by join sequence
+//!   (`preseq`), for join order; `presn:<node>`: hash `<pid>\n<channel>\n<user>` → this
+//!   node's connections of that user.
+//! - `alive:<node>`: this node's lease, set with a [`LEASE`] expiry every [`TICK`];
+//!   `nodes`: the set of nodes that hold shares.
+//!
+//! Invariants:
+//! - Every transition (channel occupied or vacated anywhere, user added or removed
+//!   anywhere) is decided inside one script, so exactly one node sees it: that node
+//!   sends the presence frame to every node (its own workers directly, the others
+//!   through the channel's Redis pub/sub channel) and reports it to the webhooks.
+//! - A node that stops refreshing its lease (killed, cut off) is reaped by any other
+//!   node within [`LEASE`] + [`TICK`]: the reap script takes back its shares atomically
+//!   (and only once), and the reaping node announces the leaves and vacated channels.
+//! - After any reconnect, and whenever its lease was found gone, a node takes back its
+//!   own shares and asserts again what its workers hold now, so Redis never keeps a
+//!   share the node no longer has. Transitions while Redis is away are decided on the
+//!   node alone (its own members only) and announced to its own workers only.
+//! - Frames received from other nodes are delivered as they are by `cluster::inbound`,
+//!   so a join may reach a subscriber whose member list already holds that user: join
+//!   and leave are set operations for clients (documented in docs/protocol.md).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+
+use super::{
+    presence_frame, presence_object, ChannelInfo, Effects, Join, Joined, Local, Members, Op, Query,
+    MAX_LISTED,
+};
+use crate::auth::cache::ProjectIndex;
+use crate::auth::KeyCache;
+use crate::shard::mailbox::PresenceAnswer;
+
+/// How long a node's lease lasts without a refresh.
+pub(crate) const LEASE: Duration = Duration::from_secs(20);
+/// How often a node refreshes its lease and looks for dead nodes.
+pub(crate) const TICK: Duration = Duration::from_secs(2);
+/// Most subscriber-count changes sent to Redis in one pipeline.
+const MAX_PIPELINE: usize = 512;
+/// Payload version of a presence frame relayed through Redis (see `cluster::wire`):
+/// the version byte, the origin node id (8 bytes, little endian), the frame.
+pub(crate) const VERSION_PRESENCE: u8 = 3;
+
+const COUNT_SCRIPT: &str = r#"
+local P = 'ringcast:'
+local f = ARGV[2] .. '\n' .. ARGV[3]
+local d = tonumber(ARGV[4])
+local nk = P .. 'occn:' .. ARGV[1]
+local mine = redis.call('HINCRBY', nk, f, d)
+if mine <= 0 then redis.call('HDEL', nk, f) end
+if mine < 0 then d = d - mine end
+if d == 0 then return 0 end
+local ok = P .. 'occ:' .. ARGV[2]
+local total = redis.call('HINCRBY', ok, ARGV[3], d)
+if total <= 0 then redis.call('HDEL', ok, ARGV[3]) end
+if d > 0 and total == d then return 1 end
+if d < 0 and total <= 0 and total - d > 0 then return -1 end
+return 0
+"#;
+
+const JOIN_SCRIPT: &str = r#"
+local P = 'ringcast:'
+local base = ARGV[2] .. ':' .. ARGV[3]
+local pres, info, ord = P .. 'pres:' .. base, P .. 'presi:' .. base, P .. 'preso:' .. base
+local status = 1
+if redis.call('HEXISTS', pres, ARGV[4]) == 0 then
+  if redis.call('HLEN', pres) >= tonumber(ARGV[6]) then return {0} end
+  status = 2
+  redis.call('HSET', info, ARGV[4], ARGV[5])
+  redis.call('ZADD', ord, redis.call('INCR', P .. 'preseq'), ARGV[4])
+end
+redis.call('HINCRBY', pres, ARGV[4], 1)
+redis.call('HINCRBY', P .. 'presn:' .. ARGV[1], ARGV[2] .. '\n' .. ARGV[3] .. '\n' .. ARGV[4], 1)
+local out = {status}
+for _, u in ipairs(redis.call('ZRANGE', ord, 0, -1)) do
+  out[#out + 1] = u
+  out[#out + 1] = redis.call('HGET', info, u) or ''
+end
+return out
+"#;
+
+const LEAVE_SCRIPT: &str = r#"
+local P = 'ringcast:'
+local f = ARGV[2] .. '\n' .. ARGV[3] .. '\n' .. ARGV[4]
+local nk = P .. 'presn:' .. ARGV[1]
+local mine = redis.call('HINCRBY', nk, f, -1)
+if mine <= 0 then redis.call('HDEL', nk, f) end
+if mine < 0 then return 0 end
+local base = ARGV[2] .. ':' .. ARGV[3]
+local pres = P .. 'pres:' .. base
+local left = redis.call('HINCRBY', pres, ARGV[4], -1)
+if left > 0 then return 0 end
+redis.call('HDEL', pres, ARGV[4])
+redis.call('HDEL', P .. 'presi:' .. base, ARGV[4])
+redis.call('ZREM', P .. 'preso:' .. base, ARGV[4])
+return 1
+"#;
+
+/// Take back every share of node ARGV[1] (only if its lease is gone, unless ARGV[2] is
+/// '1': a node taking back its own). Returns the transitions: 'v', pid, channel for a
+/// vacated channel; 'r', pid, channel, user for a removed member.
+const REAP_SCRIPT: &str = r#"
+local P = 'ringcast:'
+local node = ARGV[1]
+if ARGV[2] ~= '1' then
+  if redis.call('EXISTS', P .. 'alive:' .. node) == 1 then return {} end
+  if redis.call('SISMEMBER', P .. 'nodes', node) == 0 then return {} end
+end
+local out = {}
+local occ = redis.call('HGETALL', P .. 'occn:' .. node)
+for i = 1, #occ, 2 do
+  local pid, ch = string.match(occ[i], '^([^\n]*)\n(.*)$')
+  local n = tonumber(occ[i + 1])
+  if pid and n > 0 then
+    local total = redis.call('HINCRBY', P .. 'occ:' .. pid, ch, -n)
+    if total <= 0 then
+      redis.call('HDEL', P .. 'occ:' .. pid, ch)
+      out[#out + 1] = 'v'; out[#out + 1] = pid; out[#out + 1] = ch
+    end
+  end
+end
+local pres = redis.call('HGETALL', P .. 'presn:' .. node)
+for i = 1, #pres, 2 do
+  local pid, ch, user = string.match(pres[i], '^([^\n]*)\n([^\n]*)\n(.*)$')
+  local n = tonumber(pres[i + 1])
+  if pid and n > 0 then
+    local base = pid .. ':' .. ch
+    local left = redis.call('HINCRBY', P .. 'pres:' .. base, user, -n)
+    if left <= 0 then
+      redis.call('HDEL', P .. 'pres:' .. base, user)
+      redis.call('HDEL', P .. 'presi:' .. base, user)
+      redis.call('ZREM', P .. 'preso:' .. base, user)
+      out[#out + 1] = 'r'; out[#out + 1] = pid; out[#out + 1] = ch; out[#out + 1] = user
+    end
+  end
+end
+redis.call('DEL', P .. 'occn:' .. node, P .. 'presn:' .. node)
+-- A node taking back its own shares stays known (it is alive and adds them again).
+if ARGV[2] ~= '1' then redis.call('SREM', P .. 'nodes', node) end
+return out
+"#;
+
+/// What cluster mode needs at start.
+pub(crate) struct Setup {
+    pub client: redis::Client,
+    /// The cluster bridge's node id (its payloads carry it; its own are skipped).
+    pub node_id: u64,
+    pub keys: Arc<KeyCache>,
+}
+
+struct Scripts {
+    count: redis::Script,
+    join: redis::Script,
+    leave: redis::Script,
+    reap: redis::Script,
+}
+
+struct Remote {
+    setup: Setup,
+    node: String,
+    scripts: Scripts,
+    conn: Option<redis::Connection>,
+    /// No reconnect attempt before this instant (backoff).
+    retry_at: Instant,
+    backoff: crate::store::redis::Backoff,
+    /// This node's shares must be taken back and asserted again before they are used.
+    stale: bool,
+    projects: ProjectIndex,
+}
+
+/// The hub's loop in cluster mode.
+pub(super) fn run(rx: Receiver<Op>, mut local: Local, fx: Effects, setup: Setup) {
+    let mut r = Remote {
+        node: format!("{:016x}", setup.node_id),
+        setup,
+        scripts: Scripts {
+            count: redis::Script::new(COUNT_SCRIPT),
+            join: redis::Script::new(JOIN_SCRIPT),
+            leave: redis::Script::new(LEAVE_SCRIPT),
+            reap: redis::Script::new(REAP_SCRIPT),
+        },
+        conn: None,
+        retry_at: Instant::now(),
+        backoff: crate::store::redis::Backoff::new(),
+        stale: true,
+        projects: ProjectIndex::new(),
+    };
+    let mut next_tick = Instant::now();
+    loop {
+        let wait = next_tick.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(wait) {
+            Ok(op) => {
+                // Subscriber counts change at every subscribe and unsubscribe: those
+                // queued together go to Redis in one pipelined round trip.
+                let mut counts = Vec::new();
+                let mut next = Some(op);
+                while let Some(op) = next.take() {
+                    match op {
+                        Op::Count {
+                            project,
+                            channel,
+                            delta,
+                        } => {
+                            local.count(project, &channel, delta);
+                            counts.push((project, channel, delta));
+                            if counts.len() < MAX_PIPELINE {
+                                next = rx.try_recv().ok();
+                            }
+                        }
+                        other => {
+                            r.counts(&fx, &mut counts);
+                            r.apply(&mut local, &fx, other);
+                        }
+                    }
+                }
+                r.counts(&fx, &mut counts);
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+        if Instant::now() >= next_tick {
+            r.tick(&local, &fx);
+            next_tick = Instant::now() + TICK;
+        }
+    }
+}
+
+impl Remote {
+    fn pid(&mut self, project: u32) -> Option<Box<str>> {
+        self.projects
+            .get(&self.setup.keys, project)
+            .map(|p| p.id.as_str().into())
+    }
+
+    fn lost(&mut self, e: &redis::RedisError) {
+        if self.conn.take().is_some() {
+            tracing::warn!(error = %e, "presence: Redis unavailable; presence is node-local until it is back");
+        }
+        self.stale = true;
+    }
+
+    fn apply(&mut self, local: &mut Local, fx: &Effects, op: Op) {
+        match op {
+            Op::Count {
+                project,
+                channel,
+                delta,
+            } => {
+                local.count(project, &channel, delta);
+                self.counts(fx, &mut vec![(project, channel, delta)]);
+            }
+            Op::Join(j) => self.join(local, fx, j),
+            Op::Leave {
+                project,
+                channel,
+                worker,
+                conn,
+            } => {
+                let Some((user, last)) = local.leave(project, &channel, worker, conn) else {
+                    return;
+                };
+                match self.redis_leave(project, &channel, &user) {
+                    Some(true) => self.announce(fx, project, &channel, &user, None, None),
+                    Some(false) => {}
+                    None if last => {
+                        // Redis away: this node's own subscribers still hear it.
+                        fx.frame(
+                            project,
+                            &channel,
+                            presence_frame(&channel, "leave", &user, None),
+                            None,
+                        );
+                    }
+                    None => {}
+                }
+            }
+            Op::Query(q) => self.query(local, q),
+            Op::Stop(reply) => {
+                self.give_back(fx);
+                reply.send(Ok(()));
+            }
+        }
+    }
+
+    /// Shutdown: take back this node's shares, announce what that ended, drop the
+    /// lease. Nothing is asserted again after this.
+    fn give_back(&mut self, fx: &Effects) {
+        let node = self.node.clone();
+        let Some(conn) = live(&mut self.conn, self.stale) else {
+            return;
+        };
+        let r: redis::RedisResult<Vec<String>> = self.scripts.reap.arg(&node).arg("1").invoke(conn);
+        let out = match r {
+            Ok(out) => out,
+            Err(e) => return self.lost(&e),
+        };
+        self.announce_reaped(fx, out);
+        if let Some(conn) = self.conn.as_mut() {
+            let _: redis::RedisResult<()> = redis::pipe()
+                .cmd("DEL")
+                .arg(format!("ringcast:alive:{node}"))
+                .ignore()
+                .cmd("SREM")
+                .arg("ringcast:nodes")
+                .arg(&node)
+                .ignore()
+                .query(conn);
+        }
+        // Stay away from Redis from now on (no lease, no re-assertion).
+        self.conn = None;
+        self.retry_at = Instant::now() + Duration::from_secs(3600);
+    }
+
+    /// Apply subscriber-count changes (already counted locally) to Redis in one
+    /// pipeline, reporting the transitions they make; empties `counts`.
+    fn counts(&mut self, fx: &Effects, counts: &mut Vec<(u32, Box<str>, i32)>) {
+        if counts.is_empty() {
+            return;
+        }
+        let node = self.node.clone();
+        let items: Vec<(u32, Box<str>, Box<str>, i32)> = counts
+            .drain(..)
+            .filter_map(|(project, channel, delta)| {
+                Some((project, self.pid(project)?, channel, delta))
+            })
+            .collect();
+        let Some(conn) = live(&mut self.conn, self.stale) else {
+            return; // asserted again, whole, once Redis is back
+        };
+        let mut pipe = redis::pipe();
+        for (_, pid, channel, delta) in &items {
+            // EVAL, not EVALSHA: a pipeline cannot fall back on NOSCRIPT; Redis keeps
+            // the compiled script by its hash either way.
+            pipe.cmd("EVAL")
+                .arg(COUNT_SCRIPT)
+                .arg(0)
+                .arg(&node)
+                .arg(&**pid)
+                .arg(&**channel)
+                .arg(*delta);
+        }
+        let r: redis::RedisResult<Vec<i64>> = pipe.query(conn);
+        match r {
+            Ok(transitions) => {
+                for ((project, _, channel, _), t) in items.iter().zip(transitions) {
+                    transition_hook(fx, *project, channel, t);
+                }
+            }
+            Err(e) => self.lost(&e),
+        }
+    }
+
+    /// `Some(removed cluster-wide)`, or `None` when Redis could not be asked.
+    fn redis_leave(&mut self, project: u32, channel: &str, user: &str) -> Option<bool> {
+        let pid = self.pid(project)?;
+        let node = self.node.clone();
+        let conn = live(&mut self.conn, self.stale)?;
+        let r: redis::RedisResult<i64> = self
+            .scripts
+            .leave
+            .arg(&node)
+            .arg(&*pid)
+            .arg(channel)
+            .arg(user)
+            .invoke(conn);
+        match r {
+            Ok(n) => Some(n == 1),
+            Err(e) => {
+                self.lost(&e);
+                None
+            }
+        }
+    }
+
+    fn join(&mut self, local: &mut Local, fx: &Effects, j: Join) {
+        let max = local.max_members;
+        let asked = self.redis_join(&j, max);
+        let answer = match asked {
+            Some(Ok((added, members))) => {
+                local.join(&j, false);
+                if added {
+                    self.announce(
+                        fx,
+                        j.project,
+                        &j.channel,
+                        &j.user_id,
+                        j.info.as_deref(),
+                        Some((j.worker, j.conn)),
+                    );
+                }
+                let object = presence_object(
+                    members
+                        .iter()
+                        .map(|(u, i)| (u.as_str(), (!i.is_empty()).then_some(i.as_str()))),
+                );
+                PresenceAnswer::Joined(object.into())
+            }
+            Some(Err(())) => PresenceAnswer::Full,
+            None => match local.join(&j, true) {
+                // Redis away: decided on this node alone, announced here only.
+                Joined::Full => PresenceAnswer::Full,
+                Joined::Again => PresenceAnswer::Joined(local.object(j.project, &j.channel).into()),
+                Joined::Added => {
+                    let frame = presence_frame(&j.channel, "join", &j.user_id, j.info.as_deref());
+                    fx.frame(j.project, &j.channel, frame, Some((j.worker, j.conn)));
+                    PresenceAnswer::Joined(local.object(j.project, &j.channel).into())
+                }
+            },
+        };
+        fx.answer(j.worker, j.ticket, answer);
+        local.tidy(j.project, &j.channel);
+    }
+
+    /// `Some(Ok((added cluster-wide, members in join order)))`, `Some(Err(()))` when the
+    /// channel is full, `None` when Redis could not be asked.
+    #[allow(clippy::type_complexity)]
+    fn redis_join(
+        &mut self,
+        j: &Join,
+        max: usize,
+    ) -> Option<Result<(bool, Vec<(String, String)>), ()>> {
+        let pid = self.pid(j.project)?;
+        let node = self.node.clone();
+        let conn = live(&mut self.conn, self.stale)?;
+        let r: redis::RedisResult<redis::Value> = self
+            .scripts
+            .join
+            .arg(&node)
+            .arg(&*pid)
+            .arg(&*j.channel)
+            .arg(&*j.user_id)
+            .arg(j.info.as_deref().unwrap_or(""))
+            .arg(max)
+            .invoke(conn);
+        let v = match r {
+            Ok(v) => v,
+            Err(e) => {
+                self.lost(&e);
+                return None;
+            }
+        };
+        let redis::Value::Array(items) = v else {
+            return None;
+        };
+        let status = match items.first() {
+            Some(redis::Value::Int(s)) => *s,
+            _ => return None,
+        };
+        if status == 0 {
+            return Some(Err(()));
+        }
+        let text = |v: &redis::Value| match v {
+            redis::Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+            _ => None,
+        };
+        let members = items[1..]
+            .chunks(2)
+            .filter_map(|pair| Some((text(pair.first()?)?, text(pair.get(1)?)?)))
+            .collect();
+        Some(Ok((status == 2, members)))
+    }
+
+    /// A join (`info` given or not, `except` the joiner) or a leave (`except` None)
+    /// decided here for the whole cluster: the frame to this node's workers and to the
+    /// other nodes, and the transition to the webhooks.
+    fn announce(
+        &mut self,
+        fx: &Effects,
+        project: u32,
+        channel: &str,
+        user: &str,
+        info: Option<&str>,
+        except: Option<(usize, u64)>,
+    ) {
+        let join = except.is_some();
+        let frame = presence_frame(channel, if join { "join" } else { "leave" }, user, info);
+        fx.frame(project, channel, frame.clone(), except);
+        self.relay(project, channel, &frame);
+        if let Some(h) = fx.hooks() {
+            if join {
+                h.member_added(project, channel, user);
+            } else {
+                h.member_removed(project, channel, user);
+            }
+        }
+    }
+
+    /// PUBLISH a presence frame on the channel's Redis channel for the other nodes.
+    fn relay(&mut self, project: u32, channel: &str, frame: &Bytes) {
+        let Some(pid) = self.pid(project) else { return };
+        let mut payload = Vec::with_capacity(9 + frame.len());
+        payload.push(VERSION_PRESENCE);
+        payload.extend_from_slice(&self.setup.node_id.to_le_bytes());
+        payload.extend_from_slice(frame);
+        let Some(conn) = self.conn.as_mut() else {
+            return;
+        };
+        let r: redis::RedisResult<i64> = redis::cmd("PUBLISH")
+            .arg(crate::names::redis_channel(&pid, channel))
+            .arg(payload)
+            .query(conn);
+        if let Err(e) = r {
+            self.lost(&e);
+        }
+    }
+
+    fn query(&mut self, local: &Local, q: Query) {
+        if live(&mut self.conn, self.stale).is_none() {
+            // Redis away: this node's own view.
+            return local.answer(q);
+        }
+        match q {
+            Query::Channels {
+                project,
+                prefix,
+                reply,
+            } => {
+                let Some(pid) = self.pid(project) else {
+                    return reply.send(Ok(Vec::new()));
+                };
+                let Some(conn) = live(&mut self.conn, self.stale) else {
+                    return;
+                };
+                let r: redis::RedisResult<Vec<(String, i64)>> = redis::cmd("HGETALL")
+                    .arg(format!("ringcast:occ:{pid}"))
+                    .query(conn);
+                match r {
+                    Ok(all) => {
+                        let mut list: Vec<(Box<str>, u64)> = all
+                            .into_iter()
+                            .filter(|(name, n)| *n > 0 && name.starts_with(&*prefix))
+                            .map(|(name, n)| (name.into_boxed_str(), n as u64))
+                            .collect();
+                        list.sort_unstable();
+                        list.truncate(MAX_LISTED);
+                        reply.send(Ok(list));
+                    }
+                    Err(e) => {
+                        self.lost(&e);
+                        drop(reply);
+                    }
+                }
+            }
+            Query::Info {
+                project,
+                channel,
+                reply,
+            } => {
+                let Some(pid) = self.pid(project) else {
+                    return reply.send(Ok(ChannelInfo {
+                        subscribers: 0,
+                        user_count: None,
+                    }));
+                };
+                let Some(conn) = live(&mut self.conn, self.stale) else {
+                    return;
+                };
+                let r: redis::RedisResult<(Option<i64>, i64)> = redis::pipe()
+                    .cmd("HGET")
+                    .arg(format!("ringcast:occ:{pid}"))
+                    .arg(&*channel)
+                    .cmd("HLEN")
+                    .arg(format!("ringcast:pres:{pid}:{channel}"))
+                    .query(conn);
+                match r {
+                    Ok((subs, users)) => reply.send(Ok(ChannelInfo {
+                        subscribers: subs.unwrap_or(0).max(0) as u64,
+                        user_count: crate::shard::is_presence(&channel)
+                            .then_some(users.max(0) as usize),
+                    })),
+                    Err(e) => {
+                        self.lost(&e);
+                        drop(reply);
+                    }
+                }
+            }
+            Query::Members {
+                project,
+                channel,
+                reply,
+            } => {
+                let Some(pid) = self.pid(project) else {
+                    return reply.send(Ok(Members {
+                        members: Vec::new(),
+                    }));
+                };
+                let Some(conn) = live(&mut self.conn, self.stale) else {
+                    return;
+                };
+                let base = format!("ringcast:{{}}:{pid}:{channel}");
+                let users: redis::RedisResult<Vec<String>> = redis::cmd("ZRANGE")
+                    .arg(base.replace("{}", "preso"))
+                    .arg(0)
+                    .arg(-1)
+                    .query(conn);
+                let users = match users {
+                    Ok(u) => u,
+                    Err(e) => {
+                        self.lost(&e);
+                        return drop(reply);
+                    }
+                };
+                let infos: redis::RedisResult<Vec<Option<String>>> = if users.is_empty() {
+                    Ok(Vec::new())
+                } else {
+                    redis::cmd("HMGET")
+                        .arg(base.replace("{}", "presi"))
+                        .arg(&users)
+                        .query(conn)
+                };
+                match infos {
+                    Ok(infos) => {
+                        let members = users
+                            .into_iter()
+                            .zip(infos)
+                            .map(|(u, i)| {
+                                let info = i.filter(|i| !i.is_empty()).map(String::into_boxed_str);
+                                (u.into_boxed_str(), info)
+                            })
+                            .collect();
+                        reply.send(Ok(Members { members }));
+                    }
+                    Err(e) => {
+                        self.lost(&e);
+                        drop(reply);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every [`TICK`]: (re)connect, renew the lease (asserting this node's shares again
+    /// when they may be missing), and reap nodes whose lease ran out.
+    fn tick(&mut self, local: &Local, fx: &Effects) {
+        if self.conn.is_none() {
+            if Instant::now() < self.retry_at {
+                return;
+            }
+            match crate::store::redis::connect(&self.setup.client) {
+                Ok(c) => {
+                    self.conn = Some(c);
+                    self.backoff.reset();
+                    self.stale = true;
+                }
+                Err(_) => {
+                    self.retry_at = Instant::now() + self.backoff.next_delay();
+                    return;
+                }
+            }
+        }
+        if let Err(e) = self.renew(local, fx) {
+            self.lost(&e);
+            return;
+        }
+        if let Err(e) = self.reap_dead(fx) {
+            self.lost(&e);
+        }
+    }
+
+    fn renew(&mut self, local: &Local, fx: &Effects) -> redis::RedisResult<()> {
+        let node = self.node.clone();
+        let Some(conn) = self.conn.as_mut() else {
+            return Ok(());
+        };
+        let (old, _): (Option<String>, i64) = redis::pipe()
+            .cmd("SET")
+            .arg(format!("ringcast:alive:{node}"))
+            .arg(1)
+            .arg("PX")
+            .arg(LEASE.as_millis() as u64)
+            .arg("GET")
+            .cmd("SADD")
+            .arg("ringcast:nodes")
+            .arg(&node)
+            .query(conn)?;
+        if old.is_none() {
+            // Our lease was gone: another node may have reaped our shares.
+            self.stale = true;
+        }
+        if self.stale {
+            self.assert_shares(local, fx)?;
+            self.stale = false;
+        }
+        Ok(())
+    }
+
+    /// Take back this node's shares and add what its workers hold now.
+    fn assert_shares(&mut self, local: &Local, fx: &Effects) -> redis::RedisResult<()> {
+        let node = self.node.clone();
+        let Some(conn) = self.conn.as_mut() else {
+            return Ok(());
+        };
+        let _: redis::Value = self.scripts.reap.arg(&node).arg("1").invoke(conn)?;
+        let mut joins = Vec::new();
+        let mut counts = Vec::new();
+        for (&project, channels) in &local.projects {
+            for (name, ch) in channels {
+                if ch.subscribers > 0 {
+                    counts.push((project, name.clone(), ch.subscribers));
+                }
+                for (user, m) in &ch.members {
+                    for _ in &m.conns {
+                        joins.push((project, name.clone(), user.clone(), m.info.clone()));
+                    }
+                }
+            }
+        }
+        for (project, channel, n) in counts {
+            let Some(pid) = self.pid(project) else {
+                continue;
+            };
+            let Some(conn) = self.conn.as_mut() else {
+                break;
+            };
+            let t: i64 = self
+                .scripts
+                .count
+                .arg(&node)
+                .arg(&*pid)
+                .arg(&*channel)
+                .arg(n)
+                .invoke(conn)?;
+            transition_hook(fx, project, &channel, t);
+        }
+        for (project, channel, user, info) in joins {
+            let Some(pid) = self.pid(project) else {
+                continue;
+            };
+            let Some(conn) = self.conn.as_mut() else {
+                break;
+            };
+            let v: redis::Value = self
+                .scripts
+                .join
+                .arg(&node)
+                .arg(&*pid)
+                .arg(&*channel)
+                .arg(&*user)
+                .arg(info.as_deref().unwrap_or(""))
+                // Members this node already has are kept whatever the limit.
+                .arg(usize::MAX)
+                .invoke(conn)?;
+            let added = matches!(&v, redis::Value::Array(items) if matches!(items.first(), Some(redis::Value::Int(2))));
+            if added {
+                // The others lost this member when this node was reaped: tell them.
+                let frame = presence_frame(&channel, "join", &user, info.as_deref());
+                self.relay(project, &channel, &frame);
+                if let Some(h) = fx.hooks() {
+                    h.member_added(project, &channel, &user);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn reap_dead(&mut self, fx: &Effects) -> redis::RedisResult<()> {
+        let node = self.node.clone();
+        let Some(conn) = self.conn.as_mut() else {
+            return Ok(());
+        };
+        let nodes: Vec<String> = redis::cmd("SMEMBERS").arg("ringcast:nodes").query(conn)?;
+        for other in nodes.into_iter().filter(|n| *n != node) {
+            let Some(conn) = self.conn.as_mut() else {
+                break;
+            };
+            let alive: bool = redis::cmd("EXISTS")
+                .arg(format!("ringcast:alive:{other}"))
+                .query(conn)?;
+            if alive {
+                continue;
+            }
+            let out: Vec<String> = self.scripts.reap.arg(&other).arg("0").invoke(conn)?;
+            if out.is_empty() {
+                continue;
+            }
+            self.announce_reaped(fx, out);
+            tracing::warn!(node = %other, "presence: a node's lease ran out; its members and subscriptions were removed");
+        }
+        Ok(())
+    }
+}
+
+/// The connection, when Redis is reachable and this node's shares are asserted.
+fn live(conn: &mut Option<redis::Connection>, stale: bool) -> Option<&mut redis::Connection> {
+    if stale {
+        return None;
+    }
+    conn.as_mut()
+}
+
+impl Remote {
+    /// Announce the transitions a reap returned (see [`REAP_SCRIPT`]).
+    fn announce_reaped(&mut self, fx: &Effects, out: Vec<String>) {
+        let mut it = out.into_iter();
+        let snapshot = self.setup.keys.load();
+        while let Some(kind) = it.next() {
+            let (Some(pid), Some(channel)) = (it.next(), it.next()) else {
+                break;
+            };
+            let user = if kind == "r" { it.next() } else { None };
+            let Some(project) = snapshot.project(&pid).map(|p| p.index) else {
+                continue;
+            };
+            match user {
+                Some(user) => self.announce(fx, project, &channel, &user, None, None),
+                None => {
+                    if let Some(h) = fx.hooks() {
+                        h.vacated(project, &channel);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn transition_hook(fx: &Effects, project: u32, channel: &str, t: i64) {
+    if let Some(h) = fx.hooks() {
+        match t {
+            1 => h.occupied(project, channel),
+            -1 => h.vacated(project, channel),
+            _ => {}
+        }
+    }
+}

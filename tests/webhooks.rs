@@ -1,0 +1,898 @@
+//! Webhooks, black box: the real binary, the real CLI (`project set-webhook`), real
+//! WebSocket clients sending client events (the event source until occupancy and
+//! presence transitions land), and a local HTTP receiver in the test (a std
+//! `TcpListener` on 127.0.0.1:0) that answers as scripted and checks every request's
+//! HMAC signature with the project's token secret and its `X-Pusher-Key`.
+
+mod common;
+#[path = "support/cluster.rs"]
+mod support;
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::{cli, next_json, send_json, set_timeout, wait_for, Options, Server, Ws};
+use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
+use serde_json::{json, Value};
+
+/// One request the receiver got.
+#[derive(Debug, Clone)]
+struct Hook {
+    at: Instant,
+    content_type: Option<String>,
+    key: Option<String>,
+    signature: Option<String>,
+    body: Vec<u8>,
+}
+
+impl Hook {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).expect("a JSON body")
+    }
+
+    fn events(&self) -> Vec<Value> {
+        self.json()["events"].as_array().expect("events").clone()
+    }
+
+    /// Whether `X-Pusher-Signature` is the hex HMAC-SHA256 of the raw body under
+    /// `secret` (an independent implementation: ring's, called from the test).
+    fn signed_with(&self, secret: &str) -> bool {
+        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret.as_bytes());
+        let Some(sig) = self.signature.as_deref().and_then(|s| hex::decode(s).ok()) else {
+            return false;
+        };
+        ring::hmac::verify(&key, &self.body, &sig).is_ok()
+    }
+}
+
+/// A scripted webhook endpoint: answers each request with the next scripted status,
+/// after the scripted delay (200 at once when the script is used up), and records it
+/// when it arrives.
+struct Receiver {
+    addr: SocketAddr,
+    got: Arc<Mutex<Vec<Hook>>>,
+}
+
+impl Receiver {
+    fn start(script: &[u16]) -> Receiver {
+        let script: Vec<_> = script.iter().map(|s| (*s, Duration::ZERO)).collect();
+        Receiver::scripted(&script)
+    }
+
+    fn scripted(script: &[(u16, Duration)]) -> Receiver {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind receiver");
+        let addr = listener.local_addr().unwrap();
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let script = Arc::new(Mutex::new(script.iter().copied().collect::<VecDeque<_>>()));
+        let (g, s) = (got.clone(), script.clone());
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let (g, s) = (g.clone(), s.clone());
+                std::thread::spawn(move || serve(stream, &g, &s));
+            }
+        });
+        Receiver { addr, got }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}/hooks/ringcast", self.addr)
+    }
+
+    fn hooks(&self) -> Vec<Hook> {
+        self.got.lock().unwrap().clone()
+    }
+
+    fn wait_hooks(&self, n: usize, limit: Duration) -> Vec<Hook> {
+        wait_for(limit, &format!("{n} webhook requests"), || {
+            self.hooks().len() >= n
+        });
+        self.hooks()
+    }
+}
+
+/// Serve requests on one connection (keep-alive, as ureq uses it) until it closes.
+fn serve(stream: TcpStream, got: &Mutex<Vec<Hook>>, script: &Mutex<VecDeque<(u16, Duration)>>) {
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut out = stream;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        assert!(line.starts_with("POST /hooks/ringcast "), "{line}");
+        let (mut len, mut content_type, mut key, mut signature) = (0, None, None, None);
+        loop {
+            let mut h = String::new();
+            reader.read_line(&mut h).unwrap();
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            let (name, value) = h.split_once(':').unwrap();
+            let value = value.trim().to_string();
+            match name.to_ascii_lowercase().as_str() {
+                "content-length" => len = value.parse().unwrap(),
+                "content-type" => content_type = Some(value),
+                "x-pusher-key" => key = Some(value),
+                "x-pusher-signature" => signature = Some(value),
+                _ => {}
+            }
+        }
+        let mut body = vec![0; len];
+        reader.read_exact(&mut body).unwrap();
+        got.lock().unwrap().push(Hook {
+            at: Instant::now(),
+            content_type,
+            key,
+            signature,
+            body,
+        });
+        let (status, delay) = script
+            .lock()
+            .unwrap()
+            .pop_front()
+            .unwrap_or((200, Duration::ZERO));
+        // A slow endpoint, as scripted.
+        std::thread::sleep(delay);
+        let answer = format!("HTTP/1.1 {status} X\r\nContent-Length: 2\r\n\r\nok");
+        if out.write_all(answer.as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+struct Private {
+    id: String,
+    secret: String,
+    public: String,
+    token_secret: String,
+}
+
+/// A project with client events on, its keys known to the server.
+fn project(server: &Server, name: &str) -> Private {
+    let v = cli(
+        &server.data_dir,
+        &["project", "create", name, "--rate-limit", "10000/s"],
+    );
+    assert_eq!(v["project"]["webhook"], "off", "off by default: {v}");
+    let p = Private {
+        id: v["project"]["id"].as_str().unwrap().into(),
+        secret: v["secret_key"].as_str().unwrap().into(),
+        public: v["public_key"].as_str().unwrap().into(),
+        token_secret: v["token_secret"].as_str().unwrap().into(),
+    };
+    cli(
+        &server.data_dir,
+        &["project", "set-limits", &p.id, "--client-events", "on"],
+    );
+    server.wait_key(&p.secret);
+    p
+}
+
+fn token(secret: &str, channel: &str, sub: &str) -> String {
+    let exp = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 600;
+    encode(
+        &Header::new(Algorithm::HS256),
+        &json!({"channel": channel, "exp": exp, "sub": sub}),
+        &EncodingKey::from_secret(secret.as_bytes()),
+    )
+    .unwrap()
+}
+
+/// A connection subscribed to `channel`, and its connection id.
+fn member(url: &str, p: &Private, channel: &str, user: &str) -> (Ws, String) {
+    let (mut ws, _) = tungstenite::connect(url).expect("ws connect");
+    set_timeout(&mut ws, Duration::from_secs(10));
+    let hello = next_json(&mut ws);
+    assert_eq!(hello["type"], "connected", "{hello}");
+    let id = hello["connection_id"].as_str().unwrap().to_string();
+    send_json(
+        &mut ws,
+        json!({"type": "subscribe", "channel": channel, "token": token(&p.token_secret, channel, user)}),
+    );
+    assert_eq!(next_json(&mut ws)["type"], "subscribed");
+    (ws, id)
+}
+
+/// Send a client event from `from` and wait until `to` has it: the server relayed it
+/// (and so decided about its webhook) before this returns.
+fn client_event(from: &mut Ws, to: &mut Ws, channel: &str, n: u64) {
+    send_json(
+        from,
+        json!({"type": "client_event", "channel": channel, "event": "client-n", "data": {"n": n}}),
+    );
+    let got = next_event(to);
+    assert_eq!(
+        (got["event"].as_str(), got["data"]["n"].as_u64()),
+        (Some("client-n"), Some(n)),
+        "{got}"
+    );
+}
+
+/// Wait until the server applied `--client-events on` (a separate CLI call, so the
+/// watcher may have seen the project before it): a probe from `from` is no longer
+/// refused, and `to` receives it.
+fn wait_client_events_on(from: &mut Ws, to: &mut Ws, channel: &str) {
+    wait_for(Duration::from_secs(10), "client events to be on", || {
+        send_json(
+            from,
+            json!({"type": "client_event", "channel": channel, "event": "client-probe", "data": {}}),
+        );
+        set_timeout(from, Duration::from_millis(300));
+        let accepted = loop {
+            match from.read() {
+                Ok(tungstenite::Message::Text(t)) => {
+                    let v: Value = serde_json::from_str(t.as_str()).unwrap();
+                    if v["type"] == "presence" {
+                        continue;
+                    }
+                    assert_eq!(v["code"], "forbidden", "{v}");
+                    break false;
+                }
+                Ok(other) => panic!("unexpected {other:?}"),
+                Err(_) => break true, // no answer: relayed
+            }
+        };
+        set_timeout(from, Duration::from_secs(10));
+        accepted
+    });
+    assert_eq!(next_event(to)["event"], "client-probe");
+}
+
+/// The next frame that is not a presence join/leave.
+fn next_event(ws: &mut Ws) -> Value {
+    loop {
+        let v = next_json(ws);
+        if v["type"] != "presence" {
+            return v;
+        }
+    }
+}
+
+/// The `n` of each `client-n` event of a request (probes left out).
+fn ns(hook: &Hook) -> Vec<u64> {
+    hook.events()
+        .iter()
+        .filter(|e| e["event"] == "client-n")
+        .map(|e| {
+            let data: Value =
+                serde_json::from_str(e["data"].as_str().expect("data is a string")).unwrap();
+            data["n"].as_u64().unwrap()
+        })
+        .collect()
+}
+
+/// Signed with the token secret, keyed with the public key, batched within 1 s, retried
+/// (the same events, re-stamped and re-signed) after two 500s; `--off` stops them.
+#[test]
+fn client_events_are_signed_batched_retried_and_stop_when_off() {
+    let s = Server::start();
+    let p = project(&s, "hooks");
+    let receiver = Receiver::start(&[500, 500]);
+    let set = cli(
+        &s.data_dir,
+        &[
+            "project",
+            "set-webhook",
+            &p.id,
+            &receiver.url(),
+            "--events",
+            "client_event",
+        ],
+    );
+    assert_eq!(
+        set["project"]["webhook"],
+        json!({"url": receiver.url(), "events": ["client_event"]})
+    );
+    let ch = "private-room";
+    let url = s.ws_url(&p.public);
+    let (mut a, a_id) = member(&url, &p, ch, "u1");
+    let (mut b, _) = member(&url, &p, ch, "u2");
+    wait_client_events_on(&mut a, &mut b, ch);
+
+    // The server applies the webhook within a second: probe (4 a second, well under the
+    // 10/s client-event limit) until one arrives.
+    let mut n = 0;
+    wait_for(Duration::from_secs(15), "the first webhook", || {
+        n += 1;
+        client_event(&mut a, &mut b, ch, n);
+        std::thread::sleep(Duration::from_millis(250));
+        !receiver.hooks().is_empty()
+    });
+    // The first request failed (500); its retries carry the very same events. Events
+    // sent now wait behind them (one request in flight per project).
+    let first = receiver.hooks()[0].clone();
+    assert!(!first.events().is_empty());
+    let burst: Vec<u64> = (n + 1..=n + 3).collect();
+    for &m in &burst {
+        client_event(&mut a, &mut b, ch, m);
+    }
+    let hooks = receiver.wait_hooks(4, Duration::from_secs(20));
+    let before = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+
+    let mut times = Vec::new();
+    for h in &hooks {
+        assert_eq!(h.content_type.as_deref(), Some("application/json"));
+        assert_eq!(h.key.as_deref(), Some(p.public.as_str()), "X-Pusher-Key");
+        assert!(
+            h.signed_with(&p.token_secret),
+            "signature of {:?}",
+            String::from_utf8_lossy(&h.body)
+        );
+        assert!(!h.signed_with(&p.secret));
+        let time_ms = h.json()["time_ms"].as_u64().expect("time_ms");
+        assert!(time_ms <= before && time_ms + 60_000 > before, "{time_ms}");
+        times.push(time_ms);
+    }
+    // Attempts 1..3 are the same events, each re-stamped (1 s, then 2 s of backoff).
+    assert_eq!(hooks[1].events(), first.events());
+    assert_eq!(hooks[2].events(), first.events());
+    assert!(
+        times[1] >= times[0] + 900 && times[2] >= times[1] + 1900,
+        "{times:?}"
+    );
+    assert!(hooks[1].at >= hooks[0].at + Duration::from_millis(900));
+    assert_ne!(hooks[0].signature, hooks[1].signature, "re-signed");
+    // Then the burst: one request for the three events sent within a second, in order.
+    let later: Vec<u64> = hooks[3..].iter().flat_map(ns).collect();
+    assert!(
+        later.ends_with(&burst) && hooks.last().map(ns).unwrap().ends_with(&burst),
+        "the burst in one request, in order: {later:?}"
+    );
+    let events = hooks[0].events();
+    let event = events
+        .iter()
+        .find(|e| e["event"] == "client-n")
+        .expect("a client-n event");
+    assert_eq!(event["name"], "client_event");
+    assert_eq!(event["channel"], ch);
+    assert_eq!(event["event"], "client-n");
+    assert_eq!(event["socket_id"], a_id.as_str());
+    assert!(
+        event.get("user_id").is_none(),
+        "no user_id on a private channel: {event}"
+    );
+
+    // Off: events are relayed, no request follows.
+    let off = cli(&s.data_dir, &["project", "set-webhook", &p.id, "--off"]);
+    assert_eq!(off["project"]["webhook"], "off");
+    // The change reaches the server within 1 s (key_refresh_ms 250); give it 1.5 s,
+    // then a request would come within the 1 s batch window.
+    std::thread::sleep(Duration::from_millis(1500));
+    let seen = receiver.hooks().len();
+    for m in 1000..1003 {
+        client_event(&mut a, &mut b, ch, m);
+    }
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(receiver.hooks().len(), seen, "no webhook after --off");
+}
+
+/// The events filter: without `client_event` in `--events`, client events send nothing;
+/// listed, they do (with `user_id` on a presence channel).
+#[test]
+fn client_events_are_sent_only_when_listed() {
+    let s = Server::start();
+    let p = project(&s, "filtered");
+    let receiver = Receiver::start(&[]);
+    // The default list: every kind but client_event.
+    let set = cli(
+        &s.data_dir,
+        &["project", "set-webhook", &p.id, &receiver.url()],
+    );
+    assert_eq!(
+        set["project"]["webhook"]["events"],
+        json!([
+            "channel_occupied",
+            "channel_vacated",
+            "member_added",
+            "member_removed"
+        ])
+    );
+    let ch = "presence-room";
+    let url = s.ws_url(&p.public);
+    let (mut a, a_id) = member(&url, &p, ch, "alice");
+    let (mut b, _) = member(&url, &p, ch, "bob");
+    wait_client_events_on(&mut a, &mut b, ch);
+    // Let the webhook reach the server (the contract: within 1 s), then send: not
+    // wanted, so never sent. (Nothing the server does shows it applied a list without
+    // client_event, hence the bounded wait.)
+    std::thread::sleep(Duration::from_millis(1500));
+    client_event(&mut a, &mut b, ch, 0);
+
+    cli(
+        &s.data_dir,
+        &[
+            "project",
+            "set-webhook",
+            &p.id,
+            &receiver.url(),
+            "--events",
+            "client_event,member_added",
+        ],
+    );
+    // Membership and occupancy webhooks (wanted from the start) may have arrived too,
+    // depending on when the server applied the first setting: look for client events
+    // across every request.
+    let mut n = 0;
+    wait_for(Duration::from_secs(15), "a client_event webhook", || {
+        n += 1;
+        client_event(&mut a, &mut b, ch, n);
+        std::thread::sleep(Duration::from_millis(250));
+        receiver.hooks().iter().any(|h| !ns(h).is_empty())
+    });
+    let hooks = receiver.hooks();
+    let sent: Vec<u64> = hooks.iter().flat_map(ns).collect();
+    assert!(
+        !sent.contains(&0),
+        "the event sent before client_event was listed: {sent:?}"
+    );
+    assert!(sent.iter().all(|m| *m >= 1 && *m <= n), "{sent:?}");
+    let with_events = hooks
+        .iter()
+        .find(|h| !ns(h).is_empty())
+        .expect("a request with client events");
+    let events = with_events.events();
+    let event = events
+        .iter()
+        .find(|e| e["event"] == "client-n")
+        .expect("a client-n event");
+    assert_eq!(event["user_id"], "alice", "{event}");
+    assert_eq!(event["socket_id"], a_id.as_str());
+    assert!(with_events.signed_with(&p.token_secret));
+}
+
+/// The value of one series (name with labels) of a scrape.
+fn scrape(s: &Server, series: &str) -> u64 {
+    let addr = s.metrics.expect("the server prints its metrics address");
+    let mut conn = TcpStream::connect(addr).unwrap();
+    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    conn.read_to_string(&mut text).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+}
+
+/// A slow endpoint (it takes 4 s to answer) holds up only its own project: another
+/// project's webhooks and every publish go on meanwhile. Its queue holds
+/// `webhook_queue_events` (3 here) events; the ones that do not fit are dropped,
+/// counted in the metrics and logged, and the ones kept follow once it answers.
+#[test]
+fn a_slow_endpoint_holds_up_only_its_own_project_and_a_full_queue_is_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("server.log");
+    let s = Server::start_with(Options {
+        config: "webhook_queue_events = 3\nmetrics_listen = \"127.0.0.1:0\"\n".into(),
+        log_file: Some(log.clone()),
+        ..Options::default()
+    });
+    let slow = project(&s, "slow");
+    let fast = project(&s, "fast");
+    let slow_rx = Receiver::scripted(&[(200, Duration::from_millis(4000))]);
+    let fast_rx = Receiver::start(&[]);
+    for (p, r) in [(&slow, &slow_rx), (&fast, &fast_rx)] {
+        cli(
+            &s.data_dir,
+            &[
+                "project",
+                "set-webhook",
+                &p.id,
+                &r.url(),
+                "--events",
+                "client_event",
+            ],
+        );
+    }
+    let ch = "private-x";
+    let (mut a, _) = member(&s.ws_url(&slow.public), &slow, ch, "u1");
+    let (mut a2, _) = member(&s.ws_url(&slow.public), &slow, ch, "u3");
+    let (mut b, _) = member(&s.ws_url(&slow.public), &slow, ch, "u2");
+    wait_client_events_on(&mut a, &mut b, ch);
+    let mut n = 0;
+    wait_for(
+        Duration::from_secs(15),
+        "the slow project's first request",
+        || {
+            n += 1;
+            client_event(&mut a, &mut b, ch, n);
+            std::thread::sleep(Duration::from_millis(250));
+            !slow_rx.hooks().is_empty()
+        },
+    );
+    let stuck_since = slow_rx.hooks()[0].at;
+
+    // While it hangs: 8 more events of the slow project (from a connection that sent
+    // none yet, under the 10/s limit); its queue keeps 3 at most.
+    for m in 100..108 {
+        client_event(&mut a2, &mut b, ch, m);
+    }
+    // The other project's webhooks go on, and publishing is not slowed.
+    let (mut c, _) = member(&s.ws_url(&fast.public), &fast, ch, "u1");
+    let (mut d, _) = member(&s.ws_url(&fast.public), &fast, ch, "u2");
+    wait_client_events_on(&mut c, &mut d, ch);
+    let mut k = 0;
+    wait_for(Duration::from_secs(4), "the fast project's webhook", || {
+        k += 1;
+        client_event(&mut c, &mut d, ch, k);
+        std::thread::sleep(Duration::from_millis(250));
+        !fast_rx.hooks().is_empty()
+    });
+    let started = Instant::now();
+    let (status, _) = s.publish(&fast.secret, "news", "e", json!({"x": 1}));
+    assert_eq!(status, 202);
+    assert!(started.elapsed() < Duration::from_secs(1));
+    assert!(
+        fast_rx.hooks()[0].at < stuck_since + Duration::from_millis(4000),
+        "the fast project's webhook came while the slow one was still stuck"
+    );
+    assert_eq!(slow_rx.hooks().len(), 1, "still one request in flight");
+
+    let dropped = "ringcast_webhook_events_dropped_total{reason=\"queue_full\"}";
+    assert!(scrape(&s, dropped) >= 5, "8 events into a queue of 3");
+    // The slow endpoint answers; the kept events follow, at most 3.
+    let hooks = slow_rx.wait_hooks(2, Duration::from_secs(10));
+    let kept = ns(&hooks[1]);
+    assert!(!kept.is_empty() && kept.len() <= 3, "{kept:?}");
+    wait_for(
+        Duration::from_secs(5),
+        "the metrics to count the answers",
+        || scrape(&s, "ringcast_webhook_requests_total{result=\"ok\"}") >= 3,
+    );
+    assert_eq!(
+        scrape(&s, "ringcast_webhook_requests_total{result=\"failed\"}"),
+        0
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("webhook event dropped"), "{text}");
+    assert!(!text.contains(&slow.token_secret) && !text.contains(&slow_rx.url()));
+}
+
+/// `(name, channel, user_id)` of every event the receiver got about `channel`, in
+/// arrival order, with the arrival time of its request.
+fn about(r: &Receiver, channel: &str) -> Vec<(String, String, Instant)> {
+    r.hooks()
+        .iter()
+        .flat_map(|h| {
+            h.events()
+                .into_iter()
+                .filter(|e| e["channel"] == channel)
+                .map(|e| {
+                    let user = e["user_id"].as_str().unwrap_or("").to_string();
+                    (e["name"].as_str().unwrap().to_string(), user, h.at)
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+fn names(events: &[(String, String, Instant)]) -> Vec<String> {
+    events
+        .iter()
+        .map(|(n, u, _)| {
+            if u.is_empty() {
+                n.clone()
+            } else {
+                format!("{n}:{u}")
+            }
+        })
+        .collect()
+}
+
+/// Occupancy and presence transitions from the node's presence hub: occupied once,
+/// a leave and return within 3 s sends neither, a real leave is sent 3 s later; a user
+/// with two connections is added once and removed once; every request is signed.
+#[test]
+fn occupancy_and_membership_webhooks_with_the_three_second_grace() {
+    let s = Server::start();
+    let p = project(&s, "rooms");
+    let receiver = Receiver::start(&[]);
+    cli(
+        &s.data_dir,
+        &["project", "set-webhook", &p.id, &receiver.url()],
+    );
+    // Wait until the server applied it: occupy new channels until one is reported.
+    let (mut probe, _) = tungstenite::connect(s.ws_url(&p.public)).expect("ws");
+    set_timeout(&mut probe, Duration::from_secs(10));
+    next_json(&mut probe);
+    let mut k = 0;
+    wait_for(
+        Duration::from_secs(15),
+        "the first occupancy webhook",
+        || {
+            k += 1;
+            common::subscribe(&mut probe, &format!("probe-{k}"));
+            std::thread::sleep(Duration::from_millis(250));
+            !receiver.hooks().is_empty()
+        },
+    );
+
+    let sub = |ws: &mut Ws, ch: &str| {
+        send_json(ws, json!({"type": "subscribe", "channel": ch}));
+        assert_eq!(next_json(ws)["type"], "subscribed");
+    };
+    let unsub = |ws: &mut Ws, ch: &str| {
+        send_json(ws, json!({"type": "unsubscribe", "channel": ch}));
+        assert_eq!(next_json(ws)["type"], "unsubscribed");
+    };
+    let url = s.ws_url(&p.public);
+    let (mut x, _) = tungstenite::connect(url.as_str()).expect("ws");
+    set_timeout(&mut x, Duration::from_secs(10));
+    next_json(&mut x);
+    let room = "presence-room";
+    sub(&mut x, "news");
+    let (mut a, _) = member(&url, &p, room, "u1");
+    let (mut a2, _) = member(&url, &p, room, "u1");
+    // A reload: gone and back within the grace, on both kinds of channel.
+    unsub(&mut x, "news");
+    sub(&mut x, "news");
+    a.close(None).unwrap();
+    a2.close(None).unwrap();
+    let (mut a3, _) = member(&url, &p, room, "u1");
+    wait_for(
+        Duration::from_secs(10),
+        "news occupied and u1 added",
+        || about(&receiver, "news").len() == 1 && about(&receiver, room).len() == 2,
+    );
+    // Real leaves.
+    unsub(&mut x, "news");
+    let left = Instant::now();
+    unsub(&mut a3, room);
+    wait_for(
+        Duration::from_secs(15),
+        "the leaves, after the grace",
+        || about(&receiver, "news").len() == 2 && about(&receiver, room).len() == 4,
+    );
+    let news = about(&receiver, "news");
+    assert_eq!(names(&news), ["channel_occupied", "channel_vacated"]);
+    assert!(
+        news[1].2 >= left + Duration::from_secs(3),
+        "vacated only after 3 s"
+    );
+    let presence = about(&receiver, room);
+    let mut got = names(&presence);
+    let pos = |n: &str| got.iter().position(|g| g == n).unwrap();
+    assert!(pos("channel_occupied") < pos("channel_vacated"), "{got:?}");
+    assert!(pos("member_added:u1") < pos("member_removed:u1"), "{got:?}");
+    assert!(presence
+        .iter()
+        .all(|(n, _, at)| !n.ends_with("removed") || *at >= left + Duration::from_secs(3)));
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            "channel_occupied",
+            "channel_vacated",
+            "member_added:u1",
+            "member_removed:u1"
+        ]
+    );
+    for h in receiver.hooks() {
+        assert!(h.signed_with(&p.token_secret));
+        assert_eq!(h.key.as_deref(), Some(p.public.as_str()));
+    }
+}
+
+/// Cluster mode: a channel occupied on two nodes is `channel_occupied` once and
+/// `channel_vacated` once, when its last subscriber anywhere leaves; a user with a
+/// connection on each node is added once and removed once.
+#[test]
+fn cluster_transitions_are_sent_once() {
+    use support::{Node, Redis};
+    let Some(redis) = Redis::start() else { return };
+    let (na, nb) = (Node::start(&redis), Node::start(&redis));
+    let created = support::cli(
+        &redis,
+        &["project", "create", "c", "--rate-limit", "1000/s"],
+    );
+    let p = Private {
+        id: created["project"]["id"].as_str().unwrap().into(),
+        secret: created["secret_key"].as_str().unwrap().into(),
+        public: created["public_key"].as_str().unwrap().into(),
+        token_secret: created["token_secret"].as_str().unwrap().into(),
+    };
+    let receiver = Receiver::start(&[]);
+    support::cli(&redis, &["project", "set-webhook", &p.id, &receiver.url()]);
+    na.wait_key(&p.secret);
+    nb.wait_key(&p.secret);
+    let url_a = format!("ws://{}/api/v1/ws?key={}", na.addr, p.public);
+    let url_b = format!("ws://{}/api/v1/ws?key={}", nb.addr, p.public);
+    let open = |url: &str| {
+        let (mut ws, _) = tungstenite::connect(url).expect("ws");
+        set_timeout(&mut ws, Duration::from_secs(10));
+        next_json(&mut ws);
+        ws
+    };
+    // Both nodes have the webhook: a new channel on each is reported.
+    for (node, url) in [("a", &url_a), ("b", &url_b)] {
+        let mut probe = open(url);
+        let mut k = 0;
+        wait_for(Duration::from_secs(15), "the webhook on every node", || {
+            k += 1;
+            let ch = format!("probe-{node}-{k}");
+            common::subscribe(&mut probe, &ch);
+            std::thread::sleep(Duration::from_millis(250));
+            !about(&receiver, &ch).is_empty()
+        });
+    }
+
+    let room = "presence-room";
+    let (mut xa, mut xb) = (open(&url_a), open(&url_b));
+    common::subscribe(&mut xa, "news");
+    common::subscribe(&mut xb, "news");
+    let (mut ua, _) = member(&url_a, &p, room, "u1");
+    let (mut ub, _) = member(&url_b, &p, room, "u1");
+    wait_for(
+        Duration::from_secs(10),
+        "news occupied and u1 added",
+        || about(&receiver, "news").len() == 1 && about(&receiver, room).len() == 2,
+    );
+    // One node's subscriber leaves: still occupied, still a member.
+    send_json(&mut xa, json!({"type": "unsubscribe", "channel": "news"}));
+    ua.close(None).unwrap();
+    assert_eq!(next_json(&mut xa)["type"], "unsubscribed");
+    // 3 s of grace and 1 s of batching: nothing may have come by then.
+    std::thread::sleep(Duration::from_millis(4500));
+    assert_eq!(names(&about(&receiver, "news")), ["channel_occupied"]);
+    // The last ones leave, on the other node.
+    send_json(&mut xb, json!({"type": "unsubscribe", "channel": "news"}));
+    ub.close(None).unwrap();
+    wait_for(Duration::from_secs(15), "the leaves", || {
+        about(&receiver, "news").len() >= 2 && about(&receiver, room).len() >= 4
+    });
+    // A duplicate from the other node would come within the same grace and batch.
+    std::thread::sleep(Duration::from_millis(2000));
+    assert_eq!(
+        names(&about(&receiver, "news")),
+        ["channel_occupied", "channel_vacated"]
+    );
+    let mut got = names(&about(&receiver, room));
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            "channel_occupied",
+            "channel_vacated",
+            "member_added:u1",
+            "member_removed:u1"
+        ]
+    );
+}
+
+fn cli_fails(data_dir: &std::path::Path, args: &[&str]) -> (String, String) {
+    let out = Command::new(common::bin())
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(args)
+        .output()
+        .expect("run ringcast CLI");
+    assert!(!out.status.success(), "ringcast {args:?} should fail");
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn set_webhook_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path();
+    let created = cli(data, &["project", "create", "p"]);
+    assert_eq!(created["project"]["webhook"], "off");
+    let id = created["project"]["id"].as_str().unwrap();
+    for bad in [
+        &["project", "set-webhook", id, "ftp://example.com/"][..],
+        &["project", "set-webhook", id, "example.com/hook"],
+        &[
+            "project",
+            "set-webhook",
+            id,
+            "http://h.example/",
+            "--events",
+            "everything",
+        ],
+        &["project", "set-webhook", id],
+        &["project", "set-webhook", id, "http://h.example/", "--off"],
+        &["project", "set-webhook", "prj_nope", "http://h.example/"],
+    ] {
+        let (stdout, stderr) = cli_fails(data, bad);
+        assert!(stdout.is_empty(), "{bad:?}: {stdout}");
+        assert!(!stderr.trim().is_empty(), "{bad:?}: says why");
+    }
+    let (_, stderr) = cli_fails(data, &["project", "set-webhook", id, "ftp://example.com/"]);
+    assert!(
+        stderr.contains("http://") && stderr.contains("https://"),
+        "{stderr}"
+    );
+
+    let set = cli(
+        data,
+        &[
+            "project",
+            "set-webhook",
+            id,
+            "https://h.example/w?t=1",
+            "--events",
+            "member_removed,channel_vacated",
+        ],
+    );
+    let want =
+        json!({"url": "https://h.example/w?t=1", "events": ["channel_vacated", "member_removed"]});
+    assert_eq!(set["project"]["webhook"], want);
+    let list = cli(data, &["project", "list"]);
+    assert_eq!(list["projects"][0]["webhook"], want);
+    cli(data, &["project", "set-webhook", id, "--off"]);
+    let list = cli(data, &["project", "list"]);
+    assert_eq!(list["projects"][0]["webhook"], "off");
+}
+
+/// Cluster mode: the webhook lives in Redis with the project, and a node sends with the
+/// project's public key (kept whole in Redis) and token secret.
+#[test]
+fn webhooks_in_cluster_mode() {
+    use support::{Node, Redis};
+    let Some(redis) = Redis::start() else { return };
+    let node = Node::start(&redis);
+    let created = support::cli(
+        &redis,
+        &["project", "create", "c", "--rate-limit", "1000/s"],
+    );
+    let p = Private {
+        id: created["project"]["id"].as_str().unwrap().into(),
+        secret: created["secret_key"].as_str().unwrap().into(),
+        public: created["public_key"].as_str().unwrap().into(),
+        token_secret: created["token_secret"].as_str().unwrap().into(),
+    };
+    support::cli(
+        &redis,
+        &["project", "set-limits", &p.id, "--client-events", "on"],
+    );
+    let receiver = Receiver::start(&[]);
+    support::cli(
+        &redis,
+        &[
+            "project",
+            "set-webhook",
+            &p.id,
+            &receiver.url(),
+            "--events",
+            "client_event",
+        ],
+    );
+    let list = support::cli(&redis, &["project", "list"]);
+    assert_eq!(
+        list["projects"][0]["webhook"]["url"],
+        receiver.url().as_str()
+    );
+    node.wait_key(&p.secret);
+    let url = format!("ws://{}/api/v1/ws?key={}", node.addr, p.public);
+    let ch = "private-c";
+    let (mut a, _) = member(&url, &p, ch, "u1");
+    let (mut b, _) = member(&url, &p, ch, "u2");
+    wait_client_events_on(&mut a, &mut b, ch);
+    let mut n = 0;
+    wait_for(Duration::from_secs(15), "a webhook from the node", || {
+        n += 1;
+        client_event(&mut a, &mut b, ch, n);
+        std::thread::sleep(Duration::from_millis(250));
+        !receiver.hooks().is_empty()
+    });
+    let hook = &receiver.hooks()[0];
+    assert_eq!(hook.key.as_deref(), Some(p.public.as_str()));
+    assert!(hook.signed_with(&p.token_secret));
+}
