@@ -47,6 +47,7 @@
 //!   [`cli`]:
 //!   argument parsing; [`apikey`]: key kinds, generation and hashing; [`sealed`]: the
 //!   master key and the AEAD that seals token secrets at rest.
+//! - [`auth::pusher`]: Pusher signatures (REST query, channel `auth`); names no module.
 //!
 //! Invariants that hold across modules: the hot path never blocks and never allocates
 //! per subscriber; one published message is encoded once into one `Bytes` that every

@@ -5,12 +5,16 @@
 //! - [`watcher`]: the control-plane thread that rebuilds the cache when the store changes.
 //! - [`token`]: private-channel subscription tokens (JWT): the keys that verify a
 //!   project's tokens, and the one verification a subscribe or refresh goes through.
+//! - [`pusher`]: Pusher signatures: the signed REST query (`auth_signature`, `body_md5`,
+//!   timestamp window) and a private/presence subscribe's `auth`, under the token secrets.
 //!
 //! Invariant: the data plane only ever touches [`KeyCache::load`] and what a snapshot
 //! returns; it never reaches the store, never blocks and never sees a full key that it
 //! did not receive from a client.
 
 pub(crate) mod cache;
+#[allow(dead_code)] // used by the Pusher session and REST routes (issue 16)
+pub(crate) mod pusher;
 pub(crate) mod token;
 pub(crate) mod watcher;
 

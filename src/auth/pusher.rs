@@ -1,0 +1,800 @@
+//! Pusher signatures: the signed query of the REST API (`/apps/{app_id}/...`) and the
+//! `auth` string of a private or presence subscribe (design: docs/design/pusher.md,
+//! sections 1.5 and 4.1).
+//!
+//! Pure functions over borrowed input; the caller supplies the clock and the project's
+//! token secrets in force (the newest, plus the previous one during a rotation's grace).
+//! Invariants:
+//! - Every HMAC check is `ring::hmac::verify` (constant time) on the 32 decoded bytes of
+//!   a 64-hex-digit signature; the `body_md5` compare is constant time too.
+//! - The HMAC key is the UTF-8 bytes of the whole token secret string (`ts_...`), as the
+//!   Pusher SDKs use the secret they are configured with.
+//! - What is signed is exactly what was received: the raw path (not decoded), the
+//!   percent-decoded query values (`+` is not a space: the SDKs sign unescaped values),
+//!   `channel_data` byte for byte (Node's and Python's JSON spacing both verify).
+//! - Error messages say what to fix and never carry an expected value (a signature, a
+//!   digest, a secret).
+//!
+//! Which project an `auth_key` (or the key part of a channel `auth`) belongs to is the
+//! caller's check, against the key snapshot: [`auth_key`] and [`check_channel_auth`]
+//! hand the key back for it.
+
+use ring::hmac;
+use subtle::ConstantTimeEq;
+
+/// Most query parameters a request may carry (Pusher's REST calls use at most 8).
+pub(crate) const MAX_PARAMS: usize = 32;
+
+/// Largest distance between `auth_timestamp` and the server's clock, in seconds.
+pub(crate) const TIMESTAMP_WINDOW_S: u64 = 600;
+
+/// The only `auth_version` there is.
+const AUTH_VERSION: &str = "1.0";
+
+/// A parsed query string: percent-decoded pairs, keys lowercased, each key once, in the
+/// order received.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Query {
+    // A few pairs at most (bounded by MAX_PARAMS): a Vec scanned linearly beats a map.
+    params: Vec<(String, String)>,
+}
+
+impl Query {
+    /// The value of `key` (give it lowercase).
+    pub(crate) fn get(&self, key: &str) -> Option<&str> {
+        self.params
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Every pair, in the order received.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.params.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.params.len()
+    }
+}
+
+/// Why a query string does not parse (a 400 `invalid_query`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum QueryError {
+    #[error("query parameter {0:?} is given more than once")]
+    Duplicate(String),
+    #[error("the query string has more than {MAX_PARAMS} parameters")]
+    TooMany,
+    #[error("the query string has a '%' that is not followed by two hexadecimal digits")]
+    Percent,
+    #[error("a query parameter is not valid UTF-8 once percent-decoded")]
+    Utf8,
+}
+
+/// Parse the raw query string (the bytes after `?`). Pairs are split on `&` and at their
+/// first `=` (no `=`: the value is empty); keys and values are percent-decoded (`%XX`
+/// only: `+` stays `+`); keys are lowercased. Empty pairs (`a=1&&b=2`, a trailing `&`)
+/// are skipped: they carry nothing to sign.
+pub(crate) fn parse_query(raw: &[u8]) -> Result<Query, QueryError> {
+    let mut params: Vec<(String, String)> = Vec::new();
+    for pair in raw.split(|&b| b == b'&') {
+        if pair.is_empty() {
+            continue;
+        }
+        if params.len() == MAX_PARAMS {
+            return Err(QueryError::TooMany);
+        }
+        let (key, value) = match pair.iter().position(|&b| b == b'=') {
+            Some(i) => (&pair[..i], &pair[i + 1..]),
+            None => (pair, &[][..]),
+        };
+        let key = percent_decode(key)?.to_lowercase();
+        let value = percent_decode(value)?;
+        if params.iter().any(|(k, _)| *k == key) {
+            return Err(QueryError::Duplicate(key));
+        }
+        params.push((key, value));
+    }
+    Ok(Query { params })
+}
+
+fn percent_decode(raw: &[u8]) -> Result<String, QueryError> {
+    let mut out = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        if raw[i] == b'%' {
+            let hi = raw.get(i + 1).and_then(|&b| hex_digit(b));
+            let lo = raw.get(i + 2).and_then(|&b| hex_digit(b));
+            let (Some(hi), Some(lo)) = (hi, lo) else {
+                return Err(QueryError::Percent);
+            };
+            out.push(hi << 4 | lo);
+            i += 3;
+        } else {
+            out.push(raw[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| QueryError::Utf8)
+}
+
+fn hex_digit(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
+}
+
+/// The `auth_key` parameter: which public key signed the request. The caller checks it
+/// is an active public key of the project the path's app id names.
+pub(crate) fn auth_key(q: &Query) -> Option<&str> {
+    q.get("auth_key")
+}
+
+/// What a REST request signs: `METHOD\nPATH\n` then every parameter but
+/// `auth_signature` as `key=value`, sorted by key (bytewise), joined by `&`.
+pub(crate) fn string_to_sign(method: &str, raw_path: &str, q: &Query) -> String {
+    let mut pairs: Vec<(&str, &str)> = q.iter().filter(|(k, _)| *k != "auth_signature").collect();
+    // Keys are unique (parse_query refuses duplicates), so the order is total.
+    pairs.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+    let len = method.len()
+        + raw_path.len()
+        + 2
+        + pairs
+            .iter()
+            .map(|(k, v)| k.len() + v.len() + 2)
+            .sum::<usize>();
+    let mut out = String::with_capacity(len);
+    out.push_str(method);
+    out.push('\n');
+    out.push_str(raw_path);
+    out.push('\n');
+    for (i, (k, v)) in pairs.iter().enumerate() {
+        if i > 0 {
+            out.push('&');
+        }
+        out.push_str(k);
+        out.push('=');
+        out.push_str(v);
+    }
+    out
+}
+
+/// Why a signed REST request is refused (a 401 `unauthorized`, the message as is).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum RestAuthError {
+    #[error("query parameter {0} is missing: sign the request with auth_key, auth_timestamp, auth_version and auth_signature")]
+    Missing(&'static str),
+    #[error("auth_version must be 1.0")]
+    Version,
+    #[error("auth_timestamp must be the time in seconds since 1970 (1 to 12 digits)")]
+    TimestampFormat,
+    #[error(
+        "auth_timestamp is more than {TIMESTAMP_WINDOW_S} s from server time: check the clock of the signing host"
+    )]
+    TimestampWindow,
+    #[error(
+        "body_md5 does not match the body (it must be the lowercase hex MD5 of the raw body bytes)"
+    )]
+    BodyMd5Mismatch,
+    #[error("body_md5 is missing: a request with a body must sign its MD5")]
+    BodyMd5Missing,
+    #[error("auth_signature must be 64 hexadecimal digits (HMAC-SHA256)")]
+    SignatureFormat,
+    #[error(
+        "the project has no token secret; create one with `ringcast project rotate-token-secret`"
+    )]
+    NoSecret,
+    #[error("invalid signature")]
+    Signature,
+}
+
+/// Check a signed REST request, in this order: the four auth parameters are present,
+/// `auth_version` is 1.0, `auth_timestamp` is within [`TIMESTAMP_WINDOW_S`] of `now_s`,
+/// `body_md5` matches `body` (required when the body is not empty, accepted on any
+/// method, empty body included), and `auth_signature` verifies under one of `secrets`.
+pub(crate) fn check_rest(
+    method: &str,
+    raw_path: &str,
+    q: &Query,
+    body: &[u8],
+    now_s: u64,
+    secrets: &[&str],
+) -> Result<(), RestAuthError> {
+    let need = |key: &'static str| q.get(key).ok_or(RestAuthError::Missing(key));
+    need("auth_key")?;
+    let timestamp = need("auth_timestamp")?;
+    let version = need("auth_version")?;
+    let signature = need("auth_signature")?;
+
+    if version != AUTH_VERSION {
+        return Err(RestAuthError::Version);
+    }
+
+    if timestamp.is_empty()
+        || timestamp.len() > 12
+        || !timestamp.bytes().all(|b| b.is_ascii_digit())
+    {
+        return Err(RestAuthError::TimestampFormat);
+    }
+    // At most 12 digits: always fits a u64.
+    let ts: u64 = timestamp
+        .parse()
+        .map_err(|_| RestAuthError::TimestampFormat)?;
+    if ts.abs_diff(now_s) > TIMESTAMP_WINDOW_S {
+        return Err(RestAuthError::TimestampWindow);
+    }
+
+    match q.get("body_md5") {
+        Some(given) if !bool::from(given.as_bytes().ct_eq(&md5_hex(body))) => {
+            return Err(RestAuthError::BodyMd5Mismatch);
+        }
+        None if !body.is_empty() => return Err(RestAuthError::BodyMd5Missing),
+        _ => {}
+    }
+
+    let tag = decode_signature(signature).ok_or(RestAuthError::SignatureFormat)?;
+    let message = string_to_sign(method, raw_path, q);
+    match verify_any(secrets, message.as_bytes(), &tag) {
+        Verdict::Valid => Ok(()),
+        Verdict::NoSecret => Err(RestAuthError::NoSecret),
+        Verdict::Invalid => Err(RestAuthError::Signature),
+    }
+}
+
+/// Why a channel `auth` is refused (a `pusher:subscription_error` `AuthError`, 401).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum ChannelAuthError {
+    #[error("auth must be \"<key>:<signature>\" with a signature of 64 hexadecimal digits")]
+    Malformed,
+    #[error("the project has no token secret to verify channel authorisations with")]
+    NoSecret,
+    #[error("invalid signature")]
+    Signature,
+}
+
+/// Check the `auth` of a private or presence subscribe: `<key>:<64 hex digits>`, split
+/// at the last `:`, an HMAC-SHA256 of `<socket_id>:<channel>` (private) or
+/// `<socket_id>:<channel>:<channel_data>` (presence, `channel_data` exactly as received)
+/// under one of `secrets`. Returns the key part, for the caller to check it is an active
+/// public key of the connection's project.
+pub(crate) fn check_channel_auth<'a>(
+    auth: &'a str,
+    socket_id: &str,
+    channel: &str,
+    channel_data: Option<&str>,
+    secrets: &[&str],
+) -> Result<&'a str, ChannelAuthError> {
+    let (key, signature) = auth.rsplit_once(':').ok_or(ChannelAuthError::Malformed)?;
+    if key.is_empty() {
+        return Err(ChannelAuthError::Malformed);
+    }
+    let tag = decode_signature(signature).ok_or(ChannelAuthError::Malformed)?;
+    let data_len = channel_data.map_or(0, |d| d.len() + 1);
+    let mut message = String::with_capacity(socket_id.len() + 1 + channel.len() + data_len);
+    message.push_str(socket_id);
+    message.push(':');
+    message.push_str(channel);
+    if let Some(data) = channel_data {
+        message.push(':');
+        message.push_str(data);
+    }
+    match verify_any(secrets, message.as_bytes(), &tag) {
+        Verdict::Valid => Ok(key),
+        Verdict::NoSecret => Err(ChannelAuthError::NoSecret),
+        Verdict::Invalid => Err(ChannelAuthError::Signature),
+    }
+}
+
+/// HMAC-SHA256 of `msg` under `secret`, as lowercase hex (webhook signatures, tests).
+pub(crate) fn sign(secret: &str, msg: &[u8]) -> String {
+    let key = hmac::Key::new(hmac::HMAC_SHA256, secret.as_bytes());
+    hex::encode(hmac::sign(&key, msg).as_ref())
+}
+
+/// Lowercase hex MD5 of `body`.
+fn md5_hex(body: &[u8]) -> [u8; 32] {
+    use md5::{Digest, Md5};
+    let digest = Md5::digest(body);
+    let mut out = [0u8; 32];
+    // 16 bytes into 32 hex digits: the lengths always match.
+    hex::encode_to_slice(digest, &mut out).expect("32 hex digits for 16 bytes");
+    out
+}
+
+/// The 32 bytes of a 64-hex-digit signature (either case); `None` for anything else.
+fn decode_signature(hex_digits: &str) -> Option<[u8; 32]> {
+    let mut tag = [0u8; 32];
+    if hex_digits.len() != 64 {
+        return None;
+    }
+    hex::decode_to_slice(hex_digits, &mut tag).ok()?;
+    Some(tag)
+}
+
+enum Verdict {
+    Valid,
+    NoSecret,
+    Invalid,
+}
+
+/// Verify `tag` over `msg` under each secret in turn (newest first, as given).
+fn verify_any(secrets: &[&str], msg: &[u8], tag: &[u8; 32]) -> Verdict {
+    if secrets.is_empty() {
+        return Verdict::NoSecret;
+    }
+    let valid = secrets.iter().any(|secret| {
+        let key = hmac::Key::new(hmac::HMAC_SHA256, secret.as_bytes());
+        hmac::verify(&key, msg, tag).is_ok()
+    });
+    if valid {
+        Verdict::Valid
+    } else {
+        Verdict::Invalid
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    // `::hmac` is the RustCrypto crate (a dev-dependency), not ring's module above.
+    use ::hmac::{Hmac, Mac};
+    use sha2::Sha256;
+
+    // Pusher's worked example (pusher/docs, library_auth_reference/rest-api.md): app 3.
+    const EX_KEY: &str = "278d425bdf160c739803";
+    const EX_SECRET: &str = "7ad3773142a6692b25b8";
+    const EX_TS: u64 = 1353088179;
+    const EX_BODY: &[u8] =
+        br#"{"name":"foo","channels":["project-3"],"data":"{\"some\":\"data\"}"}"#;
+    const EX_MD5: &str = "ec365a775a4cd0599faeb73354201b6f";
+    const EX_SIG: &str = "da454824c97ba181a32ccc17a72625ba02771f50b50e1e7430e47a1f3f457e6c";
+    const EX_PATH: &str = "/apps/3/events";
+
+    /// MD5 of the empty body, which the Python SDK sends on every GET.
+    const EMPTY_MD5: &str = "d41d8cd98f00b204e9800998ecf8427e";
+
+    fn ex_query() -> String {
+        format!(
+            "auth_key={EX_KEY}&auth_timestamp={EX_TS}&auth_version=1.0&body_md5={EX_MD5}&auth_signature={EX_SIG}"
+        )
+    }
+
+    /// An HMAC-SHA256 from another implementation (RustCrypto) than the one verifying.
+    fn rc_sign(secret: &str, msg: &str) -> String {
+        let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+        mac.update(msg.as_bytes());
+        hex::encode(mac.finalize().into_bytes())
+    }
+
+    /// A request signed with `secret` over `params` (no auth_signature yet).
+    fn signed(method: &str, path: &str, params: &str, secret: &str) -> Query {
+        let q = parse_query(params.as_bytes()).unwrap();
+        let sig = sign(secret, string_to_sign(method, path, &q).as_bytes());
+        parse_query(format!("{params}&auth_signature={sig}").as_bytes()).unwrap()
+    }
+
+    fn rest_params(ts: u64, extra: &str) -> String {
+        format!("auth_key=pk_a&auth_timestamp={ts}&auth_version=1.0{extra}")
+    }
+
+    #[test]
+    fn pushers_worked_example_verifies() {
+        let q = parse_query(ex_query().as_bytes()).unwrap();
+        assert_eq!(
+            string_to_sign("POST", EX_PATH, &q),
+            format!("POST\n/apps/3/events\nauth_key={EX_KEY}&auth_timestamp={EX_TS}&auth_version=1.0&body_md5={EX_MD5}")
+        );
+        assert_eq!(std::str::from_utf8(&md5_hex(EX_BODY)).unwrap(), EX_MD5);
+        assert_eq!(
+            sign(EX_SECRET, string_to_sign("POST", EX_PATH, &q).as_bytes()),
+            EX_SIG
+        );
+        assert_eq!(
+            check_rest("POST", EX_PATH, &q, EX_BODY, EX_TS, &[EX_SECRET]),
+            Ok(())
+        );
+        assert_eq!(auth_key(&q), Some(EX_KEY));
+
+        // One byte changed anywhere that is signed or checked refuses it.
+        let mut body = EX_BODY.to_vec();
+        body[10] ^= 1;
+        assert_eq!(
+            check_rest("POST", EX_PATH, &q, &body, EX_TS, &[EX_SECRET]),
+            Err(RestAuthError::BodyMd5Mismatch)
+        );
+        for (method, path, secret) in [
+            ("PUT", EX_PATH, EX_SECRET),
+            ("POST", "/apps/4/events", EX_SECRET),
+            ("POST", EX_PATH, "7ad3773142a6692b25b9"),
+        ] {
+            assert_eq!(
+                check_rest(method, path, &q, EX_BODY, EX_TS, &[secret]),
+                Err(RestAuthError::Signature),
+                "{method} {path} {secret}"
+            );
+        }
+        let other_key = ex_query().replace("auth_key=278d", "auth_key=378d");
+        let q = parse_query(other_key.as_bytes()).unwrap();
+        assert_eq!(
+            check_rest("POST", EX_PATH, &q, EX_BODY, EX_TS, &[EX_SECRET]),
+            Err(RestAuthError::Signature)
+        );
+        let other_sig = ex_query().replace("auth_signature=da45", "auth_signature=da46");
+        let q = parse_query(other_sig.as_bytes()).unwrap();
+        assert_eq!(
+            check_rest("POST", EX_PATH, &q, EX_BODY, EX_TS, &[EX_SECRET]),
+            Err(RestAuthError::Signature)
+        );
+    }
+
+    #[test]
+    fn query_parsing() {
+        let q = parse_query(b"A=1&b&c=x=y&D=%41%2c%2C+z&&").unwrap();
+        let pairs: Vec<_> = q.iter().collect();
+        assert_eq!(pairs, [("a", "1"), ("b", ""), ("c", "x=y"), ("d", "A,,+z")]);
+        assert_eq!(q.len(), 4);
+        assert_eq!(parse_query(b""), Ok(Query::default()));
+        // Percent-decoded keys are lowercased too; UTF-8 decodes.
+        let q = parse_query(b"%4Bey=caf%C3%A9").unwrap();
+        assert_eq!(q.get("key"), Some("café"));
+
+        assert_eq!(
+            parse_query(b"a=1&b=2&a=3"),
+            Err(QueryError::Duplicate("a".into()))
+        );
+        assert_eq!(
+            parse_query(b"a=1&A=2"),
+            Err(QueryError::Duplicate("a".into()))
+        );
+        assert_eq!(
+            parse_query(b"%61=1&a=2"),
+            Err(QueryError::Duplicate("a".into()))
+        );
+        assert_eq!(parse_query(b"a=%"), Err(QueryError::Percent));
+        assert_eq!(parse_query(b"a=%4"), Err(QueryError::Percent));
+        assert_eq!(parse_query(b"a=%zz"), Err(QueryError::Percent));
+        assert_eq!(parse_query(b"a=%C3"), Err(QueryError::Utf8));
+        assert_eq!(parse_query(b"a=\xff"), Err(QueryError::Utf8));
+
+        let many: Vec<String> = (0..MAX_PARAMS).map(|i| format!("p{i}=v")).collect();
+        assert_eq!(
+            parse_query(many.join("&").as_bytes()).unwrap().len(),
+            MAX_PARAMS
+        );
+        let too_many = format!("{}&x=1", many.join("&"));
+        assert_eq!(parse_query(too_many.as_bytes()), Err(QueryError::TooMany));
+    }
+
+    #[test]
+    fn string_to_sign_sorts_lowercases_and_keeps_values_unescaped() {
+        let q = parse_query(b"info=user_count%2Csubscription_count&Filter_By_Prefix=presence-&auth_signature=x&auth_key=k&b=a+b%20c").unwrap();
+        assert_eq!(
+            string_to_sign("GET", "/apps/1/channels", &q),
+            "GET\n/apps/1/channels\nauth_key=k&b=a+b c&filter_by_prefix=presence-&info=user_count,subscription_count"
+        );
+        // Sorted bytewise: '_' (0x5f) sorts before 'a'..'z' but after digits.
+        let q = parse_query(b"ab=1&a_b=2&a1=3&a=4").unwrap();
+        assert_eq!(
+            string_to_sign("GET", "/", &q),
+            "GET\n/\na=4&a1=3&a_b=2&ab=1"
+        );
+    }
+
+    #[test]
+    fn plus_and_encoded_comma_are_signed_as_decoded() {
+        let now = 1_700_000_000;
+        // The signer signed `info=user_count,subscription_count` and `tag=a+b`; the request
+        // carries the comma escaped and the plus as is.
+        let params = rest_params(now, "&info=user_count,subscription_count&tag=a+b");
+        let q = parse_query(params.as_bytes()).unwrap();
+        let sig = rc_sign("ts_s", &string_to_sign("GET", "/apps/1/channels", &q));
+        let wire = format!(
+            "{}&info=user_count%2Csubscription_count&tag=a+b&auth_signature={sig}",
+            rest_params(now, "")
+        );
+        let q = parse_query(wire.as_bytes()).unwrap();
+        assert_eq!(q.get("tag"), Some("a+b"));
+        assert_eq!(
+            check_rest("GET", "/apps/1/channels", &q, b"", now, &["ts_s"]),
+            Ok(())
+        );
+        // `+` read as a space would have signed something else.
+        let spaced = wire.replace("tag=a+b", "tag=a%20b");
+        let q = parse_query(spaced.as_bytes()).unwrap();
+        assert_eq!(
+            check_rest("GET", "/apps/1/channels", &q, b"", now, &["ts_s"]),
+            Err(RestAuthError::Signature)
+        );
+    }
+
+    #[test]
+    fn required_parameters_and_version() {
+        let now = 1_700_000_000;
+        for missing in [
+            "auth_key",
+            "auth_timestamp",
+            "auth_version",
+            "auth_signature",
+        ] {
+            let q = signed("GET", "/p", &rest_params(now, ""), "ts_s");
+            let kept: Vec<String> = q
+                .iter()
+                .filter(|(k, _)| *k != missing)
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            let q = parse_query(kept.join("&").as_bytes()).unwrap();
+            assert_eq!(
+                check_rest("GET", "/p", &q, b"", now, &["ts_s"]),
+                Err(RestAuthError::Missing(missing))
+            );
+        }
+        let params = format!("auth_key=pk_a&auth_timestamp={now}&auth_version=2.0");
+        let q = signed("GET", "/p", &params, "ts_s");
+        assert_eq!(
+            check_rest("GET", "/p", &q, b"", now, &["ts_s"]),
+            Err(RestAuthError::Version)
+        );
+    }
+
+    #[test]
+    fn timestamp_window_is_600_s_each_way() {
+        let now = 1_700_000_000;
+        for ts in [now - 600, now + 600, now] {
+            let q = signed("GET", "/p", &rest_params(ts, ""), "ts_s");
+            assert_eq!(
+                check_rest("GET", "/p", &q, b"", now, &["ts_s"]),
+                Ok(()),
+                "{ts}"
+            );
+        }
+        for ts in [now - 601, now + 601, 0] {
+            let q = signed("GET", "/p", &rest_params(ts, ""), "ts_s");
+            assert_eq!(
+                check_rest("GET", "/p", &q, b"", now, &["ts_s"]),
+                Err(RestAuthError::TimestampWindow),
+                "{ts}"
+            );
+        }
+        for bad in [
+            "",
+            "-1",
+            "+1700000000",
+            "1700000000.5",
+            "1234567890123",
+            "17e8",
+        ] {
+            let params = format!("auth_key=pk_a&auth_timestamp={bad}&auth_version=1.0");
+            let q = signed("GET", "/p", &params, "ts_s");
+            assert_eq!(
+                check_rest("GET", "/p", &q, b"", now, &["ts_s"]),
+                Err(RestAuthError::TimestampFormat),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn body_md5_rules() {
+        let now = 1_700_000_000;
+        // The Python SDK's GET: body_md5 of the empty body, signed.
+        let q = signed(
+            "GET",
+            "/p",
+            &rest_params(now, &format!("&body_md5={EMPTY_MD5}")),
+            "ts_s",
+        );
+        assert_eq!(check_rest("GET", "/p", &q, b"", now, &["ts_s"]), Ok(()));
+        assert_eq!(std::str::from_utf8(&md5_hex(b"")).unwrap(), EMPTY_MD5);
+        // No body, no body_md5: fine on any method.
+        let q = signed("POST", "/p", &rest_params(now, ""), "ts_s");
+        assert_eq!(check_rest("POST", "/p", &q, b"", now, &["ts_s"]), Ok(()));
+        // A body without body_md5.
+        assert_eq!(
+            check_rest("POST", "/p", &q, b"{}", now, &["ts_s"]),
+            Err(RestAuthError::BodyMd5Missing)
+        );
+        // The right MD5, but in uppercase, or cut short: not the lowercase hex MD5.
+        let md5 = "99914b932bd37a50b983c5e7c90ae93b"; // of `{}`
+        let q = signed(
+            "POST",
+            "/p",
+            &rest_params(now, &format!("&body_md5={md5}")),
+            "ts_s",
+        );
+        assert_eq!(check_rest("POST", "/p", &q, b"{}", now, &["ts_s"]), Ok(()));
+        for wrong in [md5.to_uppercase(), md5[..31].to_string(), String::new()] {
+            let params = rest_params(now, &format!("&body_md5={wrong}"));
+            let q = signed("POST", "/p", &params, "ts_s");
+            assert_eq!(
+                check_rest("POST", "/p", &q, b"{}", now, &["ts_s"]),
+                Err(RestAuthError::BodyMd5Mismatch),
+                "{wrong:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn signature_format_case_and_rotation() {
+        let now = 1_700_000_000;
+        let params = rest_params(now, "");
+        let q = parse_query(params.as_bytes()).unwrap();
+        let sig = rc_sign("ts_new", &string_to_sign("GET", "/p", &q));
+        let with =
+            |sig: &str| parse_query(format!("{params}&auth_signature={sig}").as_bytes()).unwrap();
+
+        assert_eq!(
+            check_rest("GET", "/p", &with(&sig), b"", now, &["ts_new"]),
+            Ok(())
+        );
+        assert_eq!(
+            check_rest(
+                "GET",
+                "/p",
+                &with(&sig.to_uppercase()),
+                b"",
+                now,
+                &["ts_new"]
+            ),
+            Ok(())
+        );
+        // During a rotation's grace both secrets are in force, newest first.
+        assert_eq!(
+            check_rest("GET", "/p", &with(&sig), b"", now, &["ts_newer", "ts_new"]),
+            Ok(())
+        );
+        assert_eq!(
+            check_rest("GET", "/p", &with(&sig), b"", now, &["ts_newer"]),
+            Err(RestAuthError::Signature)
+        );
+        assert_eq!(
+            check_rest("GET", "/p", &with(&sig), b"", now, &[]),
+            Err(RestAuthError::NoSecret)
+        );
+        for bad in [
+            &sig[..63],
+            &format!("{sig}0"),
+            &format!("{}g", &sig[..63]),
+            "",
+        ] {
+            assert_eq!(
+                check_rest("GET", "/p", &with(bad), b"", now, &["ts_new"]),
+                Err(RestAuthError::SignatureFormat),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn messages_never_carry_expected_values() {
+        let all = [
+            RestAuthError::Missing("auth_key").to_string(),
+            RestAuthError::Version.to_string(),
+            RestAuthError::TimestampFormat.to_string(),
+            RestAuthError::TimestampWindow.to_string(),
+            RestAuthError::BodyMd5Mismatch.to_string(),
+            RestAuthError::BodyMd5Missing.to_string(),
+            RestAuthError::SignatureFormat.to_string(),
+            RestAuthError::NoSecret.to_string(),
+            RestAuthError::Signature.to_string(),
+            ChannelAuthError::Malformed.to_string(),
+            ChannelAuthError::NoSecret.to_string(),
+            ChannelAuthError::Signature.to_string(),
+        ];
+        for m in &all {
+            // No digest or signature (a run of hex digits) and no secret.
+            let longest_hex_run = m
+                .split(|c: char| !c.is_ascii_hexdigit())
+                .map(str::len)
+                .max()
+                .unwrap_or(0);
+            assert!(longest_hex_run < 8 && !m.contains("ts_"), "{m}");
+        }
+        assert_eq!(RestAuthError::Signature.to_string(), "invalid signature");
+        assert!(RestAuthError::TimestampWindow
+            .to_string()
+            .starts_with("auth_timestamp is more than 600 s from server time"));
+    }
+
+    #[test]
+    fn channel_auth_private_and_presence() {
+        let socket = "2914375612.4398046511105";
+        let sig = rc_sign("ts_s", &format!("{socket}:private-orders"));
+        let auth = format!("pk_ab:{sig}");
+        assert_eq!(
+            check_channel_auth(&auth, socket, "private-orders", None, &["ts_s"]),
+            Ok("pk_ab")
+        );
+        assert_eq!(
+            check_channel_auth(
+                &format!("pk_ab:{}", sig.to_uppercase()),
+                socket,
+                "private-orders",
+                None,
+                &["ts_s"]
+            ),
+            Ok("pk_ab")
+        );
+        // Another channel, socket or secret: refused.
+        assert_eq!(
+            check_channel_auth(&auth, socket, "private-other", None, &["ts_s"]),
+            Err(ChannelAuthError::Signature)
+        );
+        assert_eq!(
+            check_channel_auth(&auth, "1.2", "private-orders", None, &["ts_s"]),
+            Err(ChannelAuthError::Signature)
+        );
+        assert_eq!(
+            check_channel_auth(&auth, socket, "private-orders", None, &["ts_x"]),
+            Err(ChannelAuthError::Signature)
+        );
+        // Rotation: the previous secret still verifies while in force.
+        assert_eq!(
+            check_channel_auth(&auth, socket, "private-orders", None, &["ts_x", "ts_s"]),
+            Ok("pk_ab")
+        );
+        assert_eq!(
+            check_channel_auth(&auth, socket, "private-orders", None, &[]),
+            Err(ChannelAuthError::NoSecret)
+        );
+
+        // Presence: channel_data is signed byte for byte, whatever its JSON spacing.
+        let node = r#"{"user_id":"u1","user_info":{"name":"Ann"}}"#;
+        let python = r#"{"user_id": "u1", "user_info": {"name": "Ann"}}"#;
+        for data in [node, python] {
+            let sig = rc_sign("ts_s", &format!("{socket}:presence-room:{data}"));
+            let auth = format!("pk_ab:{sig}");
+            assert_eq!(
+                check_channel_auth(&auth, socket, "presence-room", Some(data), &["ts_s"]),
+                Ok("pk_ab"),
+                "{data}"
+            );
+            let other = if data == node { python } else { node };
+            assert_eq!(
+                check_channel_auth(&auth, socket, "presence-room", Some(other), &["ts_s"]),
+                Err(ChannelAuthError::Signature)
+            );
+            assert_eq!(
+                check_channel_auth(&auth, socket, "presence-room", None, &["ts_s"]),
+                Err(ChannelAuthError::Signature)
+            );
+        }
+    }
+
+    #[test]
+    fn channel_auth_shape() {
+        let socket = "1.2";
+        let sig = rc_sign("ts_s", "1.2:private-a");
+        // Split at the last ':' so a key part with a ':' stays whole (and is the caller's
+        // to refuse as unknown).
+        assert_eq!(
+            check_channel_auth(&format!("a:b:{sig}"), socket, "private-a", None, &["ts_s"]),
+            Ok("a:b")
+        );
+        for bad in [
+            sig.clone(),
+            format!(":{sig}"),
+            format!("pk_a:{}", &sig[..63]),
+            format!("pk_a:{sig}0"),
+            format!("pk_a:{}z", &sig[..63]),
+            format!("pk_a:{sig}:"),
+            String::new(),
+        ] {
+            assert_eq!(
+                check_channel_auth(&bad, socket, "private-a", None, &["ts_s"]),
+                Err(ChannelAuthError::Malformed),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn sign_is_lowercase_hex_hmac_sha256() {
+        let s = sign("ts_secret", b"body");
+        assert_eq!(s, rc_sign("ts_secret", "body"));
+        assert_eq!(s.len(), 64);
+        assert!(s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')));
+    }
+}
