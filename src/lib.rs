@@ -31,6 +31,7 @@
 //! - [`names`], [`json`], [`close`], [`ids`], [`reply`]: leaves: the channel/event name
 //!   rule, JSON string escaping, the table of close codes, message and connection ids,
 //!   one-shot answers from a control-plane thread to a worker's task.
+//! - [`pusher_frame`]: leaf: the Pusher protocol 7 server frames; names only `json`, `ws::frame`.
 //! - [`webhook`]: the webhook sender: a bounded queue from any thread, one scheduler
 //!   thread (batching, the 3 s grace, retries) and one sender thread per project that
 //!   is sending; above `auth`/`store`, named by `client`, `node` and `server`.
@@ -80,6 +81,8 @@ mod names;
 mod node;
 mod presence;
 mod publish;
+#[allow(dead_code)] // used by the Pusher session and REST routes (issue 16)
+mod pusher_frame;
 mod quota;
 mod reply;
 mod sealed;
