@@ -67,12 +67,7 @@ fn fanout(c: &mut Criterion) {
         for conn in &conns {
             registry.subscribe(0, "orders", conn);
         }
-        let msg = Broadcast {
-            project: 0,
-            channel: "orders".into(),
-            frame: frame.clone(),
-            except: None,
-        };
+        let msg = Broadcast::plain(0, "orders".into(), frame.clone());
         group.throughput(Throughput::Elements(subs as u64));
         group.bench_function(BenchmarkId::from_parameter(subs), |b| {
             b.iter(|| {
@@ -95,12 +90,7 @@ fn mailbox(c: &mut Criterion) {
         let boxes = Mailboxes::new(1, 1 << 20);
         let mb = boxes.get(0).expect("one mailbox");
         mb.interest.add(channel_hash(0, "c"));
-        let msg = Arc::new(Broadcast {
-            project: 0,
-            channel: "c".into(),
-            frame: Bytes::from_static(b"x"),
-            except: None,
-        });
+        let msg = Arc::new(Broadcast::plain(0, "c".into(), Bytes::from_static(b"x")));
         b.iter(|| {
             let producer = {
                 let boxes = boxes.clone();

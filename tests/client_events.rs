@@ -61,8 +61,7 @@ fn connect(url: &str) -> (Ws, String) {
     set_timeout(&mut ws, Duration::from_secs(10));
     let hello = next_json(&mut ws);
     assert_eq!(hello["type"], "connected", "{hello}");
-    // Ids: 8 hex digits of node prefix, 3 of worker index, 9 of counter.
-    let worker = hello["connection_id"].as_str().unwrap()[8..11].to_string();
+    let worker = common::worker_of(hello["connection_id"].as_str().unwrap());
     (ws, worker)
 }
 

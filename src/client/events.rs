@@ -25,7 +25,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::auth::ProjectState;
-use crate::ids::IdGen;
+use crate::ids::{IdGen, SocketId};
 use crate::quota::now_ns;
 use crate::shard::mailbox::Broadcast;
 use crate::webhook::{HookEvent, HookKind, Webhooks};
@@ -180,12 +180,12 @@ pub(crate) fn relay(
     }
     let id = ctx.ids.next_id();
     let frame: Bytes = client_event_frame(ev.channel, ev.event, ev.data, id.as_str(), ev.user_id);
-    let msg = Arc::new(Broadcast {
-        project: project.index,
-        channel: ev.channel.into(),
+    let msg = Arc::new(Broadcast::new(
+        project.index,
+        ev.channel.into(),
         frame,
-        except: Some((ctx.worker, conn_id)),
-    });
+        Some(SocketId::local(ctx.worker, conn_id)),
+    ));
     if !ctx.relay.relay(msg) {
         project.quota.refund_n(1);
         return Err(Refusal::Unavailable);

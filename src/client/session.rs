@@ -23,7 +23,7 @@ use simd_json::prelude::{ValueAsScalar, ValueObjectAccess};
 use crate::auth::token::{Grant as TokenGrant, TokenRefusal};
 use crate::auth::ProjectState;
 use crate::close::Disconnect;
-use crate::ids::Id;
+use crate::ids::SocketIdText;
 use crate::shard::registry::Subscribed;
 use crate::shard::Shard;
 use crate::ws::conn::{Session, WsConn};
@@ -65,7 +65,7 @@ pub(crate) struct ClientSession {
     presence: Option<Arc<Hub>>,
     /// The id the client was given in its `connected` frame (a client event webhook's
     /// `socket_id`).
-    connection_id: Id,
+    connection_id: SocketIdText,
 }
 
 impl ClientSession {
@@ -76,7 +76,7 @@ impl ClientSession {
         expiry: Rc<Expiry>,
         events: Rc<EventContext>,
         presence: Option<Arc<Hub>>,
-        connection_id: Id,
+        connection_id: SocketIdText,
     ) -> ClientSession {
         ClientSession {
             shard,
@@ -724,7 +724,7 @@ mod tests {
                 Expiry::new(shard.clone()),
                 events,
                 None,
-                crate::ids::IdGen::new(0).next_id(),
+                crate::ids::SocketId::local(0, 1).text(),
             ),
             conn,
             shard,
@@ -814,7 +814,7 @@ mod tests {
             expiry.clone(),
             events,
             None,
-            crate::ids::IdGen::new(0).next_id(),
+            crate::ids::SocketId::local(0, 1).text(),
         );
         (session, conn, shard, expiry)
     }

@@ -492,13 +492,9 @@ fn deliver(cluster: &Cluster, keys: &KeyCache, mailboxes: &Mailboxes, own: u64, 
             .fetch_add(1, Ordering::Relaxed);
         return;
     };
-    let broadcast = Arc::new(Broadcast {
-        project: project.index,
-        channel: channel.into(),
-        // One copy per message per node; every local subscriber shares it.
-        frame: Bytes::copy_from_slice(frame),
-        except: None,
-    });
+    // One copy per message per node; every local subscriber shares it.
+    let frame = Bytes::copy_from_slice(frame);
+    let broadcast = Arc::new(Broadcast::plain(project.index, channel.into(), frame));
     enqueue(cluster, mailboxes, broadcast);
 }
 
@@ -533,12 +529,11 @@ fn deliver_presence(
             .fetch_add(1, Ordering::Relaxed);
         return;
     }
-    mailboxes.presence(Arc::new(Broadcast {
-        project: project.index,
-        channel: channel.into(),
-        frame: Bytes::copy_from_slice(frame),
-        except: None,
-    }));
+    mailboxes.presence(Arc::new(Broadcast::plain(
+        project.index,
+        channel.into(),
+        Bytes::copy_from_slice(frame),
+    )));
 }
 
 /// A message of a history channel (any node's, this one's included: Redis gave it its
@@ -570,12 +565,7 @@ fn deliver_positioned(
             .fetch_add(1, Ordering::Relaxed);
         return;
     }
-    let broadcast = Arc::new(Broadcast {
-        project: project.index,
-        channel: channel.into(),
-        frame,
-        except: None,
-    });
+    let broadcast = Arc::new(Broadcast::plain(project.index, channel.into(), frame));
     enqueue(cluster, mailboxes, broadcast);
 }
 

@@ -135,20 +135,7 @@ pub(crate) fn decode_presence(payload: &[u8]) -> Option<(u64, &[u8])> {
 /// The payload of a single final unmasked text frame whose header is minimal and whose
 /// length is exactly the rest of `frame`.
 fn frame_payload(frame: &[u8]) -> Option<&[u8]> {
-    if frame.len() < 2 || frame[0] != 0x81 || frame[1] & 0x80 != 0 {
-        return None;
-    }
-    let (len, header) = match frame[1] {
-        126 => (
-            u64::from(u16::from_be_bytes([*frame.get(2)?, *frame.get(3)?])),
-            4,
-        ),
-        127 => (u64::from_be_bytes(frame.get(2..10)?.try_into().ok()?), 10),
-        n => (u64::from(n), 2),
-    };
-    let payload = &frame[header..];
-    let minimal = crate::ws::frame::header_len(payload.len()) == header;
-    (len == payload.len() as u64 && minimal).then_some(payload)
+    crate::ws::frame::text_payload(frame)
 }
 
 /// The header every payload of `origin` starts with, for the publish script.

@@ -22,6 +22,7 @@ use super::{ApiError, Service};
 use crate::apikey::KeyKind;
 use crate::client::{connected_frame, ClientSession};
 use crate::error::Unavailable;
+use crate::ids::SocketId;
 use crate::shard::{ConnGuard, ProjectSlot, Shard};
 use crate::ws::conn::{read_loop, write_loop, ReadLimits, WsConn};
 use crate::ws::handshake::write_switching;
@@ -124,7 +125,7 @@ pub(crate) fn start<S: Transport>(
         shard.clock(),
     ));
     conn.set_write_coalesce(Duration::from_millis(cfg.write_coalesce_ms));
-    let connection_id = svc.ids.next_id();
+    let connection_id = SocketId::local(shard.index(), conn.id).text();
     conn.send(connected_frame(connection_id.as_str(), cfg.heartbeat_s));
     let limits = ReadLimits {
         max_message: cfg.max_frame_bytes,

@@ -36,6 +36,7 @@ use bytes::Bytes;
 use crossbeam_channel::{Receiver, Sender};
 use indexmap::IndexMap;
 
+use crate::ids::SocketId;
 use crate::json::write_json_str;
 use crate::reply::ReplyTx;
 use crate::shard::mailbox::{Broadcast, Envelope, Mailboxes, PresenceAnswer};
@@ -203,13 +204,13 @@ pub(crate) struct Effects {
 
 impl Effects {
     /// A join or leave frame to this node's subscribers of the channel.
-    fn frame(&self, project: u32, channel: &str, frame: Bytes, except: Option<(usize, u64)>) {
-        self.mailboxes.presence(Arc::new(Broadcast {
+    fn frame(&self, project: u32, channel: &str, frame: Bytes, except: Option<SocketId>) {
+        self.mailboxes.presence(Arc::new(Broadcast::new(
             project,
-            channel: channel.into(),
+            channel.into(),
             frame,
             except,
-        }));
+        )));
     }
 
     fn answer(&self, worker: usize, ticket: u64, answer: PresenceAnswer) {
@@ -253,7 +254,12 @@ fn apply_local(local: &mut Local, fx: &Effects, op: Op) {
                     // Everyone already in the channel hears of the join before the
                     // joiner's answer is queued (see the module's invariants).
                     let frame = presence_frame(&j.channel, "join", &j.user_id, j.info.as_deref());
-                    fx.frame(j.project, &j.channel, frame, Some((j.worker, j.conn)));
+                    fx.frame(
+                        j.project,
+                        &j.channel,
+                        frame,
+                        Some(SocketId::local(j.worker, j.conn)),
+                    );
                     if let Some(h) = fx.hooks() {
                         h.member_added(j.project, &j.channel, &j.user_id);
                     }

@@ -39,6 +39,7 @@ use super::{
 };
 use crate::auth::cache::ProjectIndex;
 use crate::auth::KeyCache;
+use crate::ids::SocketId;
 use crate::shard::mailbox::PresenceAnswer;
 
 /// How long a node's lease lasts without a refresh.
@@ -395,7 +396,7 @@ impl Remote {
                         &j.channel,
                         &j.user_id,
                         j.info.as_deref(),
-                        Some((j.worker, j.conn)),
+                        Some(SocketId::local(j.worker, j.conn)),
                     );
                 }
                 let object = presence_object(
@@ -412,7 +413,12 @@ impl Remote {
                 Joined::Again => PresenceAnswer::Joined(local.object(j.project, &j.channel).into()),
                 Joined::Added => {
                     let frame = presence_frame(&j.channel, "join", &j.user_id, j.info.as_deref());
-                    fx.frame(j.project, &j.channel, frame, Some((j.worker, j.conn)));
+                    fx.frame(
+                        j.project,
+                        &j.channel,
+                        frame,
+                        Some(SocketId::local(j.worker, j.conn)),
+                    );
                     PresenceAnswer::Joined(local.object(j.project, &j.channel).into())
                 }
             },
@@ -480,7 +486,7 @@ impl Remote {
         channel: &str,
         user: &str,
         info: Option<&str>,
-        except: Option<(usize, u64)>,
+        except: Option<SocketId>,
     ) {
         let join = except.is_some();
         let frame = presence_frame(channel, if join { "join" } else { "leave" }, user, info);

@@ -219,12 +219,12 @@ fn publish_with_history(
                 pos.epoch.as_str(),
             );
             kept.push((pos, span, msg.event, id));
-            frames.push(Arc::new(Broadcast {
-                project: project.index,
-                channel: channel.into(),
+            frames.push(Arc::new(Broadcast::new(
+                project.index,
+                channel.into(),
                 frame,
-                except: None,
-            }));
+                msg.except,
+            )));
         }
     }
     let queued = if frames.len() == 1 {
@@ -293,12 +293,13 @@ fn unavailable(project: &ProjectState, why: Unavailable, units: u32) -> Answer {
 /// Encode `msg` once per channel, with id `id`, into `out`.
 fn encode_into(project: u32, msg: &Publish<'_>, id: &Id, out: &mut Vec<Arc<Broadcast>>) {
     for channel in msg.channels.as_slice() {
-        out.push(Arc::new(Broadcast {
+        let frame = encode::message_frame(channel, msg.event, msg.data, id.as_str());
+        out.push(Arc::new(Broadcast::new(
             project,
-            channel: (*channel).into(),
-            frame: encode::message_frame(channel, msg.event, msg.data, id.as_str()),
-            except: None,
-        }));
+            (*channel).into(),
+            frame,
+            msg.except,
+        )));
     }
 }
 
@@ -365,12 +366,15 @@ fn accept_now(
         };
     }
     let queued = match &msg.channels {
-        parse::Channels::One(channel) => fanout.broadcast(Arc::new(Broadcast {
-            project: project.index,
-            channel: (*channel).into(),
-            frame: encode::message_frame(channel, msg.event, msg.data, id.as_str()),
-            except: None,
-        })),
+        parse::Channels::One(channel) => {
+            let frame = encode::message_frame(channel, msg.event, msg.data, id.as_str());
+            fanout.broadcast(Arc::new(Broadcast::new(
+                project.index,
+                (*channel).into(),
+                frame,
+                msg.except,
+            )))
+        }
         parse::Channels::Many(names) => {
             let mut frames = Vec::with_capacity(names.len());
             encode_into(project.index, msg, &id, &mut frames);

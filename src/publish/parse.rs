@@ -13,7 +13,8 @@
 //! `channels` (1..=100 distinct names) is present; names are 1..=100 Unicode scalar
 //! values without ASCII control characters; `event` is such a name and does not start
 //! with `pusher:` or `pusher_internal:` (reserved for the Pusher protocol); `data` is an
-//! object or a string; unknown fields are ignored; with duplicate keys the last one
+//! object or a string; `socket_id`, when present, is a connection id
+//! (`^\d+\.\d+$`) to leave out; unknown fields are ignored; with duplicate keys the last one
 //! wins (as in simd-json's and serde_json's object models). A batch holds
 //! 1..=`max_batch_messages` messages, each also within the single-publish size limit;
 //! the first invalid one is reported with its index and nothing is accepted.
@@ -23,6 +24,7 @@ use std::ops::Range;
 use simd_json::{Buffers, Node, Tape};
 
 use crate::error::ApiError;
+use crate::ids::SocketId;
 use crate::names::NameError;
 
 /// Most names in one `channels` array.
@@ -59,6 +61,8 @@ pub struct Publish<'a> {
     pub event: &'a str,
     /// The raw JSON text of `data`, exactly as published.
     pub data: &'a [u8],
+    /// The connection to leave out (`socket_id`, Laravel's `toOthers()`).
+    pub(crate) except: Option<SocketId>,
 }
 
 impl<'a> Publish<'a> {
@@ -200,6 +204,7 @@ impl PublishParser {
 struct Fields<'a> {
     channels: Channels<'a>,
     event: &'a str,
+    except: Option<SocketId>,
 }
 
 impl<'a> Fields<'a> {
@@ -213,6 +218,7 @@ impl<'a> Fields<'a> {
             channels: self.channels,
             event: self.event,
             data,
+            except: self.except,
         })
     }
 }
@@ -270,6 +276,7 @@ fn message_fields<'a>(nodes: &[Node<'a>], at: usize) -> Result<(Fields<'a>, usiz
         return Err(ApiError::NotAnObject);
     };
     let (mut channel, mut channels, mut event, mut data) = (None, None, None, None);
+    let mut socket_id = None;
     let mut i = at + 1;
     for _ in 0..*len {
         let key = match nodes.get(i) {
@@ -282,6 +289,7 @@ fn message_fields<'a>(nodes: &[Node<'a>], at: usize) -> Result<(Fields<'a>, usiz
             "channels" => channels = Some(i + 1),
             "event" => event = Some(kind(value)),
             "data" => data = Some(kind(value)),
+            "socket_id" => socket_id = Some(kind(value)),
             _ => {}
         }
         i += 1 + node_span(value);
@@ -310,7 +318,27 @@ fn message_fields<'a>(nodes: &[Node<'a>], at: usize) -> Result<(Fields<'a>, usiz
             "must be a JSON object or a string",
         ));
     }
-    Ok((Fields { channels, event }, node_span(object)))
+    let except = match socket_id {
+        None => None,
+        Some(Kind::Str(text)) => Some(SocketId::parse(text).ok_or(ApiError::InvalidField(
+            "socket_id",
+            "must be a connection_id (digits, a dot, digits)",
+        ))?),
+        Some(_) => {
+            return Err(ApiError::InvalidField(
+                "socket_id",
+                "must be a connection_id (digits, a dot, digits)",
+            ))
+        }
+    };
+    Ok((
+        Fields {
+            channels,
+            event,
+            except,
+        },
+        node_span(object),
+    ))
 }
 
 /// `channels`: an array of 1..=100 distinct valid names.

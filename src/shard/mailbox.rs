@@ -20,7 +20,7 @@
 
 use std::future::poll_fn;
 use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::Poll;
 
 use atomic_waker::AtomicWaker;
@@ -28,28 +28,69 @@ use bytes::Bytes;
 use crossbeam_channel::{Receiver, Sender};
 
 use super::interest::{channel_hash, InterestFilter};
+use crate::close::Dialect;
+use crate::ids::SocketId;
 
-/// One accepted publish, encoded once.
+/// One accepted publish, encoded once per client protocol that needs it.
 #[derive(Debug)]
 pub struct Broadcast {
     /// Dense project index: channels are namespaced by project.
     pub project: u32,
     pub channel: Box<str>,
-    /// The complete WebSocket frame every subscriber receives.
+    /// The complete native WebSocket frame: canonical (history keeps it, the cluster
+    /// relays it, the Pusher frame is derived from it).
     pub frame: Bytes,
-    /// The one connection that must not receive it, as (worker index, connection id):
-    /// a client event's sender. `None` for every publish. Connection ids are per
-    /// worker, so only that worker skips anyone; it never travels to another node.
-    pub except: Option<(usize, u64)>,
+    /// The one connection that must not receive it: a client event's sender, or the
+    /// `socket_id` a publish named. Only the worker of this node that owns it skips
+    /// anyone.
+    pub(crate) except: Option<SocketId>,
+    /// The Pusher-protocol frame, made by the first worker that has a Pusher subscriber
+    /// of the channel (`None` inside: the native frame has no Pusher form). Never
+    /// touched on channels without Pusher subscribers, so they pay nothing for it.
+    pusher: OnceLock<Option<Bytes>>,
 }
 
 impl Broadcast {
+    /// A broadcast every subscriber of the channel receives.
+    pub fn plain(project: u32, channel: Box<str>, frame: Bytes) -> Broadcast {
+        Broadcast::new(project, channel, frame, None)
+    }
+
+    pub(crate) fn new(
+        project: u32,
+        channel: Box<str>,
+        frame: Bytes,
+        except: Option<SocketId>,
+    ) -> Broadcast {
+        Broadcast {
+            project,
+            channel,
+            frame,
+            except,
+            pusher: OnceLock::new(),
+        }
+    }
+
     /// The connection id worker `worker` must skip, or 0 (no connection has id 0).
     #[inline]
     pub fn skip_on(&self, worker: usize) -> u64 {
         match self.except {
-            Some((w, conn)) if w == worker => conn,
+            Some(id) if id.worker == worker && id.is_here() => id.conn,
             _ => 0,
+        }
+    }
+
+    /// The frame a connection speaking `dialect` receives. The Pusher frame is encoded
+    /// here at most once per message, whichever worker asks first (a second worker
+    /// asking meanwhile waits for that one encode).
+    #[inline]
+    pub fn frame_for(&self, dialect: Dialect) -> Option<&Bytes> {
+        match dialect {
+            Dialect::Native => Some(&self.frame),
+            Dialect::Pusher => self
+                .pusher
+                .get_or_init(|| super::dialect::pusher_frame(&self.frame, &self.channel))
+                .as_ref(),
         }
     }
 }
@@ -357,12 +398,12 @@ mod tests {
     }
 
     fn msg() -> Arc<Broadcast> {
-        Arc::new(Broadcast {
-            project: 0,
-            channel: "c".into(),
-            frame: Bytes::from_static(b"x"),
-            except: None,
-        })
+        Arc::new(Broadcast::new(
+            0,
+            "c".into(),
+            Bytes::from_static(b"x"),
+            None,
+        ))
     }
 
     #[test]
@@ -397,12 +438,12 @@ mod tests {
     fn a_batch_is_one_envelope_per_interested_worker() {
         let boxes = Mailboxes::new(2, 1);
         boxes.boxes[1].interest.add(channel_hash(0, "c"));
-        let other = Arc::new(Broadcast {
-            project: 0,
-            channel: "other".into(),
-            frame: Bytes::from_static(b"y"),
-            except: None,
-        });
+        let other = Arc::new(Broadcast::new(
+            0,
+            "other".into(),
+            Bytes::from_static(b"y"),
+            None,
+        ));
         let batch: BroadcastBatch = vec![msg(), other, msg()].into();
         assert!(boxes.broadcast_batch(batch.clone()));
         assert_eq!(boxes.boxes[0].len(), 0, "no subscriber of any channel");

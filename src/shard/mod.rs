@@ -19,6 +19,7 @@
 // crate-private in effect.
 #![cfg_attr(not(feature = "bench"), allow(unreachable_pub))]
 
+mod dialect;
 pub(crate) mod interest;
 pub(crate) mod mailbox;
 pub(crate) mod registry;
@@ -34,7 +35,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use crate::auth::KeyCache;
-use crate::close::Disconnect;
+use crate::close::{Dialect, Disconnect};
 use crate::history::History;
 use crate::ws::conn::{WorkerBacklog, WsConn};
 use crate::ws::frame::{self, Opcode};
@@ -687,11 +688,13 @@ impl Shard {
             if conn.id == skip {
                 continue;
             }
+            let Some(frame) = msg.frame_for(conn.dialect()) else {
+                continue;
+            };
             if waiting.binary_search(&conn.id).is_ok() {
-                a.replies
-                    .push((conn.clone(), Held::Shared(msg.frame.clone())));
+                a.replies.push((conn.clone(), Held::Shared(frame.clone())));
                 delivered += 1;
-            } else if conn.send_shared(msg.frame.clone()) {
+            } else if conn.send_shared(frame.clone()) {
                 delivered += 1;
             }
         }
@@ -824,8 +827,28 @@ fn fan_out_skipping(registry: &Registry, msg: &Broadcast, skip: u64) -> usize {
         return 0;
     };
     let mut delivered = 0;
+    if subs.pusher() == 0 {
+        // Only native subscribers here: the Pusher frame is never looked at.
+        for conn in subs.values() {
+            if conn.id != skip && conn.send_shared(msg.frame.clone()) {
+                delivered += 1;
+            }
+        }
+        return delivered;
+    }
+    let pusher = msg.frame_for(Dialect::Pusher);
     for conn in subs.values() {
-        if conn.id != skip && conn.send_shared(msg.frame.clone()) {
+        if conn.id == skip {
+            continue;
+        }
+        let frame = match conn.dialect() {
+            Dialect::Native => &msg.frame,
+            Dialect::Pusher => match pusher {
+                Some(f) => f,
+                None => continue,
+            },
+        };
+        if conn.send_shared(frame.clone()) {
             delivered += 1;
         }
     }
@@ -835,6 +858,7 @@ fn fan_out_skipping(registry: &Registry, msg: &Broadcast, skip: u64) -> usize {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::ids::SocketId;
     use crate::shard::mailbox::Mailboxes;
 
     /// A shard on its own, with a mailbox and an optional recording interest sink.
@@ -998,12 +1022,12 @@ pub(crate) mod tests {
         shard.subscribe(3, "news", &a);
         shard.reply_when_live(3, "news", &a, ok.clone());
         // A local publish lands before Redis acknowledged the SUBSCRIBE.
-        assert!(mailboxes.broadcast(Arc::new(Broadcast {
-            project: 3,
-            channel: "news".into(),
-            frame: frame.clone(),
-            except: None,
-        })));
+        assert!(mailboxes.broadcast(Arc::new(Broadcast::new(
+            3,
+            "news".into(),
+            frame.clone(),
+            None
+        ))));
         assert_eq!(shard.drain(), 1);
         assert_eq!(a.queued_bytes(), 0, "nothing may overtake `subscribed`");
         shard.interest_ready(3, "news", 1);
@@ -1011,12 +1035,12 @@ pub(crate) mod tests {
         // Leaving inside the window: `subscribed`, the message, then nothing more.
         shard.subscribe(3, "other", &a);
         shard.reply_when_live(3, "other", &a, ok.clone());
-        assert!(mailboxes.broadcast(Arc::new(Broadcast {
-            project: 3,
-            channel: "other".into(),
-            frame: frame.clone(),
-            except: None,
-        })));
+        assert!(mailboxes.broadcast(Arc::new(Broadcast::new(
+            3,
+            "other".into(),
+            frame.clone(),
+            None
+        ))));
         shard.drain();
         shard.unsubscribe(3, "other", 1);
         assert_eq!(a.take_queued(), vec![ok, frame]);
@@ -1053,12 +1077,7 @@ pub(crate) mod tests {
         shard.subscribe(3, "news", &a);
         shard.subscribe(3, "news", &b);
         let frame = bytes::Bytes::from_static(b"\x81\x02{}");
-        let msg = Arc::new(Broadcast {
-            project: 3,
-            channel: "news".into(),
-            frame: frame.clone(),
-            except: None,
-        });
+        let msg = Arc::new(Broadcast::new(3, "news".into(), frame.clone(), None));
         assert!(mailboxes.broadcast(msg));
         assert_eq!(shard.drain(), 1);
         assert_eq!(a.queued_bytes(), b.queued_bytes());
@@ -1074,19 +1093,19 @@ pub(crate) mod tests {
         shard.subscribe(3, "private-x", &a);
         shard.subscribe(3, "private-x", &b);
         let send = |except| {
-            assert!(mailboxes.broadcast(Arc::new(Broadcast {
-                project: 3,
-                channel: "private-x".into(),
-                frame: bytes::Bytes::from_static(b"\x81\x02{}"),
-                except,
-            })));
+            assert!(mailboxes.broadcast(Arc::new(Broadcast::new(
+                3,
+                "private-x".into(),
+                bytes::Bytes::from_static(b"\x81\x02{}"),
+                except
+            ))));
             shard.drain();
             (a.take_queued().len(), b.take_queued().len())
         };
         // This shard is worker 0: connection 1 of worker 0 is left out.
-        assert_eq!(send(Some((0, 1))), (0, 1));
+        assert_eq!(send(Some(SocketId::local(0, 1))), (0, 1));
         // The same connection id on another worker is another connection.
-        assert_eq!(send(Some((1, 1))), (1, 1));
+        assert_eq!(send(Some(SocketId::local(1, 1))), (1, 1));
         assert_eq!(send(None), (1, 1));
     }
 

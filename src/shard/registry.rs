@@ -16,9 +16,61 @@ use std::rc::Rc;
 
 use indexmap::IndexMap;
 
+use crate::close::Dialect;
 use crate::ws::conn::WsConn;
 
-pub(crate) type Subscribers = IndexMap<u64, Rc<WsConn>>;
+/// One channel's local subscribers, and how many of them speak the Pusher protocol (so
+/// the fan-out of a channel without any looks at no connection's dialect and never
+/// makes the Pusher frame).
+#[derive(Default)]
+pub struct Subscribers {
+    conns: IndexMap<u64, Rc<WsConn>>,
+    pusher: u32,
+}
+
+impl Subscribers {
+    #[inline]
+    pub fn values(&self) -> indexmap::map::Values<'_, u64, Rc<WsConn>> {
+        self.conns.values()
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.conns.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.conns.is_empty()
+    }
+
+    /// Subscribers speaking the Pusher protocol.
+    #[inline]
+    pub fn pusher(&self) -> u32 {
+        self.pusher
+    }
+
+    fn insert(&mut self, conn: &Rc<WsConn>) -> bool {
+        if self.conns.insert(conn.id, conn.clone()).is_some() {
+            return false;
+        }
+        if conn.dialect() == Dialect::Pusher {
+            self.pusher += 1;
+        }
+        true
+    }
+
+    fn remove(&mut self, conn_id: u64) -> bool {
+        match self.conns.swap_remove(&conn_id) {
+            Some(conn) => {
+                if conn.dialect() == Dialect::Pusher {
+                    self.pusher -= 1;
+                }
+                true
+            }
+            None => false,
+        }
+    }
+}
 
 /// What a subscribe changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,13 +108,13 @@ impl Registry {
     pub fn subscribe(&mut self, project: u32, channel: &str, conn: &Rc<WsConn>) -> Subscribed {
         let channels = self.projects.entry(project).or_default();
         if let Some(subs) = channels.get_mut(channel) {
-            return match subs.insert(conn.id, conn.clone()) {
-                None => Subscribed::Added,
-                Some(_) => Subscribed::Already,
+            return match subs.insert(conn) {
+                true => Subscribed::Added,
+                false => Subscribed::Already,
             };
         }
         let mut subs = Subscribers::default();
-        subs.insert(conn.id, conn.clone());
+        subs.insert(conn);
         channels.insert(channel.into(), subs);
         Subscribed::First
     }
@@ -75,7 +127,7 @@ impl Registry {
         let Some(subs) = channels.get_mut(channel) else {
             return Unsubscribed::NotSubscribed;
         };
-        if subs.swap_remove(&conn_id).is_none() {
+        if !subs.remove(conn_id) {
             return Unsubscribed::NotSubscribed;
         }
         if !subs.is_empty() {

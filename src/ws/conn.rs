@@ -36,7 +36,7 @@ use monoio::BufResult;
 use super::frame::{self, decode_frame, Opcode};
 use super::message::{Assembler, Incoming};
 use crate::close::code::SLOW_CONSUMER;
-use crate::close::Disconnect;
+use crate::close::{Dialect, Disconnect};
 
 /// How long a closing connection may take to finish its close handshake.
 pub(crate) const CLOSE_GRACE: Duration = Duration::from_secs(2);
@@ -88,6 +88,9 @@ pub struct WsConn {
     last_seen: Cell<u32>,
     /// Write coalescing window in milliseconds (0 = off), see [`WsConn::set_write_coalesce`].
     coalesce_ms: Cell<u16>,
+    /// The client protocol: which frame of a broadcast it takes and which codes its
+    /// closes carry. Set before the connection is shared, never changed.
+    dialect: Dialect,
 }
 
 impl WsConn {
@@ -107,7 +110,19 @@ impl WsConn {
             waiter: Cell::new(None),
             last_seen: Cell::new(now_s),
             coalesce_ms: Cell::new(0),
+            dialect: Dialect::Native,
         }
+    }
+
+    /// This connection speaks `dialect` (before it is shared: the fan-out reads it).
+    pub fn with_dialect(mut self, dialect: Dialect) -> WsConn {
+        self.dialect = dialect;
+        self
+    }
+
+    #[inline]
+    pub fn dialect(&self) -> Dialect {
+        self.dialect
     }
 
     pub fn is_open(&self) -> bool {
@@ -237,10 +252,12 @@ impl WsConn {
     /// Start a server-side close. The backlog is dropped for a slow consumer (it is what
     /// made it slow); otherwise queued frames go out first.
     pub fn close(self: &Rc<Self>, why: Disconnect) {
+        // Decisions below use the native code; the peer gets its dialect's.
         let code = why.code;
         if self.state.get() != State::Open {
             return;
         }
+        let why = self.dialect.translate(why);
         let mut q = self.queue.borrow_mut();
         if code == SLOW_CONSUMER {
             q.clear();
@@ -253,7 +270,7 @@ impl WsConn {
         }
         q.push_back((frame::close_frame(code, why.reason), false));
         drop(q);
-        self.close_code.set(code);
+        self.close_code.set(why.code);
         self.state.set(State::Closing);
         self.wake_writer();
         let conn = self.clone();

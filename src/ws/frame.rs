@@ -150,6 +150,25 @@ pub fn frame(opcode: Opcode, payload: &[u8]) -> Bytes {
     Bytes::from(out)
 }
 
+/// The payload of one complete, final, unmasked text frame with a minimal length header
+/// covering exactly the rest of `frame` (what [`frame`] builds); `None` for anything else.
+pub(crate) fn text_payload(frame: &[u8]) -> Option<&[u8]> {
+    if frame.len() < 2 || frame[0] != 0x81 || frame[1] & 0x80 != 0 {
+        return None;
+    }
+    let (len, header) = match frame[1] {
+        126 => (
+            u64::from(u16::from_be_bytes([*frame.get(2)?, *frame.get(3)?])),
+            4,
+        ),
+        127 => (u64::from_be_bytes(frame.get(2..10)?.try_into().ok()?), 10),
+        n => (u64::from(n), 2),
+    };
+    let payload = &frame[header..];
+    let minimal = header_len(payload.len()) == header;
+    (len == payload.len() as u64 && minimal).then_some(payload)
+}
+
 /// A close frame with a code and a reason (the reason is cut to fit 125 bytes).
 pub(crate) fn close_frame(code: u16, reason: &str) -> Bytes {
     let mut payload = Vec::with_capacity(2 + reason.len());

@@ -562,3 +562,14 @@ pub fn expect_silence(ws: &mut Ws, d: Duration) {
     }
     set_timeout(ws, Duration::from_secs(10));
 }
+
+/// The worker index inside a `connection_id` (`<node>.<worker << 40 | connection>`, the
+/// documented socket id form), so a test can choose "another worker" instead of hoping.
+pub fn worker_of(connection_id: &str) -> String {
+    let (node, local) = connection_id
+        .split_once('.')
+        .unwrap_or_else(|| panic!("connection_id {connection_id:?} is not <node>.<local>"));
+    assert!(node.parse::<u32>().is_ok(), "{connection_id}");
+    let local: u64 = local.parse().expect("local part is decimal");
+    (local >> 40).to_string()
+}
