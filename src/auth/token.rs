@@ -29,6 +29,9 @@ pub(crate) const LEEWAY_S: u64 = 5;
 /// A token secret that verifies until `valid_until` (unix seconds; `None`: current).
 struct Secret {
     key: DecodingKey,
+    /// The secret's text, for the HMACs that are not JWTs (Pusher's channel and REST
+    /// signatures). Never logged: `TokenKeys`' `Debug` prints only a count.
+    text: Box<str>,
     valid_until: Option<u64>,
 }
 
@@ -119,8 +122,19 @@ impl TokenKeys {
     pub(crate) fn add_secret(&mut self, secret: &[u8], valid_until: Option<u64>) {
         self.secrets.push(Secret {
             key: DecodingKey::from_secret(secret),
+            text: String::from_utf8_lossy(secret).into(),
             valid_until,
         });
+    }
+
+    /// The token secrets in force at `now` (seconds), newest first: the current one and,
+    /// during a rotation's grace, the one before it.
+    pub(crate) fn secrets_at(&self, now: u64) -> Vec<&str> {
+        self.secrets
+            .iter()
+            .filter(|s| s.valid_until.is_none_or(|until| now < until))
+            .map(|s| &*s.text)
+            .collect()
     }
 
     /// Secrets were added oldest first; verification wants the newest first.

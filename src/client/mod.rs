@@ -1,7 +1,8 @@
 //! ringcast's client protocol over an established WebSocket: what a browser may say
 //! ([`session`]), the frames the server answers with ([`frames`]), private
 //! channels' grants and per-worker expiry timer ([`private`]), and client events
-//! relayed between the subscribers of a private channel ([`events`]).
+//! relayed between the subscribers of a private channel ([`events`]); the Pusher
+//! protocol 7 as a second session type over the same parts ([`pusher`]).
 //!
 //! Sits above the shard core (it subscribes through [`crate::shard::Shard`], which
 //! mirrors transitions to the interest filter and the cluster) and above the transport
@@ -11,9 +12,11 @@
 pub(crate) mod events;
 pub(crate) mod frames;
 pub(crate) mod private;
+pub(crate) mod pusher;
 pub(crate) mod session;
 
 pub(crate) use events::{EventContext, EventRelay};
 pub(crate) use frames::connected_frame;
 pub(crate) use private::Expiry;
+pub(crate) use pusher::PusherSession;
 pub(crate) use session::ClientSession;

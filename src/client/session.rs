@@ -643,11 +643,11 @@ fn forbidden(conn: &Rc<WsConn>, channel: &str, refusal: TokenRefusal) {
 }
 
 /// Client frames are flat control messages; anything nested deeper is refused.
-const MAX_CLIENT_JSON_DEPTH: usize = 32;
+pub(crate) const MAX_CLIENT_JSON_DEPTH: usize = 32;
 
 /// Deepest `{`/`[` nesting of a JSON text, ignoring brackets inside strings. Stops
 /// counting once past the limit; malformed text is left to the parser.
-fn nesting_depth(text: &[u8]) -> usize {
+pub(crate) fn nesting_depth(text: &[u8]) -> usize {
     let (mut depth, mut max, mut in_string, mut escaped) = (0usize, 0usize, false, false);
     for &b in text {
         if in_string {

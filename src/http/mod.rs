@@ -25,6 +25,7 @@ pub(crate) mod history;
 pub(crate) mod outcome;
 pub(crate) mod parse;
 pub(crate) mod publish;
+pub(crate) mod pusher_ws;
 pub(crate) mod response;
 pub(crate) mod route;
 pub(crate) mod service;

@@ -4,6 +4,7 @@
 use super::response::{write_error, Extra};
 use super::ApiError;
 use crate::auth::ProjectState;
+use crate::close::Dialect;
 use crate::shard::ProjectSlot;
 use std::sync::Arc;
 
@@ -32,6 +33,8 @@ pub(crate) struct Upgrade {
     pub key_id: Box<str>,
     /// Its place under the project's connection limit.
     pub slot: ProjectSlot,
+    /// The client protocol it speaks (`/api/v1/ws` native, `/app/{key}` Pusher).
+    pub dialect: Dialect,
 }
 
 /// Answer with an error from the table.

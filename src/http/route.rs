@@ -9,7 +9,9 @@ use std::rc::Rc;
 
 use super::outcome::{answer, Outcome};
 use super::parse::{Method, RequestHead};
-use super::{channels, console, health, history, publish, upgrade, ApiError, Service};
+use super::{
+    channels, console, health, history, publish, pusher_ws, upgrade, ApiError, Service,
+};
 
 /// Route one request whose head is parsed; `req` starts at the head.
 pub(crate) fn route(
@@ -63,6 +65,17 @@ pub(crate) fn route(
             ApiError::BadRequest("the WebSocket upgrade request must not have a body"),
         ),
         b"/api/v1/ws" => upgrade::handle(svc, head, req, out, peer),
+        // The Pusher protocol's WebSocket: `/app/{key}` (one segment; pusher-js puts
+        // nothing else in the path unless told to use a `wsPath` prefix).
+        path if path.starts_with(b"/app/") && path.len() > 5 && !path[5..].contains(&b'/') => {
+            if head.method() == Method::Get && head.has_body() {
+                return answer(
+                    out,
+                    ApiError::BadRequest("the WebSocket upgrade request must not have a body"),
+                );
+            }
+            pusher_ws::handle(svc, head, req, out, peer, &path[5..])
+        }
         b"/console" | b"/console/" | b"/console/ringcast.js" if svc.config().console => {
             match head.method() {
                 Method::Get | Method::Head => console::handle(head, &req[head.path.clone()], out),

@@ -20,11 +20,13 @@ use super::parse::{query_param, Method, RequestHead};
 use super::transport::Transport;
 use super::{ApiError, Service};
 use crate::apikey::KeyKind;
-use crate::client::{connected_frame, ClientSession};
+use crate::client::{connected_frame, ClientSession, PusherSession};
+use crate::close::Dialect;
+use crate::pusher_frame;
 use crate::error::Unavailable;
 use crate::ids::SocketId;
 use crate::shard::{ConnGuard, ProjectSlot, Shard};
-use crate::ws::conn::{read_loop, write_loop, ReadLimits, WsConn};
+use crate::ws::conn::{read_loop, write_loop, ReadLimits, Session, WsConn};
 use crate::ws::handshake::write_switching;
 
 /// Check the upgrade request (RFC 6455 §4.2.1); returns the `Sec-WebSocket-Key` value.
@@ -100,6 +102,7 @@ pub(crate) fn handle(
         project: Arc::clone(&entry.project),
         key_id: entry.key_id.as_str().into(),
         slot,
+        dialect: Dialect::Native,
     })
 }
 
@@ -118,15 +121,24 @@ pub(crate) fn start<S: Transport>(
     let cfg = svc.config();
     let shard = svc.shard.clone();
     let (fd, rd, wr) = stream.into_ws_halves();
-    let conn = Rc::new(WsConn::new(
-        shard.next_conn_id(),
-        fd,
-        cfg.send_backlog_bytes,
-        shard.clock(),
-    ));
+    let conn = Rc::new(
+        WsConn::new(
+            shard.next_conn_id(),
+            fd,
+            cfg.send_backlog_bytes,
+            shard.clock(),
+        )
+        .with_dialect(upgrade.dialect),
+    );
     conn.set_write_coalesce(Duration::from_millis(cfg.write_coalesce_ms));
     let connection_id = SocketId::local(shard.index(), conn.id).text();
-    conn.send(connected_frame(connection_id.as_str(), cfg.heartbeat_s));
+    conn.send(match upgrade.dialect {
+        Dialect::Native => connected_frame(connection_id.as_str(), cfg.heartbeat_s),
+        Dialect::Pusher => pusher_frame::connection_established(
+            connection_id.as_str(),
+            u32::try_from(cfg.heartbeat_s).unwrap_or(u32::MAX),
+        ),
+    });
     let limits = ReadLimits {
         max_message: cfg.max_frame_bytes,
         max_fragments: cfg.max_fragments_per_message,
@@ -134,15 +146,6 @@ pub(crate) fn start<S: Transport>(
     };
     shard.register(conn.clone(), upgrade.key_id);
     monoio::spawn(write_loop(wr, conn.clone(), Bytes::from(answers)));
-    let session = ClientSession::new(
-        shard.clone(),
-        upgrade.project,
-        cfg.max_subscriptions_per_connection,
-        svc.expiry.clone(),
-        svc.events.clone(),
-        Some(svc.node.presence.clone()),
-        connection_id,
-    );
     // An empty leftover still owns the 4 KiB HTTP read buffer: free it now, not when
     // the connection ends (it would be most of an idle connection's memory).
     let pending = if leftover.is_empty() {
@@ -151,15 +154,39 @@ pub(crate) fn start<S: Transport>(
         leftover
     };
     let held = (guard, upgrade.slot);
-    monoio::spawn(reader_task(rd, conn, session, limits, shard, pending, held));
+    match upgrade.dialect {
+        Dialect::Native => {
+            let session = ClientSession::new(
+                shard.clone(),
+                upgrade.project,
+                cfg.max_subscriptions_per_connection,
+                svc.expiry.clone(),
+                svc.events.clone(),
+                Some(svc.node.presence.clone()),
+                connection_id,
+            );
+            monoio::spawn(reader_task(rd, conn, session, limits, shard, pending, held));
+        }
+        Dialect::Pusher => {
+            let session = PusherSession::new(
+                shard.clone(),
+                upgrade.project,
+                cfg.max_subscriptions_per_connection,
+                svc.events.clone(),
+                Some(svc.node.presence.clone()),
+                connection_id,
+            );
+            monoio::spawn(reader_task(rd, conn, session, limits, shard, pending, held));
+        }
+    }
 }
 
 /// The reader's task. Kept apart from the upgrade so that the task that lives as long
 /// as the socket holds only the reader's small state (an idle connection's cost).
-async fn reader_task<R: AsyncReadRent>(
+async fn reader_task<R: AsyncReadRent, S: Session>(
     rd: R,
     conn: Rc<WsConn>,
-    mut session: ClientSession,
+    mut session: S,
     limits: ReadLimits,
     shard: Rc<Shard>,
     pending: Vec<u8>,

@@ -1,0 +1,565 @@
+//! The Pusher Channels protocol 7 over an established WebSocket (`/app/{key}`): the
+//! second client protocol, over the same shard, presence hub, client-event relay and
+//! quotas as [`super::session::ClientSession`].
+//!
+//! What a pusher-js client may send: `pusher:ping` / `pusher:pong`, `pusher:subscribe`
+//! (public; `private-`, `private-encrypted-` and `presence-` with Pusher's HMAC `auth`,
+//! and `channel_data` for presence), `pusher:unsubscribe`, and `client-*` events. Frames
+//! the server sends are built by `crate::pusher_frame`; broadcasts reach this connection
+//! in their Pusher form because its `WsConn` speaks `Dialect::Pusher`.
+//!
+//! Invariants:
+//! - No frame a client sends closes the connection, except a binary frame (1003) and
+//!   WebSocket protocol violations (the transport's). Subscription problems are
+//!   `pusher:subscription_error` naming the channel (`{type, error, status}`); anything
+//!   else is a `pusher:error`, with code 4301 for the client-event rate only.
+//! - A Pusher-authorised subscription has no expiry (Pusher has none); it ends with an
+//!   unsubscribe, the connection, or the key's revocation (4001).
+//! - Presence: one member set with native clients (the hub is protocol-blind); a member's
+//!   user id is `channel_data`'s `user_id` as a string (the number 10 is the user "10").
+//!   `user_info` is kept when it is an object of at most 1 KiB; any other value is left
+//!   out (native frames carry `info` only as an object).
+
+use std::borrow::Cow;
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::auth::pusher::{check_channel_auth, ChannelAuthError};
+use crate::auth::token::MAX_INFO_BYTES;
+use crate::auth::ProjectState;
+use crate::close::Disconnect;
+use crate::ids::SocketIdText;
+use crate::presence::{Hub, Join};
+use crate::pusher_frame;
+use crate::shard::mailbox::PresenceAnswer;
+use crate::shard::{is_presence, PresenceDone, Shard};
+use crate::ws::conn::{Session, WsConn};
+use crate::ws::frame::Opcode;
+
+use super::events::{self, ClientEvent, EventContext, RateLog, Refusal};
+use super::private::{needs_token, unix_now};
+use super::session::{nesting_depth, MAX_CLIENT_JSON_DEPTH};
+
+/// Channel prefixes of Pusher features ringcast does not offer.
+const CACHE_PREFIXES: [&str; 4] = [
+    "cache-",
+    "private-cache-",
+    "presence-cache-",
+    "private-encrypted-cache-",
+];
+
+/// Most characters of a presence `user_id` (as the native token's `sub`).
+const MAX_USER_ID_CHARS: usize = 128;
+
+/// A client frame: `event`, optional `channel`, optional `data` (kept raw).
+#[derive(Deserialize)]
+struct Frame<'a> {
+    #[serde(borrow)]
+    event: Cow<'a, str>,
+    #[serde(borrow, default)]
+    channel: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    data: Option<&'a RawValue>,
+}
+
+/// `pusher:subscribe`'s and `pusher:unsubscribe`'s `data`.
+#[derive(Deserialize)]
+struct SubscribeData {
+    channel: String,
+    #[serde(default)]
+    auth: Option<String>,
+    #[serde(default)]
+    channel_data: Option<String>,
+}
+
+/// A subscription refusal: `pusher:subscription_error`'s `type`, `error`, `status`.
+struct SubError {
+    kind: &'static str,
+    error: Cow<'static, str>,
+    status: u16,
+}
+
+impl SubError {
+    fn new(kind: &'static str, error: impl Into<Cow<'static, str>>, status: u16) -> SubError {
+        SubError {
+            kind,
+            error: error.into(),
+            status,
+        }
+    }
+}
+
+/// One Pusher client's protocol state, owned by its reader task.
+pub(crate) struct PusherSession {
+    shard: Rc<Shard>,
+    project: Arc<ProjectState>,
+    max_subscriptions: usize,
+    /// Channels held, answered or waiting for the presence hub.
+    subscriptions: Vec<Box<str>>,
+    /// (presence channel, the member's user id) for each presence channel held.
+    members: Vec<(Box<str>, Box<str>)>,
+    /// Presence channels the hub refused (`presence_full`) since the last frame: the
+    /// hub's answer runs outside the session, so it leaves the name here.
+    refused: Rc<RefCell<Vec<Box<str>>>>,
+    events: Rc<EventContext>,
+    event_log: Option<Box<RateLog>>,
+    presence: Option<Arc<Hub>>,
+    socket_id: SocketIdText,
+}
+
+impl PusherSession {
+    pub(crate) fn new(
+        shard: Rc<Shard>,
+        project: Arc<ProjectState>,
+        max_subscriptions: usize,
+        events: Rc<EventContext>,
+        presence: Option<Arc<Hub>>,
+        socket_id: SocketIdText,
+    ) -> PusherSession {
+        PusherSession {
+            shard,
+            project,
+            max_subscriptions,
+            subscriptions: Vec::new(),
+            members: Vec::new(),
+            refused: Rc::default(),
+            events,
+            event_log: None,
+            presence,
+            socket_id,
+        }
+    }
+
+    fn holds(&self, channel: &str) -> bool {
+        self.subscriptions.iter().any(|c| &**c == channel)
+    }
+
+    /// Forget the presence channels the hub refused (they were never registered).
+    fn prune_refused(&mut self) {
+        let refused = std::mem::take(&mut *self.refused.borrow_mut());
+        for channel in refused {
+            self.forget(&channel);
+        }
+    }
+
+    fn forget(&mut self, channel: &str) -> bool {
+        self.members.retain(|(c, _)| &**c != channel);
+        match self.subscriptions.iter().position(|c| &**c == channel) {
+            Some(pos) => {
+                self.subscriptions.swap_remove(pos);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn subscribe(&mut self, conn: &Rc<WsConn>, data: Option<&RawValue>) {
+        let Some(sub) = data.and_then(object_of::<SubscribeData>) else {
+            conn.send(pusher_frame::error(
+                None,
+                "pusher:subscribe needs data {\"channel\": string, \"auth\"?: string, \"channel_data\"?: string}",
+            ));
+            return;
+        };
+        let channel = sub.channel.as_str();
+        if let Err(e) = self.try_subscribe(conn, &sub) {
+            conn.send(pusher_frame::subscription_error(
+                channel, e.kind, &e.error, e.status,
+            ));
+        }
+    }
+
+    fn try_subscribe(&mut self, conn: &Rc<WsConn>, sub: &SubscribeData) -> Result<(), SubError> {
+        let channel = sub.channel.as_str();
+        if crate::names::check(channel).is_err() {
+            return Err(SubError::new(
+                "InvalidChannel",
+                "a channel name is 1 to 100 characters without control characters",
+                400,
+            ));
+        }
+        if CACHE_PREFIXES.iter().any(|p| channel.starts_with(p)) {
+            return Err(SubError::new(
+                "UnsupportedFeature",
+                "cache channels are not supported",
+                400,
+            ));
+        }
+        let presence = is_presence(channel);
+        if needs_token(channel) {
+            let channel_data = if presence {
+                Some(sub.channel_data.as_deref().ok_or_else(|| {
+                    SubError::new("AuthError", "a presence channel needs channel_data", 400)
+                })?)
+            } else {
+                None
+            };
+            self.authorize(channel, sub.auth.as_deref(), channel_data)?;
+        }
+        let again = self.holds(channel);
+        if !again {
+            if self.subscriptions.len() >= self.max_subscriptions {
+                return Err(SubError::new(
+                    "LimitReached",
+                    "this connection has reached its subscription limit",
+                    429,
+                ));
+            }
+            if self.shard.subscriptions_full() {
+                return Err(SubError::new(
+                    "LimitReached",
+                    "the server holds as many subscriptions as it may; try again later",
+                    429,
+                ));
+            }
+        }
+        match (&self.presence, presence) {
+            (Some(hub), true) => {
+                let (user, info) = member_of(sub.channel_data.as_deref().unwrap_or(""))?;
+                let hub = hub.clone();
+                if !again {
+                    self.subscriptions.push(channel.into());
+                    self.members.push((channel.into(), user.as_str().into()));
+                }
+                self.join(&hub, conn, channel, &user, info);
+            }
+            _ => {
+                if !again {
+                    self.shard.subscribe(self.project.index, channel, conn);
+                    self.subscriptions.push(channel.into());
+                }
+                self.shard.reply_when_live(
+                    self.project.index,
+                    channel,
+                    conn,
+                    pusher_frame::subscription_succeeded(channel, "{}"),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Pusher's channel authorisation: `auth` = `<key>:<hex HMAC-SHA256>` over
+    /// `<socket_id>:<channel>[:<channel_data>]` with one of the project's token secrets
+    /// in force, `<key>` an active public key of this project.
+    fn authorize(
+        &self,
+        channel: &str,
+        auth: Option<&str>,
+        channel_data: Option<&str>,
+    ) -> Result<(), SubError> {
+        let auth = auth.filter(|a| !a.is_empty()).ok_or_else(|| {
+            SubError::new(
+                "AuthError",
+                "this channel needs auth (key:signature) from your auth endpoint",
+                401,
+            )
+        })?;
+        let snapshot = self.shard.keys().load();
+        let secrets = snapshot
+            .token_keys(self.project.index)
+            .map(|k| k.secrets_at(unix_now()))
+            .unwrap_or_default();
+        let key = check_channel_auth(
+            auth,
+            self.socket_id.as_str(),
+            channel,
+            channel_data,
+            &secrets,
+        )
+        .map_err(|e| {
+            let why = match e {
+                ChannelAuthError::Malformed => "auth must be <key>:<64 hex digits>",
+                ChannelAuthError::NoSecret => {
+                    "the project has no token secret; create one with `ringcast project rotate-token-secret`"
+                }
+                ChannelAuthError::Signature => "invalid signature",
+            };
+            SubError::new("AuthError", why, 401)
+        })?;
+        match snapshot.lookup(key) {
+            Some(entry)
+                if entry.kind == crate::apikey::KeyKind::Public
+                    && entry.project.index == self.project.index =>
+            {
+                Ok(())
+            }
+            _ => Err(SubError::new(
+                "AuthError",
+                "the key in auth is not an active public key of this app",
+                401,
+            )),
+        }
+    }
+
+    /// Join a presence channel through the node's hub; its answer registers the
+    /// subscription and sends `subscription_succeeded` with the member hash.
+    fn join(
+        &self,
+        hub: &Hub,
+        conn: &Rc<WsConn>,
+        channel: &str,
+        user: &str,
+        info: Option<String>,
+    ) {
+        let project = self.project.index;
+        let (c, refused) = (conn.clone(), self.refused.clone());
+        let ch: Box<str> = channel.into();
+        let done: PresenceDone = Box::new(move |shard, answer| match answer {
+            PresenceAnswer::Joined(object) => {
+                shard.subscribe(project, &ch, &c);
+                let frame = match pusher_frame::presence_data(&object) {
+                    Ok(data) => pusher_frame::subscription_succeeded(&ch, &data),
+                    Err(_) => pusher_frame::subscription_error(
+                        &ch,
+                        "InternalError",
+                        "the member list could not be encoded",
+                        500,
+                    ),
+                };
+                shard.reply_when_live(project, &ch, &c, frame);
+            }
+            PresenceAnswer::Full => {
+                refused.borrow_mut().push(ch.clone());
+                // The pending join counts as held until now: let the hub forget it.
+                shard.unsubscribe(project, &ch, c.id);
+                c.send(pusher_frame::subscription_error(
+                    &ch,
+                    "LimitReached",
+                    "the presence channel has as many members as it may hold",
+                    403,
+                ));
+            }
+        });
+        let ticket = self.shard.presence_wait(conn.id, project, channel, done);
+        hub.join(Join {
+            project,
+            channel: channel.into(),
+            user_id: user.into(),
+            info: info.map(String::into_boxed_str),
+            worker: self.shard.index(),
+            conn: conn.id,
+            ticket,
+        });
+    }
+
+    fn unsubscribe(&mut self, conn: &Rc<WsConn>, data: Option<&RawValue>) {
+        let Some(sub) = data.and_then(object_of::<SubscribeData>) else {
+            conn.send(pusher_frame::error(
+                None,
+                "pusher:unsubscribe needs data {\"channel\": string}",
+            ));
+            return;
+        };
+        // Pusher answers nothing, even for a channel not held.
+        if self.forget(&sub.channel) {
+            self.shard
+                .unsubscribe(self.project.index, &sub.channel, conn.id);
+        }
+    }
+
+    /// A `client-*` event: relayed to the channel's other subscribers of both protocols,
+    /// or answered with a `pusher:error` saying why not.
+    fn client_event(
+        &mut self,
+        conn: &Rc<WsConn>,
+        event: &str,
+        channel: Option<&str>,
+        data: Option<&RawValue>,
+    ) -> Result<(), Refusal> {
+        events::check_event(event)?;
+        let channel = channel
+            .filter(|c| crate::names::check(c).is_ok())
+            .ok_or(Refusal::NotSubscribed)?;
+        let data = data.ok_or(Refusal::BadData)?.get().trim();
+        // The native frame carries an object or a string; any other value travels as
+        // its JSON text in a string (what pusher-js receivers get in any case).
+        let text: Cow<'_, [u8]> = match data.as_bytes().first() {
+            Some(b'{') | Some(b'"') => Cow::Borrowed(data.as_bytes()),
+            Some(_) => {
+                let mut out = Vec::with_capacity(data.len() + 2);
+                crate::json::write_json_str(&mut out, data);
+                Cow::Owned(out)
+            }
+            None => return Err(Refusal::BadData),
+        };
+        if !events::allowed(&self.project) {
+            return Err(Refusal::Off);
+        }
+        if !needs_token(channel) || channel.starts_with("private-encrypted-") {
+            return Err(Refusal::NotPrivate);
+        }
+        if !self.holds(channel) {
+            return Err(Refusal::NotSubscribed);
+        }
+        let log = self.event_log.get_or_insert_with(Box::default);
+        if !log.admit(crate::quota::now_ns()) {
+            return Err(Refusal::ConnectionRate);
+        }
+        let user_id = self
+            .members
+            .iter()
+            .find(|(c, _)| &**c == channel)
+            .map(|(_, u)| &**u);
+        let ev = ClientEvent {
+            channel,
+            event,
+            data: &text,
+            user_id,
+            socket_id: self.socket_id.as_str(),
+        };
+        events::relay(&self.events, &self.project, conn.id, &ev)
+    }
+}
+
+/// `data` as an object of `T`: either a JSON object or a string holding one (both are
+/// sent by Pusher clients in the wild).
+fn object_of<T: for<'de> Deserialize<'de>>(data: &RawValue) -> Option<T> {
+    let raw = data.get().trim();
+    if raw.starts_with('"') {
+        let inner: String = serde_json::from_str(raw).ok()?;
+        serde_json::from_str(&inner).ok()
+    } else {
+        serde_json::from_str(raw).ok()
+    }
+}
+
+/// The member a presence `channel_data` names: (user id as a string, `user_info` as
+/// compact JSON text when it is an object).
+fn member_of(channel_data: &str) -> Result<(String, Option<String>), SubError> {
+    let bad = |why: &'static str| SubError::new("AuthError", why, 400);
+    let serde_json::Value::Object(mut fields) = serde_json::from_str(channel_data)
+        .map_err(|_| bad("channel_data must be a JSON object"))?
+    else {
+        return Err(bad("channel_data must be a JSON object"));
+    };
+    let user = match fields.remove("user_id") {
+        Some(serde_json::Value::String(s)) => s,
+        Some(serde_json::Value::Number(n)) if n.is_u64() || n.is_i64() => n.to_string(),
+        _ => return Err(bad("channel_data needs a user_id (a string or an integer)")),
+    };
+    if !(1..=MAX_USER_ID_CHARS).contains(&user.chars().count()) {
+        return Err(bad("user_id must be 1 to 128 characters"));
+    }
+    let info = match fields.remove("user_info") {
+        Some(v @ serde_json::Value::Object(_)) => {
+            let text = v.to_string();
+            if text.len() > MAX_INFO_BYTES {
+                return Err(bad("user_info must be at most 1 KiB of JSON"));
+            }
+            Some(text)
+        }
+        _ => None,
+    };
+    Ok((user, info))
+}
+
+impl Session for PusherSession {
+    fn on_message(
+        &mut self,
+        conn: &Rc<WsConn>,
+        opcode: Opcode,
+        payload: &mut [u8],
+    ) -> Result<(), Disconnect> {
+        if opcode != Opcode::Text {
+            return Err(Disconnect::BINARY_UNSUPPORTED);
+        }
+        if nesting_depth(payload) > MAX_CLIENT_JSON_DEPTH {
+            conn.send(pusher_frame::error(None, "the frame is nested too deeply"));
+            return Ok(());
+        }
+        let frame: Frame<'_> = match serde_json::from_slice(payload) {
+            Ok(f) => f,
+            Err(_) => {
+                conn.send(pusher_frame::error(
+                    None,
+                    "a frame is a JSON object with a string event",
+                ));
+                return Ok(());
+            }
+        };
+        self.prune_refused();
+        match &*frame.event {
+            "pusher:ping" => {
+                conn.send(pusher_frame::pong());
+            }
+            "pusher:pong" => {}
+            "pusher:subscribe" => self.subscribe(conn, frame.data),
+            "pusher:unsubscribe" => self.unsubscribe(conn, frame.data),
+            "pusher:signin" => {
+                conn.send(pusher_frame::error(
+                    None,
+                    "user authentication (pusher:signin) is not supported",
+                ));
+            }
+            e if e.starts_with(events::EVENT_PREFIX) => {
+                let channel = frame.channel.as_deref();
+                if let Err(refusal) = self.client_event(conn, e, channel, frame.data) {
+                    let code = (refusal == Refusal::ConnectionRate).then_some(4301);
+                    conn.send(pusher_frame::error(code, refusal.message()));
+                }
+            }
+            _ => {
+                conn.send(pusher_frame::error(
+                    None,
+                    "unsupported event: send pusher:subscribe, pusher:unsubscribe, pusher:ping or a client- event",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn on_end(&mut self, conn: &Rc<WsConn>) {
+        self.prune_refused();
+        for channel in self.subscriptions.drain(..) {
+            self.shard
+                .unsubscribe(self.project.index, &channel, conn.id);
+        }
+        self.members.clear();
+        self.shard.remove(conn.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn members_come_from_channel_data_as_node_and_python_write_it() {
+        let (u, i) = member_of(r#"{"user_id":"u1","user_info":{"name":"Ann"}}"#).ok().unwrap();
+        assert_eq!((u.as_str(), i.as_deref()), ("u1", Some(r#"{"name":"Ann"}"#)));
+        let (u, i) = member_of(r#"{"user_id": 10, "user_info": {"name": "Bo"}}"#).ok().unwrap();
+        assert_eq!((u.as_str(), i.as_deref()), ("10", Some(r#"{"name":"Bo"}"#)));
+        let (u, i) = member_of(r#"{"user_id":"u2","user_info":true}"#).ok().unwrap();
+        assert_eq!((u.as_str(), i), ("u2", None));
+        for bad in [
+            "",
+            "[]",
+            r#"{"user_info":{}}"#,
+            r#"{"user_id":""}"#,
+            r#"{"user_id":1.5}"#,
+            r#"{"user_id":null}"#,
+        ] {
+            assert!(member_of(bad).is_err(), "{bad}");
+        }
+        let big = format!(r#"{{"user_id":"u","user_info":{{"x":"{}"}}}}"#, "a".repeat(1100));
+        assert!(member_of(&big).is_err());
+    }
+
+    #[test]
+    fn subscribe_data_may_be_an_object_or_a_string_holding_one() {
+        let raw: Box<RawValue> =
+            serde_json::from_str(r#"{"channel":"a","auth":"k:s"}"#).unwrap();
+        let d: SubscribeData = object_of(&raw).unwrap();
+        assert_eq!((d.channel.as_str(), d.auth.as_deref()), ("a", Some("k:s")));
+        let raw: Box<RawValue> = serde_json::from_str(r#""{\"channel\":\"b\"}""#).unwrap();
+        let d: SubscribeData = object_of(&raw).unwrap();
+        assert_eq!(d.channel, "b");
+        let raw: Box<RawValue> = serde_json::from_str("12").unwrap();
+        assert!(object_of::<SubscribeData>(&raw).is_none());
+    }
+}

@@ -1,0 +1,90 @@
+//! `GET /app/{key}`: the Pusher protocol's WebSocket upgrade.
+//!
+//! A request that is not a valid WebSocket upgrade is answered in HTTP as on
+//! `/api/v1/ws` (no Pusher client sends one). Every other refusal is made after the
+//! 101, in band: pusher-js treats an HTTP refusal as a broken transport and retries it
+//! forever, while a `pusher:error` frame and a close code tell it what to do. The order
+//! of checks: `protocol` (5 to 7; absent means 7) → 4007; the server stopping → 4200;
+//! the per-IP connect rate → 4100; the key (an active public key) and the project's
+//! Pusher switch → 4001; the project's connection limit → 4100. A refused upgrade's
+//! bytes (101, the error frame, the close frame) are one HTTP answer after which the
+//! socket is closed: no WebSocket state is ever made for it.
+
+use std::rc::Rc;
+use std::sync::Arc;
+
+use super::outcome::{answer, Outcome, Upgrade};
+use super::parse::{query_param, RequestHead};
+use super::upgrade::validate;
+use super::Service;
+use crate::apikey::KeyKind;
+use crate::close::{Dialect, Disconnect};
+use crate::pusher_frame;
+use crate::shard::ProjectSlot;
+use crate::ws::frame::close_frame;
+use crate::ws::handshake::write_switching;
+
+/// Protocol versions whose frames are the ones we send (5 and 6 differ from 7 only in
+/// what they ignore).
+const PROTOCOLS: std::ops::RangeInclusive<u32> = 5..=7;
+
+pub(crate) fn handle(
+    svc: &Rc<Service>,
+    head: &RequestHead,
+    req: &[u8],
+    out: &mut Vec<u8>,
+    peer: Option<std::net::IpAddr>,
+    key: &[u8],
+) -> Outcome {
+    let ws_key = match validate(head, req) {
+        Ok(k) => k,
+        Err(err) => return answer(out, err),
+    };
+    let query = head.query.as_ref().map(|q| &req[q.clone()]);
+    let protocol = query.and_then(|q| query_param(q, b"protocol"));
+    let protocol_ok = match protocol {
+        None => true,
+        Some(p) => std::str::from_utf8(p)
+            .ok()
+            .and_then(|p| p.parse::<u32>().ok())
+            .is_some_and(|p| PROTOCOLS.contains(&p)),
+    };
+    if !protocol_ok {
+        return refuse(out, ws_key, Disconnect::PUSHER_BAD_PROTOCOL);
+    }
+    if svc.shard.is_stopping() {
+        return refuse(out, ws_key, Dialect::Pusher.translate(Disconnect::SHUTDOWN));
+    }
+    if let (Some(rate), Some(ip)) = (&svc.node.connect_rate, peer) {
+        if !rate.admit(ip) {
+            return refuse(out, ws_key, Disconnect::PUSHER_OVER_CAPACITY);
+        }
+    }
+    let keys = svc.node.keys.load();
+    let entry = match keys.authenticate(Some(key), KeyKind::Public) {
+        Ok(entry) => entry, // PUSHER-SWITCH
+        _ => return refuse(out, ws_key, Disconnect::PUSHER_APP_REFUSED),
+    };
+    let limit = entry
+        .project
+        .connection_limit(svc.config().max_ws_connections_per_project);
+    let Some(slot) = ProjectSlot::take(&entry.project.ws_connections, limit) else {
+        return refuse(out, ws_key, Disconnect::PUSHER_OVER_CAPACITY);
+    };
+    write_switching(out, ws_key);
+    Outcome::Upgrade(Upgrade {
+        project: Arc::clone(&entry.project),
+        key_id: entry.key_id.as_str().into(),
+        slot,
+        dialect: Dialect::Pusher,
+    })
+}
+
+/// The 101, then `pusher:error` with the close's code and reason, then the close frame;
+/// the connection ends once they are written.
+fn refuse(out: &mut Vec<u8>, ws_key: &[u8], why: Disconnect) -> Outcome {
+    write_switching(out, ws_key);
+    out.extend_from_slice(&pusher_frame::error(Some(why.code), why.reason));
+    out.extend_from_slice(&close_frame(why.code, why.reason));
+    Outcome::Answered { close: true }
+}
