@@ -283,6 +283,10 @@ mod tests {
             self.check()?;
             self.inner.set_client_events(id, on)
         }
+        fn set_pusher(&mut self, id: &str, on: bool) -> Result<ProjectRecord, StoreError> {
+            self.check()?;
+            self.inner.set_pusher(id, on)
+        }
         fn set_webhook(
             &mut self,
             id: &str,
