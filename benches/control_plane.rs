@@ -26,6 +26,8 @@ fn populated_cache() -> (Arc<KeyCache>, Vec<String>) {
             max_connections: None,
             client_events: false,
             webhook: None,
+            pusher_app_id: 1_000_000 + i as u64,
+            pusher: true,
         })
         .collect();
     let mut keys = Vec::with_capacity(KEYS);

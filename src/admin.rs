@@ -83,6 +83,8 @@ pub(crate) enum Request {
         max_connections: Option<Option<u64>>,
         /// `None`: unchanged.
         client_events: Option<bool>,
+        /// `None`: unchanged.
+        pusher: Option<bool>,
     },
     CreateKey {
         project_id: String,
@@ -194,6 +196,7 @@ pub(crate) fn parse_request(command: &Command) -> Result<Request, AdminError> {
             project_id,
             max_connections,
             client_events,
+            pusher,
         }) => Request::SetLimits {
             project_id: project_id.clone(),
             max_connections: match max_connections.as_deref().map(str::trim) {
@@ -205,6 +208,7 @@ pub(crate) fn parse_request(command: &Command) -> Result<Request, AdminError> {
                 )),
             },
             client_events: client_events.map(|c| c == crate::cli::OnOff::On),
+            pusher: pusher.map(|c| c == crate::cli::OnOff::On),
         },
         Command::Key(KeyCommand::Create { project_id, kind }) => Request::CreateKey {
             project_id: project_id.clone(),
@@ -370,6 +374,7 @@ pub(crate) fn execute(
             project_id,
             max_connections,
             client_events,
+            pusher,
         } => {
             // Each given limit is its own store change (clap requires at least one).
             let mut project = None;
@@ -378,6 +383,9 @@ pub(crate) fn execute(
             }
             if let Some(on) = client_events {
                 project = Some(store.set_client_events(&project_id, on)?);
+            }
+            if let Some(on) = pusher {
+                project = Some(store.set_pusher(&project_id, on)?);
             }
             let project = match project {
                 Some(p) => p,
@@ -456,6 +464,10 @@ fn project_json(project: &ProjectRecord) -> Value {
         },
         // Added field: whether client events are allowed ("on"/"off").
         "client_events": if project.client_events { "on" } else { "off" },
+        // Added fields: the project's Pusher app id (a string, as Pusher libraries take
+        // it) and whether the Pusher protocol is on ("on"/"off").
+        "pusher_app_id": project.pusher_app_id.to_string(),
+        "pusher": if project.pusher { "on" } else { "off" },
         // Added field: the webhook, or "off".
         "webhook": match &project.webhook {
             Some(w) => json!({
@@ -521,6 +533,8 @@ mod tests {
         let project_id = created["project"]["id"].as_str().unwrap().to_string();
         assert_eq!(created["project"]["name"], "orders");
         assert_eq!(created["project"]["rate_limit"], "100/s");
+        assert_eq!(created["project"]["pusher_app_id"], "1000000");
+        assert_eq!(created["project"]["pusher"], "on");
         let secret = created["secret_key"].as_str().unwrap().to_string();
         assert!(secret.starts_with("sk_"));
         assert!(created["public_key"].as_str().unwrap().starts_with("pk_"));
@@ -647,6 +661,81 @@ mod tests {
     }
 
     #[test]
+    fn app_ids_are_strings_and_set_limits_switches_pusher() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = SqliteStore::open(dir.path()).unwrap();
+        let ids: Vec<String> = ["a", "b", "c"]
+            .iter()
+            .map(|name| {
+                let v = run_in(&mut store, &["project", "create", name]).unwrap();
+                v["project"]["pusher_app_id"].as_str().unwrap().to_string()
+            })
+            .collect();
+        assert_eq!(ids, ["1000000", "1000001", "1000002"]);
+        let listed = run_in(&mut store, &["project", "list"]).unwrap();
+        let id = listed["projects"][1]["id"].as_str().unwrap().to_string();
+
+        let off = run_in(
+            &mut store,
+            &["project", "set-limits", &id, "--pusher", "off"],
+        )
+        .unwrap();
+        assert_eq!(off["project"]["pusher"], "off");
+        assert_eq!(off["project"]["pusher_app_id"], "1000001", "kept");
+        assert_eq!(off["project"]["client_events"], "off", "untouched");
+        let listed = run_in(&mut store, &["project", "list"]).unwrap();
+        let shown: Vec<&str> = listed["projects"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["pusher"].as_str().unwrap())
+            .collect();
+        assert_eq!(shown, ["on", "off", "on"]);
+        // Both switches in one command.
+        let both = run_in(
+            &mut store,
+            &[
+                "project",
+                "set-limits",
+                &id,
+                "--pusher",
+                "on",
+                "--client-events",
+                "on",
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                &both["project"]["pusher"],
+                &both["project"]["client_events"]
+            ),
+            (&json!("on"), &json!("on"))
+        );
+
+        let clap_refuses = |args: &[&str]| {
+            Cli::try_parse_from(std::iter::once("ringcast").chain(args.iter().copied())).is_err()
+        };
+        assert!(clap_refuses(&[
+            "project",
+            "set-limits",
+            &id,
+            "--pusher",
+            "yes"
+        ]));
+        assert!(clap_refuses(&["project", "set-limits", &id]));
+        let err = run_in(
+            &mut store,
+            &["project", "set-limits", "prj_nope", "--pusher", "off"],
+        )
+        .unwrap_err();
+        assert!(
+            matches!(err, AdminError::Store(StoreError::NotFound(_))),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn grace_durations() {
         assert_eq!(parse_grace("60s"), Some(60));
         assert_eq!(parse_grace("0s"), Some(0));
@@ -699,6 +788,7 @@ mod tests {
                 .unwrap();
         assert_eq!(project.name, "dev");
         assert_eq!(project.rate_limit.to_string(), "100/s");
+        assert_eq!(project.pusher_app_id, 1_000_000);
         assert!(secret.starts_with("sk_") && public.starts_with("pk_"));
         assert!(
             dev_bootstrap_with(&mut store, default_rate_limit().unwrap(), &master)

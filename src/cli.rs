@@ -281,12 +281,16 @@ pub enum ProjectCommand {
         project_id: String,
         /// WebSocket connections the project may hold per node: a number (0 =
         /// unlimited) or `default` (the server's max_ws_connections_per_project).
-        #[arg(long, required_unless_present = "client_events")]
+        #[arg(long, required_unless_present_any = ["client_events", "pusher"])]
         max_connections: Option<String>,
         /// Whether subscribers of private and presence channels may send client
         /// events (`client-*`) to each other: `on` or `off` (the default).
         #[arg(long, value_enum)]
         client_events: Option<OnOff>,
+        /// Whether Pusher clients and the Pusher REST API may use the project (as
+        /// app `pusher_app_id`): `on` (the default) or `off`.
+        #[arg(long, value_enum)]
+        pusher: Option<OnOff>,
     },
     /// Send the project's events (channel occupied/vacated, member added/removed,
     /// client events) to URL as Pusher-format webhooks, or turn them off with --off.

@@ -545,3 +545,73 @@ fn cluster_relays_to_subscribers_on_other_nodes_with_user_id() {
     }
     expect_silence(&mut far, Duration::from_millis(300));
 }
+
+/// Every project is also a Pusher app: `project create` and `project list` show its
+/// `pusher_app_id` (a string of digits, from 1000000, one more per project) and
+/// `"pusher":"on"`; `project set-limits --pusher off|on` switches it like
+/// `--client-events`, and a bad value is refused by the command line as usual.
+#[test]
+fn app_ids_and_the_pusher_switch_through_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path();
+    let created: Vec<Value> = ["a", "b", "c"]
+        .iter()
+        .map(|name| cli(data, &["project", "create", name]))
+        .collect();
+    let ids: Vec<u64> = created
+        .iter()
+        .map(|v| {
+            assert_eq!(v["project"]["pusher"], "on", "on by default: {v}");
+            let id = v["project"]["pusher_app_id"].as_str().expect("a string");
+            assert!(id.bytes().all(|b| b.is_ascii_digit()), "{id}");
+            id.parse().unwrap()
+        })
+        .collect();
+    assert_eq!(ids, [1_000_000, 1_000_001, 1_000_002]);
+
+    let p = created[1]["project"]["id"].as_str().unwrap();
+    let v = cli(data, &["project", "set-limits", p, "--pusher", "off"]);
+    assert_eq!(v["project"]["pusher"], "off", "{v}");
+    assert_eq!(v["project"]["pusher_app_id"], "1000001", "{v}");
+    let list = cli(data, &["project", "list"]);
+    let shown: Vec<(&str, &str)> = list["projects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["pusher_app_id"].as_str().unwrap(),
+                p["pusher"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [("1000000", "on"), ("1000001", "off"), ("1000002", "on")]
+    );
+    let v = cli(data, &["project", "set-limits", p, "--pusher", "on"]);
+    assert_eq!(v["project"]["pusher"], "on", "{v}");
+
+    for bad in [
+        &["project", "set-limits", p, "--pusher", "maybe"][..],
+        &["project", "set-limits", p, "--pusher"],
+    ] {
+        let out = std::process::Command::new(common::bin())
+            .arg("--data-dir")
+            .arg(data)
+            .args(bad)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad:?}");
+        assert!(out.stdout.is_empty(), "{bad:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+        assert!(err.contains("--pusher"), "{err}");
+    }
+    // Refused before the store: the project is as it was.
+    let list = cli(data, &["project", "list"]);
+    assert_eq!(list["projects"][1]["pusher"], "on", "{list}");
+    // Numbering goes on after the existing projects.
+    let v = cli(data, &["project", "create", "d"]);
+    assert_eq!(v["project"]["pusher_app_id"], "1000003", "{v}");
+}

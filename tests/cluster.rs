@@ -835,3 +835,69 @@ fn rediss_with_an_acl_user_and_a_ca_file() {
     assert_eq!(a.publish(secret, "news", json!({"over": "tls"})).0, 202);
     assert_eq!(next_message(&mut on_b), json!({"over": "tls"}));
 }
+
+/// Pusher app ids in cluster mode: numbered from 1000000 by Redis's counter. Projects
+/// stored before app ids existed are numbered, oldest first, by the next process that
+/// opens the store; one a running node finds without a number (an older CLI made it) is
+/// numbered by that node's reload. No number is handed out twice. `--pusher off` is
+/// stored in Redis like `--client-events`.
+#[test]
+fn pusher_app_ids_are_numbered_in_redis_and_never_reused() {
+    let Some(redis) = Redis::start() else { return };
+    let a = project(&redis, "a", "10/s");
+    let b = project(&redis, "b", "10/s");
+    let app_ids = || -> Vec<String> {
+        cli(&redis, &["project", "list"])["projects"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["pusher_app_id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(app_ids(), ["1000000", "1000001"]);
+
+    // A Redis written before app ids: neither the hash nor the counter.
+    let mut c = redis.conn().expect("redis");
+    redis::cmd("DEL")
+        .arg("ringcast:pusher_app_ids")
+        .arg("ringcast:pusher_app_seq")
+        .query::<()>(&mut c)
+        .unwrap();
+    assert_eq!(app_ids(), ["1000000", "1000001"], "creation order");
+    let v = cli(&redis, &["project", "create", "c"]);
+    assert_eq!(v["project"]["pusher_app_id"], "1000002", "{v}");
+    assert_eq!(v["project"]["pusher"], "on", "{v}");
+
+    let v = cli(&redis, &["project", "set-limits", &b.id, "--pusher", "off"]);
+    assert_eq!(v["project"]["pusher"], "off", "{v}");
+    let listed = cli(&redis, &["project", "list"]);
+    assert_eq!(listed["projects"][1]["pusher"], "off", "{listed}");
+    assert_eq!(listed["projects"][0]["pusher"], "on", "{listed}");
+
+    let node = Node::start(&redis);
+    node.wait_key(&a.secret);
+    let numbered = |c: &mut redis::Connection| -> Option<u64> {
+        redis::cmd("HGET")
+            .arg("ringcast:pusher_app_ids")
+            .arg(&a.id)
+            .query(c)
+            .unwrap()
+    };
+    redis::pipe()
+        .atomic()
+        .hdel("ringcast:pusher_app_ids", &a.id)
+        .incr("ringcast:version", 1)
+        .query::<()>(&mut c)
+        .unwrap();
+    wait_for("the node to number the project", || {
+        numbered(&mut c).is_some()
+    });
+    assert_eq!(
+        numbered(&mut c),
+        Some(1_000_003),
+        "a new number, never 1000000 again"
+    );
+    assert_eq!(app_ids(), ["1000003", "1000001", "1000002"]);
+    // The node still serves the project under its keys.
+    assert_eq!(node.publish(&a.secret, "x", json!("y")).0, 202);
+}

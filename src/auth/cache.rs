@@ -16,6 +16,11 @@
 //! - A project's webhook ([`WebhookTarget`]: URL, event kinds, the `X-Pusher-Key` and
 //!   the signing secret) is resolved here too, so the webhook sender looks one index up;
 //!   the signing secret is never printed (`Debug` leaves it out).
+//! - Every project in a snapshot is found by its Pusher app id too
+//!   ([`KeySnapshot::project_by_app_id`]), and it is the same [`ProjectState`] its keys
+//!   lead to. An app id never moves to another project (the store never reuses one), so
+//!   a project whose app id changed (only a restored or hand-edited store) gets a new
+//!   state, like a renamed one.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -52,6 +57,11 @@ pub struct ProjectState {
     /// channels (`project set-limits --client-events`). Updated in place by a rebuild;
     /// read once per client event, never on the fan-out path.
     pub client_events: std::sync::atomic::AtomicBool,
+    /// The project's Pusher app id (`/apps/{app_id}/...`); fixed for this state.
+    pub pusher_app_id: u64,
+    /// Whether Pusher clients and the Pusher REST API may use the project (`project
+    /// set-limits --pusher`). Updated in place by a rebuild, like `client_events`.
+    pub pusher: std::sync::atomic::AtomicBool,
 }
 
 /// `ProjectState::max_connections` when the project has no limit of its own.
@@ -67,6 +77,12 @@ impl ProjectState {
             NODE_DEFAULT => node_default,
             n => usize::try_from(n).unwrap_or(usize::MAX),
         }
+    }
+
+    /// Whether the Pusher protocol (WebSocket `/app/{key}` and REST `/apps/{app_id}`)
+    /// is on for this project now.
+    pub fn pusher_enabled(&self) -> bool {
+        self.pusher.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -136,6 +152,8 @@ pub struct KeySnapshot {
     tokens: HashMap<u32, Arc<TokenKeys>>,
     /// Project index → its webhook, for the projects that have one.
     webhooks: HashMap<u32, Arc<WebhookTarget>>,
+    /// Pusher app id → project (every project of the snapshot).
+    by_app_id: HashMap<u64, Arc<ProjectState>>,
     generation: u64,
 }
 
@@ -235,6 +253,13 @@ impl KeySnapshot {
         self.projects.values()
     }
 
+    /// The project whose Pusher app id is `app_id` (the `{app_id}` of a Pusher REST
+    /// path), whether or not its Pusher switch is on: the same handle a key lookup gives
+    /// ([`KeyEntry::project`]). `None` for an unknown id.
+    pub fn project_by_app_id(&self, app_id: u64) -> Option<&Arc<ProjectState>> {
+        self.by_app_id.get(&app_id)
+    }
+
     /// What verifies the tokens of the project with this index (`None`: it has neither
     /// a token secret nor a token key).
     pub fn token_keys(&self, project_index: u32) -> Option<&TokenKeys> {
@@ -320,7 +345,10 @@ impl KeyCache {
                 hooks.push((record.id.clone(), spec.clone()));
             }
             let project = match state.known.get(&record.id) {
-                Some(existing) if existing.name == record.name => {
+                Some(existing)
+                    if existing.name == record.name
+                        && existing.pusher_app_id == record.pusher_app_id =>
+                {
                     if existing.quota.limit() != record.rate_limit {
                         existing.quota.set_limit(record.rate_limit);
                     }
@@ -332,11 +360,15 @@ impl KeyCache {
                     existing
                         .client_events
                         .store(record.client_events, std::sync::atomic::Ordering::Relaxed);
+                    existing
+                        .pusher
+                        .store(record.pusher, std::sync::atomic::Ordering::Relaxed);
                     Arc::clone(existing)
                 }
                 Some(existing) => {
-                    // Renamed: `name` is immutable in a shared struct, so make a new
-                    // one that carries over the index and the quota's position.
+                    // Renamed (or renumbered): `name` and `pusher_app_id` are immutable
+                    // in a shared struct, so make a new one that carries over the index
+                    // and the quota's position.
                     let replacement = Arc::new(ProjectState {
                         id: record.id.clone(),
                         name: record.name,
@@ -346,6 +378,8 @@ impl KeyCache {
                         ws_connections: Arc::clone(&existing.ws_connections),
                         max_connections: record.max_connections.unwrap_or(NODE_DEFAULT).into(),
                         client_events: record.client_events.into(),
+                        pusher_app_id: record.pusher_app_id,
+                        pusher: record.pusher.into(),
                     });
                     replacement.history.set(record.history);
                     replacement.quota.set_limit(record.rate_limit);
@@ -364,6 +398,8 @@ impl KeyCache {
                         ws_connections: Arc::default(),
                         max_connections: record.max_connections.unwrap_or(NODE_DEFAULT).into(),
                         client_events: record.client_events.into(),
+                        pusher_app_id: record.pusher_app_id,
+                        pusher: record.pusher.into(),
                     })
                 }
             };
@@ -416,6 +452,8 @@ impl KeyCache {
             })
             .collect();
 
+        let by_app_id = index_app_ids(&projects);
+
         state.generation += 1;
         self.current.store(Arc::new(KeySnapshot {
             by_hash,
@@ -423,6 +461,7 @@ impl KeyCache {
             projects,
             tokens,
             webhooks,
+            by_app_id,
             generation: state.generation,
         }));
         unopened
@@ -490,6 +529,33 @@ impl KeyCache {
     }
 }
 
+/// Pusher app id → project. Stores never give one id to two projects; should a
+/// hand-edited one do it anyway, the older project (lower index) keeps the id, so the
+/// answer does not depend on hash order, and the clash is logged.
+fn index_app_ids(projects: &HashMap<String, Arc<ProjectState>>) -> HashMap<u64, Arc<ProjectState>> {
+    use std::collections::hash_map::Entry;
+    let mut by_app_id: HashMap<u64, Arc<ProjectState>> = HashMap::with_capacity(projects.len());
+    for project in projects.values() {
+        match by_app_id.entry(project.pusher_app_id) {
+            Entry::Vacant(slot) => {
+                slot.insert(Arc::clone(project));
+            }
+            Entry::Occupied(mut slot) => {
+                tracing::error!(
+                    app_id = project.pusher_app_id,
+                    first = %slot.get().id,
+                    second = %project.id,
+                    "two projects have the same Pusher app id; the older keeps it"
+                );
+                if project.index < slot.get().index {
+                    slot.insert(Arc::clone(project));
+                }
+            }
+        }
+    }
+    by_app_id
+}
+
 /// Project index → project, for the snapshot generation it was built from.
 pub(crate) struct ProjectIndex {
     generation: u64,
@@ -533,6 +599,8 @@ mod tests {
             max_connections: None,
             client_events: false,
             webhook: None,
+            pusher_app_id: crate::store::test_app_id(id),
+            pusher: true,
         }
     }
 
@@ -675,6 +743,87 @@ mod tests {
             "{shown}"
         );
         assert!(snap.webhook(b).is_none());
+    }
+
+    #[test]
+    fn projects_are_found_by_app_id_and_the_pusher_switch_applies_in_place() {
+        let cache = KeyCache::new();
+        let (sk, sk_full) = key("key_s", "prj_a", KeyKind::Secret);
+        let mut a = project("prj_a", "1/s");
+        a.pusher_app_id = 1_000_000;
+        let mut b = project("prj_b", "1/s");
+        b.pusher_app_id = 1_000_001;
+        b.pusher = false;
+        cache.rebuild(StoreContents {
+            projects: vec![a.clone(), b.clone()],
+            keys: vec![sk.clone()],
+            ..StoreContents::default()
+        });
+        let snap = cache.load();
+        let by_key = &snap.lookup(&sk_full).unwrap().project;
+        let by_app = snap.project_by_app_id(1_000_000).unwrap();
+        assert!(Arc::ptr_eq(by_key, by_app), "the same handle either way");
+        assert_eq!(by_app.pusher_app_id, 1_000_000);
+        assert!(by_app.pusher_enabled(), "on by default");
+        let off = snap.project_by_app_id(1_000_001).unwrap();
+        assert_eq!(off.id, "prj_b");
+        assert!(!off.pusher_enabled(), "found while off: the route says why");
+        assert!(snap.project_by_app_id(1_000_002).is_none());
+        assert!(snap.project_by_app_id(0).is_none());
+        let before = Arc::clone(by_app);
+        drop(snap);
+
+        // The switch flips on the same state (like client events).
+        a.pusher = false;
+        b.pusher = true;
+        cache.rebuild(StoreContents {
+            projects: vec![a.clone(), b.clone()],
+            keys: vec![sk.clone()],
+            ..StoreContents::default()
+        });
+        let snap = cache.load();
+        let after = snap.project_by_app_id(1_000_000).unwrap();
+        assert!(Arc::ptr_eq(&before, after));
+        assert!(!before.pusher_enabled());
+        assert!(snap.project_by_app_id(1_000_001).unwrap().pusher_enabled());
+        drop(snap);
+
+        // A renumbered project (a restored store) is a new state under the new id only;
+        // its index stays.
+        a.pusher_app_id = 1_000_005;
+        cache.rebuild(StoreContents {
+            projects: vec![a, b],
+            keys: vec![sk],
+            ..StoreContents::default()
+        });
+        let snap = cache.load();
+        assert!(snap.project_by_app_id(1_000_000).is_none());
+        let renumbered = snap.project_by_app_id(1_000_005).unwrap();
+        assert!(!Arc::ptr_eq(&before, renumbered));
+        assert_eq!(renumbered.index, before.index);
+        assert!(Arc::ptr_eq(
+            renumbered,
+            &snap.lookup(&sk_full).unwrap().project
+        ));
+    }
+
+    #[test]
+    fn a_shared_app_id_stays_with_the_older_project() {
+        let cache = KeyCache::new();
+        let mut old = project("prj_old", "1/s");
+        old.pusher_app_id = 1_000_000;
+        let mut new = project("prj_new", "1/s");
+        new.pusher_app_id = 1_000_000;
+        for _ in 0..2 {
+            cache.rebuild(StoreContents {
+                projects: vec![old.clone(), new.clone()],
+                ..StoreContents::default()
+            });
+            assert_eq!(
+                cache.load().project_by_app_id(1_000_000).unwrap().id,
+                "prj_old"
+            );
+        }
     }
 
     #[test]

@@ -194,6 +194,17 @@ mod tests {
                 == RateLimit::parse("7/min").unwrap()
         });
 
+        // The Pusher switch reaches the app id lookup the Pusher REST route will use.
+        let by_app = |cache: &KeyCache| {
+            cache
+                .load()
+                .project_by_app_id(project.pusher_app_id)
+                .map(|p| p.pusher_enabled())
+        };
+        assert_eq!(by_app(&cache), Some(true));
+        admin.set_pusher(&project.id, false).unwrap();
+        wait_for("pusher off", || by_app(&cache) == Some(false));
+
         stop.store(true, Ordering::Release);
         handle.thread().unpark();
         let stopping = Instant::now();
@@ -282,6 +293,10 @@ mod tests {
         fn set_client_events(&mut self, id: &str, on: bool) -> Result<ProjectRecord, StoreError> {
             self.check()?;
             self.inner.set_client_events(id, on)
+        }
+        fn set_pusher(&mut self, id: &str, on: bool) -> Result<ProjectRecord, StoreError> {
+            self.check()?;
+            self.inner.set_pusher(id, on)
         }
         fn set_webhook(
             &mut self,

@@ -714,6 +714,8 @@ mod tests {
             ws_connections: Arc::default(),
             max_connections: crate::auth::cache::NODE_DEFAULT.into(),
             client_events: false.into(),
+            pusher_app_id: 1_000_000,
+            pusher: true.into(),
         });
         let events = test_events(mailboxes_of(&rec));
         (
@@ -778,6 +780,8 @@ mod tests {
                 max_connections: None,
                 client_events: false,
                 webhook: None,
+                pusher_app_id: 1_000_000,
+                pusher: true,
             }],
             token_secrets: vec![TokenSecretRecord {
                 id: "tsk_1".into(),

@@ -183,7 +183,12 @@ fn start(args: &ServeArgs, config: Config) -> anyhow::Result<()> {
             crate::admin::dev_bootstrap_with(&mut *store, rate, &master)?
         {
             let line = serde_json::json!({
-                "dev_project": {"id": project.id, "name": project.name, "rate_limit": project.rate_limit.to_string()},
+                "dev_project": {
+                    "id": project.id,
+                    "name": project.name,
+                    "rate_limit": project.rate_limit.to_string(),
+                    "pusher_app_id": project.pusher_app_id.to_string(),
+                },
                 "secret_key": secret,
                 "public_key": public,
                 "token_secret": token_secret,

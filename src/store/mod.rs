@@ -14,6 +14,10 @@
 //! - Every committed change makes [`Store::change_token`] return a different value, in
 //!   every process watching the same store, so running servers notice it.
 //! - Revocation is permanent: a revoked key never becomes active again.
+//! - Every project has a Pusher app id ([`ProjectRecord::pusher_app_id`]): unique,
+//!   from [`FIRST_PUSHER_APP_ID`] upwards, never changed and never given to another
+//!   project (Pusher clients and servers have it configured; a reused one would send
+//!   their calls to a stranger's project).
 //! - Nothing here runs on a worker thread: store calls may block on I/O and locks.
 
 pub(crate) mod redis;
@@ -34,6 +38,9 @@ use crate::sealed::{MasterKey, SealError};
 /// Longest project name, in characters (same bound as channel names).
 pub(crate) const MAX_PROJECT_NAME_CHARS: usize = 100;
 
+/// The first Pusher app id: seven digits, like Pusher's own.
+pub(crate) const FIRST_PUSHER_APP_ID: u64 = 1_000_000;
+
 /// A project as stored.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProjectRecord {
@@ -50,6 +57,11 @@ pub struct ProjectRecord {
     pub client_events: bool,
     /// Where and what the project's webhook sends (`project set-webhook`); `None`: off.
     pub webhook: Option<WebhookSpec>,
+    /// The project's id as a Pusher app (`/apps/{app_id}/...`); see the invariants above.
+    pub pusher_app_id: u64,
+    /// Whether Pusher clients and the Pusher REST API may use the project (`true` by
+    /// default: every project is also a Pusher app).
+    pub pusher: bool,
 }
 
 /// A key as stored: everything but the key itself.
@@ -270,6 +282,10 @@ pub(crate) trait Store: Send {
         on: bool,
     ) -> Result<ProjectRecord, StoreError>;
 
+    /// Allow or forbid the Pusher protocol (WebSocket and REST) for a project; returns
+    /// the updated project.
+    fn set_pusher(&mut self, project_id: &str, on: bool) -> Result<ProjectRecord, StoreError>;
+
     /// Set (or with `None` turn off) a project's webhook; returns the updated project.
     fn set_webhook(
         &mut self,
@@ -312,6 +328,16 @@ pub(crate) fn open_store(
         Some(url) => Ok(Box::new(RedisStore::open(url, redis_ca_file)?)),
         None => Ok(Box::new(SqliteStore::open(data_dir)?)),
     }
+}
+
+/// A Pusher app id for a test's hand-made [`ProjectRecord`]: the same for the same id
+/// (rebuilds keep a project's state only while its app id stays), distinct in practice.
+#[cfg(test)]
+pub(crate) fn test_app_id(project_id: &str) -> u64 {
+    let h = project_id
+        .bytes()
+        .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+    FIRST_PUSHER_APP_ID + h % 1_000_000_000
 }
 
 /// Check a project name: non-empty after trimming, at most [`MAX_PROJECT_NAME_CHARS`]

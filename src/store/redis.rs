@@ -15,6 +15,11 @@
 //! - `client_events` set: ids of the projects that allow client events (absent: off);
 //! - `webhooks` hash: project id → JSON `{url, events}` (`events` as printed, e.g.
 //!   `"channel_occupied,client_event"`; absent: no webhook);
+//! - `pusher_app_ids` hash: project id → its Pusher app id (immutable once written:
+//!   only `HSETNX` after creation);
+//! - `pusher_app_seq`: the last Pusher app id handed out (`SETNX` to 999999 before each
+//!   `INCR`, so the first is 1000000; only ever incremented, so never reused);
+//! - `pusher_off` set: ids of the projects with the Pusher protocol off (absent: on);
 //! - `keys` hash: key id → JSON `{project_id, kind, prefix, hash, seq[, public_key]}`
 //!   (immutable; `public_key`, the whole key, for public keys made since webhooks);
 //! - `key_hashes` hash: hex SHA-256 → key id (revocation by full key);
@@ -30,6 +35,13 @@
 //! so it is one consistent view. A failed call drops the connection; the next call
 //! reconnects (with [`IO_TIMEOUT`] bounding every wait), so a watcher polling a dead
 //! Redis fails fast and recovers by itself.
+//!
+//! Every project read has a Pusher app id. Projects made before app ids existed (or by
+//! an older ringcast sharing the Redis) get one when a store opens (any CLI command,
+//! `serve`), and a read that still finds one without (an older CLI created it since)
+//! numbers it before answering, so no node ever sees a project without one. Numbering
+//! is `INCR` then `HSETNX`: two processes racing on the same project only skip a
+//! number, and each write bumps `version` so every node reloads.
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -42,7 +54,7 @@ use base64::Engine as _;
 use super::{
     mint_token_secret, rotated_expiry, unix_now, validate_project_name, HookKinds, KeyRecord,
     ProjectRecord, Store, StoreContents, StoreError, TokenKeyAlg, TokenKeyRecord,
-    TokenSecretRecord, WebhookSpec,
+    TokenSecretRecord, WebhookSpec, FIRST_PUSHER_APP_ID,
 };
 use crate::apikey::{generate_id, hash_key, key_prefix, KeyHash, KeyKind};
 use crate::history::HistorySpec;
@@ -196,12 +208,66 @@ impl From<redis::RedisError> for StoreError {
 }
 
 impl RedisStore {
-    /// Parse `url` and connect once, so a wrong URL or an unreachable Redis fails now.
+    /// Parse `url` and connect once, so a wrong URL or an unreachable Redis fails now;
+    /// give every project that lacks one its Pusher app id.
     pub(crate) fn open(url: &str, ca_file: Option<&Path>) -> Result<RedisStore, StoreError> {
         let client = client(url, ca_file)?;
         let mut store = RedisStore { client, conn: None };
         store.with(|c| redis::cmd("PING").query::<()>(c))?;
+        let (projects, numbered): (u64, u64) = store.with(|c| {
+            redis::pipe()
+                .cmd("HLEN")
+                .arg(k("projects"))
+                .cmd("HLEN")
+                .arg(k("pusher_app_ids"))
+                .query(c)
+        })?;
+        // App ids are only written for existing projects, so equal counts mean none is
+        // missing: the usual case costs no full read.
+        if numbered < projects {
+            store.backfill_app_ids()?;
+        }
         Ok(store)
+    }
+
+    /// The next Pusher app id (1000000 first).
+    fn next_app_id(&mut self) -> Result<u64, StoreError> {
+        let (id,): (u64,) = self.with(|c| {
+            redis::pipe()
+                .atomic()
+                .cmd("SETNX")
+                .arg(k("pusher_app_seq"))
+                .arg(FIRST_PUSHER_APP_ID - 1)
+                .ignore()
+                .incr(k("pusher_app_seq"), 1)
+                .query(c)
+        })?;
+        Ok(id)
+    }
+
+    /// Number the projects without a Pusher app id, oldest first.
+    fn backfill_app_ids(&mut self) -> Result<(), StoreError> {
+        let (projects, app_ids): (HashMap<String, String>, HashMap<String, u64>) =
+            self.with(|c| {
+                redis::pipe()
+                    .atomic()
+                    .cmd("HGETALL")
+                    .arg(k("projects"))
+                    .cmd("HGETALL")
+                    .arg(k("pusher_app_ids"))
+                    .query(c)
+            })?;
+        for project_id in unnumbered(&projects, &app_ids)? {
+            let app_id = self.next_app_id()?;
+            self.with(|c| {
+                redis::pipe()
+                    .atomic()
+                    .hset_nx(k("pusher_app_ids"), &project_id, app_id)
+                    .incr(k("version"), 1)
+                    .query::<()>(c)
+            })?;
+        }
+        Ok(())
     }
 
     /// Run `f` on a live connection; on error drop the connection (it may be broken
@@ -267,43 +333,122 @@ impl RedisStore {
     }
 
     fn read_projects(&mut self) -> Result<Vec<ProjectRecord>, StoreError> {
-        type Read = (
-            HashMap<String, String>,
-            HashMap<String, String>,
-            HashMap<String, String>,
-            HashMap<String, u64>,
-            HashSet<String>,
-            HashMap<String, String>,
-        );
-        let (projects, limits, histories, conns, events, hooks): Read = self.with(|c| {
-            redis::pipe()
-                .atomic()
-                .cmd("HGETALL")
-                .arg(k("projects"))
-                .cmd("HGETALL")
-                .arg(k("rate_limits"))
-                .cmd("HGETALL")
-                .arg(k("histories"))
-                .cmd("HGETALL")
-                .arg(k("max_connections"))
-                .cmd("SMEMBERS")
-                .arg(k("client_events"))
-                .cmd("HGETALL")
-                .arg(k("webhooks"))
-                .query(c)
-        })?;
-        decode_projects(projects, &limits, &histories, &conns, &events, &hooks)
+        let mut attempts = 0;
+        loop {
+            let mut pipe = redis::pipe();
+            pipe.atomic();
+            add_project_reads(&mut pipe);
+            let replies: Vec<redis::Value> = self.with(|c| pipe.query(c))?;
+            let fields = ProjectFields::take(&mut replies.into_iter())?;
+            attempts += 1;
+            if attempts < NUMBERING_ATTEMPTS && fields.lacks_app_id() {
+                self.backfill_app_ids()?;
+                continue;
+            }
+            return decode_projects(fields);
+        }
     }
 }
 
-fn decode_projects(
+/// Reads that find a project without an app id number it and read again, this many
+/// times at most (more only if other processes keep creating projects without one).
+const NUMBERING_ATTEMPTS: u32 = 3;
+
+/// Everything stored about projects, as read in one MULTI/EXEC.
+struct ProjectFields {
     projects: HashMap<String, String>,
-    limits: &HashMap<String, String>,
-    histories: &HashMap<String, String>,
-    max_connections: &HashMap<String, u64>,
-    client_events: &HashSet<String>,
-    webhooks: &HashMap<String, String>,
-) -> Result<Vec<ProjectRecord>, StoreError> {
+    limits: HashMap<String, String>,
+    histories: HashMap<String, String>,
+    max_connections: HashMap<String, u64>,
+    client_events: HashSet<String>,
+    webhooks: HashMap<String, String>,
+    app_ids: HashMap<String, u64>,
+    pusher_off: HashSet<String>,
+}
+
+/// Queue the reads of [`ProjectFields`], in the order [`ProjectFields::take`] takes
+/// their replies back.
+fn add_project_reads(pipe: &mut redis::Pipeline) {
+    pipe.cmd("HGETALL")
+        .arg(k("projects"))
+        .cmd("HGETALL")
+        .arg(k("rate_limits"))
+        .cmd("HGETALL")
+        .arg(k("histories"))
+        .cmd("HGETALL")
+        .arg(k("max_connections"))
+        .cmd("SMEMBERS")
+        .arg(k("client_events"))
+        .cmd("HGETALL")
+        .arg(k("webhooks"))
+        .cmd("HGETALL")
+        .arg(k("pusher_app_ids"))
+        .cmd("SMEMBERS")
+        .arg(k("pusher_off"));
+}
+
+/// The next reply of a MULTI/EXEC, as a `T`.
+fn next_reply<T: redis::FromRedisValue>(
+    replies: &mut std::vec::IntoIter<redis::Value>,
+) -> Result<T, StoreError> {
+    let value = replies
+        .next()
+        .ok_or_else(|| StoreError::Redis("a reply is missing from MULTI/EXEC".into()))?;
+    redis::from_redis_value(value).map_err(|e| StoreError::Redis(e.to_string()))
+}
+
+impl ProjectFields {
+    /// Take the replies of [`add_project_reads`] from the front of `replies`.
+    fn take(replies: &mut std::vec::IntoIter<redis::Value>) -> Result<ProjectFields, StoreError> {
+        Ok(ProjectFields {
+            projects: next_reply(replies)?,
+            limits: next_reply(replies)?,
+            histories: next_reply(replies)?,
+            max_connections: next_reply(replies)?,
+            client_events: next_reply(replies)?,
+            webhooks: next_reply(replies)?,
+            app_ids: next_reply(replies)?,
+            pusher_off: next_reply(replies)?,
+        })
+    }
+
+    fn lacks_app_id(&self) -> bool {
+        self.projects
+            .keys()
+            .any(|id| !self.app_ids.contains_key(id))
+    }
+}
+
+/// The projects of `projects` (the stored hash) that have no app id in `app_ids`,
+/// oldest first.
+fn unnumbered(
+    projects: &HashMap<String, String>,
+    app_ids: &HashMap<String, u64>,
+) -> Result<Vec<String>, StoreError> {
+    let mut out = Vec::new();
+    for (id, json) in projects {
+        if app_ids.contains_key(id) {
+            continue;
+        }
+        let stored: StoredProject = serde_json::from_str(json)
+            .map_err(|e| StoreError::Corrupt(format!("project {id}: {e}")))?;
+        out.push((stored.seq, id.clone()));
+    }
+    out.sort_unstable();
+    Ok(out.into_iter().map(|(_, id)| id).collect())
+}
+
+fn decode_projects(fields: ProjectFields) -> Result<Vec<ProjectRecord>, StoreError> {
+    let ProjectFields {
+        projects,
+        limits,
+        histories,
+        max_connections,
+        client_events,
+        webhooks,
+        app_ids,
+        pusher_off,
+    } = fields;
     let mut out = Vec::with_capacity(projects.len());
     for (id, json) in projects {
         let stored: StoredProject = serde_json::from_str(&json)
@@ -331,12 +476,17 @@ fn decode_projects(
             }
             None => None,
         };
+        let pusher_app_id = *app_ids
+            .get(&id)
+            .ok_or_else(|| StoreError::Corrupt(format!("project {id}: no Pusher app id")))?;
         out.push((
             stored.seq,
             ProjectRecord {
                 webhook,
                 max_connections: max_connections.get(&id).copied(),
                 client_events: client_events.contains(&id),
+                pusher_app_id,
+                pusher: !pusher_off.contains(&id),
                 id,
                 name: stored.name,
                 rate_limit,
@@ -404,6 +554,8 @@ impl Store for RedisStore {
             max_connections: None,
             client_events: false,
             webhook: None,
+            pusher_app_id: self.next_app_id()?,
+            pusher: true,
         };
         let stored = serde_json::to_string(&StoredProject {
             name: name.to_string(),
@@ -430,6 +582,7 @@ impl Store for RedisStore {
                 .hset(k("keys"), &pk.id, &pk_json)
                 .hset(k("key_hashes"), pk.hash.to_hex(), &pk.id)
                 .hset(k("token_secrets"), &ts.id, &ts_json)
+                .hset(k("pusher_app_ids"), &project.id, project.pusher_app_id)
                 .incr(k("version"), 1)
                 .query::<()>(c)
         })?;
@@ -611,6 +764,23 @@ impl Store for RedisStore {
         self.read_project(project_id)
     }
 
+    fn set_pusher(&mut self, project_id: &str, on: bool) -> Result<ProjectRecord, StoreError> {
+        if !self.project_exists(project_id)? {
+            return Err(project_not_found(project_id));
+        }
+        self.with(|c| {
+            let mut pipe = redis::pipe();
+            pipe.atomic();
+            if on {
+                pipe.srem(k("pusher_off"), project_id);
+            } else {
+                pipe.sadd(k("pusher_off"), project_id);
+            }
+            pipe.incr(k("version"), 1).query::<()>(c)
+        })?;
+        self.read_project(project_id)
+    }
+
     fn set_webhook(
         &mut self,
         project_id: &str,
@@ -719,51 +889,39 @@ impl Store for RedisStore {
     }
 
     fn load_all(&mut self) -> Result<StoreContents, StoreError> {
-        // One MULTI/EXEC: projects, limits, keys and revocations from the same instant.
-        type All = (
-            HashMap<String, String>,
-            HashMap<String, String>,
-            HashMap<String, String>,
-            HashMap<String, u64>,
-            HashSet<String>,
-            HashMap<String, String>,
-            HashSet<String>,
-            HashMap<String, String>,
-            HashMap<String, String>,
-            HashMap<String, String>,
-        );
-        let (projects, limits, histories, conns, events, keys, revoked, secrets, token_keys, hooks): All =
-            self.with(|c| {
-                redis::pipe()
-                    .atomic()
-                    .cmd("HGETALL")
-                    .arg(k("projects"))
-                    .cmd("HGETALL")
-                    .arg(k("rate_limits"))
-                    .cmd("HGETALL")
-                    .arg(k("histories"))
-                    .cmd("HGETALL")
-                    .arg(k("max_connections"))
-                    .cmd("SMEMBERS")
-                    .arg(k("client_events"))
-                    .cmd("HGETALL")
-                    .arg(k("keys"))
-                    .cmd("SMEMBERS")
-                    .arg(k("revoked"))
-                    .cmd("HGETALL")
-                    .arg(k("token_secrets"))
-                    .cmd("HGETALL")
-                    .arg(k("token_keys"))
-                    .cmd("HGETALL")
-                    .arg(k("webhooks"))
-                    .query(c)
-            })?;
-        Ok(StoreContents {
-            projects: decode_projects(projects, &limits, &histories, &conns, &events, &hooks)?,
-            keys: decode_keys(keys, &revoked, None)?,
-            token_secrets: token_secret_records(secrets)?,
-            token_keys: token_key_records(token_keys)?,
-        })
+        let mut attempts = 0;
+        loop {
+            // One MULTI/EXEC: projects, limits, keys and revocations from the same instant.
+            let mut pipe = redis::pipe();
+            pipe.atomic();
+            add_project_reads(&mut pipe);
+            pipe.cmd("HGETALL")
+                .arg(k("keys"))
+                .cmd("SMEMBERS")
+                .arg(k("revoked"))
+                .cmd("HGETALL")
+                .arg(k("token_secrets"))
+                .cmd("HGETALL")
+                .arg(k("token_keys"));
+            let replies: Vec<redis::Value> = self.with(|c| pipe.query(c))?;
+            let mut replies = replies.into_iter();
+            let fields = ProjectFields::take(&mut replies)?;
+            attempts += 1;
+            if attempts < NUMBERING_ATTEMPTS && fields.lacks_app_id() {
+                self.backfill_app_ids()?;
+                continue;
+            }
+            let keys = next_reply(&mut replies)?;
+            let revoked: HashSet<String> = next_reply(&mut replies)?;
+            let secrets = next_reply(&mut replies)?;
+            let token_keys = next_reply(&mut replies)?;
+            return Ok(StoreContents {
+                projects: decode_projects(fields)?,
+                keys: decode_keys(keys, &revoked, None)?,
+                token_secrets: token_secret_records(secrets)?,
+                token_keys: token_key_records(token_keys)?,
+            });
+        }
     }
 
     fn change_token(&mut self) -> Result<u64, StoreError> {

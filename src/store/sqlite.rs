@@ -16,6 +16,12 @@
 //!
 //! Never stores a full key: only its SHA-256 and display prefix. Token secrets only
 //! sealed (`token_secrets.sealed`), token keys only as public keys.
+//!
+//! Pusher app ids: `projects.pusher_app_id` (unique index) is the largest one so far
+//! plus one, taken inside the creating write transaction, so two processes creating at
+//! once cannot pick the same number. Projects are never deleted, so the largest is also
+//! the high-water mark and no id is ever handed out twice; if deletion comes, the mark
+//! must move to `meta`.
 
 use std::path::Path;
 use std::time::Duration;
@@ -25,6 +31,7 @@ use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBe
 use super::{
     mint_token_secret, rotated_expiry, validate_project_name, HookKinds, KeyRecord, ProjectRecord,
     Store, StoreContents, StoreError, TokenKeyAlg, TokenKeyRecord, TokenSecretRecord, WebhookSpec,
+    FIRST_PUSHER_APP_ID,
 };
 use crate::apikey::{generate_id, hash_key, key_prefix, KeyHash, KeyKind};
 use crate::history::HistorySpec;
@@ -39,7 +46,7 @@ pub(super) const DB_FILE: &str = "ringcast.db";
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Schema version this build writes (`PRAGMA user_version`).
-const SCHEMA_VERSION: i64 = 6;
+const SCHEMA_VERSION: i64 = 7;
 
 /// Migrations, index i brings the schema from version i to i + 1.
 const MIGRATIONS: &[&str] = &[
@@ -93,6 +100,14 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE projects ADD COLUMN webhook_url TEXT;
     ALTER TABLE projects ADD COLUMN webhook_events TEXT;
     ALTER TABLE keys ADD COLUMN public_key TEXT;",
+    // 6 -> 7: every project is also a Pusher app: a numeric app id (existing projects
+    // numbered from 1000000 in creation order) and the Pusher switch (on by default).
+    // Pure SQL, so it runs in the migration's immediate transaction like the others.
+    "ALTER TABLE projects ADD COLUMN pusher_app_id INTEGER;
+    ALTER TABLE projects ADD COLUMN pusher_enabled INTEGER NOT NULL DEFAULT 1;
+    UPDATE projects SET pusher_app_id = 1000000
+        + (SELECT COUNT(*) FROM projects AS p WHERE p.rowid < projects.rowid);
+    CREATE UNIQUE INDEX projects_pusher_app_id ON projects(pusher_app_id);",
 ];
 
 /// A connection to the SQLite store. One per thread; not shared.
@@ -274,6 +289,8 @@ type RawProject = (
     bool,
     Option<String>,
     Option<String>,
+    Option<i64>,
+    bool,
 );
 /// A key row as read: id, project_id, kind, revoked, prefix, hash, public key.
 type RawKey = (
@@ -286,7 +303,7 @@ type RawKey = (
     Option<String>,
 );
 
-const SELECT_PROJECTS: &str = "SELECT id, name, rate_limit, history, max_connections, client_events, webhook_url, webhook_events FROM projects";
+const SELECT_PROJECTS: &str = "SELECT id, name, rate_limit, history, max_connections, client_events, webhook_url, webhook_events, pusher_app_id, pusher_enabled FROM projects";
 const SELECT_KEYS: &str =
     "SELECT id, project_id, kind, revoked_at IS NOT NULL, prefix, hash, public_key FROM keys";
 
@@ -306,10 +323,23 @@ fn read_projects(
             r.get(5)?,
             r.get(6)?,
             r.get(7)?,
+            r.get(8)?,
+            r.get(9)?,
         ))
     })?;
     rows.map(|row| {
-        let (id, name, rate_limit, history, max_connections, client_events, url, events) = row?;
+        let (
+            id,
+            name,
+            rate_limit,
+            history,
+            max_connections,
+            client_events,
+            url,
+            events,
+            app_id,
+            pusher,
+        ) = row?;
         let rate_limit = RateLimit::parse(&rate_limit)
             .map_err(|e| StoreError::Corrupt(format!("project {id}: {e}")))?;
         let history = HistorySpec::parse(&history)
@@ -326,6 +356,11 @@ fn read_projects(
             }),
             _ => None,
         };
+        // NULL only after a raw edit: the migration numbers every row and creation
+        // always assigns one.
+        let pusher_app_id = app_id
+            .and_then(|n| u64::try_from(n).ok())
+            .ok_or_else(|| StoreError::Corrupt(format!("project {id}: no pusher_app_id")))?;
         Ok(ProjectRecord {
             id,
             name,
@@ -334,6 +369,8 @@ fn read_projects(
             max_connections,
             client_events,
             webhook,
+            pusher_app_id,
+            pusher,
         })
     })
     .collect()
@@ -384,7 +421,7 @@ impl Store for SqliteStore {
         master: &MasterKey,
     ) -> Result<(ProjectRecord, String, String, String), StoreError> {
         validate_project_name(name)?;
-        let project = ProjectRecord {
+        let mut project = ProjectRecord {
             id: generate_id("prj_"),
             name: name.to_string(),
             rate_limit,
@@ -392,17 +429,29 @@ impl Store for SqliteStore {
             max_connections: None,
             client_events: false,
             webhook: None,
+            pusher_app_id: FIRST_PUSHER_APP_ID,
+            pusher: true,
         };
         let (token_record, token_secret) = mint_token_secret(&project.id, master)?;
         self.write(|tx| {
+            // Under the write lock: no other process can take the same number.
+            let app_id: i64 = tx.query_row(
+                "SELECT COALESCE(MAX(pusher_app_id) + 1, ?1) FROM projects",
+                [FIRST_PUSHER_APP_ID as i64],
+                |r| r.get(0),
+            )?;
+            project.pusher_app_id = u64::try_from(app_id)
+                .map_err(|_| StoreError::Corrupt(format!("negative pusher_app_id {app_id}")))?;
             tx.execute(
-                "INSERT INTO projects (id, name, rate_limit, history, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+                "INSERT INTO projects (id, name, rate_limit, history, created_at, pusher_app_id)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                 params![
                     project.id,
                     project.name,
                     rate_limit.to_string(),
                     history.to_string(),
-                    unix_now()
+                    unix_now(),
+                    app_id,
                 ],
             )?;
             let (_, secret) = insert_key(tx, &project.id, KeyKind::Secret)?;
@@ -541,6 +590,21 @@ impl Store for SqliteStore {
         self.write(|tx| {
             let changed = tx.execute(
                 "UPDATE projects SET client_events = ?1 WHERE id = ?2",
+                params![on, project_id],
+            )?;
+            if changed == 0 {
+                return Err(project_not_found(project_id));
+            }
+            read_projects(tx, "WHERE id = ?1", [project_id])?
+                .pop()
+                .ok_or_else(|| project_not_found(project_id))
+        })
+    }
+
+    fn set_pusher(&mut self, project_id: &str, on: bool) -> Result<ProjectRecord, StoreError> {
+        self.write(|tx| {
+            let changed = tx.execute(
+                "UPDATE projects SET pusher_enabled = ?1 WHERE id = ?2",
                 params![on, project_id],
             )?;
             if changed == 0 {
@@ -720,6 +784,8 @@ mod tests {
         assert_eq!(KeyKind::of_key(&secret), Some(KeyKind::Secret));
         assert_eq!(KeyKind::of_key(&public), Some(KeyKind::Public));
         assert!(!store.is_empty().unwrap());
+        assert_eq!(project.pusher_app_id, 1_000_000);
+        assert!(project.pusher, "on by default");
 
         assert_eq!(store.list_projects().unwrap(), vec![project.clone()]);
 
@@ -843,6 +909,7 @@ mod tests {
         let mut store = SqliteStore::open(dir.path()).unwrap();
         let nf = |r: Result<_, StoreError>| matches!(r, Err(StoreError::NotFound(_)));
         assert!(nf(store.set_rate_limit("prj_nope", rl("1/s")).map(|_| ())));
+        assert!(nf(store.set_pusher("prj_nope", false).map(|_| ())));
         assert!(nf(store
             .create_key("prj_nope", KeyKind::Secret)
             .map(|_| ())));
@@ -926,8 +993,9 @@ mod tests {
             for step in &MIGRATIONS[..version as usize] {
                 tx.execute_batch(step).unwrap();
             }
+            // Inserted newest-stamped first: app ids follow insertion (rowid) order.
             tx.execute(
-                "INSERT INTO projects (id, name, rate_limit, created_at) VALUES ('prj_old', 'old', '5/s', 0)",
+                "INSERT INTO projects (id, name, rate_limit, created_at) VALUES ('prj_old', 'old', '5/s', 1), ('prj_older', 'older', '5/s', 0)",
                 [],
             )
             .unwrap();
@@ -937,22 +1005,23 @@ mod tests {
 
             let mut store = SqliteStore::open(dir.path()).unwrap();
             let projects = store.list_projects().unwrap();
-            assert_eq!(projects.len(), 1, "schema {version}");
-            assert_eq!(projects[0].name, "old");
-            assert_eq!(projects[0].max_connections, None, "schema {version}");
+            assert_eq!(projects.len(), 2, "schema {version}");
+            assert_eq!(projects[1].name, "old");
+            assert_eq!(
+                (projects[1].pusher_app_id, projects[0].pusher_app_id),
+                (1_000_000, 1_000_001),
+                "schema {version}"
+            );
+            assert!(projects.iter().all(|p| p.pusher), "schema {version}");
+            let old = &projects[1];
+            assert_eq!(old.max_connections, None, "schema {version}");
             let project = store.set_max_connections("prj_old", Some(7)).unwrap();
             assert_eq!(project.max_connections, Some(7), "schema {version}");
-            assert!(
-                !projects[0].client_events,
-                "schema {version}: off by default"
-            );
+            assert!(!old.client_events, "schema {version}: off by default");
             let project = store.set_client_events("prj_old", true).unwrap();
             assert!(project.client_events, "schema {version}");
             assert_eq!(project.max_connections, Some(7), "schema {version}");
-            assert_eq!(
-                projects[0].webhook, None,
-                "schema {version}: off by default"
-            );
+            assert_eq!(old.webhook, None, "schema {version}: off by default");
             let hook = WebhookSpec {
                 url: "https://example.com/hook".into(),
                 events: HookKinds::DEFAULT,
@@ -962,12 +1031,17 @@ mod tests {
             assert!(project.client_events, "schema {version}");
             let project = store.set_webhook("prj_old", None).unwrap();
             assert_eq!(project.webhook, None, "schema {version}");
+            let project = store.set_pusher("prj_old", false).unwrap();
+            assert!(!project.pusher, "schema {version}");
+            assert_eq!(project.pusher_app_id, 1_000_000, "schema {version}");
             store
                 .rotate_token_secret("prj_old", &MasterKey::random(), 0)
                 .unwrap();
-            store
+            let (new, ..) = store
                 .create_project("new", rl("1/s"), HistorySpec::OFF, &MasterKey::random())
                 .unwrap();
+            assert_eq!(new.pusher_app_id, 1_000_002, "schema {version}");
+            assert!(new.pusher, "schema {version}");
             let raw = Connection::open(dir.path().join(DB_FILE)).unwrap();
             let now: i64 = raw
                 .pragma_query_value(None, "user_version", |row| row.get(0))
@@ -999,7 +1073,12 @@ mod tests {
             t.join().unwrap();
         }
         let mut store = SqliteStore::open(dir.path()).unwrap();
-        assert_eq!(store.list_projects().unwrap().len(), 4);
+        let projects = store.list_projects().unwrap();
+        assert_eq!(projects.len(), 4);
         assert_eq!(store.load_all().unwrap().keys.len(), 8);
+        // Four writers at once still got four different, consecutive app ids.
+        let mut ids: Vec<u64> = projects.iter().map(|p| p.pusher_app_id).collect();
+        ids.sort_unstable();
+        assert_eq!(ids, [1_000_000, 1_000_001, 1_000_002, 1_000_003]);
     }
 }

@@ -539,6 +539,8 @@ mod tests {
             history: crate::history::HistorySpec::OFF,
             max_connections: None,
             client_events: true,
+            pusher_app_id: crate::store::test_app_id(id),
+            pusher: true,
             webhook: events.map(|events| WebhookSpec {
                 url: "http://127.0.0.1:9/".into(),
                 events,
@@ -600,6 +602,8 @@ mod tests {
             history: crate::history::HistorySpec::OFF,
             max_connections: None,
             client_events: true,
+            pusher_app_id: crate::store::test_app_id(id),
+            pusher: true,
             webhook: hooked.then(|| WebhookSpec {
                 url: "http://127.0.0.1:9/".into(),
                 events: HookKinds::DEFAULT,
