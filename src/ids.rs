@@ -162,6 +162,19 @@ impl SocketId {
     }
 }
 
+/// Whether `text` has a socket id's form, `^\d+\.\d+$` (at most [`SOCKET_ID_FORM_MAX`]
+/// characters), which is all Pusher's API asks of a `socket_id`.
+pub(crate) fn is_socket_id_form(text: &str) -> bool {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|c| c.is_ascii_digit());
+    text.len() <= SOCKET_ID_FORM_MAX
+        && text
+            .split_once('.')
+            .is_some_and(|(a, b)| digits(a) && digits(b))
+}
+
+/// Longest `socket_id` accepted on the publish APIs.
+pub(crate) const SOCKET_ID_FORM_MAX: usize = 64;
+
 /// Decimal digits of `value` at the start of `out`; returns how many.
 fn write_dec(out: &mut [u8], mut value: u64) -> usize {
     let mut tmp = [0u8; 20];

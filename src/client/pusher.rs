@@ -298,14 +298,7 @@ impl PusherSession {
 
     /// Join a presence channel through the node's hub; its answer registers the
     /// subscription and sends `subscription_succeeded` with the member hash.
-    fn join(
-        &self,
-        hub: &Hub,
-        conn: &Rc<WsConn>,
-        channel: &str,
-        user: &str,
-        info: Option<String>,
-    ) {
+    fn join(&self, hub: &Hub, conn: &Rc<WsConn>, channel: &str, user: &str, info: Option<String>) {
         let project = self.project.index;
         let (c, refused) = (conn.clone(), self.refused.clone());
         let ch: Box<str> = channel.into();
@@ -530,11 +523,20 @@ mod tests {
 
     #[test]
     fn members_come_from_channel_data_as_node_and_python_write_it() {
-        let (u, i) = member_of(r#"{"user_id":"u1","user_info":{"name":"Ann"}}"#).ok().unwrap();
-        assert_eq!((u.as_str(), i.as_deref()), ("u1", Some(r#"{"name":"Ann"}"#)));
-        let (u, i) = member_of(r#"{"user_id": 10, "user_info": {"name": "Bo"}}"#).ok().unwrap();
+        let (u, i) = member_of(r#"{"user_id":"u1","user_info":{"name":"Ann"}}"#)
+            .ok()
+            .unwrap();
+        assert_eq!(
+            (u.as_str(), i.as_deref()),
+            ("u1", Some(r#"{"name":"Ann"}"#))
+        );
+        let (u, i) = member_of(r#"{"user_id": 10, "user_info": {"name": "Bo"}}"#)
+            .ok()
+            .unwrap();
         assert_eq!((u.as_str(), i.as_deref()), ("10", Some(r#"{"name":"Bo"}"#)));
-        let (u, i) = member_of(r#"{"user_id":"u2","user_info":true}"#).ok().unwrap();
+        let (u, i) = member_of(r#"{"user_id":"u2","user_info":true}"#)
+            .ok()
+            .unwrap();
         assert_eq!((u.as_str(), i), ("u2", None));
         for bad in [
             "",
@@ -546,14 +548,16 @@ mod tests {
         ] {
             assert!(member_of(bad).is_err(), "{bad}");
         }
-        let big = format!(r#"{{"user_id":"u","user_info":{{"x":"{}"}}}}"#, "a".repeat(1100));
+        let big = format!(
+            r#"{{"user_id":"u","user_info":{{"x":"{}"}}}}"#,
+            "a".repeat(1100)
+        );
         assert!(member_of(&big).is_err());
     }
 
     #[test]
     fn subscribe_data_may_be_an_object_or_a_string_holding_one() {
-        let raw: Box<RawValue> =
-            serde_json::from_str(r#"{"channel":"a","auth":"k:s"}"#).unwrap();
+        let raw: Box<RawValue> = serde_json::from_str(r#"{"channel":"a","auth":"k:s"}"#).unwrap();
         let d: SubscribeData = object_of(&raw).unwrap();
         assert_eq!((d.channel.as_str(), d.auth.as_deref()), ("a", Some("k:s")));
         let raw: Box<RawValue> = serde_json::from_str(r#""{\"channel\":\"b\"}""#).unwrap();

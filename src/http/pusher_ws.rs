@@ -62,7 +62,7 @@ pub(crate) fn handle(
     }
     let keys = svc.node.keys.load();
     let entry = match keys.authenticate(Some(key), KeyKind::Public) {
-        Ok(entry) => entry, // PUSHER-SWITCH
+        Ok(entry) if entry.project.pusher_enabled() => entry,
         _ => return refuse(out, ws_key, Disconnect::PUSHER_APP_REFUSED),
     };
     let limit = entry

@@ -9,9 +9,7 @@ use std::rc::Rc;
 
 use super::outcome::{answer, Outcome};
 use super::parse::{Method, RequestHead};
-use super::{
-    channels, console, health, history, publish, pusher_ws, upgrade, ApiError, Service,
-};
+use super::{channels, console, health, history, publish, pusher_ws, upgrade, ApiError, Service};
 
 /// Route one request whose head is parsed; `req` starts at the head.
 pub(crate) fn route(

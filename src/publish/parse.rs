@@ -24,7 +24,7 @@ use std::ops::Range;
 use simd_json::{Buffers, Node, Tape};
 
 use crate::error::ApiError;
-use crate::ids::SocketId;
+use crate::ids::{is_socket_id_form, SocketId};
 use crate::names::NameError;
 
 /// Most names in one `channels` array.
@@ -320,10 +320,9 @@ fn message_fields<'a>(nodes: &[Node<'a>], at: usize) -> Result<(Fields<'a>, usiz
     }
     let except = match socket_id {
         None => None,
-        Some(Kind::Str(text)) => Some(SocketId::parse(text).ok_or(ApiError::InvalidField(
-            "socket_id",
-            "must be a connection_id (digits, a dot, digits)",
-        ))?),
+        // Any id of the form is accepted (as Pusher does); one outside the ranges
+        // ringcast gives out names no connection, so it leaves nobody out.
+        Some(Kind::Str(text)) if is_socket_id_form(text) => SocketId::parse(text),
         Some(_) => {
             return Err(ApiError::InvalidField(
                 "socket_id",
