@@ -268,7 +268,7 @@ impl WsConn {
             self.uncharge(self.charged.get());
             q = self.queue.borrow_mut();
         }
-        q.push_back((frame::close_frame(code, why.reason), false));
+        q.push_back((frame::close_frame(why.code, why.reason), false));
         drop(q);
         self.close_code.set(why.code);
         self.state.set(State::Closing);
