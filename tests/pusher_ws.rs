@@ -166,11 +166,16 @@ fn refusals_are_made_in_band_with_pushers_codes() {
     refused(pusher_url(&s, &a.secret, "?protocol=7"), 4001);
     refused(pusher_url(&s, &a.public, "?protocol=4"), 4007);
     refused(pusher_url(&s, &a.public, "?protocol=seven"), 4007);
-    // The switch: off refuses new connections with 4001.
+    // The switch: off closes open Pusher connections and refuses new ones with 4001;
+    // native connections of the project stay.
+    let (mut open, _) = connect(&s, &a.public);
+    let mut native = s.ws(&a.public);
     cli(
         &s.data_dir,
         &["project", "set-limits", &a.id, "--pusher", "off"],
     );
+    assert_eq!(close_code(&mut open), Some(4001));
+    common::subscribe(&mut native, "still-here");
     common::wait_for(
         Duration::from_secs(10),
         "the switch to reach the server",

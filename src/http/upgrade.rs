@@ -144,7 +144,8 @@ pub(crate) fn start<S: Transport>(
         max_fragments: cfg.max_fragments_per_message,
         pause_backlog: cfg.read_pause_bytes(),
     };
-    shard.register(conn.clone(), upgrade.key_id);
+    let pusher = (upgrade.dialect == Dialect::Pusher).then(|| upgrade.project.clone());
+    shard.register(conn.clone(), upgrade.key_id, pusher);
     monoio::spawn(write_loop(wr, conn.clone(), Bytes::from(answers)));
     // An empty leftover still owns the 4 KiB HTTP read buffer: free it now, not when
     // the connection ends (it would be most of an idle connection's memory).

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use crate::auth::KeyCache;
+use crate::auth::{KeyCache, ProjectState};
 use crate::close::{Dialect, Disconnect};
 use crate::history::History;
 use crate::ws::conn::{WorkerBacklog, WsConn};
@@ -155,6 +155,9 @@ struct Member {
     conn: Rc<WsConn>,
     /// Id of the key it was opened with: revocation closes it.
     key_id: Box<str>,
+    /// A Pusher-protocol connection's project: turning its Pusher switch off closes it
+    /// like a revocation. `None` for native connections.
+    pusher: Option<Arc<ProjectState>>,
 }
 
 /// What a shard needs from the node at start.
@@ -419,15 +422,29 @@ impl Shard {
     /// a revocation swept this shard's sockets in between would have missed this one.
     /// The snapshot is swapped before the sweep is queued, and both run on this thread,
     /// so after this check no revocation can miss the connection.
-    pub(crate) fn register(&self, conn: Rc<WsConn>, key_id: Box<str>) {
+    pub(crate) fn register(
+        &self,
+        conn: Rc<WsConn>,
+        key_id: Box<str>,
+        pusher: Option<Arc<ProjectState>>,
+    ) {
         conn.attach_budget(self.backlog.clone());
         if self.stop.is_set() {
             conn.close(Disconnect::SHUTDOWN);
-        } else if !self.keys.load().is_active(&key_id) {
+        } else if !self.keys.load().is_active(&key_id)
+            || pusher.as_ref().is_some_and(|p| !p.pusher_enabled())
+        {
             conn.close(Disconnect::KEY_REVOKED);
         }
         let mut members = self.members.borrow_mut();
-        members.insert(conn.id, Member { conn, key_id });
+        members.insert(
+            conn.id,
+            Member {
+                conn,
+                key_id,
+                pusher,
+            },
+        );
         let open = members.len();
         crate::metrics::with(|m| m.set_connections(open));
     }
@@ -759,14 +776,19 @@ impl Shard {
         );
     }
 
-    /// Close every local connection whose key is no longer active.
+    /// Close every local connection whose key is no longer active, and every Pusher
+    /// connection of a project whose Pusher switch is now off.
     pub(crate) fn enforce_revocations(&self) {
         let snapshot = self.keys.load();
         let revoked: Vec<_> = self
             .members
             .borrow()
             .values()
-            .filter(|m| m.conn.is_open() && !snapshot.is_active(&m.key_id))
+            .filter(|m| {
+                m.conn.is_open()
+                    && (!snapshot.is_active(&m.key_id)
+                        || m.pusher.as_ref().is_some_and(|p| !p.pusher_enabled()))
+            })
             .map(|m| m.conn.clone())
             .collect();
         for conn in revoked {
