@@ -11,7 +11,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
-use ringcast::bench::{channel_hash, fan_out, Broadcast, Mailboxes, Registry};
+use ringcast::bench::{channel_hash, fan_out, Broadcast, Dialect, Mailboxes, Registry};
 use ringcast::{message_frame, Assembler, Incoming, Opcode, PublishParser, WsConn};
 
 fn body_of(size: usize) -> Vec<u8> {
@@ -77,6 +77,52 @@ fn fanout(c: &mut Criterion) {
                 }
                 n
             })
+        });
+    }
+    group.finish();
+}
+
+/// 10k subscribers of one channel, none, half or all of them speaking the Pusher
+/// protocol. Each iteration fans out a fresh message, so the Pusher frame (made once per
+/// message, by the first worker that needs it) is part of the cost measured.
+fn fanout_dialects(c: &mut Criterion) {
+    let mut group = c.benchmark_group("shard_fan_out_10k_by_protocol");
+    let frame = message_frame(
+        "orders",
+        "order.created",
+        br#"{"id":42,"sku":"A-1","qty":3,"note":"a "quoted" word"}"#,
+        "0123456789abcdef0123",
+    );
+    let subs = 10_000u64;
+    for (name, every) in [("native", 0u64), ("half_pusher", 2), ("all_pusher", 1)] {
+        let mut registry = Registry::default();
+        let conns: Vec<Rc<WsConn>> = (0..subs)
+            .map(|id| {
+                let conn = WsConn::new(id + 1, -1, usize::MAX / 2, 0);
+                let pusher = every != 0 && id % every == 0;
+                Rc::new(conn.with_dialect(if pusher {
+                    Dialect::Pusher
+                } else {
+                    Dialect::Native
+                }))
+            })
+            .collect();
+        for conn in &conns {
+            registry.subscribe(0, "orders", conn);
+        }
+        group.throughput(Throughput::Elements(subs));
+        group.bench_function(name, |b| {
+            b.iter_batched(
+                || Broadcast::plain(0, "orders".into(), frame.clone()),
+                |msg| {
+                    let n = fan_out(&registry, &msg);
+                    for conn in &conns {
+                        conn.take_queued();
+                    }
+                    n
+                },
+                criterion::BatchSize::SmallInput,
+            )
         });
     }
     group.finish();
@@ -172,5 +218,13 @@ fn reassembly(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, parse, encode, fanout, mailbox, reassembly);
+criterion_group!(
+    benches,
+    parse,
+    encode,
+    fanout,
+    fanout_dialects,
+    mailbox,
+    reassembly
+);
 criterion_main!(benches);

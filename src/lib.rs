@@ -127,6 +127,7 @@ pub use ws::message::{Assembler, Incoming};
 /// Hooks for the criterion benches: the fan-out and the mailboxes without sockets.
 #[cfg(feature = "bench")]
 pub mod bench {
+    pub use crate::close::Dialect;
     pub use crate::shard::fan_out;
     pub use crate::shard::interest::channel_hash;
     pub use crate::shard::mailbox::{Broadcast, BroadcastBatch, Mailboxes};
