@@ -122,6 +122,24 @@ impl SocketId {
         }
     }
 
+    /// The decimal number after the dot.
+    pub(crate) fn local_part(&self) -> u64 {
+        ((self.worker as u64) << CONN_BITS) | self.conn
+    }
+
+    /// The id of node `node`'s connection `local` (as [`SocketId::local`] splits it);
+    /// `None` when `local` is out of the range ringcast gives out.
+    pub(crate) fn from_parts(node: u32, local: u64) -> Option<SocketId> {
+        if local >> (CONN_BITS + 12) != 0 {
+            return None;
+        }
+        Some(SocketId {
+            node,
+            worker: (local >> CONN_BITS) as usize,
+            conn: local & ((1u64 << CONN_BITS) - 1),
+        })
+    }
+
     /// Whether this id names a connection of this process.
     pub(crate) fn is_here(&self) -> bool {
         self.node == node_prefix()
@@ -132,8 +150,7 @@ impl SocketId {
         let mut len = write_dec(&mut buf, self.node as u64);
         buf[len] = b'.';
         len += 1;
-        let local = ((self.worker as u64) << CONN_BITS) | self.conn;
-        len += write_dec(&mut buf[len..], local);
+        len += write_dec(&mut buf[len..], self.local_part());
         SocketIdText {
             buf,
             len: len as u8,
@@ -149,16 +166,7 @@ impl SocketId {
         if !digits(node) || !digits(local) {
             return None;
         }
-        let node: u32 = node.parse().ok()?;
-        let local: u64 = local.parse().ok()?;
-        if local >> (CONN_BITS + 12) != 0 {
-            return None;
-        }
-        Some(SocketId {
-            node,
-            worker: (local >> CONN_BITS) as usize,
-            conn: local & ((1u64 << CONN_BITS) - 1),
-        })
+        SocketId::from_parts(node.parse().ok()?, local.parse().ok()?)
     }
 }
 

@@ -901,3 +901,51 @@ fn pusher_app_ids_are_numbered_in_redis_and_never_reused() {
     // The node still serves the project under its keys.
     assert_eq!(node.publish(&a.secret, "x", json!("y")).0, 202);
 }
+
+/// `socket_id` across nodes: a publish on node a naming a connection of node b leaves
+/// exactly that one out (the relay carries it); the Pusher client on b gets the message
+/// in Pusher's form when it is not the one named.
+#[test]
+fn a_socket_id_of_another_node_is_left_out_there() {
+    let Some(redis) = Redis::start() else { return };
+    let a = Node::start(&redis);
+    let b = Node::start(&redis);
+    let p = project(&redis, "toothers", "100000/s");
+    a.wait_key(&p.secret);
+    b.wait_key(&p.secret);
+    let pusher = |node: &Node| {
+        let url = format!("ws://{}/app/{}?protocol=7", node.addr, p.public);
+        let (mut ws, _) = tungstenite::connect(url).expect("ws connect");
+        set_timeout(&mut ws, Duration::from_secs(10));
+        let hello = next_json(&mut ws);
+        let data: Value = serde_json::from_str(hello["data"].as_str().unwrap()).unwrap();
+        let id = data["socket_id"].as_str().unwrap().to_string();
+        common::send_json(
+            &mut ws,
+            json!({"event": "pusher:subscribe", "data": {"channel": "chat"}}),
+        );
+        assert_eq!(
+            next_json(&mut ws)["event"],
+            "pusher_internal:subscription_succeeded"
+        );
+        (ws, id)
+    };
+    let (mut left_out, id) = pusher(&b);
+    let (mut other, _) = pusher(&b);
+    let mut native = b.ws(&p.public);
+    subscribe(&mut native, "chat");
+    redis.wait_numsub(&p.id, "chat", 1);
+    let body =
+        json!({"channel": "chat", "event": "said", "data": {"n": 1}, "socket_id": id}).to_string();
+    let req = format!(
+        "POST /api/v1/publish HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\nConnection: close\r\nX-Api-Key: {}\r\nContent-Type: application/json\r\n\r\n{body}",
+        body.len(),
+        p.secret
+    );
+    assert_eq!(parse_response(&a.raw(req.as_bytes())).0, 202);
+    let got = next_json(&mut other);
+    assert_eq!(got["event"], "said", "{got}");
+    assert_eq!(got["data"], "{\"n\":1}");
+    assert_eq!(next_message(&mut native), json!({"n": 1}));
+    expect_silence(&mut left_out, Duration::from_millis(500));
+}

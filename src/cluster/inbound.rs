@@ -460,7 +460,7 @@ fn deliver(cluster: &Cluster, keys: &KeyCache, mailboxes: &Mailboxes, own: u64, 
     if payload.first() == Some(&crate::presence::remote::VERSION_PRESENCE) {
         return deliver_presence(cluster, keys, mailboxes, own, project_id, channel, payload);
     }
-    let Some((origin, frame)) = wire::decode_payload(payload) else {
+    let Some((origin, except, frame)) = wire::decode_payload(payload) else {
         cluster
             .stats
             .receive_dropped
@@ -494,7 +494,7 @@ fn deliver(cluster: &Cluster, keys: &KeyCache, mailboxes: &Mailboxes, own: u64, 
     };
     // One copy per message per node; every local subscriber shares it.
     let frame = Bytes::copy_from_slice(frame);
-    let broadcast = Arc::new(Broadcast::plain(project.index, channel.into(), frame));
+    let broadcast = Arc::new(Broadcast::new(project.index, channel.into(), frame, except));
     enqueue(cluster, mailboxes, broadcast);
 }
 

@@ -100,7 +100,13 @@ fn relay_until_error(
             };
             pipe.cmd("PUBLISH")
                 .arg(wire::redis_channel(&project.id, &msg.channel))
-                .arg(wire::encode_payload(node, &msg.frame))
+                .arg(match msg.except {
+                    // A connection of another node: that node must leave it out.
+                    Some(except) if !except.is_here() => {
+                        wire::encode_payload_except(node, except, &msg.frame)
+                    }
+                    _ => wire::encode_payload(node, &msg.frame),
+                })
                 .ignore();
         }
         if !pipe.is_empty() {

@@ -9,6 +9,9 @@
 //!   WebSocket frame exactly as the origin encoded it. The frame is not re-encoded on the
 //!   receiving node: it is copied once into a `Bytes` that all its subscribers share.
 //!
+//! - Payload with an exception ([`VERSION_EXCEPT`]): a publish whose `socket_id` names
+//!   a connection of another node carries it, so that node leaves it out.
+//!
 //! - History payload ([`VERSION_HISTORY`], cluster mode with history on): the same
 //!   header, then `<offset>,<epoch>,<body>` in ASCII, written by the publish script in
 //!   Redis (`cluster::history`), which alone knows the position. `body` is the message
@@ -28,6 +31,8 @@
 
 pub(crate) use crate::names::{redis_channel, CHANNEL_PREFIX};
 
+use crate::ids::SocketId;
+
 /// Payload format version; a node drops payloads of another version (a mixed-version
 /// cluster during an upgrade loses cross-node messages between the two versions rather
 /// than delivering frames it cannot vouch for).
@@ -36,8 +41,16 @@ pub(crate) const VERSION: u8 = 1;
 /// Payload format of a message of a history channel (position assigned by Redis).
 pub(crate) const VERSION_HISTORY: u8 = 2;
 
+/// Payload format of a message that leaves one connection of another node out (a
+/// publish with a `socket_id` naming it): [`VERSION`]'s header, then the connection's
+/// node prefix (4 bytes) and local id (8 bytes), little endian, then the frame.
+pub(crate) const VERSION_EXCEPT: u8 = 4;
+
 /// Bytes before the frame in a payload.
 pub(crate) const HEADER_LEN: usize = 9;
+
+/// Bytes of the excepted connection after the header of a [`VERSION_EXCEPT`] payload.
+const EXCEPT_LEN: usize = 12;
 
 /// Split a Redis channel into (project id, channel).
 pub(crate) fn parse_channel(redis_channel: &str) -> Option<(&str, &str)> {
@@ -55,13 +68,39 @@ pub(crate) fn encode_payload(origin: u64, frame: &[u8]) -> Vec<u8> {
     out
 }
 
-/// (origin node, frame) of a payload.
-pub(crate) fn decode_payload(payload: &[u8]) -> Option<(u64, &[u8])> {
-    if payload.len() <= HEADER_LEN || payload[0] != VERSION {
+/// The payload for `frame` published by node `origin`, to be delivered to every
+/// subscriber but connection `except` (of another node).
+pub(crate) fn encode_payload_except(origin: u64, except: SocketId, frame: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_LEN + EXCEPT_LEN + frame.len());
+    out.push(VERSION_EXCEPT);
+    out.extend_from_slice(&origin.to_le_bytes());
+    out.extend_from_slice(&except.node.to_le_bytes());
+    out.extend_from_slice(&except.local_part().to_le_bytes());
+    out.extend_from_slice(frame);
+    out
+}
+
+/// (origin node, the connection left out, frame) of a [`VERSION`] or
+/// [`VERSION_EXCEPT`] payload.
+pub(crate) fn decode_payload(payload: &[u8]) -> Option<(u64, Option<SocketId>, &[u8])> {
+    if payload.len() <= HEADER_LEN {
         return None;
     }
     let origin = u64::from_le_bytes(payload[1..HEADER_LEN].try_into().ok()?);
-    Some((origin, &payload[HEADER_LEN..]))
+    match payload[0] {
+        VERSION => Some((origin, None, &payload[HEADER_LEN..])),
+        VERSION_EXCEPT if payload.len() > HEADER_LEN + EXCEPT_LEN => {
+            let node = u32::from_le_bytes(payload[HEADER_LEN..HEADER_LEN + 4].try_into().ok()?);
+            let local = u64::from_le_bytes(
+                payload[HEADER_LEN + 4..HEADER_LEN + EXCEPT_LEN]
+                    .try_into()
+                    .ok()?,
+            );
+            let except = SocketId::from_parts(node, local)?;
+            Some((origin, Some(except), &payload[HEADER_LEN + EXCEPT_LEN..]))
+        }
+        _ => None,
+    }
 }
 
 /// Whether `frame` is a well-formed message frame for `channel` (see the module docs).
@@ -417,11 +456,21 @@ mod tests {
     #[test]
     fn payloads_round_trip_and_garbage_is_refused() {
         let p = encode_payload(42, b"\x81\x02hi");
-        assert_eq!(decode_payload(&p), Some((42, &b"\x81\x02hi"[..])));
+        assert_eq!(decode_payload(&p), Some((42, None, &b"\x81\x02hi"[..])));
         assert_eq!(decode_payload(b""), None);
         assert_eq!(decode_payload(&p[..HEADER_LEN]), None);
         let mut other = p.clone();
         other[0] = 2;
         assert_eq!(decode_payload(&other), None);
+        let except = SocketId::from_parts(7, (3 << 40) | 9).unwrap();
+        let p = encode_payload_except(42, except, b"\x81\x02hi");
+        assert_eq!(
+            decode_payload(&p),
+            Some((42, Some(except), &b"\x81\x02hi"[..]))
+        );
+        assert_eq!(decode_payload(&p[..HEADER_LEN + 12]), None);
+        let mut out_of_range = p.clone();
+        out_of_range[HEADER_LEN + 4..HEADER_LEN + 12].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert_eq!(decode_payload(&out_of_range), None);
     }
 }
