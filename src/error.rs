@@ -8,6 +8,7 @@
 
 use std::io::Write;
 
+pub(crate) use crate::auth::pusher::RestAuthError;
 pub(crate) use crate::auth::KeyRefusal;
 
 /// Why the service cannot take a request now (503).
@@ -44,6 +45,18 @@ impl Unavailable {
     }
 }
 
+/// Why a Pusher REST request is refused with 403 (Pusher's status for "app disabled or
+/// over message quota"; the native API answers the quota with 429).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Forbidden {
+    /// The project has the Pusher API off (`project set-limits --pusher off`).
+    PusherDisabled,
+    /// Over the project's rate quota: `Retry-After` says when to try again.
+    OverQuota,
+    /// The request costs more units than the project's whole burst (no `Retry-After`).
+    OverBurst,
+}
+
 /// A REST error with everything needed to answer it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ApiError {
@@ -74,6 +87,16 @@ pub enum ApiError {
     HistoryOff,
     /// `GET /api/v1/history` with an `epoch` that is not the channel's.
     EpochMismatch,
+    /// A Pusher REST query string that does not parse (a key given twice, a bad `%`
+    /// escape, too many parameters) or carries a parameter the endpoint refuses.
+    InvalidQuery(&'static str),
+    /// A Pusher `info` list that asks for an unknown attribute, has an empty item, or
+    /// asks `user_count` of a channel that is not a presence channel.
+    InvalidInfo(&'static str),
+    /// A Pusher REST request whose signature (or app id and `auth_key`) does not hold.
+    PusherUnauthorized(RestAuthError),
+    /// 403 (Pusher REST only).
+    Forbidden(Forbidden),
 }
 
 impl ApiError {
@@ -84,8 +107,11 @@ impl ApiError {
             | ApiError::MissingField(_)
             | ApiError::InvalidField(..)
             | ApiError::FieldTooLong(_)
-            | ApiError::BadRequest(_) => 400,
-            ApiError::Unauthorized(_) => 401,
+            | ApiError::BadRequest(_)
+            | ApiError::InvalidQuery(_)
+            | ApiError::InvalidInfo(_) => 400,
+            ApiError::Unauthorized(_) | ApiError::PusherUnauthorized(_) => 401,
+            ApiError::Forbidden(_) => 403,
             ApiError::NotFound | ApiError::HistoryOff => 404,
             ApiError::MethodNotAllowed(_) => 405,
             ApiError::RequestTimeout => 408,
@@ -106,7 +132,11 @@ impl ApiError {
             ApiError::MissingField(_) => "missing_field",
             ApiError::InvalidField(..) => "invalid_field",
             ApiError::FieldTooLong(_) => "field_too_long",
-            ApiError::Unauthorized(_) => "unauthorized",
+            ApiError::Unauthorized(_) | ApiError::PusherUnauthorized(_) => "unauthorized",
+            ApiError::InvalidQuery(_) => "invalid_query",
+            ApiError::InvalidInfo(_) => "invalid_info",
+            ApiError::Forbidden(Forbidden::PusherDisabled) => "pusher_disabled",
+            ApiError::Forbidden(Forbidden::OverQuota | Forbidden::OverBurst) => "rate_limited",
             ApiError::PayloadTooLarge => "payload_too_large",
             ApiError::UnsupportedMediaType => "unsupported_media_type",
             ApiError::RateLimited | ApiError::OverBurst | ApiError::ConnectRateLimited => {
@@ -144,8 +174,10 @@ impl ApiError {
             ApiError::UnsupportedMediaType => {
                 write!(out, "Content-Type must be application/json")
             }
-            ApiError::RateLimited => write!(out, "the project is over its rate quota"),
-            ApiError::OverBurst => write!(
+            ApiError::RateLimited | ApiError::Forbidden(Forbidden::OverQuota) => {
+                write!(out, "the project is over its rate quota")
+            }
+            ApiError::OverBurst | ApiError::Forbidden(Forbidden::OverBurst) => write!(
                 out,
                 "the request costs more units (one per message per channel) than the project's whole rate quota; it can never be accepted: split it"
             ),
@@ -170,6 +202,12 @@ impl ApiError {
             ApiError::EpochMismatch => write!(
                 out,
                 "the channel's history has another epoch: positions of the old one are gone"
+            ),
+            ApiError::InvalidQuery(why) | ApiError::InvalidInfo(why) => write!(out, "{why}"),
+            ApiError::PusherUnauthorized(why) => write!(out, "{why}"),
+            ApiError::Forbidden(Forbidden::PusherDisabled) => write!(
+                out,
+                "the Pusher API is off for this app (ringcast project set-limits PROJECT_ID --pusher on)"
             ),
         };
     }

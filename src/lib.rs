@@ -10,6 +10,7 @@
 //!   module that starts `http::conn::serve`.
 //! - [`http`]: HTTP/1.1: head parsing (httparse), the connection state machine,
 //!   routing, `/health`, the publish endpoint's head checks, the WebSocket upgrade, the
+//!   Pusher protocol's upgrade (`/app/{key}`) and REST API (`/apps/{app_id}/...`), the
 //!   response writer. [`tls`]: the rustls transport under it.
 //! - [`node`]: what all workers of a node share (config, key snapshot, mailboxes,
 //!   cluster bridge, health flags); how an accepted publish leaves its worker.

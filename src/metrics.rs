@@ -23,23 +23,36 @@ use std::time::Duration;
 
 /// Statuses the publish APIs answer with, each with its own counter slot; anything
 /// else lands in the last slot, rendered as `status="other"`.
-const STATUSES: [u16; 15] = [
-    202, 400, 401, 403, 404, 405, 408, 409, 411, 413, 415, 429, 431, 500, 503,
+const STATUSES: [u16; 16] = [
+    200, 202, 400, 401, 403, 404, 405, 408, 409, 411, 413, 415, 429, 431, 500, 503,
 ];
 const STATUS_SLOTS: usize = STATUSES.len() + 1;
 
 /// The publish APIs, the `api` label of `ringcast_publish_requests_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Api {
+    /// `/api/v1/publish` and `/api/v1/publish/batch`.
     Native,
+    /// Pusher's `/apps/{app_id}/events` and `/apps/{app_id}/batch_events`.
+    Pusher,
 }
 
 impl Api {
-    const ALL: [Api; 1] = [Api::Native];
+    const ALL: [Api; 2] = [Api::Native, Api::Pusher];
 
     fn label(self) -> &'static str {
         match self {
             Api::Native => "native",
+            Api::Pusher => "pusher",
+        }
+    }
+
+    /// The statuses rendered even at 0 (so rate() has a series from the first scrape):
+    /// success, the usual refusals, and the API's quota status (429 native, 403 Pusher).
+    fn common(self) -> [u16; 5] {
+        match self {
+            Api::Native => [202, 400, 401, 429, 503],
+            Api::Pusher => [200, 400, 401, 403, 503],
         }
     }
 }
@@ -314,7 +327,7 @@ impl Metrics {
                 let n = self.sum(|w| w.publish_requests[api as usize][slot].get());
                 // The common statuses always appear (so rate() has a series from the
                 // first scrape); the others once they happened.
-                if n == 0 && !matches!(STATUSES.get(slot), Some(202 | 400 | 401 | 429 | 503)) {
+                if n == 0 && !STATUSES.get(slot).is_some_and(|s| api.common().contains(s)) {
                     continue;
                 }
                 let status = STATUSES
@@ -438,6 +451,8 @@ mod tests {
         b.publish_request(Api::Native, 202);
         b.publish_request(Api::Native, 401);
         b.publish_request(Api::Native, 599);
+        a.publish_request(Api::Pusher, 200);
+        b.publish_request(Api::Pusher, 200);
         a.publish_duration(Duration::from_micros(3));
         b.publish_duration(Duration::from_millis(1));
         b.publish_duration(Duration::from_secs(1));
@@ -472,6 +487,13 @@ mod tests {
         assert!(
             !text.contains("status=\"413\""),
             "unused rare statuses stay out"
+        );
+        let pusher = "ringcast_publish_requests_total{api=\"pusher\",status=";
+        assert_eq!(value(&text, &format!("{pusher}\"200\"}}")), 2);
+        assert_eq!(value(&text, &format!("{pusher}\"403\"}}")), 0);
+        assert!(
+            !text.contains(&format!("{pusher}\"429\"}}")),
+            "the Pusher API answers its quota with 403"
         );
         let h = "ringcast_publish_duration_seconds_bucket{le=";
         assert_eq!(value(&text, &format!("{h}\"0.000002\"}}")), 0);

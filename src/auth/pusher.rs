@@ -98,7 +98,9 @@ pub(crate) fn parse_query(raw: &[u8]) -> Result<Query, QueryError> {
     Ok(Query { params })
 }
 
-fn percent_decode(raw: &[u8]) -> Result<String, QueryError> {
+/// Percent-decode `%XX` escapes (`+` stays `+`); also the `{channel}` segment of a REST
+/// path.
+pub(crate) fn percent_decode(raw: &[u8]) -> Result<String, QueryError> {
     let mut out = Vec::with_capacity(raw.len());
     let mut i = 0;
     while i < raw.len() {
@@ -164,7 +166,7 @@ pub(crate) fn string_to_sign(method: &str, raw_path: &str, q: &Query) -> String 
 
 /// Why a signed REST request is refused (a 401 `unauthorized`, the message as is).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum RestAuthError {
+pub enum RestAuthError {
     #[error("query parameter {0} is missing: sign the request with auth_key, auth_timestamp, auth_version and auth_signature")]
     Missing(&'static str),
     #[error("auth_version must be 1.0")]
@@ -189,25 +191,23 @@ pub(crate) enum RestAuthError {
     NoSecret,
     #[error("invalid signature")]
     Signature,
+    /// The caller's check (design 4.1, step 7): the path's app id is not a known app, or
+    /// `auth_key` is not an active public key of that app. One message for both, so a
+    /// valid key cannot be used to probe which app ids exist.
+    #[error("unknown app id, or auth_key is not an active public key (pk_...) of that app")]
+    UnknownApp,
 }
 
-/// Check a signed REST request, in this order: the four auth parameters are present,
-/// `auth_version` is 1.0, `auth_timestamp` is within [`TIMESTAMP_WINDOW_S`] of `now_s`,
-/// `body_md5` matches `body` (required when the body is not empty, accepted on any
-/// method, empty body included), and `auth_signature` verifies under one of `secrets`.
-pub(crate) fn check_rest(
-    method: &str,
-    raw_path: &str,
-    q: &Query,
-    body: &[u8],
-    now_s: u64,
-    secrets: &[&str],
-) -> Result<(), RestAuthError> {
+/// The checks of a signed REST request that need neither the body nor a secret (design
+/// 4.1, steps 4 to 6): the four auth parameters are present, `auth_version` is 1.0 and
+/// `auth_timestamp` is within [`TIMESTAMP_WINDOW_S`] of `now_s`. The caller runs them
+/// from the head, before it looks the app up and waits for the body.
+pub(crate) fn check_params(q: &Query, now_s: u64) -> Result<(), RestAuthError> {
     let need = |key: &'static str| q.get(key).ok_or(RestAuthError::Missing(key));
     need("auth_key")?;
     let timestamp = need("auth_timestamp")?;
     let version = need("auth_version")?;
-    let signature = need("auth_signature")?;
+    need("auth_signature")?;
 
     if version != AUTH_VERSION {
         return Err(RestAuthError::Version);
@@ -226,6 +226,23 @@ pub(crate) fn check_rest(
     if ts.abs_diff(now_s) > TIMESTAMP_WINDOW_S {
         return Err(RestAuthError::TimestampWindow);
     }
+    Ok(())
+}
+
+/// Check a signed REST request, in this order: [`check_params`], then `body_md5`
+/// matches `body` (required when the body is not empty, accepted on any method, empty
+/// body included), and `auth_signature` verifies under one of `secrets`.
+pub(crate) fn check_rest(
+    method: &str,
+    raw_path: &str,
+    q: &Query,
+    body: &[u8],
+    now_s: u64,
+    secrets: &[&str],
+) -> Result<(), RestAuthError> {
+    check_params(q, now_s)?;
+    // check_params proved it is there.
+    let signature = q.get("auth_signature").unwrap_or_default();
 
     match q.get("body_md5") {
         Some(given) if !bool::from(given.as_bytes().ct_eq(&md5_hex(body))) => {
@@ -678,6 +695,7 @@ mod tests {
             RestAuthError::BodyMd5Missing.to_string(),
             RestAuthError::SignatureFormat.to_string(),
             RestAuthError::NoSecret.to_string(),
+            RestAuthError::UnknownApp.to_string(),
             RestAuthError::Signature.to_string(),
             ChannelAuthError::Malformed.to_string(),
             ChannelAuthError::NoSecret.to_string(),

@@ -65,6 +65,7 @@ pub(crate) fn handle(
             hub.query(Query::Channels {
                 project,
                 prefix: prefix.into(),
+                users: false,
                 reply: tx,
             });
             Outcome::Deferred(Box::pin(async move {
@@ -73,13 +74,15 @@ pub(crate) fn handle(
                     Ok(list) => {
                         let mut body = Vec::with_capacity(16 + 40 * list.len());
                         body.extend_from_slice(b"{\"channels\":[");
-                        for (i, (name, n)) in list.iter().enumerate() {
+                        for (i, ch) in list.iter().enumerate() {
                             if i > 0 {
                                 body.push(b',');
                             }
                             body.extend_from_slice(b"{\"name\":");
-                            write_json_str(&mut body, name);
-                            body.extend_from_slice(format!(",\"subscribers\":{n}}}").as_bytes());
+                            write_json_str(&mut body, &ch.name);
+                            body.extend_from_slice(
+                                format!(",\"subscribers\":{}}}", ch.subscribers).as_bytes(),
+                            );
                         }
                         body.extend_from_slice(b"]}");
                         write_json(&mut out, 200, &body, Extra::default());

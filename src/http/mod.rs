@@ -4,7 +4,7 @@
 //! - [`conn`]: one connection's state ([`conn::HttpConn`]) and its read → serve →
 //!   flush steps, keep-alive and pipelining.
 //! - [`route`]: the routing table, answering with an [`outcome::Outcome`]; [`publish`], [`history`], [`health`] and [`upgrade`] are its
-//!   endpoints; [`response`] writes every answer from the one error table
+//!   endpoints, [`pusher_ws`] and [`pusher_rest`] the Pusher protocol's; [`response`] writes every answer from the one error table
 //!   ([`crate::error`]).
 //! - [`transport`]: plain TCP or TLS under the same loop; [`service`]: what one worker's
 //!   HTTP side holds (the node, its shard, the publish parser, id generator).
@@ -25,6 +25,7 @@ pub(crate) mod history;
 pub(crate) mod outcome;
 pub(crate) mod parse;
 pub(crate) mod publish;
+pub(crate) mod pusher_rest;
 pub(crate) mod pusher_ws;
 pub(crate) mod response;
 pub(crate) mod route;

@@ -9,7 +9,9 @@ use std::rc::Rc;
 
 use super::outcome::{answer, Outcome};
 use super::parse::{Method, RequestHead};
-use super::{channels, console, health, history, publish, pusher_ws, upgrade, ApiError, Service};
+use super::{
+    channels, console, health, history, publish, pusher_rest, pusher_ws, upgrade, ApiError, Service,
+};
 
 /// Route one request whose head is parsed; `req` starts at the head.
 pub(crate) fn route(
@@ -63,6 +65,8 @@ pub(crate) fn route(
             ApiError::BadRequest("the WebSocket upgrade request must not have a body"),
         ),
         b"/api/v1/ws" => upgrade::handle(svc, head, req, out, peer),
+        // The Pusher REST API: `/apps/{app_id}/...` (404 and 405 are its own to decide).
+        path if path.starts_with(b"/apps/") => pusher_rest::handle(svc, head, req, out, &path[6..]),
         // The Pusher protocol's WebSocket: `/app/{key}` (one segment; pusher-js puts
         // nothing else in the path unless told to use a `wsPath` prefix).
         path if path.starts_with(b"/app/") && path.len() > 5 && !path[5..].contains(&b'/') => {

@@ -74,13 +74,25 @@ pub(crate) struct Members {
     pub members: Vec<(Box<str>, Option<Box<str>>)>,
 }
 
+/// One occupied channel of a listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Listed {
+    pub name: Box<str>,
+    pub subscribers: u64,
+    /// Distinct users, when the listing asked for them and the channel is a presence
+    /// channel.
+    pub user_count: Option<usize>,
+}
+
 /// A REST question.
 pub(crate) enum Query {
-    /// Occupied channels whose name starts with `prefix`, sorted, at most [`MAX_LISTED`].
+    /// Occupied channels whose name starts with `prefix`, sorted, at most [`MAX_LISTED`];
+    /// with `users`, each presence channel's user count too (Pusher's `info=user_count`).
     Channels {
         project: u32,
         prefix: Box<str>,
-        reply: ReplyTx<Vec<(Box<str>, u64)>>,
+        users: bool,
+        reply: ReplyTx<Vec<Listed>>,
     },
     Info {
         project: u32,
@@ -448,6 +460,7 @@ impl Local {
             Query::Channels {
                 project,
                 prefix,
+                users,
                 reply,
             } => {
                 let list = self.projects.get(&project).map_or_else(Vec::new, |chs| {
@@ -455,7 +468,12 @@ impl Local {
                         .take_while(|(name, _)| name.starts_with(&*prefix))
                         .filter(|(_, ch)| ch.subscribers > 0)
                         .take(MAX_LISTED)
-                        .map(|(name, ch)| (name.clone(), ch.subscribers))
+                        .map(|(name, ch)| Listed {
+                            name: name.clone(),
+                            subscribers: ch.subscribers,
+                            user_count: (users && crate::shard::is_presence(name))
+                                .then(|| ch.members.len()),
+                        })
                         .collect()
                 });
                 reply.send(Ok(list));
@@ -699,9 +717,13 @@ mod tests {
         s.apply(Op::Query(Query::Channels {
             project: 1,
             prefix: "news".into(),
+            users: false,
             reply: tx,
         }));
-        let list = futures_lite_block(rx);
+        let list: Vec<(Box<str>, u64)> = futures_lite_block(rx)
+            .into_iter()
+            .map(|l| (l.name, l.subscribers))
+            .collect();
         let expected: Vec<(Box<str>, u64)> = vec![("news".into(), 1), ("news-eu".into(), 1)];
         assert_eq!(list, expected);
         count(&mut s, "news", -1);

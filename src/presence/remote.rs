@@ -34,8 +34,8 @@ use bytes::Bytes;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
 use super::{
-    presence_frame, presence_object, ChannelInfo, Effects, Join, Joined, Local, Members, Op, Query,
-    MAX_LISTED,
+    presence_frame, presence_object, ChannelInfo, Effects, Join, Joined, Listed, Local, Members,
+    Op, Query, MAX_LISTED,
 };
 use crate::auth::cache::ProjectIndex;
 use crate::auth::KeyCache;
@@ -529,6 +529,7 @@ impl Remote {
             Query::Channels {
                 project,
                 prefix,
+                users,
                 reply,
             } => {
                 let Some(pid) = self.pid(project) else {
@@ -540,22 +541,51 @@ impl Remote {
                 let r: redis::RedisResult<Vec<(String, i64)>> = redis::cmd("HGETALL")
                     .arg(format!("ringcast:occ:{pid}"))
                     .query(conn);
-                match r {
-                    Ok(all) => {
-                        let mut list: Vec<(Box<str>, u64)> = all
-                            .into_iter()
-                            .filter(|(name, n)| *n > 0 && name.starts_with(&*prefix))
-                            .map(|(name, n)| (name.into_boxed_str(), n as u64))
-                            .collect();
-                        list.sort_unstable();
-                        list.truncate(MAX_LISTED);
-                        reply.send(Ok(list));
-                    }
+                let mut list: Vec<Listed> = match r {
+                    Ok(all) => all
+                        .into_iter()
+                        .filter(|(name, n)| *n > 0 && name.starts_with(&*prefix))
+                        .map(|(name, n)| Listed {
+                            name: name.into_boxed_str(),
+                            subscribers: n as u64,
+                            user_count: None,
+                        })
+                        .collect(),
                     Err(e) => {
                         self.lost(&e);
-                        drop(reply);
+                        return drop(reply);
+                    }
+                };
+                list.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+                list.truncate(MAX_LISTED);
+                if users {
+                    // One pipelined HLEN per presence channel listed (at most MAX_LISTED).
+                    let presence: Vec<usize> = (0..list.len())
+                        .filter(|&i| crate::shard::is_presence(&list[i].name))
+                        .collect();
+                    let mut pipe = redis::pipe();
+                    for &i in &presence {
+                        pipe.cmd("HLEN")
+                            .arg(format!("ringcast:pres:{pid}:{}", list[i].name));
+                    }
+                    let counts: redis::RedisResult<Vec<i64>> = if presence.is_empty() {
+                        Ok(Vec::new())
+                    } else {
+                        pipe.query(conn)
+                    };
+                    match counts {
+                        Ok(counts) => {
+                            for (&i, n) in presence.iter().zip(counts) {
+                                list[i].user_count = Some(n.max(0) as usize);
+                            }
+                        }
+                        Err(e) => {
+                            self.lost(&e);
+                            return drop(reply);
+                        }
                     }
                 }
+                reply.send(Ok(list));
             }
             Query::Info {
                 project,

@@ -10,9 +10,15 @@
 //! (400) → quota (429) → shutting down / mailboxes (503). The answer is a value
 //! ([`Answer`]); writing it as HTTP is the caller's job. Nothing here blocks or
 //! allocates per subscriber: the frame is one `Bytes`.
+//!
+//! Two APIs publish through here: the native one ([`accept`], [`accept_batch`]: parse,
+//! then publish) and Pusher's REST API, whose bodies [`pusher`] validates into the same
+//! [`parse::Publish`] messages before [`publish_one`] / [`publish_batch`] take them, so
+//! quota, encoding, history and hand-over are one code path for both.
 
 pub(crate) mod encode;
 pub(crate) mod parse;
+pub(crate) mod pusher;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -317,12 +323,25 @@ pub(crate) fn accept(
             return Decided::Now(Answer::refused(error, None, project.quota.peek(now_ns())))
         }
     };
-    let spent = units(std::slice::from_ref(&msg));
+    publish_one(project, &msg, ids, fanout)
+}
+
+/// Publish one validated message to its channel or channels: quota (one unit per
+/// channel), one id, hand-over to the mailboxes (through history when the project keeps
+/// it). What [`accept`] does once the body parsed; the Pusher API's `events` comes here
+/// with the message it validated by its own rules.
+pub(crate) fn publish_one(
+    project: &Arc<ProjectState>,
+    msg: &Publish<'_>,
+    ids: &IdGen,
+    fanout: &dyn Fanout,
+) -> Decided {
+    let spent = units(std::slice::from_ref(msg));
     let decision = match reserve(project, spent) {
         Ok(d) => d,
         Err(answer) => return Decided::Now(answer),
     };
-    let cost = units(std::slice::from_ref(&msg));
+    let cost = units(std::slice::from_ref(msg));
     if fanout.shutting_down() {
         return Decided::Now(unavailable(project, Unavailable::ShuttingDown, cost));
     }
@@ -330,12 +349,12 @@ pub(crate) fn accept(
     let spec = project.history.get();
     if let (true, Some(cluster)) = (spec.is_on(), fanout.cluster()) {
         let accepted = Accepted::One(id, None);
-        let msgs = std::slice::from_ref(&msg);
+        let msgs = std::slice::from_ref(msg);
         return Decided::Later(cluster_publish(
             cluster, project, spec, msgs, accepted, decision, spent,
         ));
     }
-    Decided::Now(accept_now(project, &msg, id, spec, decision, spent, fanout))
+    Decided::Now(accept_now(project, msg, id, spec, decision, spent, fanout))
 }
 
 /// The rest of [`accept`] on a single node, or for a project without history.
@@ -410,7 +429,20 @@ pub(crate) fn accept_batch(
             return Decided::Now(Answer::refused(error, index, project.quota.peek(now_ns())))
         }
     };
-    let units = units(&msgs);
+    publish_batch(project, &msgs, ids, fanout)
+}
+
+/// Publish validated messages all or nothing: the quota of all of them in one step, one
+/// id each, every frame handed to each interested worker in one push (through history
+/// when the project keeps it). What [`accept_batch`] does once the body parsed; the
+/// Pusher API's `batch_events` comes here with the events it validated.
+pub(crate) fn publish_batch(
+    project: &Arc<ProjectState>,
+    msgs: &[Publish<'_>],
+    ids: &IdGen,
+    fanout: &dyn Fanout,
+) -> Decided {
+    let units = units(msgs);
     let decision = match reserve(project, units) {
         Ok(d) => d,
         Err(answer) => return Decided::Now(answer),
@@ -423,11 +455,11 @@ pub(crate) fn accept_batch(
     if let (true, Some(cluster)) = (spec.is_on(), fanout.cluster()) {
         let accepted = Accepted::Many(id_list);
         return Decided::Later(cluster_publish(
-            cluster, project, spec, &msgs, accepted, decision, units,
+            cluster, project, spec, msgs, accepted, decision, units,
         ));
     }
     Decided::Now(batch_now(
-        project, &msgs, id_list, spec, decision, units, fanout,
+        project, msgs, id_list, spec, decision, units, fanout,
     ))
 }
 

@@ -31,7 +31,7 @@ use crate::names::NameError;
 pub(crate) const MAX_CHANNELS: usize = 100;
 
 /// Event name prefixes reserved for the Pusher protocol's own frames.
-const RESERVED_EVENT_PREFIXES: [&str; 2] = ["pusher:", "pusher_internal:"];
+pub(super) const RESERVED_EVENT_PREFIXES: [&str; 2] = ["pusher:", "pusher_internal:"];
 
 /// The channels of one message: one name, or a list of distinct names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,14 +113,14 @@ impl Default for PublishParser {
 }
 
 #[derive(Clone, Copy)]
-enum Kind<'a> {
+pub(super) enum Kind<'a> {
     Str(&'a str),
     Object,
     Other,
 }
 
 /// Numbers, booleans and null are all `Node::Static`, hence `Kind::Other`.
-fn kind<'a>(node: &Node<'a>) -> Kind<'a> {
+pub(super) fn kind<'a>(node: &Node<'a>) -> Kind<'a> {
     match node {
         Node::String(s) => Kind::Str(s),
         Node::Object { .. } => Kind::Object,
@@ -134,7 +134,7 @@ impl PublishParser {
     }
 
     /// Fill the tape from a scratch copy of `body` and run `walk` over its nodes.
-    fn with_tape<'a, T>(
+    pub(super) fn with_tape<'a, T>(
         &'a mut self,
         body: &[u8],
         walk: impl FnOnce(&[Node<'a>]) -> T,
@@ -318,18 +318,7 @@ fn message_fields<'a>(nodes: &[Node<'a>], at: usize) -> Result<(Fields<'a>, usiz
             "must be a JSON object or a string",
         ));
     }
-    let except = match socket_id {
-        None => None,
-        // Any id of the form is accepted (as Pusher does); one outside the ranges
-        // ringcast gives out names no connection, so it leaves nobody out.
-        Some(Kind::Str(text)) if is_socket_id_form(text) => SocketId::parse(text),
-        Some(_) => {
-            return Err(ApiError::InvalidField(
-                "socket_id",
-                "must be a connection_id (digits, a dot, digits)",
-            ))
-        }
-    };
+    let except = socket_id_field(socket_id)?;
     Ok((
         Fields {
             channels,
@@ -340,8 +329,22 @@ fn message_fields<'a>(nodes: &[Node<'a>], at: usize) -> Result<(Fields<'a>, usiz
     ))
 }
 
+/// `socket_id`, when present: the connection to leave out.
+pub(super) fn socket_id_field(value: Option<Kind<'_>>) -> Result<Option<SocketId>, ApiError> {
+    match value {
+        None => Ok(None),
+        // Any id of the form is accepted (as Pusher does); one outside the ranges
+        // ringcast gives out names no connection, so it leaves nobody out.
+        Some(Kind::Str(text)) if is_socket_id_form(text) => Ok(SocketId::parse(text)),
+        Some(_) => Err(ApiError::InvalidField(
+            "socket_id",
+            "must be a connection_id (digits, a dot, digits)",
+        )),
+    }
+}
+
 /// `channels`: an array of 1..=100 distinct valid names.
-fn channel_list<'a>(nodes: &[Node<'a>], at: usize) -> Result<Channels<'a>, ApiError> {
+pub(super) fn channel_list<'a>(nodes: &[Node<'a>], at: usize) -> Result<Channels<'a>, ApiError> {
     let Some(Node::Array { len, .. }) = nodes.get(at) else {
         return Err(ApiError::InvalidField(
             "channels",
@@ -379,14 +382,17 @@ fn channel_list<'a>(nodes: &[Node<'a>], at: usize) -> Result<Channels<'a>, ApiEr
 }
 
 /// Number of tape nodes a value occupies, itself included.
-fn node_span(node: &Node<'_>) -> usize {
+pub(super) fn node_span(node: &Node<'_>) -> usize {
     match node {
         Node::Object { count, .. } | Node::Array { count, .. } => count + 1,
         Node::String(_) | Node::Static(_) => 1,
     }
 }
 
-fn name_field<'a>(name: &'static str, value: Option<Kind<'a>>) -> Result<&'a str, ApiError> {
+pub(super) fn name_field<'a>(
+    name: &'static str,
+    value: Option<Kind<'a>>,
+) -> Result<&'a str, ApiError> {
     let s = match value {
         None => return Err(ApiError::MissingField(name)),
         Some(Kind::Str(s)) => s,
