@@ -6,7 +6,8 @@
 # On a fresh Debian machine it first installs what is missing: redis-server (cluster
 # tests) and Debian's chromium (browser tests; a browser is never downloaded by npm),
 # the npm packages of tests/browser (and clients/js if it ever has any), and Python's
-# requests (examples/publish.py) and PyJWT (examples/token_endpoint.py). Then: cargo test --workspace, a build of the binary the
+# requests (examples/publish.py), PyJWT (examples/token_endpoint.py) and pusher (the
+# Pusher server SDK, tests/pusher_sdk.rs). Then: cargo test --workspace, a build of the binary the
 # browser tests start, the JavaScript client's unit tests, and the browser tests.
 #
 # Environment: RINGCAST_BIN (binary for the browser tests; default target/debug/ringcast,
@@ -53,6 +54,11 @@ fi
 # and tests/browser/private.test.mjs.
 if ! python3 -c 'import jwt' >/dev/null 2>&1; then
   python3 -m pip install -q pyjwt
+fi
+# Pusher's Python server SDK, pinned: tests/pusher_sdk.rs (through
+# tests/support/pusher_sdk.py) drives ringcast's Pusher REST API and channel auth with it.
+if ! python3 -c 'import pusher' >/dev/null 2>&1; then
+  python3 -m pip install -q pusher==3.3.4
 fi
 
 if [ "${SKIP_CARGO_TEST:-0}" != 1 ]; then
