@@ -6,6 +6,8 @@
 //! `info` of 4.3, quota of 4.4).
 
 mod common;
+#[path = "support/cluster.rs"]
+mod support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -32,18 +34,22 @@ struct App {
     sk: String,
 }
 
-fn app(s: &Server, name: &str, rate: &str) -> App {
-    let v = cli(
-        &s.data_dir,
-        &["project", "create", name, "--rate-limit", rate],
-    );
-    let app = App {
+/// The app `project create` printed.
+fn app_of(v: &Value) -> App {
+    App {
         project_id: v["project"]["id"].as_str().unwrap().into(),
         app_id: v["project"]["pusher_app_id"].as_str().unwrap().into(),
         key: v["public_key"].as_str().unwrap().into(),
         secret: v["token_secret"].as_str().unwrap().into(),
         sk: v["secret_key"].as_str().unwrap().into(),
-    };
+    }
+}
+
+fn app(s: &Server, name: &str, rate: &str) -> App {
+    let app = app_of(&cli(
+        &s.data_dir,
+        &["project", "create", name, "--rate-limit", rate],
+    ));
     // The server sees a new project within its refresh interval.
     wait_for(Duration::from_secs(5), "the server to know the app", || {
         get(s, &app, "/channels", &[]).0 != 401
@@ -153,6 +159,15 @@ impl Req {
     }
 
     fn send_query(&self, s: &Server, query: &str) -> (u16, String, Value) {
+        parse_response(&s.raw(&self.bytes(query)))
+    }
+
+    fn send_to(&self, node: &support::Node) -> (u16, String, Value) {
+        parse_response(&node.raw(&self.bytes(&self.query())))
+    }
+
+    /// The whole request with `query` as its query string.
+    fn bytes(&self, query: &str) -> Vec<u8> {
         let mut head = format!(
             "{} {}?{query} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n",
             self.method, self.path
@@ -166,7 +181,7 @@ impl Req {
         head.push_str("\r\n");
         let mut bytes = head.into_bytes();
         bytes.extend_from_slice(&self.body);
-        parse_response(&s.raw(&bytes))
+        bytes
     }
 }
 
@@ -893,4 +908,84 @@ fn scrape(s: &Server) -> String {
     let mut out = String::new();
     c.read_to_string(&mut out).unwrap();
     out
+}
+
+/// A native client of a cluster node subscribed to `channel`, and its connection id.
+fn node_client(node: &support::Node, key: &str, channel: &str) -> (Ws, String) {
+    let url = format!("ws://{}/api/v1/ws?key={key}", node.addr);
+    let (mut ws, _) = tungstenite::connect(url).expect("ws connect");
+    set_timeout(&mut ws, Duration::from_secs(10));
+    let hello = next_json(&mut ws);
+    let id = hello["connection_id"].as_str().unwrap().to_string();
+    common::subscribe(&mut ws, channel);
+    (ws, id)
+}
+
+#[test]
+fn cluster_counts_are_cluster_wide_and_a_trigger_reaches_both_nodes() {
+    let Some(redis) = support::Redis::start() else {
+        return;
+    };
+    let a_node = support::Node::start(&redis);
+    let b_node = support::Node::start(&redis);
+    let a = app_of(&support::cli(
+        &redis,
+        &["project", "create", "c", "--rate-limit", "10000/s"],
+    ));
+    for node in [&a_node, &b_node] {
+        support::wait_for("the node to know the app", || {
+            Req::new(&a, "GET", "/channels").send_to(node).0 == 200
+        });
+    }
+
+    // Presence members on both nodes; a user on both counts once.
+    let claims = |user: &str| {
+        let c = json!({"channel": "presence-room", "exp": unix_now() + 600, "sub": user});
+        jsonwebtoken::encode(
+            &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+            &c,
+            &jsonwebtoken::EncodingKey::from_secret(a.secret.as_bytes()),
+        )
+        .unwrap()
+    };
+    let mut members = Vec::new();
+    for (node, user) in [(&a_node, "u1"), (&b_node, "u2"), (&b_node, "u1")] {
+        let (mut ws, _) = node_client(node, &a.key, "lobby");
+        send_json(
+            &mut ws,
+            json!({"type": "subscribe", "channel": "presence-room", "token": claims(user)}),
+        );
+        assert_eq!(next_json(&mut ws)["type"], "subscribed");
+        members.push(ws);
+    }
+    for node in [&a_node, &b_node] {
+        support::wait_for("cluster-wide counts", || {
+            let r = Req::new(&a, "GET", "/channels")
+                .param("filter_by_prefix", "presence-")
+                .param("info", "user_count,subscription_count");
+            r.send_to(node).2
+                == json!({"channels": {"presence-room": {"user_count": 2, "subscription_count": 3}}})
+        });
+        let (st, _, v) = Req::new(&a, "GET", "/channels/presence-room/users").send_to(node);
+        assert_eq!(
+            (st, v),
+            (200, json!({"users": [{"id": "u1"}, {"id": "u2"}]}))
+        );
+    }
+
+    // A trigger with the socket_id of a connection leaves it out, and reaches the
+    // subscribers of both nodes. (Sent to the excluded connection's own node: as on the
+    // native API, the exclusion acts on the node that took the request only, for now;
+    // design section 3.5, cluster wire version 3.)
+    let (mut on_a, a_id) = node_client(&a_node, &a.key, "news");
+    let (mut other_a, _) = node_client(&a_node, &a.key, "news");
+    let (mut on_b, _) = node_client(&b_node, &a.key, "news");
+    redis.wait_numsub(&a.project_id, "news", 2);
+    let body = json!({"name": "e", "channel": "news", "data": "x", "socket_id": a_id});
+    let (st, _, v) = Req::post(&a, "/events", &body).send_to(&a_node);
+    assert_eq!(st, 200, "{v}");
+    for ws in [&mut other_a, &mut on_b] {
+        assert_eq!(expect_message(ws, "news", "e")["data"], "x");
+    }
+    expect_silence(&mut on_a, Duration::from_millis(300));
 }
