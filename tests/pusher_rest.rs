@@ -922,7 +922,7 @@ fn node_client(node: &support::Node, key: &str, channel: &str) -> (Ws, String) {
 }
 
 #[test]
-fn cluster_counts_are_cluster_wide_and_a_trigger_reaches_both_nodes() {
+fn cluster_counts_are_cluster_wide_and_socket_id_excludes_on_another_node() {
     let Some(redis) = support::Redis::start() else {
         return;
     };
@@ -973,16 +973,14 @@ fn cluster_counts_are_cluster_wide_and_a_trigger_reaches_both_nodes() {
         );
     }
 
-    // A trigger with the socket_id of a connection leaves it out, and reaches the
-    // subscribers of both nodes. (Sent to the excluded connection's own node: as on the
-    // native API, the exclusion acts on the node that took the request only, for now;
-    // design section 3.5, cluster wire version 3.)
+    // A trigger on node B with the socket_id of a connection on node A leaves it out,
+    // and reaches everyone else on both nodes.
     let (mut on_a, a_id) = node_client(&a_node, &a.key, "news");
     let (mut other_a, _) = node_client(&a_node, &a.key, "news");
     let (mut on_b, _) = node_client(&b_node, &a.key, "news");
     redis.wait_numsub(&a.project_id, "news", 2);
     let body = json!({"name": "e", "channel": "news", "data": "x", "socket_id": a_id});
-    let (st, _, v) = Req::post(&a, "/events", &body).send_to(&a_node);
+    let (st, _, v) = Req::post(&a, "/events", &body).send_to(&b_node);
     assert_eq!(st, 200, "{v}");
     for ws in [&mut other_a, &mut on_b] {
         assert_eq!(expect_message(ws, "news", "e")["data"], "x");
