@@ -306,8 +306,8 @@ pub(crate) fn check_channel_auth<'a>(
 }
 
 /// HMAC-SHA256 of `msg` under `secret`, as lowercase hex (webhook signatures, tests).
-pub(crate) fn sign(secret: &str, msg: &[u8]) -> String {
-    let key = hmac::Key::new(hmac::HMAC_SHA256, secret.as_bytes());
+pub(crate) fn sign(secret: &[u8], msg: &[u8]) -> String {
+    let key = hmac::Key::new(hmac::HMAC_SHA256, secret);
     hex::encode(hmac::sign(&key, msg).as_ref())
 }
 
@@ -389,7 +389,10 @@ mod tests {
     /// A request signed with `secret` over `params` (no auth_signature yet).
     fn signed(method: &str, path: &str, params: &str, secret: &str) -> Query {
         let q = parse_query(params.as_bytes()).unwrap();
-        let sig = sign(secret, string_to_sign(method, path, &q).as_bytes());
+        let sig = sign(
+            secret.as_bytes(),
+            string_to_sign(method, path, &q).as_bytes(),
+        );
         parse_query(format!("{params}&auth_signature={sig}").as_bytes()).unwrap()
     }
 
@@ -406,7 +409,10 @@ mod tests {
         );
         assert_eq!(std::str::from_utf8(&md5_hex(EX_BODY)).unwrap(), EX_MD5);
         assert_eq!(
-            sign(EX_SECRET, string_to_sign("POST", EX_PATH, &q).as_bytes()),
+            sign(
+                EX_SECRET.as_bytes(),
+                string_to_sign("POST", EX_PATH, &q).as_bytes()
+            ),
             EX_SIG
         );
         assert_eq!(
@@ -810,7 +816,7 @@ mod tests {
 
     #[test]
     fn sign_is_lowercase_hex_hmac_sha256() {
-        let s = sign("ts_secret", b"body");
+        let s = sign(b"ts_secret", b"body");
         assert_eq!(s, rc_sign("ts_secret", "body"));
         assert_eq!(s.len(), 64);
         assert!(s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')));

@@ -108,18 +108,24 @@ pub(crate) fn handle(
     }
 }
 
+/// The metrics of an accepted publish (either API): its quota units and, while metrics
+/// are served, its duration up to the hand-over.
+pub(crate) fn record_accepted(answer: &Answer, started: Option<Instant>) {
+    let elapsed = started.map(|t| t.elapsed());
+    let units = u64::from(answer.units);
+    crate::metrics::with(|m| {
+        m.messages_published(units);
+        if let Some(d) = elapsed {
+            m.publish_duration(d);
+        }
+    });
+}
+
 /// Count an answer and write it.
 fn finish(out: &mut Vec<u8>, answer: &Answer, started: Option<Instant>) {
     let status = match &answer.outcome {
         Ok(_) => {
-            let elapsed = started.map(|t| t.elapsed());
-            let units = u64::from(answer.units);
-            crate::metrics::with(|m| {
-                m.messages_published(units);
-                if let Some(d) = elapsed {
-                    m.publish_duration(d);
-                }
-            });
+            record_accepted(answer, started);
             202
         }
         Err(err) => err.status(),

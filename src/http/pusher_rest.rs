@@ -393,14 +393,7 @@ fn pusher_error(err: ApiError) -> ApiError {
 fn record(answer: &Answer, started: Option<Instant>) {
     let status = match &answer.outcome {
         Ok(_) => {
-            let elapsed = started.map(|t| t.elapsed());
-            let units = u64::from(answer.units);
-            crate::metrics::with(|m| {
-                m.messages_published(units);
-                if let Some(d) = elapsed {
-                    m.publish_duration(d);
-                }
-            });
+            super::publish::record_accepted(answer, started);
             200
         }
         Err(err) => pusher_error(*err).status(),

@@ -223,41 +223,59 @@ impl<'a> Fields<'a> {
     }
 }
 
+/// The array under `key` of a batch body's top-level object (`messages` natively,
+/// `batch` for Pusher's `batch_events`): its tape position and length, checked to hold
+/// 1..=`max` elements (`what` names them in the error).
+pub(crate) fn batch_array(
+    nodes: &[Node<'_>],
+    key: &'static str,
+    what: &'static str,
+    max: usize,
+) -> Result<(usize, usize), BatchError> {
+    let Some(Node::Object { len, .. }) = nodes.first() else {
+        return Err(ApiError::NotAnObject.into());
+    };
+    let mut found = None;
+    let mut i = 1;
+    for _ in 0..*len {
+        let k = match nodes.get(i) {
+            Some(Node::String(k)) => *k,
+            _ => return Err(ApiError::InvalidJson.into()),
+        };
+        let value = nodes.get(i + 1).ok_or(ApiError::InvalidJson)?;
+        if k == key {
+            found = Some(i + 1);
+        }
+        i += 1 + node_span(value);
+    }
+    let at = found.ok_or(ApiError::MissingField(key))?;
+    let Some(Node::Array { len, .. }) = nodes.get(at) else {
+        return Err(ApiError::InvalidField(key, what).into());
+    };
+    if *len == 0 || *len > max {
+        return Err(ApiError::InvalidField(
+            key,
+            "must hold at least 1 and at most max_batch_messages elements",
+        )
+        .into());
+    }
+    Ok((at, *len))
+}
+
 /// `{"messages": [ ... ]}`: every message's fields, or the first error with its index.
 fn batch_fields<'a>(
     nodes: &[Node<'a>],
     max_messages: usize,
 ) -> Result<Vec<Fields<'a>>, BatchError> {
-    let Some(Node::Object { len, .. }) = nodes.first() else {
-        return Err(ApiError::NotAnObject.into());
-    };
-    let mut messages = None;
-    let mut i = 1;
-    for _ in 0..*len {
-        let key = match nodes.get(i) {
-            Some(Node::String(k)) => *k,
-            _ => return Err(ApiError::InvalidJson.into()),
-        };
-        let value = nodes.get(i + 1).ok_or(ApiError::InvalidJson)?;
-        if key == "messages" {
-            messages = Some(i + 1);
-        }
-        i += 1 + node_span(value);
-    }
-    let at = messages.ok_or(ApiError::MissingField("messages"))?;
-    let Some(Node::Array { len, .. }) = nodes.get(at) else {
-        return Err(ApiError::InvalidField("messages", "must be an array of messages").into());
-    };
-    if *len == 0 || *len > max_messages {
-        return Err(ApiError::InvalidField(
-            "messages",
-            "must hold at least 1 and at most max_batch_messages messages",
-        )
-        .into());
-    }
-    let mut out = Vec::with_capacity(*len);
+    let (at, len) = batch_array(
+        nodes,
+        "messages",
+        "must be an array of messages",
+        max_messages,
+    )?;
+    let mut out = Vec::with_capacity(len);
     let mut i = at + 1;
-    for index in 0..*len {
+    for index in 0..len {
         let node = nodes.get(i).ok_or(ApiError::InvalidJson)?;
         let (fields, span) = message_fields(nodes, i).map_err(|error| BatchError {
             error,

@@ -22,8 +22,9 @@
 use simd_json::Node;
 
 use super::parse::{
-    array_elements, channel_list, kind, name_field, node_span, socket_id_field, top_level_value,
-    BatchError, BatchLimits, Channels, Kind, Publish, PublishParser, RESERVED_EVENT_PREFIXES,
+    array_elements, batch_array, channel_list, kind, name_field, node_span, socket_id_field,
+    top_level_value, BatchError, BatchLimits, Channels, Kind, Publish, PublishParser,
+    RESERVED_EVENT_PREFIXES,
 };
 use crate::error::ApiError;
 
@@ -149,36 +150,10 @@ impl PublishParser {
 
 /// `{"batch": [ ... ]}`: every event's fields, or the first error with its index.
 fn batch_fields<'a>(nodes: &[Node<'a>], max_events: usize) -> Result<Vec<Fields<'a>>, BatchError> {
-    let Some(Node::Object { len, .. }) = nodes.first() else {
-        return Err(ApiError::NotAnObject.into());
-    };
-    let mut batch = None;
-    let mut i = 1;
-    for _ in 0..*len {
-        let key = match nodes.get(i) {
-            Some(Node::String(k)) => *k,
-            _ => return Err(ApiError::InvalidJson.into()),
-        };
-        let value = nodes.get(i + 1).ok_or(ApiError::InvalidJson)?;
-        if key == "batch" {
-            batch = Some(i + 1);
-        }
-        i += 1 + node_span(value);
-    }
-    let at = batch.ok_or(ApiError::MissingField("batch"))?;
-    let Some(Node::Array { len, .. }) = nodes.get(at) else {
-        return Err(ApiError::InvalidField("batch", "must be an array of events").into());
-    };
-    if *len == 0 || *len > max_events {
-        return Err(ApiError::InvalidField(
-            "batch",
-            "must hold at least 1 and at most max_batch_messages events",
-        )
-        .into());
-    }
-    let mut out = Vec::with_capacity(*len);
+    let (at, len) = batch_array(nodes, "batch", "must be an array of events", max_events)?;
+    let mut out = Vec::with_capacity(len);
     let mut i = at + 1;
-    for index in 0..*len {
+    for index in 0..len {
         let (fields, span) = event_fields(nodes, i, true).map_err(|error| BatchError {
             error,
             index: Some(index),

@@ -16,11 +16,9 @@ use crate::auth::KeyCache;
 /// No answer within this long is a failure (then retried).
 pub(crate) const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Hex HMAC-SHA256 of `body` under `secret`: `X-Pusher-Signature`.
-pub(crate) fn sign(secret: &[u8], body: &[u8]) -> String {
-    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
-    hex::encode(ring::hmac::sign(&key, body).as_ref())
-}
+/// `X-Pusher-Signature`: hex HMAC-SHA256 of the body under the token secret, as every
+/// other Pusher signature.
+use crate::auth::pusher::sign;
 
 /// The request body for `events_json` (a JSON array) at `time_ms`.
 pub(crate) fn body(time_ms: u64, events_json: &str) -> String {
