@@ -6,6 +6,7 @@
 import { createServer } from "node:http";
 import WebSocket from "ws";
 import PusherServer from "pusher";
+import Pusher from "pusher-js";
 import { cli, waitKey, waitFor, onCleanup } from "./helpers.mjs";
 
 /**
@@ -184,3 +185,52 @@ export async function waitPusherKey(server, key) {
 }
 
 export const SOCKET_ID = /^\d+\.\d+$/;
+
+/**
+ * A pusher-js client (the Node build), connected within 5 s, its auth requests going to
+ * `auth` (an authServer) if given. `user` (and `numeric`) name the presence member the
+ * auth endpoint signs for; `bad` makes it sign with a wrong secret. Returns {p, states,
+ * errors, frames}: connection state changes (after the first "connecting"), connection
+ * errors, and every frame received after the handshake, `data` decoded as pusher-js does.
+ */
+export async function connectPusher({ server, key, auth, user, numeric = false, bad = false }) {
+  const q = new URLSearchParams();
+  if (user !== undefined) q.set("user", String(user));
+  if (numeric) q.set("numeric", "1");
+  if (bad) q.set("bad", "1");
+  const p = new Pusher(key, clientOptions(server, auth ? `${auth.url}/pusher/auth?${q}` : undefined));
+  const c = { p, user, states: [], errors: [], frames: [] };
+  p.connection.bind("state_change", (s) => c.states.push(s.current));
+  p.connection.bind("error", (e) => c.errors.push(e));
+  p.connection.bind("message", (m) => c.frames.push(m));
+  onCleanup(() => p.disconnect());
+  await waitFor(() => p.connection.state === "connected", {
+    timeout: 5000,
+    message: `pusher-js connected (states ${c.states.join(" ")}; errors ${JSON.stringify(c.errors)})`,
+  });
+  return c;
+}
+
+/**
+ * Subscribe a connectPusher client to `name`; collects the channel's events (other than
+ * pusher:*), subscription errors, members added and removed. With `wait` (default),
+ * resolves once the subscription succeeded or failed.
+ */
+export async function subscribePusher(c, name, { wait = true } = {}) {
+  const channel = c.p.subscribe(name);
+  const s = { channel, events: [], errors: [], succeeded: 0, added: [], removed: [] };
+  channel.bind("pusher:subscription_succeeded", () => (s.succeeded += 1));
+  channel.bind("pusher:subscription_error", (e) => s.errors.push(e));
+  channel.bind("pusher:member_added", (m) => s.added.push(m));
+  channel.bind("pusher:member_removed", (m) => s.removed.push(m));
+  channel.bind_global((event, data) => {
+    if (!event.startsWith("pusher:")) s.events.push({ event, data });
+  });
+  if (wait) {
+    await waitFor(() => s.succeeded > 0 || s.errors.length > 0, { timeout: 5000, message: `${name} answered` });
+  }
+  return s;
+}
+
+/** The events named `name` a subscribePusher subscription collected. */
+export const eventsNamed = (s, name) => s.events.filter((e) => e.event === name);

@@ -7,11 +7,11 @@
 
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import Pusher from "pusher-js";
 import WebSocket from "ws";
 import { startServer, cli, apiGet, signToken, waitFor, cleanupAll, onCleanup } from "./helpers.mjs";
 import {
-  pusherProject, clientOptions, authServer, nativePublish, nativeClient, waitPusherKey, SOCKET_ID,
+  pusherProject, authServer, nativePublish, nativeClient, waitPusherKey, connectPusher, subscribePusher,
+  eventsNamed, SOCKET_ID,
 } from "./pusher-helpers.mjs";
 
 let server;
@@ -30,49 +30,9 @@ after(cleanupAll);
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
-/**
- * A pusher-js client, connected (within 5 s). `user` (and `numeric`) name the presence
- * member the auth endpoint signs for; `bad` makes it sign with a wrong secret.
- */
-async function connect({ user, numeric = false, bad = false, key = project.public, srv = server } = {}) {
-  const q = new URLSearchParams();
-  if (user !== undefined) q.set("user", String(user));
-  if (numeric) q.set("numeric", "1");
-  if (bad) q.set("bad", "1");
-  const p = new Pusher(key, clientOptions(srv, auth ? `${auth.url}/pusher/auth?${q}` : undefined));
-  const c = { p, user, states: [], errors: [], frames: [] };
-  p.connection.bind("state_change", (s) => c.states.push(s.current));
-  p.connection.bind("error", (e) => c.errors.push(e));
-  p.connection.bind("message", (m) => c.frames.push(m));
-  onCleanup(() => p.disconnect());
-  await waitFor(() => p.connection.state === "connected", {
-    timeout: 5000,
-    message: `pusher-js connected (states ${c.states.join(" ")}; errors ${JSON.stringify(c.errors)})`,
-  });
-  return c;
-}
-
-/**
- * Subscribe `c` to `name`; collects the channel's events (not pusher:*) and errors. With
- * `wait` (default), resolves once the subscription succeeded or failed.
- */
-async function subscribe(c, name, { wait = true } = {}) {
-  const channel = c.p.subscribe(name);
-  const s = { channel, events: [], errors: [], succeeded: 0, added: [], removed: [] };
-  channel.bind("pusher:subscription_succeeded", () => (s.succeeded += 1));
-  channel.bind("pusher:subscription_error", (e) => s.errors.push(e));
-  channel.bind("pusher:member_added", (m) => s.added.push(m));
-  channel.bind("pusher:member_removed", (m) => s.removed.push(m));
-  channel.bind_global((event, data) => {
-    if (!event.startsWith("pusher:")) s.events.push({ event, data });
-  });
-  if (wait) {
-    await waitFor(() => s.succeeded > 0 || s.errors.length > 0, { timeout: 5000, message: `${name} answered` });
-  }
-  return s;
-}
-
-const eventsNamed = (s, name) => s.events.filter((e) => e.event === name);
+/** A pusher-js client of this file's server (see connectPusher). */
+const connect = (opts = {}) => connectPusher({ server, key: project.public, auth, ...opts });
+const subscribe = subscribePusher;
 
 test("connect: state connected within 5 s, socket ids of Pusher's form for both protocols", async () => {
   const c = await connect();
@@ -352,7 +312,7 @@ test("heartbeat: activity_timeout is heartbeat_s; an idle client pings and gets 
   assert.equal(data.activity_timeout, 1);
   assert.match(data.socket_id, SOCKET_ID);
 
-  const c = await connect({ key: hbProject.public, srv: hb });
+  const c = await connectPusher({ server: hb, key: hbProject.public });
   assert.equal(c.p.connection.activityTimeout, 1000);
   const socketId = c.p.connection.socket_id;
   await sleep(4000);
