@@ -3,12 +3,13 @@
 // (`/api/v1/ws`) and native publishes: what docs/design/pusher.md section 6.1 lists that
 // needs only the WebSocket. Private and presence channels are authorised by a tiny auth
 // endpoint using the npm `pusher` SDK's authorizeChannel, as an application backend
-// would. One server for the file (a second one only for the 1 s heartbeat).
+// would. One server for the file; the heartbeat test starts one with heartbeat_s = 1, the
+// shutdown test two on one port (a rolling restart).
 
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import WebSocket from "ws";
-import { startServer, cli, apiGet, signToken, waitFor, cleanupAll, onCleanup } from "./helpers.mjs";
+import { startServer, cli, apiGet, signToken, waitFor, cleanupAll } from "./helpers.mjs";
 import {
   pusherProject, authServer, nativePublish, nativeClient, waitPusherKey, connectPusher, subscribePusher,
   eventsNamed, SOCKET_ID,
@@ -323,4 +324,43 @@ test("heartbeat: activity_timeout is heartbeat_s; an idle client pings and gets 
   assert.equal(c.p.connection.state, "connected");
   assert.equal(c.p.connection.socket_id, socketId);
   assert.deepEqual(c.errors, []);
+});
+
+test("server shutdown: close 4200, and pusher-js reconnects at once (to the next server on the port) and subscribes again", async () => {
+  // One worker: its listener is closed before its sockets get 4200, so the immediate
+  // retry cannot land in a queue of this server's (with two workers one worker's retry
+  // may reach the other's listener in the instant before it closes, and pusher-js then
+  // waits out its 15 s connect timeout).
+  const first = await startServer({ workers: 1 });
+  const p = await pusherProject(first, "restart");
+  const c = await connectPusher({ server: first, key: p.public });
+  const s = await subscribePusher(c, "orders");
+  const socketId = c.p.connection.socket_id;
+  // The next server listens on the same port before the first stops (the listeners are
+  // SO_REUSEPORT), as in a rolling restart: pusher-js's immediate retry finds it.
+  const next = await startServer({ dataDir: first.dataDir, listen: first.addr });
+  const changes = [];
+  c.p.connection.bind("state_change", (st) => changes.push([st.current, Date.now()]));
+  const stopped = Date.now();
+  await first.stop();
+  await waitFor(() => c.p.connection.state === "connected" && c.p.connection.socket_id !== socketId, {
+    timeout: 5000,
+    message: `reconnected (states ${c.states.join(" ")}, errors ${JSON.stringify(c.errors)})`,
+  });
+  // The close said 4200: pusher-js reports it and retries now (a plain close waits 1 s).
+  // (pusher-js reports the close's error twice: as itself and wrapped in a WebSocketError.)
+  const codes = c.errors.map((e) => e.data?.code ?? e.error?.data?.code);
+  assert.ok(
+    codes.length > 0 && codes.every((code) => code === 4200),
+    `expected the close code 4200 (an error event with data.code 4200); pusher-js reported ${JSON.stringify(c.errors)}`,
+  );
+  assert.deepEqual(changes.map(([st]) => st), ["connecting", "connected"]);
+  assert.ok(changes[0][1] - stopped < 900, `pusher-js reconnected ${changes[0][1] - stopped} ms after the stop began`);
+  await waitFor(() => s.succeeded === 2, { message: "subscribed again" });
+  // Node's fetch may hand this publish a pooled connection to the same address that the
+  // first server closed: try again on a network error.
+  await waitFor(async () => (await nativePublish(next, p, "orders", "back", { ok: true }).catch(() => ({}))).status === 202, {
+    message: "a publish to the next server",
+  });
+  await waitFor(() => eventsNamed(s, "back").length >= 1, { message: "a message after the restart" });
 });
