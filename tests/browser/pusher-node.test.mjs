@@ -328,9 +328,9 @@ test("heartbeat: activity_timeout is heartbeat_s; an idle client pings and gets 
 
 test("server shutdown: close 4200, and pusher-js reconnects at once (to the next server on the port) and subscribes again", async () => {
   // One worker: its listener is closed before its sockets get 4200, so the immediate
-  // retry cannot land in a queue of this server's (with two workers one worker's retry
-  // may reach the other's listener in the instant before it closes, and pusher-js then
-  // waits out its 15 s connect timeout).
+  // retry cannot reach a listener of this server. With two workers it once stayed
+  // "connecting" (pusher-js waits out a 15 s connect timeout when an attempt gets no
+  // answer), likely a retry queued at the other worker's listener just before it closed.
   const first = await startServer({ workers: 1 });
   const p = await pusherProject(first, "restart");
   const c = await connectPusher({ server: first, key: p.public });
