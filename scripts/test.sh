@@ -40,8 +40,20 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
 fi
 
 step "npm packages"
+# Installs when node_modules is missing or holds another version of a pinned package (a
+# checkout made before a pin was added or changed).
+pins_installed() {
+  (cd "$1" && node -e '
+    const p = require("./package.json");
+    const pins = { ...p.dependencies, ...p.devDependencies };
+    const ok = Object.entries(pins).every(([name, version]) => {
+      try { return require(`./node_modules/${name}/package.json`).version === version; } catch { return false; }
+    });
+    process.exit(ok ? 0 : 1);
+  ')
+}
 for dir in tests/browser clients/js; do
-  if grep -q '"dependencies"\|"devDependencies"' "$dir/package.json" && [ ! -d "$dir/node_modules" ]; then
+  if grep -q '"dependencies"\|"devDependencies"' "$dir/package.json" && ! pins_installed "$dir"; then
     (cd "$dir" && npm install --no-package-lock --no-audit --no-fund)
   fi
 done
