@@ -7,7 +7,8 @@
 
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { startServer, signToken, waitFor, cleanupAll } from "./helpers.mjs";
+import http from "node:http";
+import { startServer, signToken, waitFor, cleanupAll, cli, onCleanup } from "./helpers.mjs";
 import {
   pusherProject, authServer, sdk, nativeClient, nativePublish, connectPusher, subscribePusher, eventsNamed,
 } from "./pusher-helpers.mjs";
@@ -174,4 +175,36 @@ test("channel queries: /channels with filter_by_prefix and user_count, /channels
     async () => (await answer(pusher.get({ path: `/channels/${ROOM}`, params: { info: "user_count" } }))).body.user_count === 2,
     { message: "user 10 gone" },
   );
+});
+
+test("webhooks ringcast sends are valid to the SDK's webhook validator (key and signature)", async () => {
+  // A receiver on a free port that keeps every request's headers and raw body.
+  const got = [];
+  const receiver = http.createServer((req, res) => {
+    const chunks = [];
+    req.on("data", (c) => chunks.push(c));
+    req.on("end", () => {
+      got.push({ headers: req.headers, rawBody: Buffer.concat(chunks).toString("utf8") });
+      res.writeHead(200).end();
+    });
+  });
+  await new Promise((resolve) => receiver.listen(0, "127.0.0.1", resolve));
+  onCleanup(() => new Promise((resolve) => receiver.close(resolve)));
+  const url = `http://127.0.0.1:${receiver.address().port}/hook`;
+  await cli(server.dataDir, "project", "set-webhook", project.id, url, "--events", "channel_occupied");
+  // A subscriber makes the channel occupied; the webhook follows within a second or so.
+  const c = await connect();
+  await waitFor(
+    async () => {
+      await subscribePusher(c, `hooked-${got.length}-${Date.now()}`);
+      return got.length > 0;
+    },
+    { timeout: 15000, interval: 1500, message: "a webhook request" },
+  );
+  const hook = pusher.webhook({ headers: got[0].headers, rawBody: got[0].rawBody });
+  assert.equal(hook.isValid(), true, JSON.stringify(got[0]));
+  assert.equal(hook.getEvents()[0].name, "channel_occupied");
+  // A body changed on the way is not valid.
+  const forged = pusher.webhook({ headers: got[0].headers, rawBody: got[0].rawBody.replace("occupied", "vacated") });
+  assert.equal(forged.isValid(), false);
 });
