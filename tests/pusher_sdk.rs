@@ -3,7 +3,8 @@
 //! `trigger_batch`, `channels_info`, `channel_info`, `users_info`) signed by the SDK
 //! itself, deliveries checked on native WebSocket clients, and `authenticate()`'s output
 //! (Python's `json.dumps`, spaces after `:` and `,`) accepted by ringcast's Pusher
-//! WebSocket. The SDK also refuses non-numeric app ids, so this shows ours are numeric.
+//! WebSocket, and a webhook ringcast sent valid to its `validate_webhook`. The SDK also
+//! refuses non-numeric app ids, so this shows ours are numeric.
 //!
 //! The SDK runs in `tests/support/pusher_sdk.py`, one call per stdin line, one JSON
 //! answer per stdout line. Skipped, with a message, when `python3 -c "import pusher"`
@@ -317,4 +318,105 @@ fn the_python_server_sdk_works_against_ringcast() {
     );
     let data: Value = serde_json::from_str(f["data"].as_str().unwrap()).unwrap();
     assert_eq!(data, json!({"a": 1}));
+
+    // A webhook ringcast sends is valid to the SDK's validate_webhook (key, signature,
+    // and its time_ms within 300 s); a changed body is not.
+    let hook = capture_one_webhook(
+        &s,
+        &v["project"]["id"].as_str().unwrap().to_string(),
+        &mut p,
+    );
+    let r = sdk.ok(
+        "validate_webhook",
+        json!([hook.key, hook.signature, hook.body]),
+        json!({}),
+    );
+    assert_eq!(r["events"][0]["name"], "channel_occupied", "{r}");
+    let forged = hook.body.replace("occupied", "vacated");
+    let r = sdk.call(
+        "validate_webhook",
+        json!([hook.key, hook.signature, forged]),
+        json!({}),
+    );
+    // The SDK answers None for a webhook that does not verify.
+    assert_eq!(r, json!({"ok": null}));
+}
+
+/// One webhook request as the receiver saw it.
+struct Hook {
+    key: String,
+    signature: String,
+    body: String,
+}
+
+/// Point the project's webhook at a one-request receiver on a free port, make a
+/// channel occupied through the Pusher client `p`, and return the request.
+fn capture_one_webhook(s: &Server, project_id: &str, p: &mut Ws) -> Hook {
+    use std::io::Read;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let receiver = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().expect("a webhook request");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        let (head, body_start) = loop {
+            let n = stream.read(&mut chunk).expect("read the request");
+            assert!(n > 0, "the request ended early");
+            buf.extend_from_slice(&chunk[..n]);
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break (String::from_utf8_lossy(&buf[..i]).to_string(), i + 4);
+            }
+        };
+        let header = |name: &str| {
+            head.lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.trim()
+                        .eq_ignore_ascii_case(name)
+                        .then(|| v.trim().to_string())
+                })
+                .unwrap_or_default()
+        };
+        let len: usize = header("content-length").parse().expect("a Content-Length");
+        while buf.len() < body_start + len {
+            let n = stream.read(&mut chunk).expect("read the body");
+            assert!(n > 0, "the body ended early");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        stream
+            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        Hook {
+            key: header("x-pusher-key"),
+            signature: header("x-pusher-signature"),
+            body: String::from_utf8_lossy(&buf[body_start..body_start + len]).to_string(),
+        }
+    });
+    cli(
+        &s.data_dir,
+        &[
+            "project",
+            "set-webhook",
+            project_id,
+            &url,
+            "--events",
+            "channel_occupied",
+        ],
+    );
+    // The webhook setting reaches the server within a second: subscribe to fresh
+    // channels until a request arrives.
+    for i in 0..20 {
+        send_json(
+            p,
+            json!({"event": "pusher:subscribe", "data": {"channel": format!("hooked-{i}")}}),
+        );
+        std::thread::sleep(Duration::from_millis(500));
+        if receiver.is_finished() {
+            break;
+        }
+    }
+    receiver.join().expect("the receiver saw a webhook")
 }
