@@ -321,11 +321,7 @@ fn the_python_server_sdk_works_against_ringcast() {
 
     // A webhook ringcast sends is valid to the SDK's validate_webhook (key, signature,
     // and its time_ms within 300 s); a changed body is not.
-    let hook = capture_one_webhook(
-        &s,
-        &v["project"]["id"].as_str().unwrap().to_string(),
-        &mut p,
-    );
+    let hook = capture_one_webhook(&s, v["project"]["id"].as_str().unwrap(), &mut p);
     let r = sdk.ok(
         "validate_webhook",
         json!([hook.key, hook.signature, hook.body]),
