@@ -82,7 +82,6 @@ mod names;
 mod node;
 mod presence;
 mod publish;
-#[allow(dead_code)] // used by the Pusher session and REST routes (issue 16)
 mod pusher_frame;
 mod quota;
 mod reply;
@@ -111,6 +110,10 @@ pub use quota::Quota;
 pub use store::{HookKind, HookKinds, KeyRecord, ProjectRecord, StoreContents, WebhookSpec};
 
 // Parsers and codecs (property tests, hot-path benches).
+pub use auth::pusher::{
+    check_rest as pusher_check_rest, parse_query as pusher_parse_query, Query as PusherQuery,
+    QueryError as PusherQueryError, RestAuthError as PusherRestAuthError,
+};
 pub use http::parse::parse_head;
 pub use publish::encode::message_frame;
 pub use publish::parse::PublishParser;

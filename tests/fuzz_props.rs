@@ -4,7 +4,8 @@
 //! Targets: the HTTP head parser (`http::parse::parse_head`), the publish body parser
 //! (`publish::PublishParser::parse`), the WebSocket frame decoder with message
 //! reassembly (`ws::frame::decode_frame` + `ws::message::Assembler`), and the key/quota
-//! and config parsers (`quota::RateLimit::parse`, `config::Config::from_toml`).
+//! and config parsers (`quota::RateLimit::parse`, `config::Config::from_toml`), and the
+//! Pusher REST signature check (`auth::pusher::parse_query` + `check_rest`).
 //!
 //! Each target gets raw arbitrary bytes (no panic, invariants hold whatever comes in)
 //! and structured input near the valid shape (where the interesting branches are), with
@@ -19,7 +20,8 @@
 use proptest::prelude::*;
 use ringcast::close_code::{PROTOCOL_ERROR, TOO_BIG};
 use ringcast::{
-    decode_frame, parse_head, Assembler, Config, Incoming, Opcode, PublishParser, RateLimit,
+    decode_frame, parse_head, pusher_check_rest, pusher_parse_query, Assembler, Config, Incoming,
+    Opcode, PublishParser, PusherQueryError, RateLimit,
 };
 
 // ---------------------------------------------------------------------------------
@@ -414,6 +416,128 @@ proptest! {
                 prop_assert!(RateLimit::parse(&cfg.default_rate_limit).is_ok());
             }
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Pusher REST: query parsing and signatures
+//
+// Oracle: an independent signer here (the `hmac`/`sha2`/`md-5` crates, the canonical
+// string written from Pusher's documentation, not from ringcast's code).
+
+fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+fn hex_hmac(secret: &str, text: &str) -> String {
+    use hmac::{Hmac, Mac};
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+    mac.update(text.as_bytes());
+    mac.finalize()
+        .into_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn hex_md5(body: &[u8]) -> String {
+    use md5::{Digest, Md5};
+    Md5::digest(body)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A request Pusher's SDKs would sign: the extra parameters, the body, its signature.
+fn signed_query(extra: &[(String, String)], body: &[u8], now: u64, secret: &str) -> String {
+    let mut params: Vec<(String, String)> = extra.to_vec();
+    params.push(("auth_key".into(), "pk_test".into()));
+    params.push(("auth_timestamp".into(), now.to_string()));
+    params.push(("auth_version".into(), "1.0".into()));
+    params.push(("body_md5".into(), hex_md5(body)));
+    params.sort();
+    let canonical: Vec<String> = params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let to_sign = format!("POST\n/apps/1000000/events\n{}", canonical.join("&"));
+    let signature = hex_hmac(secret, &to_sign);
+    let mut q: Vec<String> = params
+        .iter()
+        .map(|(k, v)| format!("{}={}", percent_encode(k), percent_encode(v)))
+        .collect();
+    q.push(format!("auth_signature={signature}"));
+    q.join("&")
+}
+
+proptest! {
+    #[test]
+    fn pusher_query_parser_survives_any_bytes(buf in prop::collection::vec(any::<u8>(), 0..300)) {
+        if let Ok(q) = pusher_parse_query(&buf) {
+            prop_assert!(q.len() <= 32);
+            let mut keys: Vec<&str> = q.iter().map(|(k, _)| k).collect();
+            let n = keys.len();
+            keys.sort_unstable();
+            keys.dedup();
+            prop_assert_eq!(keys.len(), n, "a key twice");
+        }
+    }
+
+    #[test]
+    fn pusher_query_round_trips_percent_encoding(
+        pairs in prop::collection::btree_map("[a-z_]{1,10}", "[ -~é€]{0,16}", 0..12),
+    ) {
+        let raw: Vec<String> = pairs
+            .iter()
+            .map(|(k, v)| format!("{}={}", percent_encode(k), percent_encode(v)))
+            .collect();
+        let q = pusher_parse_query(raw.join("&").as_bytes()).expect("a well-formed query");
+        prop_assert_eq!(q.len(), pairs.len());
+        for (k, v) in &pairs {
+            prop_assert_eq!(q.get(k), Some(v.as_str()));
+        }
+        // The same key twice is refused, whatever its case.
+        if let Some((k, _)) = pairs.iter().next() {
+            let twice = format!("{}&{}=x", raw.join("&"), k.to_uppercase());
+            prop_assert!(matches!(pusher_parse_query(twice.as_bytes()), Err(PusherQueryError::Duplicate(_))));
+        }
+    }
+
+    #[test]
+    fn pusher_signatures_verify_exactly_the_signed_request(
+        extra in prop::collection::btree_map("[a-z]{1,8}", "[ -~]{0,12}", 0..4),
+        body in prop::collection::vec(any::<u8>(), 0..200),
+        skew in -600i64..=600,
+        flip in any::<prop::sample::Index>(),
+    ) {
+        let extra: Vec<(String, String)> = extra
+            .into_iter()
+            .filter(|(k, _)| !k.starts_with("auth") && k != "body_md5")
+            .collect();
+        let now = 1_800_000_000u64;
+        let ts = (now as i64 + skew) as u64;
+        let secret = "ts_0123456789abcdef";
+        let raw = signed_query(&extra, &body, ts, secret);
+        let q = pusher_parse_query(raw.as_bytes()).expect("the SDK's query parses");
+        prop_assert_eq!(pusher_check_rest("POST", "/apps/1000000/events", &q, &body, now, &[secret]), Ok(()));
+        // Another secret, another path, another body: refused.
+        prop_assert!(pusher_check_rest("POST", "/apps/1000000/events", &q, &body, now, &["ts_other"]).is_err());
+        prop_assert!(pusher_check_rest("POST", "/apps/1000001/events", &q, &body, now, &[secret]).is_err());
+        let mut changed = body.clone();
+        if changed.is_empty() {
+            changed.push(b'x');
+        } else {
+            let i = flip.index(changed.len());
+            changed[i] ^= 1;
+        }
+        prop_assert!(pusher_check_rest("POST", "/apps/1000000/events", &q, &changed, now, &[secret]).is_err());
+        // Out of the 600 s window: refused.
+        prop_assert!(pusher_check_rest("POST", "/apps/1000000/events", &q, &body, now + 601 + skew.max(0) as u64, &[secret]).is_err());
     }
 }
 

@@ -13,7 +13,6 @@
 //! did not receive from a client.
 
 pub(crate) mod cache;
-#[allow(dead_code)] // used by the Pusher session and REST routes (issue 16)
 pub(crate) mod pusher;
 pub(crate) mod token;
 pub(crate) mod watcher;

@@ -34,14 +34,14 @@ const AUTH_VERSION: &str = "1.0";
 /// A parsed query string: percent-decoded pairs, keys lowercased, each key once, in the
 /// order received.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Query {
+pub struct Query {
     // A few pairs at most (bounded by MAX_PARAMS): a Vec scanned linearly beats a map.
     params: Vec<(String, String)>,
 }
 
 impl Query {
     /// The value of `key` (give it lowercase).
-    pub(crate) fn get(&self, key: &str) -> Option<&str> {
+    pub fn get(&self, key: &str) -> Option<&str> {
         self.params
             .iter()
             .find(|(k, _)| k == key)
@@ -49,18 +49,22 @@ impl Query {
     }
 
     /// Every pair, in the order received.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
         self.params.iter().map(|(k, v)| (k.as_str(), v.as_str()))
     }
 
-    pub(crate) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.params.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.params.is_empty()
     }
 }
 
 /// Why a query string does not parse (a 400 `invalid_query`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum QueryError {
+pub enum QueryError {
     #[error("query parameter {0:?} is given more than once")]
     Duplicate(String),
     #[error("the query string has more than {MAX_PARAMS} parameters")]
@@ -75,7 +79,7 @@ pub(crate) enum QueryError {
 /// first `=` (no `=`: the value is empty); keys and values are percent-decoded (`%XX`
 /// only: `+` stays `+`); keys are lowercased. Empty pairs (`a=1&&b=2`, a trailing `&`)
 /// are skipped: they carry nothing to sign.
-pub(crate) fn parse_query(raw: &[u8]) -> Result<Query, QueryError> {
+pub fn parse_query(raw: &[u8]) -> Result<Query, QueryError> {
     let mut params: Vec<(String, String)> = Vec::new();
     for pair in raw.split(|&b| b == b'&') {
         if pair.is_empty() {
@@ -232,7 +236,7 @@ pub(crate) fn check_params(q: &Query, now_s: u64) -> Result<(), RestAuthError> {
 /// Check a signed REST request, in this order: [`check_params`], then `body_md5`
 /// matches `body` (required when the body is not empty, accepted on any method, empty
 /// body included), and `auth_signature` verifies under one of `secrets`.
-pub(crate) fn check_rest(
+pub fn check_rest(
     method: &str,
     raw_path: &str,
     q: &Query,
