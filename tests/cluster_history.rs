@@ -559,3 +559,53 @@ fn a_busy_channel_does_not_hold_up_new_subscriptions() {
     publisher.join().unwrap();
     reader.join().unwrap();
 }
+
+/// `socket_id` on a history project: the message travels through the publish script
+/// to every node (the publishing one included), carrying the connection to leave out,
+/// so that one connection, on either node, does not get it, and the others get it with
+/// its offset.
+#[test]
+fn a_socket_id_leaves_its_connection_out_on_a_history_channel() {
+    let Some(redis) = Redis::start() else { return };
+    let a = Node::start(&redis);
+    let b = Node::start(&redis);
+    let p = hist_project(&redis, "hist-toothers", "100/600s", &[&a, &b]);
+    let connect = |node: &Node| {
+        let url = format!("ws://{}/api/v1/ws?key={}", node.addr, p.public);
+        let (mut ws, _) = tungstenite::connect(url).expect("ws connect");
+        common::set_timeout(&mut ws, Duration::from_secs(10));
+        let hello = next_json(&mut ws);
+        let id = hello["connection_id"].as_str().unwrap().to_string();
+        sub(&mut ws, "feed", None);
+        (ws, id)
+    };
+    let (mut on_a, id_a) = connect(&a);
+    let (mut on_b, id_b) = connect(&b);
+    let (mut other_b, _) = connect(&b);
+    redis.wait_numsub(&p.id, "feed", 2);
+    let publish = |node: &Node, n: u64, except: &str| {
+        let body = json!({"channel": "feed", "event": "e", "data": {"n": n}, "socket_id": except})
+            .to_string();
+        let req = format!(
+            "POST /api/v1/publish HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\nConnection: close\r\nX-Api-Key: {}\r\nContent-Type: application/json\r\n\r\n{body}",
+            body.len(),
+            p.secret
+        );
+        assert_eq!(parse_response(&node.raw(req.as_bytes())).0, 202);
+    };
+    // Published on a, leaving out a connection of b, then one of a.
+    publish(&a, 1, &id_b);
+    publish(&a, 2, &id_a);
+    let data = |ws: &mut Ws| {
+        let m = next_json(ws);
+        assert_eq!(m["type"], "message", "{m}");
+        assert!(m["offset"].is_u64(), "{m}");
+        m["data"]["n"].as_u64().unwrap()
+    };
+    assert_eq!(data(&mut on_a), 1);
+    assert_eq!(data(&mut on_b), 2);
+    assert_eq!(data(&mut other_b), 1);
+    assert_eq!(data(&mut other_b), 2);
+    common::expect_silence(&mut on_a, Duration::from_millis(300));
+    common::expect_silence(&mut on_b, Duration::from_millis(300));
+}

@@ -53,7 +53,7 @@ local header, fresh, maxlen, ttl, meta_ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4],
 local out = {}
 for i = 1, #KEYS / 2 do
   local meta, stream = KEYS[2 * i - 1], KEYS[2 * i]
-  local a = 5 + 3 * (i - 1)
+  local a = 5 + 4 * (i - 1)
   local epoch = redis.call('HGET', meta, 'e')
   if not epoch then
     epoch = fresh
@@ -65,7 +65,12 @@ for i = 1, #KEYS / 2 do
   redis.call('XADD', stream, 'MAXLEN', maxlen, '*', 'o', text, 'b', ARGV[a + 2], 'd', ARGV[a + 3])
   redis.call('EXPIRE', stream, ttl)
   redis.call('EXPIRE', meta, meta_ttl)
-  redis.call('PUBLISH', ARGV[a + 1], header .. text .. ',' .. epoch .. ',' .. ARGV[a + 2])
+  local h = header
+  if ARGV[a + 4] ~= '' then
+    -- A connection to leave out: version 5, the header's origin, then its 12 bytes.
+    h = string.char(5) .. string.sub(header, 2) .. ARGV[a + 4]
+  end
+  redis.call('PUBLISH', ARGV[a + 1], h .. text .. ',' .. epoch .. ',' .. ARGV[a + 2])
   out[#out + 1] = offset
   out[#out + 1] = epoch
 end
@@ -135,6 +140,8 @@ pub(crate) struct Item {
     /// [`wire::message_body`].
     pub body: Vec<u8>,
     pub data_start: usize,
+    /// The connection the message must not reach (`socket_id`), relayed to every node.
+    pub except: Option<crate::ids::SocketId>,
 }
 
 /// A publish of a history project: its frames in request order.
@@ -323,7 +330,11 @@ fn publish_cmd(node: u64, req: &PublishRequest) -> redis::Cmd {
     for item in &req.items {
         cmd.arg(wire::redis_channel(&req.project_id, &item.channel))
             .arg(&item.body[..])
-            .arg(item.data_start);
+            .arg(item.data_start)
+            .arg(
+                item.except
+                    .map_or_else(Vec::new, |e| wire::except_bytes(e).to_vec()),
+            );
     }
     cmd
 }

@@ -454,7 +454,10 @@ fn deliver(cluster: &Cluster, keys: &KeyCache, mailboxes: &Mailboxes, own: u64, 
         return;
     };
     let payload = msg.get_payload_bytes();
-    if payload.first() == Some(&wire::VERSION_HISTORY) {
+    if matches!(
+        payload.first(),
+        Some(&wire::VERSION_HISTORY | &wire::VERSION_HISTORY_EXCEPT)
+    ) {
         return deliver_positioned(cluster, keys, mailboxes, project_id, channel, payload);
     }
     if payload.first() == Some(&crate::presence::remote::VERSION_PRESENCE) {
@@ -565,7 +568,12 @@ fn deliver_positioned(
             .fetch_add(1, Ordering::Relaxed);
         return;
     }
-    let broadcast = Arc::new(Broadcast::plain(project.index, channel.into(), frame));
+    let broadcast = Arc::new(Broadcast::new(
+        project.index,
+        channel.into(),
+        frame,
+        m.except,
+    ));
     enqueue(cluster, mailboxes, broadcast);
 }
 

@@ -9,8 +9,9 @@
 //!   WebSocket frame exactly as the origin encoded it. The frame is not re-encoded on the
 //!   receiving node: it is copied once into a `Bytes` that all its subscribers share.
 //!
-//! - Payload with an exception ([`VERSION_EXCEPT`]): a publish whose `socket_id` names
-//!   a connection of another node carries it, so that node leaves it out.
+//! - Payload with an exception ([`VERSION_EXCEPT`], and [`VERSION_HISTORY_EXCEPT`] for a
+//!   history channel): a publish whose `socket_id` names a connection carries it, so the
+//!   node holding it leaves it out.
 //!
 //! - History payload ([`VERSION_HISTORY`], cluster mode with history on): the same
 //!   header, then `<offset>,<epoch>,<body>` in ASCII, written by the publish script in
@@ -49,8 +50,28 @@ pub(crate) const VERSION_EXCEPT: u8 = 4;
 /// Bytes before the frame in a payload.
 pub(crate) const HEADER_LEN: usize = 9;
 
+/// Payload format of a history channel's message that leaves one connection out: as
+/// [`VERSION_HISTORY`], with the connection's 12 bytes (as in [`VERSION_EXCEPT`]) after
+/// the header. The publish script writes it when the request named a `socket_id`.
+pub(crate) const VERSION_HISTORY_EXCEPT: u8 = 5;
+
 /// Bytes of the excepted connection after the header of a [`VERSION_EXCEPT`] payload.
 const EXCEPT_LEN: usize = 12;
+
+/// The 12 bytes naming connection `except` in a payload: node prefix, then local id,
+/// little endian.
+pub(crate) fn except_bytes(except: SocketId) -> [u8; EXCEPT_LEN] {
+    let mut out = [0u8; EXCEPT_LEN];
+    out[..4].copy_from_slice(&except.node.to_le_bytes());
+    out[4..].copy_from_slice(&except.local_part().to_le_bytes());
+    out
+}
+
+fn except_of(bytes: &[u8]) -> Option<SocketId> {
+    let node = u32::from_le_bytes(bytes.get(..4)?.try_into().ok()?);
+    let local = u64::from_le_bytes(bytes.get(4..EXCEPT_LEN)?.try_into().ok()?);
+    SocketId::from_parts(node, local)
+}
 
 /// Split a Redis channel into (project id, channel).
 pub(crate) fn parse_channel(redis_channel: &str) -> Option<(&str, &str)> {
@@ -74,8 +95,7 @@ pub(crate) fn encode_payload_except(origin: u64, except: SocketId, frame: &[u8])
     let mut out = Vec::with_capacity(HEADER_LEN + EXCEPT_LEN + frame.len());
     out.push(VERSION_EXCEPT);
     out.extend_from_slice(&origin.to_le_bytes());
-    out.extend_from_slice(&except.node.to_le_bytes());
-    out.extend_from_slice(&except.local_part().to_le_bytes());
+    out.extend_from_slice(&except_bytes(except));
     out.extend_from_slice(frame);
     out
 }
@@ -90,13 +110,7 @@ pub(crate) fn decode_payload(payload: &[u8]) -> Option<(u64, Option<SocketId>, &
     match payload[0] {
         VERSION => Some((origin, None, &payload[HEADER_LEN..])),
         VERSION_EXCEPT if payload.len() > HEADER_LEN + EXCEPT_LEN => {
-            let node = u32::from_le_bytes(payload[HEADER_LEN..HEADER_LEN + 4].try_into().ok()?);
-            let local = u64::from_le_bytes(
-                payload[HEADER_LEN + 4..HEADER_LEN + EXCEPT_LEN]
-                    .try_into()
-                    .ok()?,
-            );
-            let except = SocketId::from_parts(node, local)?;
+            let except = except_of(&payload[HEADER_LEN..])?;
             Some((origin, Some(except), &payload[HEADER_LEN + EXCEPT_LEN..]))
         }
         _ => None,
@@ -192,15 +206,24 @@ pub(crate) struct Positioned<'a> {
     pub offset: u64,
     pub epoch: &'a str,
     pub body: &'a [u8],
+    /// The connection to leave out ([`VERSION_HISTORY_EXCEPT`]).
+    pub except: Option<SocketId>,
 }
 
-/// Decode a [`VERSION_HISTORY`] payload.
+/// Decode a [`VERSION_HISTORY`] or [`VERSION_HISTORY_EXCEPT`] payload.
 pub(crate) fn decode_history(payload: &[u8]) -> Option<Positioned<'_>> {
-    if payload.len() <= HEADER_LEN || payload[0] != VERSION_HISTORY {
+    if payload.len() <= HEADER_LEN {
         return None;
     }
     let origin = u64::from_le_bytes(payload[1..HEADER_LEN].try_into().ok()?);
-    let rest = &payload[HEADER_LEN..];
+    let (except, rest) = match payload[0] {
+        VERSION_HISTORY => (None, &payload[HEADER_LEN..]),
+        VERSION_HISTORY_EXCEPT => (
+            Some(except_of(&payload[HEADER_LEN..])?),
+            payload.get(HEADER_LEN + EXCEPT_LEN..)?,
+        ),
+        _ => return None,
+    };
     let comma = memchr::memchr(b',', rest)?;
     let offset = parse_offset(&rest[..comma])?;
     let rest = &rest[comma + 1..];
@@ -214,6 +237,7 @@ pub(crate) fn decode_history(payload: &[u8]) -> Option<Positioned<'_>> {
         offset,
         epoch,
         body: &rest[comma + 1..],
+        except,
     })
 }
 

@@ -159,6 +159,7 @@ fn cluster_publish(
                 channel: channel.into(),
                 body,
                 data_start,
+                except: msg.except,
             });
         }
     }
