@@ -119,13 +119,16 @@ stop_pid() { # PID: TERM, bounded wait (10 s), then KILL
 cleanup() {
   stop_pid "$SCRAPER_PID"
   stop_pid "$SOCKUDO_PID"
+  stop_pid "${GUARD_PID:-}"
   stop_ringcast
   stop_nchan
   stop_pid "$RC2_PID"
   stop_pid "$REDIS_PID"
   rm -rf "$TMP"
 }
-trap cleanup EXIT INT TERM
+trap cleanup EXIT
+# A signal ends the run (the EXIT trap then cleans up) instead of letting it go on.
+trap 'exit 130' INT TERM
 
 port_free() { # PORT: refuse to start on a port another process already serves
   if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then
@@ -366,7 +369,8 @@ fi
 # Before each measured run the suite waits (polling every 20 s) until no rustc/cargo runs
 # outside this repository and the 1-minute load average is below QUIET_LOAD (1.0); past
 # QUIET_UNTIL (HH:MM, machine clock; unset: wait forever) it stops measuring. Each JSON
-# line gains variant, server, publish_api and the load average / other builds seen.
+# line gains variant, server, publish_api and the load average / other builds seen. A
+# server whose RSS passes SERVER_RSS_LIMIT_MB (6144) is killed (the machine is shared).
 if [ "$PUSHER" = 1 ]; then
   SERVER_CPUS="${SERVER_CPUS:-0}"
   LT_CPUS="${LT_CPUS:-1}"
@@ -376,6 +380,7 @@ if [ "$PUSHER" = 1 ]; then
   PUSHER_RATE="${PUSHER_RATE:-4}"
   PUSHER_DURATION="${PUSHER_DURATION:-20}"
   PUSHER_RC_PUBLISH="${PUSHER_RC_PUBLISH:-native}"
+  SERVER_RSS_LIMIT_MB="${SERVER_RSS_LIMIT_MB:-6144}"
   SOCKUDO_PORT="${SOCKUDO_PORT:-6001}"
   export SOCKUDO_PORT SOCKUDO_APP_ID=1000001 SOCKUDO_APP_KEY=pk_bench SOCKUDO_APP_SECRET=ts_bench
   SOCKUDO_BIN="${SOCKUDO_BIN:-$(dirname "$ROOT")/sockudo-target/release/sockudo}"
@@ -451,11 +456,23 @@ if [ "$PUSHER" = 1 ]; then
     start_server "$v"
     sleep 1
     echo "== $(date +%H:%M:%S) pusher $v $name rep $rep (load $LOAD_BEFORE): loadtest $SERVER_FLAGS $*" >&2
+    # A guard for the shared machine: a server past SERVER_RSS_LIMIT_MB is killed (the run
+    # then reports its connections closed) before the kernel's OOM killer picks anything.
+    ( while kill -0 "$SERVER_PID" 2>/dev/null; do
+        rss="$(awk '/^VmRSS:/ { print $2 }' "/proc/$SERVER_PID/status" 2>/dev/null || echo 0)"
+        if [ "${rss:-0}" -gt $((SERVER_RSS_LIMIT_MB * 1024)) ]; then
+          echo "== $v: RSS ${rss} kB over SERVER_RSS_LIMIT_MB=$SERVER_RSS_LIMIT_MB: killed" >&2
+          kill -KILL "$SERVER_PID"
+        fi
+        sleep 0.5
+      done ) &
+    GUARD_PID=$!
     # shellcheck disable=SC2086
     out="$(taskset -c "$LT_CPUS" "$LT" --quiet $SERVER_FLAGS --server-pid "$SERVER_PID" \
       --label "pusher/$v/$name/r$rep" "$@")" || rc=$?
     [ "$rc" = 0 ] || echo "   (pusher $v $name rep $rep reported a failure; see its JSON line)" >&2
     stop_server
+    stop_pid "$GUARD_PID"
     [ -n "$out" ] || return 0
     python3 - "$out" "$v" "$LOAD_BEFORE" "$(cut -d' ' -f1 /proc/loadavg)" "$(other_builds)" \
       "$SERVER_CPUS" "$LT_CPUS" <<'PYEOF' >>"$RESULTS"
