@@ -25,8 +25,8 @@
 #   RC_SERVE_FLAGS="--write-... ..."      # extra flags for every ringcast serve of the run
 #   loadtest/run-suite.sh --pusher        # issue 16: ringcast native, ringcast over Pusher and Sockudo
 #                                         #   over Pusher, each pinned to SERVER_CPUS (0), the generator
-#                                         #   to LT_CPUS (1): idle-10k and fanout (--only-scenario idle-10k
-#                                         #   or fanout); Sockudo from SOCKUDO_BIN (scripts/sockudo.sh); each
+#                                         #   to LT_CPUS (1): idle-10k and fanout (--only-scenario idle-10k,
+#                                         #   fanout, or burst); Sockudo from SOCKUDO_BIN (scripts/sockudo.sh); each
 #                                         #   run waits for a quiet machine (QUIET_LOAD, QUIET_UNTIL HH:MM)
 #
 # Results: one JSON line per run in loadtest/results/<UTC timestamp>.jsonl (not committed).
@@ -381,6 +381,7 @@ if [ "$PUSHER" = 1 ]; then
   PUSHER_DURATION="${PUSHER_DURATION:-20}"
   PUSHER_RC_PUBLISH="${PUSHER_RC_PUBLISH:-native}"
   SERVER_RSS_LIMIT_MB="${SERVER_RSS_LIMIT_MB:-6144}"
+  PUSHER_NOTE="${PUSHER_NOTE:-}" # appended to each label and kept as "note" (e.g. a changed server setting)
   SOCKUDO_PORT="${SOCKUDO_PORT:-6001}"
   export SOCKUDO_PORT SOCKUDO_APP_ID=1000001 SOCKUDO_APP_KEY=pk_bench SOCKUDO_APP_SECRET=ts_bench
   SOCKUDO_BIN="${SOCKUDO_BIN:-$(dirname "$ROOT")/sockudo-target/release/sockudo}"
@@ -469,13 +470,13 @@ if [ "$PUSHER" = 1 ]; then
     GUARD_PID=$!
     # shellcheck disable=SC2086
     out="$(taskset -c "$LT_CPUS" "$LT" --quiet $SERVER_FLAGS --server-pid "$SERVER_PID" \
-      --label "pusher/$v/$name/r$rep" "$@")" || rc=$?
+      --label "pusher/$v$PUSHER_NOTE/$name/r$rep" "$@")" || rc=$?
     [ "$rc" = 0 ] || echo "   (pusher $v $name rep $rep reported a failure; see its JSON line)" >&2
     stop_server
     stop_pid "$GUARD_PID"
     [ -n "$out" ] || return 0
     python3 - "$out" "$v" "$LOAD_BEFORE" "$(cut -d' ' -f1 /proc/loadavg)" "$(other_builds)" \
-      "$SERVER_CPUS" "$LT_CPUS" <<'PYEOF' >>"$RESULTS"
+      "$SERVER_CPUS" "$LT_CPUS" "$PUSHER_NOTE" <<'PYEOF' >>"$RESULTS"
 import json, sys
 v = json.loads(sys.argv[1])
 v["variant"] = sys.argv[2]
@@ -485,6 +486,8 @@ v["load1_after"] = float(sys.argv[4])
 v["other_builds_after"] = sys.argv[5].strip()
 v["server_cpus"] = sys.argv[6]
 v["generator_cpus"] = sys.argv[7]
+if sys.argv[8]:
+    v["note"] = sys.argv[8]
 print(json.dumps(v))
 PYEOF
     sleep 2
@@ -504,6 +507,12 @@ PYEOF
       if want fanout; then
         wait_quiet || { stopped=1; break 2; }
         prun "$v" fanout "$rep" -- fanout --subs "$PUSHER_SUBS" --channels 1 --rate "$PUSHER_RATE" --duration "$PUSHER_DURATION"
+      fi
+      # Only when asked for (--only-scenario burst): few subscribers, many publishes, so
+      # the publish path weighs in (each variant's own: see PUSHER_RC_PUBLISH).
+      if [ "$SCENARIO" = burst ]; then
+        wait_quiet || { stopped=1; break 2; }
+        prun "$v" burst "$rep" -- fanout --subs 100 --channels 1 --rate 1000 --duration "$PUSHER_DURATION"
       fi
     done
   done
