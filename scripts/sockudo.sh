@@ -18,8 +18,8 @@
 #   SOCKUDO_APP_ID / SOCKUDO_APP_KEY / SOCKUDO_APP_SECRET  the one app (default 1000001 /
 #                 pk_bench / ts_bench; the load generator's --app-id / --public-key / --app-secret)
 #
-# `run` execs (the caller's `$!` is Sockudo's pid, for --server-pid) from a fresh empty
-# directory, so no config/config.toml or config.json there is picked up: the defaults plus
+# `run` execs (the caller's `$!` is Sockudo's pid, for --server-pid) from an empty
+# directory ($TMPDIR/sockudo-run), so no config/config.toml or config.json is picked up: the defaults plus
 # this environment are the whole configuration. Loopback only.
 set -euo pipefail
 
@@ -89,7 +89,10 @@ case "${1:-}" in
     if (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then
       echo "sockudo.sh: 127.0.0.1:$PORT is already in use (set SOCKUDO_PORT)" >&2; exit 1
     fi
-    DIR="$(mktemp -d /tmp/sockudo-run.XXXXXX)"
+    # One fixed, empty directory (exec leaves no chance to remove a fresh one afterwards).
+    DIR="${TMPDIR:-/tmp}/sockudo-run"
+    mkdir -p "$DIR"
+    [ ! -e "$DIR/config" ] || { echo "sockudo.sh: $DIR/config exists; it would be read as configuration" >&2; exit 1; }
     cd "$DIR"
     ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
     mapfile -t ENVV < <(bench_env)
