@@ -23,6 +23,11 @@
 #   loadtest/run-suite.sh --metrics-ab    # ringcast only: publish and fanout with metrics off and on
 #                                         #   (on: --metrics-listen and a scrape every second), alternating
 #   RC_SERVE_FLAGS="--write-... ..."      # extra flags for every ringcast serve of the run
+#   loadtest/run-suite.sh --pusher        # issue 16: ringcast native, ringcast over Pusher and Sockudo
+#                                         #   over Pusher, each pinned to SERVER_CPUS (0), the generator
+#                                         #   to LT_CPUS (1): idle-10k and fanout (--only-scenario idle-10k,
+#                                         #   fanout, or burst); Sockudo from SOCKUDO_BIN (scripts/sockudo.sh); each
+#                                         #   run waits for a quiet machine (QUIET_LOAD, QUIET_UNTIL HH:MM)
 #
 # Results: one JSON line per run in loadtest/results/<UTC timestamp>.jsonl (not committed).
 # Invariants: servers listen on loopback only and are stopped on exit (trap); every
@@ -45,6 +50,8 @@ METRICS_PORT="${METRICS_PORT:-28099}" # --metrics-ab: the metrics listener
 RC_SERVE_FLAGS="${RC_SERVE_FLAGS:-}"
 METRICS_AB=0
 SCRAPER_PID=""
+PUSHER=0
+SOCKUDO_PID=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --smoke) SMOKE=1 ;;
@@ -53,7 +60,8 @@ while [ $# -gt 0 ]; do
     --only-scenario) SCENARIO="$2"; shift ;;
     --cluster) CLUSTER=1 ;;
     --metrics-ab) METRICS_AB=1 ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    --pusher) PUSHER=1 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "run-suite.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -69,7 +77,8 @@ want() { [ -z "$SCENARIO" ] || [ "$SCENARIO" = "$1" ]; }
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
 echo "== building release binaries" >&2
-cargo build --release -p ringcast -p loadtest >&2
+# nice: the machine is shared; a build's speed changes no figure.
+nice -n 19 cargo build --release -p ringcast -p loadtest >&2
 LT="$ROOT/target/release/loadtest"
 # RC_BIN: another ringcast binary to measure (e.g. a build of main, for a same-run
 # comparison); default the one just built.
@@ -109,13 +118,17 @@ stop_pid() { # PID: TERM, bounded wait (10 s), then KILL
 
 cleanup() {
   stop_pid "$SCRAPER_PID"
+  stop_pid "$SOCKUDO_PID"
+  stop_pid "${GUARD_PID:-}"
   stop_ringcast
   stop_nchan
   stop_pid "$RC2_PID"
   stop_pid "$REDIS_PID"
   rm -rf "$TMP"
 }
-trap cleanup EXIT INT TERM
+trap cleanup EXIT
+# A signal ends the run (the EXIT trap then cleans up) instead of letting it go on.
+trap 'exit 130' INT TERM
 
 port_free() { # PORT: refuse to start on a port another process already serves
   if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then
@@ -140,6 +153,7 @@ setup_ringcast_keys() {
   SK="$(sed -n 's/.*"secret_key":"\(sk_[^"]*\)".*/\1/p' "$TMP/keys.json")"
   PK="$(sed -n 's/.*"public_key":"\(pk_[^"]*\)".*/\1/p' "$TMP/keys.json")"
   TS="$(sed -n 's/.*"token_secret":"\(ts_[^"]*\)".*/\1/p' "$TMP/keys.json")"
+  APP_ID="$(sed -n 's/.*"pusher_app_id":"\([0-9]*\)".*/\1/p' "$TMP/keys.json")"
   if [ -z "$SK" ] || [ -z "$PK" ]; then
     echo "run-suite.sh: could not read keys from: $(cat "$TMP/keys.json")" >&2
     exit 1
@@ -344,6 +358,178 @@ if [ "$METRICS_AB" = 1 ]; then
   done
   TARGETS=""
   REPS=0
+fi
+
+# --pusher (issue 16): the same load generator against ringcast over its native protocol,
+# ringcast over the Pusher protocol (/app/{key}) and Sockudo over the Pusher protocol, one
+# after the other in one run. Every server is pinned to SERVER_CPUS and started fresh for
+# each measured run; the generator is pinned to LT_CPUS. ringcast's Pusher REST API is not
+# on every branch: PUSHER_RC_PUBLISH=native (default) publishes to ringcast's /app/{key}
+# subscribers through /api/v1/publish; Sockudo always gets signed Pusher REST publishes.
+# Before each measured run the suite waits (polling every 20 s) until no rustc/cargo runs
+# outside this repository and the 1-minute load average is below QUIET_LOAD (1.0); past
+# QUIET_UNTIL (HH:MM, machine clock; unset: wait forever) it stops measuring. Each JSON
+# line gains variant, server, publish_api and the load average / other builds seen. A
+# server whose RSS passes SERVER_RSS_LIMIT_MB (6144) is killed (the machine is shared).
+if [ "$PUSHER" = 1 ]; then
+  SERVER_CPUS="${SERVER_CPUS:-0}"
+  LT_CPUS="${LT_CPUS:-1}"
+  QUIET_LOAD="${QUIET_LOAD:-1.0}"
+  QUIET_UNTIL="${QUIET_UNTIL:-}"
+  PUSHER_SUBS="${PUSHER_SUBS:-10000}"
+  PUSHER_RATE="${PUSHER_RATE:-4}"
+  PUSHER_DURATION="${PUSHER_DURATION:-20}"
+  PUSHER_RC_PUBLISH="${PUSHER_RC_PUBLISH:-native}"
+  SERVER_RSS_LIMIT_MB="${SERVER_RSS_LIMIT_MB:-6144}"
+  PUSHER_NOTE="${PUSHER_NOTE:-}" # appended to each label and kept as "note" (e.g. a changed server setting)
+  SOCKUDO_PORT="${SOCKUDO_PORT:-6001}"
+  export SOCKUDO_PORT SOCKUDO_APP_ID=1000001 SOCKUDO_APP_KEY=pk_bench SOCKUDO_APP_SECRET=ts_bench
+  SOCKUDO_BIN="${SOCKUDO_BIN:-$(dirname "$ROOT")/sockudo-target/release/sockudo}"
+  export SOCKUDO_BIN
+  VARIANTS="${PUSHER_VARIANTS:-rc-native rc-pusher sockudo-pusher}"
+  if ! [ -x "$SOCKUDO_BIN" ]; then
+    echo "run-suite.sh: no Sockudo binary at $SOCKUDO_BIN: sockudo-pusher is skipped" >&2
+    VARIANTS="$(echo "$VARIANTS" | sed 's/sockudo-pusher//')"
+  fi
+  deadline=""
+  [ -n "$QUIET_UNTIL" ] && deadline="$(date -d "$QUIET_UNTIL" +%s)"
+  other_builds() { # rustc/cargo processes whose working directory is outside this repository
+    local p cwd
+    for p in $(pgrep -x 'rustc|cargo' || true); do
+      cwd="$(readlink "/proc/$p/cwd" 2>/dev/null || true)"
+      case "$cwd" in "$ROOT"|"$ROOT"/*) ;; *) printf '%s:%s ' "$p" "$cwd" ;; esac
+    done
+  }
+  wait_quiet() { # returns 1 once past QUIET_UNTIL
+    local load busy
+    while :; do
+      load="$(cut -d' ' -f1 /proc/loadavg)"
+      busy="$(other_builds)"
+      if [ -z "$busy" ] && awk -v l="$load" -v q="$QUIET_LOAD" 'BEGIN { exit !(l < q) }'; then
+        LOAD_BEFORE="$load"
+        return 0
+      fi
+      if [ -n "$deadline" ] && [ "$(date +%s)" -ge "$deadline" ]; then
+        echo "== $(date +%H:%M:%S) past QUIET_UNTIL $QUIET_UNTIL, still not quiet (load $load${busy:+; builds: $busy}): no more runs" >&2
+        return 1
+      fi
+      echo "== $(date +%H:%M:%S) waiting for a quiet machine: load $load${busy:+; builds: $busy}" >&2
+      sleep 20
+    done
+  }
+  start_server() { # VARIANT: a fresh server pinned to SERVER_CPUS; sets SERVER_PID, SERVER_FLAGS
+    case "$1" in
+      rc-*)
+        stop_ringcast
+        port_free "$RC_PORT"
+        # shellcheck disable=SC2086
+        taskset -c "$SERVER_CPUS" "$RC" serve --data-dir "$TMP/rc" --listen "127.0.0.1:$RC_PORT" \
+          --workers 1 $RC_SERVE_FLAGS >>"$TMP/ringcast.log" 2>&1 &
+        RC_PID=$!
+        wait_http "http://127.0.0.1:$RC_PORT/health"
+        SERVER_PID="$RC_PID"
+        if [ "$1" = rc-native ]; then
+          SERVER_FLAGS="--target ringcast --url http://127.0.0.1:$RC_PORT --secret-key $SK --public-key $PK"
+        else
+          SERVER_FLAGS="--target pusher --url http://127.0.0.1:$RC_PORT --public-key $PK --secret-key $SK --publish $PUSHER_RC_PUBLISH"
+          [ -z "$APP_ID" ] || SERVER_FLAGS="$SERVER_FLAGS --app-id $APP_ID --app-secret $TS"
+        fi
+        ;;
+      sockudo-pusher)
+        stop_pid "$SOCKUDO_PID"
+        SOCKUDO_CPUS="$SERVER_CPUS" "$ROOT/scripts/sockudo.sh" run >>"$TMP/sockudo.log" 2>&1 &
+        SOCKUDO_PID=$!
+        wait_http "http://127.0.0.1:$SOCKUDO_PORT/up"
+        SERVER_PID="$SOCKUDO_PID"
+        SERVER_FLAGS="--target pusher --url http://127.0.0.1:$SOCKUDO_PORT --public-key $SOCKUDO_APP_KEY --app-id $SOCKUDO_APP_ID --app-secret $SOCKUDO_APP_SECRET --publish pusher"
+        ;;
+    esac
+    kill -0 "$SERVER_PID" 2>/dev/null || { echo "run-suite.sh: $1 exited" >&2; tail -20 "$TMP"/*.log >&2; exit 1; }
+  }
+  stop_server() {
+    stop_ringcast
+    stop_pid "$SOCKUDO_PID"
+    SOCKUDO_PID=""
+  }
+  prun() { # VARIANT SCENARIO REP -- loadtest mode args...
+    local v="$1" name="$2" rep="$3" out rc=0
+    shift 4
+    start_server "$v"
+    sleep 1
+    echo "== $(date +%H:%M:%S) pusher $v $name rep $rep (load $LOAD_BEFORE): loadtest $SERVER_FLAGS $*" >&2
+    # A guard for the shared machine: a server past SERVER_RSS_LIMIT_MB is killed (the run
+    # then reports its connections closed) before the kernel's OOM killer picks anything.
+    ( while kill -0 "$SERVER_PID" 2>/dev/null; do
+        rss="$(awk '/^VmRSS:/ { print $2 }' "/proc/$SERVER_PID/status" 2>/dev/null || echo 0)"
+        if [ "${rss:-0}" -gt $((SERVER_RSS_LIMIT_MB * 1024)) ]; then
+          echo "== $v: RSS ${rss} kB over SERVER_RSS_LIMIT_MB=$SERVER_RSS_LIMIT_MB: killed" >&2
+          kill -KILL "$SERVER_PID"
+        fi
+        sleep 0.5
+      done ) &
+    GUARD_PID=$!
+    # shellcheck disable=SC2086
+    out="$(taskset -c "$LT_CPUS" "$LT" --quiet $SERVER_FLAGS --server-pid "$SERVER_PID" \
+      --label "pusher/$v$PUSHER_NOTE/$name/r$rep" "$@")" || rc=$?
+    [ "$rc" = 0 ] || echo "   (pusher $v $name rep $rep reported a failure; see its JSON line)" >&2
+    stop_server
+    stop_pid "$GUARD_PID"
+    [ -n "$out" ] || return 0
+    python3 - "$out" "$v" "$LOAD_BEFORE" "$(cut -d' ' -f1 /proc/loadavg)" "$(other_builds)" \
+      "$SERVER_CPUS" "$LT_CPUS" "$PUSHER_NOTE" <<'PYEOF' >>"$RESULTS"
+import json, sys
+v = json.loads(sys.argv[1])
+v["variant"] = sys.argv[2]
+v["server"] = "sockudo" if sys.argv[2].startswith("sockudo") else "ringcast"
+v["load1_before"] = float(sys.argv[3])
+v["load1_after"] = float(sys.argv[4])
+v["other_builds_after"] = sys.argv[5].strip()
+v["server_cpus"] = sys.argv[6]
+v["generator_cpus"] = sys.argv[7]
+if sys.argv[8]:
+    v["note"] = sys.argv[8]
+print(json.dumps(v))
+PYEOF
+    sleep 2
+  }
+  setup_ringcast_keys
+  [ -n "$APP_ID" ] || echo "run-suite.sh: no pusher_app_id in the project (a build without Pusher?)" >&2
+  stopped=0
+  for rep in $(seq 1 "$REPS"); do
+    # Rotate the order each repetition, so drift of the machine is spread over variants.
+    order="$VARIANTS"
+    for _ in $(seq 2 "$rep"); do order="$(echo $order | awk '{ for (i = 2; i <= NF; i++) printf "%s ", $i; print $1 }')"; done
+    for v in $order; do
+      if want idle-10k; then
+        wait_quiet || { stopped=1; break 2; }
+        prun "$v" idle-10k "$rep" -- idle --conns 10000 --hold 5
+      fi
+      if want fanout; then
+        wait_quiet || { stopped=1; break 2; }
+        prun "$v" fanout "$rep" -- fanout --subs "$PUSHER_SUBS" --channels 1 --rate "$PUSHER_RATE" --duration "$PUSHER_DURATION"
+      fi
+      # Only when asked for (--only-scenario burst): few subscribers, many publishes, so
+      # the publish path weighs in (each variant's own: see PUSHER_RC_PUBLISH).
+      if [ "$SCENARIO" = burst ]; then
+        wait_quiet || { stopped=1; break 2; }
+        prun "$v" burst "$rep" -- fanout --subs 100 --channels 1 --rate 1000 --duration "$PUSHER_DURATION"
+      fi
+    done
+  done
+  [ "$stopped" = 0 ] || echo "== stopped early (machine not quiet by $QUIET_UNTIL)" >&2
+  python3 - "$RESULTS" <<'PYEOF' >&2 || true
+import json, sys
+for line in open(sys.argv[1]):
+    v = json.loads(line)
+    cpu = v.get("cpu", {})
+    if v["mode"] == "idle":
+        print(f'{v["label"]:36} open={v.get("connections_open")} bytes/conn={v.get("server_bytes_per_connection")} load={v["load1_before"]}')
+    else:
+        print(f'{v["label"]:36} ratio={v["delivery_ratio"]} dup={v["duplicates"]} deliv/s={v["deliveries_per_s"]} '
+              f'p50={v["latency"]["p50_us"]}us p99={v["latency"]["p99_us"]}us cpu_us/delivery={cpu.get("server_cpu_us_per_delivery")} load={v["load1_before"]}')
+PYEOF
+  echo "== done: $RESULTS" >&2
+  exit 0
 fi
 
 for t in $TARGETS; do

@@ -10,7 +10,7 @@
 //! - `subs.rs` subscriber threads (mio loops over many `WsConn`s), `wsconn.rs` one
 //!   WebSocket client connection, `ws.rs` the frame codec.
 //! - `publisher.rs` keep-alive HTTP publishers, `http.rs` the response parser.
-//! - `target.rs` ringcast and Nchan adapters, `net.rs` loopback-only sockets,
+//! - `target.rs` ringcast, Nchan and Pusher-protocol adapters, `net.rs` loopback-only sockets,
 //!   `stats.rs` histograms and /proc readings, `trend.rs` soak slopes, `ramp.rs` the
 //!   ramp's rate search, `floor.rs` the kernel floor.
 //!
@@ -38,12 +38,12 @@ use clap::{Args, Parser, Subcommand};
 use scenario::{fanout, idle, publish, soak};
 use serde_json::{json, Value};
 use std::time::Duration;
-use target::{Kind, Target};
+use target::{Kind, PublishApi, Target};
 
 #[derive(Parser)]
 #[command(
     name = "loadtest",
-    about = "Load-test harness for ringcast and Nchan (loopback only)"
+    about = "Load-test harness for ringcast, Nchan and Pusher-protocol servers (loopback only)"
 )]
 struct Cli {
     #[command(flatten)]
@@ -96,6 +96,20 @@ pub struct Common {
     /// Subscription token (JWT) for ringcast subscribe frames (private channels).
     #[arg(long, env = "LOADTEST_TOKEN", global = true)]
     pub token: Option<String>,
+    /// The API publishers use: `native` (ringcast's /api/v1/publish, --secret-key),
+    /// `pusher` (Pusher REST /apps/{id}/events, --app-id and --app-secret) or `nchan`.
+    /// Default: the target's own (ringcast: native, pusher: pusher, nchan: nchan).
+    /// `--target pusher --publish native`: Pusher subscribers on ringcast's /app/{key},
+    /// publishes through ringcast's native API.
+    #[arg(long, value_enum, global = true)]
+    pub publish: Option<PublishApi>,
+    /// Pusher REST: the app id (`/apps/{app_id}/events`; ringcast: `pusher_app_id`).
+    #[arg(long, env = "LOADTEST_APP_ID", default_value = "", global = true)]
+    pub app_id: String,
+    /// Pusher REST: the app secret that signs publishes (ringcast: the token secret).
+    /// The key (`auth_key`, and the `/app/{key}` of subscribers) is --public-key.
+    #[arg(long, env = "LOADTEST_APP_SECRET", default_value = "", global = true)]
+    pub app_secret: String,
 }
 
 #[derive(Subcommand)]
@@ -163,6 +177,29 @@ fn make_target(c: &Common) -> Result<Target, String> {
     if c.target == Kind::Ringcast && (c.secret_key.is_empty() || c.public_key.is_empty()) {
         return Err("ringcast needs --secret-key sk_... and --public-key pk_... (or LOADTEST_SECRET_KEY / LOADTEST_PUBLIC_KEY)".into());
     }
+    let publish = c.publish.unwrap_or(PublishApi::default_for(c.target));
+    match (c.target, publish) {
+        (Kind::Nchan, PublishApi::Nchan) => {}
+        (Kind::Nchan, _) | (_, PublishApi::Nchan) => {
+            return Err("--publish nchan goes with --target nchan only".into());
+        }
+        _ => {}
+    }
+    if c.target == Kind::Pusher && c.public_key.is_empty() {
+        return Err("pusher needs --public-key (the app key of /app/{key})".into());
+    }
+    if c.target == Kind::Pusher && c.token.is_some() {
+        return Err("pusher: --token is not supported (public channels only)".into());
+    }
+    if publish == PublishApi::Native && c.secret_key.is_empty() {
+        return Err("--publish native needs --secret-key sk_...".into());
+    }
+    if publish == PublishApi::Pusher && (c.app_id.is_empty() || c.app_secret.is_empty()) {
+        return Err(
+            "--publish pusher needs --app-id and --app-secret (or LOADTEST_APP_ID / LOADTEST_APP_SECRET)"
+                .into(),
+        );
+    }
     let nanos = stats::unix_ns();
     Ok(Target {
         kind: c.target,
@@ -179,5 +216,8 @@ fn make_target(c: &Common) -> Result<Target, String> {
         }),
         channel_prefix: c.channel_prefix.clone(),
         token: c.token.clone(),
+        publish,
+        app_id: c.app_id.clone(),
+        app_secret: c.app_secret.clone(),
     })
 }

@@ -10,6 +10,9 @@
 //!   responses) and every poll has a timeout.
 //! - A response is attributed to the oldest outstanding request on its connection
 //!   (HTTP/1.1 answers in order); a malformed response kills only that connection.
+//! - A connection the server ends cleanly with nothing outstanding (`Connection: close`
+//!   after the last answer, as Sockudo's REST API does on every response, or an idle
+//!   close) is reopened on the same slot; requests are only written to open ones.
 
 use crate::http::parse_response;
 use crate::net::{connect_nonblocking, source_ip};
@@ -84,6 +87,8 @@ struct Conn {
     /// The last read stopped at its bound with data possibly left: read again
     /// without waiting for a new edge.
     more: bool,
+    /// The server closed it cleanly with nothing outstanding: open a new one here.
+    reopen: bool,
 }
 
 impl Conn {
@@ -146,6 +151,7 @@ pub fn run(plan: PubPlan, shared: Arc<PubShared>) -> PubResult {
                     out_pos: 0,
                     inbuf: Vec::with_capacity(4096),
                     more: false,
+                    reopen: false,
                 });
             }
             Err(_) => *res.conn_errors.entry("connect() failed").or_default() += 1,
@@ -211,7 +217,7 @@ pub fn run(plan: PubPlan, shared: Arc<PubShared>) -> PubResult {
             res.unanswered = outstanding as u64;
             break;
         }
-        if conns.iter().all(|c| c.dead) {
+        if conns.iter().all(|c| c.dead && !(c.reopen && sending)) {
             break;
         }
 
@@ -230,10 +236,9 @@ pub fn run(plan: PubPlan, shared: Arc<PubShared>) -> PubResult {
                     }
                 }
                 let n = conns.len();
-                let Some(ci) = (0..n)
-                    .map(|j| (rr + j) % n)
-                    .find(|&j| !conns[j].dead && conns[j].inflight.len() < plan.pipeline.max(1))
-                else {
+                let Some(ci) = (0..n).map(|j| (rr + j) % n).find(|&j| {
+                    conns[j].up && !conns[j].dead && conns[j].inflight.len() < plan.pipeline.max(1)
+                }) else {
                     break;
                 };
                 rr = ci + 1;
@@ -299,6 +304,17 @@ pub fn run(plan: PubPlan, shared: Arc<PubShared>) -> PubResult {
             if c.dead {
                 continue;
             }
+            if ev.is_writable() && !c.up {
+                match (c.stream.take_error(), c.stream.peer_addr()) {
+                    (Ok(None), Ok(_)) => c.up = true,
+                    (_, Err(e)) if e.kind() == io::ErrorKind::NotConnected => continue,
+                    _ => {
+                        c.dead = true;
+                        *res.conn_errors.entry("reconnect failed").or_default() += 1;
+                        continue;
+                    }
+                }
+            }
             if ev.is_writable() && c.flush().is_err() {
                 c.dead = true;
                 *res.conn_errors.entry("write error").or_default() += 1;
@@ -311,9 +327,48 @@ pub fn run(plan: PubPlan, shared: Arc<PubShared>) -> PubResult {
         for c in conns.iter_mut().filter(|c| c.more && !c.dead) {
             read_responses(c, &mut scratch, &mut res, &shared, &plan);
         }
+        for (i, c) in conns.iter_mut().enumerate() {
+            if c.reopen && sending {
+                reopen(i, c, &poll, &plan, &mut res);
+            }
+        }
     }
     res.elapsed = t0.elapsed();
     res
+}
+
+/// Replace a connection the server closed cleanly by a new one on the same slot and
+/// token; it takes requests again once its connect completes (a writable event).
+fn reopen(i: usize, c: &mut Conn, poll: &Poll, plan: &PubPlan, res: &mut PubResult) {
+    c.reopen = false;
+    let _ = poll.registry().deregister(&mut c.stream);
+    let src = source_ip(plan.thread_idx * plan.conns + i, plan.source_ips);
+    let Ok(mut stream) = connect_nonblocking(plan.target.endpoint.addr, src) else {
+        c.dead = true;
+        *res.conn_errors.entry("reconnect failed").or_default() += 1;
+        return;
+    };
+    if poll
+        .registry()
+        .register(
+            &mut stream,
+            Token(i),
+            Interest::READABLE | Interest::WRITABLE,
+        )
+        .is_err()
+    {
+        c.dead = true;
+        *res.conn_errors.entry("epoll register failed").or_default() += 1;
+        return;
+    }
+    c.stream = stream;
+    c.up = false;
+    c.dead = false;
+    c.more = false;
+    c.inbuf.clear();
+    c.out.clear();
+    c.out_pos = 0;
+    *res.conn_errors.entry("reopened after close").or_default() += 1;
 }
 
 fn read_responses(
@@ -332,7 +387,12 @@ fn read_responses(
         let n = match c.stream.read(scratch) {
             Ok(0) => {
                 c.dead = true;
-                *res.conn_errors.entry("closed by server").or_default() += 1;
+                c.more = false;
+                if c.inflight.is_empty() && c.inbuf.is_empty() {
+                    c.reopen = true; // an idle close: nothing was lost
+                } else {
+                    *res.conn_errors.entry("closed by server").or_default() += 1;
+                }
                 return;
             }
             Ok(n) => n,
@@ -379,7 +439,12 @@ fn read_responses(
                     }
                     if r.close {
                         c.dead = true;
-                        *res.conn_errors.entry("connection: close").or_default() += 1;
+                        c.more = false;
+                        if c.inflight.is_empty() && pos == c.inbuf.len() {
+                            c.reopen = true;
+                        } else {
+                            *res.conn_errors.entry("connection: close").or_default() += 1;
+                        }
                         return;
                     }
                 }

@@ -1,16 +1,27 @@
-//! Target adapters: how to subscribe, publish and read a delivery on ringcast and on
-//! nginx + Nchan, so every scenario runs unchanged against either.
+//! Target adapters: how to subscribe, publish and read a delivery on ringcast, on
+//! nginx + Nchan and on any Pusher Channels server, so every scenario runs unchanged
+//! against each.
 //!
 //! - ringcast: one WebSocket at `/api/v1/ws?key=pk_..`, `subscribe` frames, publish by
 //!   `POST /api/v1/publish` with `{channel,event,data}`; a delivery is a
 //!   `{"type":"message",...,"data":{"t":..,"seq":..}}` frame.
 //! - Nchan: one WebSocket per channel at `/sub/<channel>`, publish by `POST /pub/<channel>`;
 //!   a delivery is the raw POST body, which is our `{"t":..,"seq":..}` itself.
+//! - Pusher (protocol 7: ringcast's `/app/{key}`, Sockudo, ...): one WebSocket at
+//!   `/app/<key>?protocol=7&..`, `pusher:subscribe` frames after
+//!   `pusher:connection_established`, publish by the Pusher REST API
+//!   (`POST /apps/<id>/events`, signed) or, with `--publish native`, by ringcast's own;
+//!   a delivery is `{"event":"lt","channel":..,"data":"{\"t\":..,\"seq\":..}"}`, the
+//!   data a JSON string (double-encoded).
 //!
 //! Invariants: classification never allocates and never panics on any payload; the
-//! timestamp is read only from the published `data` (ringcast) or raw body (Nchan).
+//! timestamp is read only from the published `data` (ringcast, Pusher) or raw body
+//! (Nchan).
 
 use crate::net::Endpoint;
+use hmac::{Hmac, Mac};
+use md5::{Digest, Md5};
+use sha2::Sha256;
 use std::io::Write;
 
 /// Which server we talk to.
@@ -18,6 +29,8 @@ use std::io::Write;
 pub enum Kind {
     Ringcast,
     Nchan,
+    /// Any server of the Pusher Channels protocol 7 (ringcast's `/app/{key}`, Sockudo).
+    Pusher,
 }
 
 impl Kind {
@@ -25,9 +38,43 @@ impl Kind {
         match self {
             Kind::Ringcast => "ringcast",
             Kind::Nchan => "nchan",
+            Kind::Pusher => "pusher",
         }
     }
 }
+
+/// Which API the publishers use (`--publish`; by default the target's own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PublishApi {
+    /// ringcast's `POST /api/v1/publish` with `X-Api-Key: sk_..`.
+    Native,
+    /// Pusher's REST `POST /apps/{app_id}/events`, signed with the app secret.
+    Pusher,
+    /// Nchan's `POST /pub/<channel>`.
+    Nchan,
+}
+
+impl PublishApi {
+    pub fn name(self) -> &'static str {
+        match self {
+            PublishApi::Native => "native",
+            PublishApi::Pusher => "pusher",
+            PublishApi::Nchan => "nchan",
+        }
+    }
+
+    /// The API a target publishes with when `--publish` is not given.
+    pub fn default_for(kind: Kind) -> Self {
+        match kind {
+            Kind::Ringcast => PublishApi::Native,
+            Kind::Nchan => PublishApi::Nchan,
+            Kind::Pusher => PublishApi::Pusher,
+        }
+    }
+}
+
+/// The event name of every publish of a run (and what marks a Pusher delivery).
+pub const EVENT: &str = "lt";
 
 /// Everything needed to speak to one target.
 #[derive(Debug, Clone)]
@@ -46,6 +93,12 @@ pub struct Target {
     /// A subscription token (JWT) sent in every ringcast subscribe frame (private
     /// channels); it must name every channel of the run.
     pub token: Option<String>,
+    /// How publishes are sent (the target's own API unless `--publish` says otherwise).
+    pub publish: PublishApi,
+    /// Pusher REST: the app id in `/apps/{app_id}/events`.
+    pub app_id: String,
+    /// Pusher REST: the app secret that signs each request (`auth_key` is `public_key`).
+    pub app_secret: String,
 }
 
 /// What a text frame from the server means to the harness.
@@ -59,8 +112,10 @@ pub enum Inbound {
     Unsubscribed,
     /// A delivery, with the publisher's timestamp (Unix ns) and per-channel sequence.
     Message { t: u64, seq: u64 },
-    /// An `error` frame.
+    /// An `error` frame (Pusher: `pusher:error`, `pusher:subscription_error`).
     Error,
+    /// Pusher: a `pusher:ping`, to be answered with `pusher:pong`.
+    Ping,
     /// Anything else (pong, unknown frames).
     Other,
 }
@@ -93,6 +148,80 @@ pub fn parse_stamp(data: &[u8]) -> Option<(u64, u64)> {
     ))
 }
 
+/// Parse our payload when it arrives JSON-encoded inside a JSON string, as Pusher's
+/// `data` does: `"{\"t\":<ns>,\"seq\":<n>}"`.
+pub fn parse_stamp_escaped(data: &[u8]) -> Option<(u64, u64)> {
+    Some((
+        number_after(data, br#"\"t\":"#)?,
+        number_after(data, br#"\"seq\":"#)?,
+    ))
+}
+
+fn hex_lower(bytes: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for &b in bytes {
+        s.push(HEX[usize::from(b >> 4)] as char);
+        s.push(HEX[usize::from(b & 15)] as char);
+    }
+    s
+}
+
+/// The signed query string of a Pusher REST request with a body, as Pusher's HTTP API
+/// reference defines it: `auth_key`, `auth_timestamp`, `auth_version=1.0` and
+/// `body_md5` (hex MD5 of the body), then `auth_signature`, the hex HMAC-SHA256 (keyed
+/// with the app secret) of `METHOD\nPATH\n` + those four parameters sorted by key
+/// (they already are), unescaped.
+pub fn pusher_signed_query(
+    key: &str,
+    secret: &str,
+    method: &str,
+    path: &str,
+    timestamp: u64,
+    body: &[u8],
+) -> String {
+    let body_md5 = hex_lower(&Md5::digest(body));
+    let params =
+        format!("auth_key={key}&auth_timestamp={timestamp}&auth_version=1.0&body_md5={body_md5}");
+    // HMAC takes a key of any length: new_from_slice cannot fail for it.
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes())
+        .unwrap_or_else(|_| unreachable!("HMAC accepts any key length"));
+    mac.update(method.as_bytes());
+    mac.update(b"\n");
+    mac.update(path.as_bytes());
+    mac.update(b"\n");
+    mac.update(params.as_bytes());
+    let sig = hex_lower(&mac.finalize().into_bytes());
+    format!("{params}&auth_signature={sig}")
+}
+
+/// Append our stamp `{"t":T,"seq":S[,"pad":"xx.."]}` to `out`; escaped for the inside
+/// of a JSON string when `escaped` (Pusher's `data` is a string).
+fn write_stamp(out: &mut Vec<u8>, t: u64, seq: u64, pad: usize, escaped: bool) {
+    let q: &[u8] = if escaped { b"\\\"" } else { b"\"" };
+    // Writes into a Vec cannot fail.
+    out.push(b'{');
+    out.extend_from_slice(q);
+    out.push(b't');
+    out.extend_from_slice(q);
+    let _ = write!(out, ":{t},");
+    out.extend_from_slice(q);
+    out.extend_from_slice(b"seq");
+    out.extend_from_slice(q);
+    let _ = write!(out, ":{seq}");
+    if pad > 0 {
+        out.push(b',');
+        out.extend_from_slice(q);
+        out.extend_from_slice(b"pad");
+        out.extend_from_slice(q);
+        out.push(b':');
+        out.extend_from_slice(q);
+        out.resize(out.len() + pad, b'x');
+        out.extend_from_slice(q);
+    }
+    out.push(b'}');
+}
+
 impl Target {
     /// This target as the publishers see it: `endpoint` replaced by the publish
     /// endpoint when one is set.
@@ -114,16 +243,34 @@ impl Target {
         match self.kind {
             Kind::Ringcast => format!("/api/v1/ws?key={}", self.public_key),
             Kind::Nchan => format!("/sub/{}", self.channel_name(ch)),
+            Kind::Pusher => format!(
+                "/app/{}?protocol=7&client=ringcast-loadtest&version=1",
+                self.public_key
+            ),
         }
     }
 
-    /// ringcast subscribes with a frame after `connected`; Nchan by the URL alone.
+    /// ringcast and Pusher subscribe with a frame after their greeting; Nchan by the
+    /// URL alone.
     pub fn uses_subscribe_frames(&self) -> bool {
-        self.kind == Kind::Ringcast
+        self.kind != Kind::Nchan
     }
 
-    /// The JSON of a subscribe (or unsubscribe) frame for ringcast.
+    /// The JSON of a subscribe (or unsubscribe) frame (ringcast, Pusher).
     pub fn subscribe_json(&self, ch: u32, subscribe: bool) -> String {
+        if self.kind == Kind::Pusher {
+            // Public channels only: a private one would need the socket id of the
+            // handshake signed per connection.
+            let ev = if subscribe {
+                "pusher:subscribe"
+            } else {
+                "pusher:unsubscribe"
+            };
+            return format!(
+                "{{\"event\":\"{ev}\",\"data\":{{\"channel\":\"{}\"}}}}",
+                self.channel_name(ch)
+            );
+        }
         let ty = if subscribe {
             "subscribe"
         } else {
@@ -142,37 +289,22 @@ impl Target {
         }
     }
 
-    /// Append one publish request for channel `ch` carrying timestamp `t` and
-    /// sequence `seq`, padded with `pad` bytes of filler inside `data`.
-    pub fn write_publish(&self, out: &mut Vec<u8>, ch: u32, t: u64, seq: u64, pad: usize) {
-        // The body is built first so Content-Length is exact; one small allocation
-        // per publish is noise next to the syscalls.
-        let mut body = Vec::with_capacity(96 + pad);
-        let chan = self.channel_name(ch);
+    /// The answer to a Pusher `pusher:ping` (the protocol's own keep-alive, beside
+    /// WebSocket pings).
+    pub fn pusher_pong(&self) -> &'static [u8] {
+        br#"{"event":"pusher:pong","data":{}}"#
+    }
+
+    /// Append the request line, headers and body of one POST to `path`, with the
+    /// API key header for ringcast's native API.
+    fn write_post(&self, out: &mut Vec<u8>, path: &str, body: &[u8]) {
         // Writes into a Vec cannot fail.
-        if self.kind == Kind::Ringcast {
-            let _ = write!(body, "{{\"channel\":\"{chan}\",\"event\":\"lt\",\"data\":");
-        }
-        let _ = write!(body, "{{\"t\":{t},\"seq\":{seq}");
-        if pad > 0 {
-            body.extend_from_slice(b",\"pad\":\"");
-            body.resize(body.len() + pad, b'x');
-            body.push(b'"');
-        }
-        body.push(b'}');
-        let path = match self.kind {
-            Kind::Ringcast => {
-                body.push(b'}');
-                "/api/v1/publish".to_string()
-            }
-            Kind::Nchan => format!("/pub/{chan}"),
-        };
         let _ = write!(
             out,
             "POST {path} HTTP/1.1\r\nHost: {}\r\n",
             self.endpoint.host
         );
-        if self.kind == Kind::Ringcast {
+        if self.publish == PublishApi::Native {
             let _ = write!(out, "X-Api-Key: {}\r\n", self.secret_key);
         }
         let _ = write!(
@@ -180,11 +312,63 @@ impl Target {
             "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
             body.len()
         );
-        out.extend_from_slice(&body);
+        out.extend_from_slice(body);
     }
 
-    /// Append one `POST /api/v1/publish/batch` (ringcast only) carrying one message per
-    /// `(channel, seq)`, all stamped `t`, each padded with `pad` filler bytes.
+    /// The signed path and query of a Pusher REST POST of `body` to
+    /// `/apps/{app_id}/{endpoint}`. `auth_timestamp` is the whole second of `t` (the
+    /// publish's own send time, Unix ns), so it changes once a second.
+    fn pusher_target(&self, endpoint: &str, t: u64, body: &[u8]) -> String {
+        let path = format!("/apps/{}/{endpoint}", self.app_id);
+        let q = pusher_signed_query(
+            &self.public_key,
+            &self.app_secret,
+            "POST",
+            &path,
+            t / 1_000_000_000,
+            body,
+        );
+        format!("{path}?{q}")
+    }
+
+    /// Append one publish request for channel `ch` carrying timestamp `t` and
+    /// sequence `seq`, padded with `pad` bytes of filler inside `data`.
+    pub fn write_publish(&self, out: &mut Vec<u8>, ch: u32, t: u64, seq: u64, pad: usize) {
+        // The body is built first so Content-Length is exact (and, for Pusher, so its
+        // MD5 can be signed); one small allocation per publish is noise next to the
+        // syscalls.
+        let mut body = Vec::with_capacity(112 + pad);
+        let chan = self.channel_name(ch);
+        let path = match self.publish {
+            PublishApi::Native => {
+                let _ = write!(
+                    body,
+                    "{{\"channel\":\"{chan}\",\"event\":\"{EVENT}\",\"data\":"
+                );
+                write_stamp(&mut body, t, seq, pad, false);
+                body.push(b'}');
+                "/api/v1/publish".to_string()
+            }
+            PublishApi::Nchan => {
+                write_stamp(&mut body, t, seq, pad, false);
+                format!("/pub/{chan}")
+            }
+            PublishApi::Pusher => {
+                let _ = write!(
+                    body,
+                    "{{\"name\":\"{EVENT}\",\"channel\":\"{chan}\",\"data\":\""
+                );
+                write_stamp(&mut body, t, seq, pad, true);
+                body.extend_from_slice(b"\"}");
+                self.pusher_target("events", t, &body)
+            }
+        };
+        self.write_post(out, &path, &body);
+    }
+
+    /// Append one batch publish (ringcast's `POST /api/v1/publish/batch`, or Pusher's
+    /// `POST /apps/{id}/batch_events`) carrying one message per `(channel, seq)`, all
+    /// stamped `t`, each padded with `pad` filler bytes. Nchan has no batch.
     pub fn write_publish_batch(
         &self,
         out: &mut Vec<u8>,
@@ -192,33 +376,41 @@ impl Target {
         t: u64,
         pad: usize,
     ) {
+        let pusher = self.publish == PublishApi::Pusher;
         let mut body = Vec::with_capacity(4096);
-        body.extend_from_slice(b"{\"messages\":[");
+        body.extend_from_slice(if pusher {
+            b"{\"batch\":["
+        } else {
+            b"{\"messages\":["
+        });
         for (i, (ch, seq)) in msgs.enumerate() {
             if i > 0 {
                 body.push(b',');
             }
             let chan = self.channel_name(ch);
-            let _ = write!(
-                body,
-                "{{\"channel\":\"{chan}\",\"event\":\"lt\",\"data\":{{\"t\":{t},\"seq\":{seq}"
-            );
-            if pad > 0 {
-                body.extend_from_slice(b",\"pad\":\"");
-                body.resize(body.len() + pad, b'x');
-                body.push(b'"');
+            if pusher {
+                let _ = write!(
+                    body,
+                    "{{\"name\":\"{EVENT}\",\"channel\":\"{chan}\",\"data\":\""
+                );
+                write_stamp(&mut body, t, seq, pad, true);
+                body.extend_from_slice(b"\"}");
+            } else {
+                let _ = write!(
+                    body,
+                    "{{\"channel\":\"{chan}\",\"event\":\"{EVENT}\",\"data\":"
+                );
+                write_stamp(&mut body, t, seq, pad, false);
+                body.push(b'}');
             }
-            body.extend_from_slice(b"}}");
         }
         body.extend_from_slice(b"]}");
-        let _ = write!(
-            out,
-            "POST /api/v1/publish/batch HTTP/1.1\r\nHost: {}\r\nX-Api-Key: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-            self.endpoint.host,
-            self.secret_key,
-            body.len()
-        );
-        out.extend_from_slice(&body);
+        let path = if pusher {
+            self.pusher_target("batch_events", t, &body)
+        } else {
+            "/api/v1/publish/batch".to_string()
+        };
+        self.write_post(out, &path, &body);
     }
 
     /// Classify one text frame's payload.
@@ -248,8 +440,41 @@ impl Target {
                     Inbound::Other
                 }
             }
+            Kind::Pusher => classify_pusher(payload),
         }
     }
+}
+
+/// A Pusher protocol 7 frame: `{"event":..,"channel":..,"data":..}` with keys in any
+/// order. Deliveries (event `lt`) carry our stamp double-encoded in `data`; a server
+/// that sent it as an object is read too.
+fn classify_pusher(payload: &[u8]) -> Inbound {
+    // The run's event first: by far the most frequent frame. The closing quote keeps
+    // `"lt"` from matching a longer name.
+    if find(payload, br#""event":"lt""#).is_some() {
+        let data = find(payload, b"\"data\":").map_or(payload, |i| &payload[i..]);
+        return match parse_stamp_escaped(data).or_else(|| parse_stamp(data)) {
+            Some((t, seq)) => Inbound::Message { t, seq },
+            None => Inbound::Other,
+        };
+    }
+    const TABLE: [(&[u8], Inbound); 5] = [
+        (
+            br#""event":"pusher_internal:subscription_succeeded""#,
+            Inbound::Subscribed,
+        ),
+        (
+            br#""event":"pusher:connection_established""#,
+            Inbound::Connected,
+        ),
+        (br#""event":"pusher:ping""#, Inbound::Ping),
+        (br#""event":"pusher:error""#, Inbound::Error),
+        (br#""event":"pusher:subscription_error""#, Inbound::Error),
+    ];
+    TABLE
+        .iter()
+        .find(|(needle, _)| find(payload, needle).is_some())
+        .map_or(Inbound::Other, |&(_, v)| v)
 }
 
 #[cfg(test)]
@@ -267,6 +492,9 @@ mod tests {
             tag: "ab".into(),
             channel_prefix: "lt".into(),
             token: None,
+            publish: PublishApi::default_for(kind),
+            app_id: "1000001".into(),
+            app_secret: "ts_z".into(),
         }
     }
 
@@ -395,5 +623,205 @@ mod tests {
             t.classify(br#"{"t":99999999999999999999999,"seq":1}"#),
             Inbound::Other
         );
+    }
+
+    /// Pusher's worked example (pusher/docs, library_auth_reference/rest-api.md,
+    /// "Worked authentication example"): app 3, its key, secret, timestamp and body
+    /// give this `body_md5` and `auth_signature`.
+    #[test]
+    fn pusher_signature_matches_the_worked_example() {
+        let body = br#"{"name":"foo","channels":["project-3"],"data":"{\"some\":\"data\"}"}"#;
+        let q = pusher_signed_query(
+            "278d425bdf160c739803",
+            "7ad3773142a6692b25b8",
+            "POST",
+            "/apps/3/events",
+            1353088179,
+            body,
+        );
+        assert_eq!(
+            q,
+            "auth_key=278d425bdf160c739803&auth_timestamp=1353088179&auth_version=1.0\
+             &body_md5=ec365a775a4cd0599faeb73354201b6f\
+             &auth_signature=da454824c97ba181a32ccc17a72625ba02771f50b50e1e7430e47a1f3f457e6c"
+        );
+        // Anything signed changes the signature.
+        let other = pusher_signed_query(
+            "278d425bdf160c739803",
+            "7ad3773142a6692b25b8",
+            "POST",
+            "/apps/4/events",
+            1353088179,
+            body,
+        );
+        assert_ne!(q[q.len() - 64..], other[other.len() - 64..]);
+    }
+
+    /// The path and query of a request we wrote.
+    fn target_of(req: &[u8]) -> &str {
+        let line = std::str::from_utf8(&req[..req.windows(2).position(|w| w == b"\r\n").unwrap()])
+            .unwrap();
+        line.strip_prefix("POST ")
+            .unwrap()
+            .strip_suffix(" HTTP/1.1")
+            .unwrap()
+    }
+
+    #[test]
+    fn pusher_publish_is_signed_with_data_as_a_string() {
+        let t = target(Kind::Pusher);
+        assert_eq!(t.publish, PublishApi::Pusher);
+        for pad in [0, 5] {
+            let mut out = Vec::new();
+            let ts_ns = 1_700_000_000_987_654_321;
+            t.write_publish(&mut out, 3, ts_ns, 42, pad);
+            assert!(!String::from_utf8_lossy(&out).contains("X-Api-Key"));
+            let body = body_of(&out);
+            let v: serde_json::Value = serde_json::from_slice(body).unwrap();
+            assert_eq!(v["name"], "lt");
+            assert_eq!(v["channel"], "ltabc3");
+            // data is a string holding our stamp as JSON.
+            let data: serde_json::Value =
+                serde_json::from_str(v["data"].as_str().unwrap()).unwrap();
+            assert_eq!(data["t"], ts_ns);
+            assert_eq!(data["seq"], 42);
+            if pad > 0 {
+                assert_eq!(data["pad"], "xxxxx");
+            }
+            // The query is exactly what the signer gives for this body and second.
+            let want = pusher_signed_query(
+                "pk_y",
+                "ts_z",
+                "POST",
+                "/apps/1000001/events",
+                1_700_000_000,
+                body,
+            );
+            assert_eq!(target_of(&out), format!("/apps/1000001/events?{want}"));
+        }
+    }
+
+    #[test]
+    fn pusher_batch_goes_to_batch_events() {
+        let t = target(Kind::Pusher);
+        let mut out = Vec::new();
+        t.write_publish_batch(&mut out, [(0, 5), (2, 6)].into_iter(), 77_000_000_000, 0);
+        let body = body_of(&out);
+        let v: serde_json::Value = serde_json::from_slice(body).unwrap();
+        let b = v["batch"].as_array().unwrap();
+        assert_eq!(b.len(), 2);
+        assert_eq!(b[1]["channel"], "ltabc2");
+        assert_eq!(b[1]["name"], "lt");
+        assert_eq!(
+            parse_stamp_escaped(serde_json::to_string(&b[1]["data"]).unwrap().as_bytes()),
+            Some((77_000_000_000, 6))
+        );
+        let want = pusher_signed_query(
+            "pk_y",
+            "ts_z",
+            "POST",
+            "/apps/1000001/batch_events",
+            77,
+            body,
+        );
+        assert_eq!(
+            target_of(&out),
+            format!("/apps/1000001/batch_events?{want}")
+        );
+    }
+
+    #[test]
+    fn pusher_target_can_publish_natively() {
+        let mut t = target(Kind::Pusher);
+        t.publish = PublishApi::Native;
+        let mut out = Vec::new();
+        t.write_publish(&mut out, 1, 9, 8, 0);
+        assert!(out.starts_with(b"POST /api/v1/publish HTTP/1.1\r\n"));
+        assert!(String::from_utf8_lossy(&out).contains("\r\nX-Api-Key: sk_x\r\n"));
+        let v: serde_json::Value = serde_json::from_slice(body_of(&out)).unwrap();
+        assert_eq!(
+            (v["data"]["t"].as_u64(), v["data"]["seq"].as_u64()),
+            (Some(9), Some(8))
+        );
+        assert_eq!(v["event"], "lt");
+    }
+
+    #[test]
+    fn pusher_connects_and_subscribes_with_protocol_7_frames() {
+        let t = target(Kind::Pusher);
+        assert_eq!(
+            t.ws_path(4),
+            "/app/pk_y?protocol=7&client=ringcast-loadtest&version=1"
+        );
+        assert!(t.uses_subscribe_frames());
+        let v: serde_json::Value = serde_json::from_str(&t.subscribe_json(4, true)).unwrap();
+        assert_eq!(v["event"], "pusher:subscribe");
+        assert_eq!(v["data"]["channel"], "ltabc4");
+        let v: serde_json::Value = serde_json::from_str(&t.subscribe_json(4, false)).unwrap();
+        assert_eq!(v["event"], "pusher:unsubscribe");
+        let v: serde_json::Value = serde_json::from_slice(t.pusher_pong()).unwrap();
+        assert_eq!(v["event"], "pusher:pong");
+    }
+
+    #[test]
+    fn classifies_pusher_frames() {
+        let t = target(Kind::Pusher);
+        // ringcast's shape (event first) and another key order.
+        assert_eq!(
+            t.classify(br#"{"event":"lt","channel":"ltabc0","data":"{\"t\":12,\"seq\":3}"}"#),
+            Inbound::Message { t: 12, seq: 3 }
+        );
+        assert_eq!(
+            t.classify(
+                br#"{"channel":"ltabc0","data":"{\"seq\":4,\"t\":99,\"pad\":\"xx\"}","event":"lt"}"#
+            ),
+            Inbound::Message { t: 99, seq: 4 }
+        );
+        // data sent as an object rather than a string is read as well.
+        assert_eq!(
+            t.classify(br#"{"event":"lt","channel":"c","data":{"t":5,"seq":6}}"#),
+            Inbound::Message { t: 5, seq: 6 }
+        );
+        // Another event on the same channel is not a delivery, nor is a longer name.
+        assert_eq!(
+            t.classify(br#"{"event":"lt2","channel":"c","data":"{\"t\":5,\"seq\":6}"}"#),
+            Inbound::Other
+        );
+        assert_eq!(
+            t.classify(br#"{"event":"lt","channel":"c","data":"{\"t\":\"x\"}"}"#),
+            Inbound::Other
+        );
+        assert_eq!(
+            t.classify(
+                br#"{"event":"pusher:connection_established","data":"{\"socket_id\":\"1.2\",\"activity_timeout\":120}"}"#
+            ),
+            Inbound::Connected
+        );
+        assert_eq!(
+            t.classify(
+                br#"{"event":"pusher_internal:subscription_succeeded","channel":"ltabc0","data":"{}"}"#
+            ),
+            Inbound::Subscribed
+        );
+        assert_eq!(
+            t.classify(br#"{"event":"pusher:error","data":{"code":4301,"message":"x"}}"#),
+            Inbound::Error
+        );
+        assert_eq!(
+            t.classify(
+                br#"{"event":"pusher:subscription_error","channel":"c","data":"{\"type\":\"AuthError\"}"}"#
+            ),
+            Inbound::Error
+        );
+        assert_eq!(
+            t.classify(br#"{"event":"pusher:ping","data":{}}"#),
+            Inbound::Ping
+        );
+        assert_eq!(
+            t.classify(br#"{"event":"pusher:pong","data":"{}"}"#),
+            Inbound::Other
+        );
+        assert_eq!(t.classify(b""), Inbound::Other);
+        assert_eq!(t.classify(b"\"event\":\"lt\""), Inbound::Other);
     }
 }

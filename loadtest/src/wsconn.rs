@@ -1,6 +1,6 @@
 //! One client WebSocket connection as a nonblocking state machine driven by a mio
-//! event loop: connect, upgrade, (ringcast) wait for `connected` and subscribe, then
-//! receive deliveries.
+//! event loop: connect, upgrade, (ringcast, Pusher) wait for the greeting and
+//! subscribe, then receive deliveries (and answer Pusher's `pusher:ping`).
 //!
 //! Invariants:
 //! - No allocation per received frame: input is read into the thread's scratch buffer
@@ -315,6 +315,13 @@ impl WsConn {
                 }
             }
             Inbound::Error => sink(Ev::ServerError),
+            // Queued here; flushed by the read loop right after this batch of frames.
+            Inbound::Ping => ws::encode_client_frame(
+                ws::OP_TEXT,
+                target.pusher_pong(),
+                &mut self.mask_seed,
+                &mut self.out,
+            ),
             _ => {}
         }
     }

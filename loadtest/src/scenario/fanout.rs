@@ -238,7 +238,7 @@ fn summary(c: &Common, t: &Target, a: &FanoutArgs, o: &Outcome, lat: &LatencySum
         .as_secs_f64()
         .max(1e-9);
     let mut v = json!({
-        "mode": "fanout", "target": t.kind.name(),
+        "mode": "fanout", "target": t.kind.name(), "publish_api": t.publish.name(),
         "params": {"subs": a.subs, "channels": o.channels, "rate": a.rate, "duration_s": a.duration,
                    "pub_conns": a.pub_conns, "threads": c.threads, "pad": a.pad, "batch": a.batch,
                    "publish_url": c.publish_url},

@@ -98,7 +98,7 @@ fn report(
 ) -> Value {
     let secs_run = p.elapsed.as_secs_f64().max(1e-9);
     let mut v = json!({
-        "mode": "publish", "target": t.kind.name(),
+        "mode": "publish", "target": t.kind.name(), "publish_api": t.publish.name(),
         "params": {"conns": a.conns, "rate": a.rate, "duration_s": a.duration, "pipeline": a.pipeline,
                    "channels": a.channels, "pub_threads": a.pub_threads, "pad": a.pad,
                    "batch": a.batch},

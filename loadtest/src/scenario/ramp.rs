@@ -196,7 +196,7 @@ fn report(c: &Common, t: &Target, plan: &Plan, log: &StepLog, start: Instant) ->
     let lowest_fail = lowest_failure(&log.steps);
     let (f, best) = (&plan.fanout, &log.best);
     let mut v = json!({
-        "mode": "ramp", "target": t.kind.name(),
+        "mode": "ramp", "target": t.kind.name(), "publish_api": t.publish.name(),
         "params": {"subs": f.subs, "channels": f.channels, "step_duration_s": f.duration,
                    "drain_s": f.drain, "p99_limit_ms": plan.p99_limit_ms, "start_rate": plan.search.start,
                    "max_rate": plan.search.max_rate, "tolerance": plan.search.tolerance,

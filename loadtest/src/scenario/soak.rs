@@ -281,7 +281,7 @@ fn report(c: &Common, t: &Target, a: &SoakArgs, o: &Outcome) -> Value {
     let fds_trend = trend::summary(&o.samples.fds, a.warmup);
     let rss_slope = rss_trend["slope_per_min"].as_f64();
     let mut v = json!({
-        "mode": "soak", "target": t.kind.name(),
+        "mode": "soak", "target": t.kind.name(), "publish_api": t.publish.name(),
         "params": {"conns": a.conns, "channels": o.channels, "rate": a.rate, "duration_s": a.duration,
                    "sample_every_s": a.sample_every, "warmup_s": a.warmup, "min_life_s": a.min_life,
                    "max_life_s": a.max_life, "flip_every_s": a.flip_every, "pad_max": a.pad},
