@@ -90,7 +90,7 @@ fn fanout_dialects(c: &mut Criterion) {
     let frame = message_frame(
         "orders",
         "order.created",
-        br#"{"id":42,"sku":"A-1","qty":3,"note":"a "quoted" word"}"#,
+        br#"{"id":42,"sku":"A-1","qty":3,"note":"a \"quoted\" word"}"#,
         "0123456789abcdef0123",
     );
     let subs = 10_000u64;
@@ -109,6 +109,13 @@ fn fanout_dialects(c: &mut Criterion) {
             .collect();
         for conn in &conns {
             registry.subscribe(0, "orders", conn);
+        }
+        // Every subscriber takes the frame (a Pusher frame that failed to build would
+        // make the loop cheap and the figure wrong).
+        let msg = Broadcast::plain(0, "orders".into(), frame.clone());
+        assert_eq!(fan_out(&registry, &msg), subs as usize, "{name}");
+        for conn in &conns {
+            assert_eq!(conn.take_queued().len(), 1);
         }
         group.throughput(Throughput::Elements(subs));
         group.bench_function(name, |b| {
