@@ -241,6 +241,30 @@ fn run_local(rx: Receiver<Op>, mut local: Local, fx: Effects) {
     }
 }
 
+/// A join decided by this node's state alone (single node, or a cluster node while
+/// Redis is away): an added member is announced to the channel, the joiner left out,
+/// before the joiner's answer is queued (see the module's invariants), and, with
+/// `hook`, reported to the webhooks.
+fn join_here(local: &mut Local, fx: &Effects, j: &Join, hook: bool) -> PresenceAnswer {
+    match local.join(j, true) {
+        Joined::Full => PresenceAnswer::Full,
+        Joined::Again => PresenceAnswer::Joined(local.object(j.project, &j.channel).into()),
+        Joined::Added => {
+            let frame = presence_frame(&j.channel, "join", &j.user_id, j.info.as_deref());
+            fx.frame(
+                j.project,
+                &j.channel,
+                frame,
+                Some(SocketId::local(j.worker, j.conn)),
+            );
+            if let Some(h) = fx.hooks().filter(|_| hook) {
+                h.member_added(j.project, &j.channel, &j.user_id);
+            }
+            PresenceAnswer::Joined(local.object(j.project, &j.channel).into())
+        }
+    }
+}
+
 /// One operation on a single node, where this node's state is the whole truth.
 fn apply_local(local: &mut Local, fx: &Effects, op: Op) {
     match op {
@@ -259,25 +283,7 @@ fn apply_local(local: &mut Local, fx: &Effects, op: Op) {
             }
         }
         Op::Join(j) => {
-            let answer = match local.join(&j, true) {
-                Joined::Full => PresenceAnswer::Full,
-                Joined::Again => PresenceAnswer::Joined(local.object(j.project, &j.channel).into()),
-                Joined::Added => {
-                    // Everyone already in the channel hears of the join before the
-                    // joiner's answer is queued (see the module's invariants).
-                    let frame = presence_frame(&j.channel, "join", &j.user_id, j.info.as_deref());
-                    fx.frame(
-                        j.project,
-                        &j.channel,
-                        frame,
-                        Some(SocketId::local(j.worker, j.conn)),
-                    );
-                    if let Some(h) = fx.hooks() {
-                        h.member_added(j.project, &j.channel, &j.user_id);
-                    }
-                    PresenceAnswer::Joined(local.object(j.project, &j.channel).into())
-                }
-            };
+            let answer = join_here(local, fx, &j, true);
             fx.answer(j.worker, j.ticket, answer);
             local.tidy(j.project, &j.channel);
         }

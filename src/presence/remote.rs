@@ -34,7 +34,7 @@ use bytes::Bytes;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
 use super::{
-    presence_frame, presence_object, ChannelInfo, Effects, Join, Joined, Listed, Local, Members,
+    join_here, presence_frame, presence_object, ChannelInfo, Effects, Join, Listed, Local, Members,
     Op, Query, MAX_LISTED,
 };
 use crate::auth::cache::ProjectIndex;
@@ -407,21 +407,9 @@ impl Remote {
                 PresenceAnswer::Joined(object.into())
             }
             Some(Err(())) => PresenceAnswer::Full,
-            None => match local.join(&j, true) {
-                // Redis away: decided on this node alone, announced here only.
-                Joined::Full => PresenceAnswer::Full,
-                Joined::Again => PresenceAnswer::Joined(local.object(j.project, &j.channel).into()),
-                Joined::Added => {
-                    let frame = presence_frame(&j.channel, "join", &j.user_id, j.info.as_deref());
-                    fx.frame(
-                        j.project,
-                        &j.channel,
-                        frame,
-                        Some(SocketId::local(j.worker, j.conn)),
-                    );
-                    PresenceAnswer::Joined(local.object(j.project, &j.channel).into())
-                }
-            },
+            // Redis away: decided on this node alone, announced here only (the
+            // webhook transition is Redis' to decide, cluster-wide).
+            None => join_here(local, fx, &j, false),
         };
         fx.answer(j.worker, j.ticket, answer);
         local.tidy(j.project, &j.channel);

@@ -232,22 +232,12 @@ pub(crate) fn batch_array(
     what: &'static str,
     max: usize,
 ) -> Result<(usize, usize), BatchError> {
-    let Some(Node::Object { len, .. }) = nodes.first() else {
-        return Err(ApiError::NotAnObject.into());
-    };
     let mut found = None;
-    let mut i = 1;
-    for _ in 0..*len {
-        let k = match nodes.get(i) {
-            Some(Node::String(k)) => *k,
-            _ => return Err(ApiError::InvalidJson.into()),
-        };
-        let value = nodes.get(i + 1).ok_or(ApiError::InvalidJson)?;
+    object_fields(nodes, 0, |k, at, _| {
         if k == key {
-            found = Some(i + 1);
+            found = Some(at);
         }
-        i += 1 + node_span(value);
-    }
+    })?;
     let at = found.ok_or(ApiError::MissingField(key))?;
     let Some(Node::Array { len, .. }) = nodes.get(at) else {
         return Err(ApiError::InvalidField(key, what).into());
@@ -290,28 +280,16 @@ fn batch_fields<'a>(
 
 /// The message object starting at tape node `at`, and the nodes it spans.
 fn message_fields<'a>(nodes: &[Node<'a>], at: usize) -> Result<(Fields<'a>, usize), ApiError> {
-    let Some(object @ Node::Object { len, .. }) = nodes.get(at) else {
-        return Err(ApiError::NotAnObject);
-    };
     let (mut channel, mut channels, mut event, mut data) = (None, None, None, None);
     let mut socket_id = None;
-    let mut i = at + 1;
-    for _ in 0..*len {
-        let key = match nodes.get(i) {
-            Some(Node::String(k)) => *k,
-            _ => return Err(ApiError::InvalidJson),
-        };
-        let value = nodes.get(i + 1).ok_or(ApiError::InvalidJson)?;
-        match key {
-            "channel" => channel = Some(kind(value)),
-            "channels" => channels = Some(i + 1),
-            "event" => event = Some(kind(value)),
-            "data" => data = Some(kind(value)),
-            "socket_id" => socket_id = Some(kind(value)),
-            _ => {}
-        }
-        i += 1 + node_span(value);
-    }
+    let span = object_fields(nodes, at, |key, value_at, value| match key {
+        "channel" => channel = Some(kind(value)),
+        "channels" => channels = Some(value_at),
+        "event" => event = Some(kind(value)),
+        "data" => data = Some(kind(value)),
+        "socket_id" => socket_id = Some(kind(value)),
+        _ => {}
+    })?;
     let channels = match (channel, channels) {
         (Some(_), Some(_)) => {
             return Err(ApiError::InvalidField(
@@ -343,7 +321,7 @@ fn message_fields<'a>(nodes: &[Node<'a>], at: usize) -> Result<(Fields<'a>, usiz
             event,
             except,
         },
-        node_span(object),
+        span,
     ))
 }
 
@@ -400,6 +378,29 @@ pub(super) fn channel_list<'a>(nodes: &[Node<'a>], at: usize) -> Result<Channels
 }
 
 /// Number of tape nodes a value occupies, itself included.
+/// Walk the object at tape node `at`: `each(key, index of its value, value)` for every
+/// field in order. Returns the nodes the object spans; `NotAnObject` when it is none.
+pub(super) fn object_fields<'a>(
+    nodes: &[Node<'a>],
+    at: usize,
+    mut each: impl FnMut(&'a str, usize, &Node<'a>),
+) -> Result<usize, ApiError> {
+    let Some(object @ Node::Object { len, .. }) = nodes.get(at) else {
+        return Err(ApiError::NotAnObject);
+    };
+    let mut i = at + 1;
+    for _ in 0..*len {
+        let key = match nodes.get(i) {
+            Some(Node::String(k)) => *k,
+            _ => return Err(ApiError::InvalidJson),
+        };
+        let value = nodes.get(i + 1).ok_or(ApiError::InvalidJson)?;
+        each(key, i + 1, value);
+        i += 1 + node_span(value);
+    }
+    Ok(node_span(object))
+}
+
 pub(super) fn node_span(node: &Node<'_>) -> usize {
     match node {
         Node::Object { count, .. } | Node::Array { count, .. } => count + 1,

@@ -22,7 +22,7 @@
 use simd_json::Node;
 
 use super::parse::{
-    array_elements, batch_array, channel_list, kind, name_field, node_span, socket_id_field,
+    array_elements, batch_array, channel_list, kind, name_field, object_fields, socket_id_field,
     top_level_value, BatchError, BatchLimits, Channels, Kind, Publish, PublishParser,
     RESERVED_EVENT_PREFIXES,
 };
@@ -171,29 +171,17 @@ fn event_fields<'a>(
     at: usize,
     in_batch: bool,
 ) -> Result<(Fields<'a>, usize), ApiError> {
-    let Some(object @ Node::Object { len, .. }) = nodes.get(at) else {
-        return Err(ApiError::NotAnObject);
-    };
     let (mut channel, mut channels, mut name, mut data) = (None, None, None, None);
     let (mut socket_id, mut info) = (None, None);
-    let mut i = at + 1;
-    for _ in 0..*len {
-        let key = match nodes.get(i) {
-            Some(Node::String(k)) => *k,
-            _ => return Err(ApiError::InvalidJson),
-        };
-        let value = nodes.get(i + 1).ok_or(ApiError::InvalidJson)?;
-        match key {
-            "channel" => channel = Some(kind(value)),
-            "channels" => channels = Some(i + 1),
-            "name" => name = Some(kind(value)),
-            "data" => data = Some(kind(value)),
-            "socket_id" => socket_id = Some(kind(value)),
-            "info" => info = Some(kind(value)),
-            _ => {}
-        }
-        i += 1 + node_span(value);
-    }
+    let span = object_fields(nodes, at, |key, value_at, value| match key {
+        "channel" => channel = Some(kind(value)),
+        "channels" => channels = Some(value_at),
+        "name" => name = Some(kind(value)),
+        "data" => data = Some(kind(value)),
+        "socket_id" => socket_id = Some(kind(value)),
+        "info" => info = Some(kind(value)),
+        _ => {}
+    })?;
     let channels = match (channel, channels) {
         (Some(_), Some(_)) => {
             return Err(ApiError::InvalidField(
@@ -242,7 +230,7 @@ fn event_fields<'a>(
             except,
             info,
         },
-        node_span(object),
+        span,
     ))
 }
 
