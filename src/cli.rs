@@ -192,7 +192,8 @@ fn sources(m: &ArgMatches) -> FlagSources {
         ("config", "config"),
     ];
     let mut out = FlagSources::new();
-    for (id, key) in ARGS {
+    let limits = LimitArgs::KEYS.iter().map(|k| (*k, *k));
+    for (id, key) in ARGS.into_iter().chain(limits) {
         match m.try_get_raw(id).ok().and_then(|_| m.value_source(id)) {
             Some(ValueSource::CommandLine) => {
                 out.insert(key, "flag");
@@ -232,9 +233,63 @@ pub struct ServeArgs {
     /// Log line format on stderr.
     #[arg(long, value_enum)]
     pub log_format: Option<LogFormat>,
+    /// The limits added by contract 1.3, each also a flag and an environment variable.
+    #[command(flatten)]
+    pub limits: LimitArgs,
     /// Which values came from a flag or the environment (not a flag itself).
     #[arg(skip)]
     pub(crate) sources: FlagSources,
+}
+
+/// Declares config keys that `serve` (and `config show`) also take as `--key-with-dashes`
+/// and `RINGCAST_KEY`. Each value is kept as text and applied over the file's
+/// configuration as a TOML value (`20`, `true`, `on`), so the field's own type and
+/// [`crate::config::Config::validate`] decide what is accepted: one definition per key.
+macro_rules! limit_args {
+    ($( $(#[$doc:meta])* $field:ident => $env:literal, )*) => {
+        /// Config keys (contract 1.3 and later) that are also flags and env variables.
+        #[derive(Debug, Args, Clone, Default)]
+        pub struct LimitArgs {
+            $(
+                $(#[$doc])*
+                #[arg(long, env = $env, value_name = "VALUE")]
+                pub $field: Option<String>,
+            )*
+        }
+
+        impl LimitArgs {
+            /// The keys given, as (config key, text as given).
+            pub(crate) fn given(&self) -> Vec<(&'static str, &str)> {
+                let mut out = Vec::new();
+                $(
+                    if let Some(v) = &self.$field {
+                        out.push((stringify!($field), v.as_str()));
+                    }
+                )*
+                out
+            }
+
+            /// Every key this struct declares (for the source table).
+            const KEYS: &'static [&'static str] = &[$(stringify!($field)),*];
+        }
+    };
+}
+
+limit_args! {
+    /// Subscribes and token refreshes per second per connection (token bucket, burst
+    /// max_subscriptions_per_connection). Default 20.
+    subscribe_rate_per_connection => "RINGCAST_SUBSCRIBE_RATE_PER_CONNECTION",
+    /// Largest `GET /api/v1/history` answer, bytes. Default 4194304 (4 MiB).
+    max_history_answer_bytes => "RINGCAST_MAX_HISTORY_ANSWER_BYTES",
+    /// HTTP answers one connection may have buffered, bytes. Default 262144 (256 KiB).
+    max_pending_answer_bytes => "RINGCAST_MAX_PENDING_ANSWER_BYTES",
+    /// Allow webhook URLs resolving to loopback, private, link-local and similar
+    /// addresses: true or false. Default false.
+    webhook_allow_private_addresses => "RINGCAST_WEBHOOK_ALLOW_PRIVATE_ADDRESSES",
+    /// How long an Idempotency-Key is remembered, seconds. Default 300.
+    idempotency_window_s => "RINGCAST_IDEMPOTENCY_WINDOW_S",
+    /// Idempotency keys remembered per project. Default 100000.
+    idempotency_max_keys_per_project => "RINGCAST_IDEMPOTENCY_MAX_KEYS_PER_PROJECT",
 }
 
 #[derive(Debug, Subcommand)]

@@ -166,6 +166,25 @@ pub struct Config {
     /// Default: none, meaning `<data_dir>/master.key`, created with mode 0600 on first
     /// start (embedded store). Required in cluster mode: the same file on every node.
     pub master_key_file: Option<PathBuf>,
+    /// Subscribes and token refreshes per connection per second: a token bucket of
+    /// burst `max_subscriptions_per_connection`. Over: an error frame `rate_limited`
+    /// (Pusher: `pusher:subscription_error` status 429), never a close. Token signatures
+    /// are verified only within it. Default 20.
+    pub subscribe_rate_per_connection: u32,
+    /// Largest `GET /api/v1/history` answer, bytes: the messages that fit, oldest first,
+    /// with `"more": true` when it stopped early. Default 4194304 (4 MiB).
+    pub max_history_answer_bytes: usize,
+    /// HTTP answers one connection may have buffered and unsent, bytes: pipelined
+    /// requests wait until the client has read what came before. Default 262144 (256 KiB).
+    pub max_pending_answer_bytes: usize,
+    /// Whether webhook URLs may resolve to loopback, private, link-local, unique-local,
+    /// unspecified or multicast addresses. Default false (refused at connect time).
+    pub webhook_allow_private_addresses: bool,
+    /// How long an `Idempotency-Key` answer is remembered, seconds. Default 300.
+    pub idempotency_window_s: u64,
+    /// Idempotency keys remembered per project; over it the oldest is forgotten first.
+    /// Default 100000.
+    pub idempotency_max_keys_per_project: usize,
 }
 
 impl Default for Config {
@@ -210,8 +229,41 @@ impl Default for Config {
             log_level: "info".to_string(),
             webhook_queue_events: 10_000,
             master_key_file: None,
+            subscribe_rate_per_connection: 20,
+            max_history_answer_bytes: 4 * 1024 * 1024,
+            max_pending_answer_bytes: 256 * 1024,
+            webhook_allow_private_addresses: false,
+            idempotency_window_s: 300,
+            idempotency_max_keys_per_project: 100_000,
         }
     }
+}
+
+/// Apply `--key value` / `RINGCAST_KEY=value` overrides: each text is read as a TOML
+/// value (`20`, `true`; anything else is a string, so `on` stays `"on"`) and the whole
+/// configuration is read back, so a wrong type is refused exactly as in the file.
+fn apply_overrides(cfg: Config, given: &[(&'static str, &str)]) -> Result<Config, ConfigError> {
+    let invalid = |key: &str, value: &str, why: String| {
+        ConfigError::Invalid(format!("{key} = {value:?} is not allowed ({why})"))
+    };
+    let mut table = toml::Table::try_from(&cfg)
+        .map_err(|e| ConfigError::Invalid(format!("configuration: {e}")))?;
+    for (key, text) in given {
+        let value = match format!("v = {text}").parse::<toml::Table>() {
+            Ok(mut t) => t
+                .remove("v")
+                .unwrap_or_else(|| toml::Value::String(text.to_string())),
+            Err(_) => toml::Value::String(text.to_string()),
+        };
+        table.insert(key.to_string(), value);
+        let _: Config = table
+            .clone()
+            .try_into()
+            .map_err(|e: toml::de::Error| invalid(key, text, one_line(e.message())))?;
+    }
+    table
+        .try_into()
+        .map_err(|e: toml::de::Error| ConfigError::Invalid(one_line(e.message())))
 }
 
 /// Where an effective value came from (`config show`).
@@ -365,6 +417,13 @@ impl Config {
             cfg.log_format = format;
             set("log_format");
         }
+        let given = args.limits.given();
+        if !given.is_empty() {
+            cfg = apply_overrides(cfg, &given)?;
+            for (key, _) in given {
+                set(key);
+            }
+        }
         if cfg.workers == 0 {
             cfg.workers = std::thread::available_parallelism()
                 .map(|n| n.get())
@@ -475,6 +534,17 @@ impl Config {
             ),
             ("mailbox_capacity", self.mailbox_capacity),
             ("webhook_queue_events", self.webhook_queue_events),
+            (
+                "subscribe_rate_per_connection",
+                self.subscribe_rate_per_connection as usize,
+            ),
+            ("max_history_answer_bytes", self.max_history_answer_bytes),
+            ("max_pending_answer_bytes", self.max_pending_answer_bytes),
+            ("idempotency_window_s", self.idempotency_window_s as usize),
+            (
+                "idempotency_max_keys_per_project",
+                self.idempotency_max_keys_per_project,
+            ),
             ("heartbeat_s", self.heartbeat_s as usize),
             ("key_refresh_ms", self.key_refresh_ms as usize),
             (
@@ -654,6 +724,36 @@ mod tests {
         );
         assert_eq!(redact_url("redis://tok@h/"), "redis://***@h/");
         assert_eq!(redact_url("redis://h:6379/"), "redis://h:6379/");
+    }
+
+    #[test]
+    fn limit_flags_and_env_override_the_file_with_their_source() {
+        let mut args = ServeArgs::default();
+        args.limits.subscribe_rate_per_connection = Some("7".into());
+        args.limits.webhook_allow_private_addresses = Some("true".into());
+        args.sources.insert("subscribe_rate_per_connection", "env");
+        args.sources
+            .insert("webhook_allow_private_addresses", "flag");
+        let loaded = Config::load_sourced(&args, Path::new("./d"), None, None).unwrap();
+        assert_eq!(loaded.config.subscribe_rate_per_connection, 7);
+        assert!(loaded.config.webhook_allow_private_addresses);
+        let shown = loaded.show();
+        assert_eq!(shown["subscribe_rate_per_connection"]["source"], "env");
+        assert_eq!(shown["webhook_allow_private_addresses"]["source"], "flag");
+        assert_eq!(shown["max_pending_answer_bytes"]["value"], 262144);
+
+        args.limits.max_pending_answer_bytes = Some("lots".into());
+        let err = Config::load_sourced(&args, Path::new("./d"), None, None).unwrap_err();
+        assert!(
+            err.to_string().contains("max_pending_answer_bytes"),
+            "{err}"
+        );
+        args.limits.max_pending_answer_bytes = Some("0".into());
+        let err = Config::load_sourced(&args, Path::new("./d"), None, None).unwrap_err();
+        assert!(
+            err.to_string().contains("max_pending_answer_bytes"),
+            "{err}"
+        );
     }
 
     #[test]
