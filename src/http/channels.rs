@@ -1,6 +1,6 @@
 //! Occupancy and presence over REST, with the project's secret key:
 //! - `GET /api/v1/channels?prefix=P`: the project's channels with at least one
-//!   subscriber now, sorted by name, at most 10,000;
+//!   subscriber now, sorted by name, at most 10,000 (`"more":true` when cut);
 //! - `GET /api/v1/channels/info?channel=C`: one channel's subscriber count (and
 //!   `user_count` on presence channels);
 //! - `GET /api/v1/presence?channel=presence-C`: a presence channel's members.
@@ -71,8 +71,9 @@ pub(crate) fn handle(
             Outcome::Deferred(Box::pin(async move {
                 let mut out = Vec::new();
                 match rx.wait().await {
-                    Ok(list) => {
-                        let mut body = Vec::with_capacity(16 + 40 * list.len());
+                    Ok(listing) => {
+                        let list = &listing.channels;
+                        let mut body = Vec::with_capacity(24 + 40 * list.len());
                         body.extend_from_slice(b"{\"channels\":[");
                         for (i, ch) in list.iter().enumerate() {
                             if i > 0 {
@@ -84,7 +85,12 @@ pub(crate) fn handle(
                                 format!(",\"subscribers\":{}}}", ch.subscribers).as_bytes(),
                             );
                         }
-                        body.extend_from_slice(b"]}");
+                        body.push(b']');
+                        if listing.more {
+                            // Cut at 10,000: more channels matched (see docs/protocol.md).
+                            body.extend_from_slice(b",\"more\":true");
+                        }
+                        body.push(b'}');
                         write_json(&mut out, 200, &body, Extra::default());
                     }
                     Err(_) => unreachable_state(&mut out),

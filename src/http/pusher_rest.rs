@@ -568,8 +568,9 @@ fn channels(svc: &Rc<Service>, project: u32, q: &Query, out: &mut Vec<u8>) -> Ou
         reply: tx,
     });
     deferred(async move {
-        let list = rx.wait().await.ok()?;
-        let mut body = Vec::with_capacity(16 + 48 * list.len());
+        let listing = rx.wait().await.ok()?;
+        let list = &listing.channels;
+        let mut body = Vec::with_capacity(24 + 48 * list.len());
         body.extend_from_slice(b"{\"channels\":{");
         for (i, ch) in list.iter().enumerate() {
             if i > 0 {
@@ -583,7 +584,12 @@ fn channels(svc: &Rc<Service>, project: u32, q: &Query, out: &mut Vec<u8>) -> Ou
             };
             write_attrs(&mut body, info, Some(count));
         }
-        body.extend_from_slice(b"}}");
+        body.push(b'}');
+        if listing.more {
+            // Cut at 10,000: more channels matched (see docs/protocol.md).
+            body.extend_from_slice(b",\"more\":true");
+        }
+        body.push(b'}');
         Some(body)
     })
 }

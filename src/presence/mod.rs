@@ -26,6 +26,7 @@
 //! - The queue is unbounded: only workers produce into it, a few entries per subscribe
 //!   or unsubscribe, and the hub drains far faster than clients can subscribe.
 
+mod listing;
 pub(crate) mod remote;
 
 use std::collections::{BTreeMap, HashMap};
@@ -84,6 +85,14 @@ pub(crate) struct Listed {
     pub user_count: Option<usize>,
 }
 
+/// An occupancy listing's answer: at most [`MAX_LISTED`] channels, sorted by name, and
+/// whether more channels matched (`"more": true` in the REST answers).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct Listing {
+    pub channels: Vec<Listed>,
+    pub more: bool,
+}
+
 /// A REST question.
 pub(crate) enum Query {
     /// Occupied channels whose name starts with `prefix`, sorted, at most [`MAX_LISTED`];
@@ -92,7 +101,7 @@ pub(crate) enum Query {
         project: u32,
         prefix: Box<str>,
         users: bool,
-        reply: ReplyTx<Vec<Listed>>,
+        reply: ReplyTx<Listing>,
     },
     Info {
         project: u32,
@@ -469,11 +478,12 @@ impl Local {
                 users,
                 reply,
             } => {
-                let list = self.projects.get(&project).map_or_else(Vec::new, |chs| {
+                let mut channels = self.projects.get(&project).map_or_else(Vec::new, |chs| {
                     chs.range::<str, _>((Bound::Included(&*prefix), Bound::Unbounded))
                         .take_while(|(name, _)| name.starts_with(&*prefix))
                         .filter(|(_, ch)| ch.subscribers > 0)
-                        .take(MAX_LISTED)
+                        // One more than listed: whether the listing was cut.
+                        .take(MAX_LISTED + 1)
                         .map(|(name, ch)| Listed {
                             name: name.clone(),
                             subscribers: ch.subscribers,
@@ -482,7 +492,9 @@ impl Local {
                         })
                         .collect()
                 });
-                reply.send(Ok(list));
+                let more = channels.len() > MAX_LISTED;
+                channels.truncate(MAX_LISTED);
+                reply.send(Ok(Listing { channels, more }));
             }
             Query::Info {
                 project,
@@ -512,6 +524,52 @@ impl Local {
                 reply.send(Ok(Members { members }));
             }
         }
+    }
+}
+
+/// Longest user id, in characters: what a single node accepts as a token's `sub` or a
+/// Pusher `channel_data.user_id`.
+const MAX_USER_ID_CHARS: usize = 128;
+
+/// A member read back from Redis (cluster mode), checked as a single node checks what a
+/// token or a Pusher `channel_data` gives it, before it reaches any client: `None` drops
+/// a member whose user id is empty or longer than 128 characters; an `info` that is not
+/// one JSON object of at most [`MAX_INFO_BYTES`](crate::auth::token::MAX_INFO_BYTES) is
+/// left out (the member stays). Redis is shared: what it holds may have been written by
+/// anyone who can reach it, and `info` is spliced into frames as it is.
+pub(crate) fn checked_member(user: String, info: Option<String>) -> Option<(String, Option<String>)> {
+    if !(1..=MAX_USER_ID_CHARS).contains(&user.chars().count()) {
+        warn_unchecked("user id");
+        return None;
+    }
+    let info = info.filter(|i| !i.is_empty()).and_then(|i| {
+        let ok = i.len() <= crate::auth::token::MAX_INFO_BYTES
+            && matches!(serde_json::from_str(&i), Ok(serde_json::Value::Object(_)));
+        if !ok {
+            warn_unchecked("info");
+        }
+        ok.then_some(i)
+    });
+    Some((user, info))
+}
+
+/// One warning per minute at most: a Redis full of bad members must not flood the log.
+fn warn_unchecked(what: &'static str) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let last = LAST.load(Ordering::Relaxed);
+    if now >= last + 60
+        && LAST
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        tracing::warn!(
+            field = what,
+            "presence: a member read from Redis was not what this node accepts from clients; it was left out (more are not logged for a minute)"
+        );
     }
 }
 
@@ -727,6 +785,7 @@ mod tests {
             reply: tx,
         }));
         let list: Vec<(Box<str>, u64)> = futures_lite_block(rx)
+            .channels
             .into_iter()
             .map(|l| (l.name, l.subscribers))
             .collect();
@@ -751,6 +810,31 @@ mod tests {
             s.0.projects.is_empty(),
             "no record is kept for empty channels"
         );
+    }
+
+    #[test]
+    fn members_read_from_redis_are_checked_as_a_single_node_checks_them() {
+        let m = |u: &str, i: &str| checked_member(u.into(), Some(i.into()));
+        assert_eq!(
+            m("u1", r#"{"name":"Ann"}"#),
+            Some(("u1".into(), Some(r#"{"name":"Ann"}"#.into())))
+        );
+        assert_eq!(m("u1", ""), Some(("u1".into(), None)));
+        for bad in [
+            "[1,2]",
+            "\"text\"",
+            "{\"a\":1}]}",
+            "{\"a\":1},{\"b\":2}",
+            "not json",
+            "{\"a\":",
+        ] {
+            assert_eq!(m("u1", bad), Some(("u1".into(), None)), "{bad}");
+        }
+        let big = format!("{{\"x\":\"{}\"}}", "a".repeat(1100));
+        assert_eq!(m("u1", &big), Some(("u1".into(), None)));
+        assert_eq!(m("", "{}"), None);
+        assert_eq!(m(&"u".repeat(129), "{}"), None);
+        assert!(m(&"é".repeat(128), "{}").is_some());
     }
 
     /// The reply is filled synchronously by `apply`: take it without a runtime.
