@@ -17,7 +17,8 @@
 //!   removed by the listing that meets it.
 //! - Upgrade: when `occl-ready` is missing (data of the previous version, or Redis lost
 //!   its data), the listing thread first builds the sets from the hashes in batches of
-//!   [`REBUILD_BATCH`] (each batch one short script: Redis is never held for long),
+//!   [`REBUILD_BATCH`] (each batch one short script, `HSCAN` inside Redis: Redis is
+//!   never held for long and no name crosses the network),
 //!   then sets `occl-ready`. Building is idempotent, so nodes may race at it.
 //! - At most [`QUEUE`] listings wait; more are answered 503 at once (the reply is
 //!   dropped), as is every listing while Redis cannot be reached.
@@ -63,16 +64,20 @@ end
 return out
 "#;
 
-/// One rebuild step: ARGV pid, then channel names; each with a count above 0 in the
-/// project's hash joins its set.
+/// One rebuild step: ARGV pid, `HSCAN` cursor, batch size. Each channel of that step with
+/// a count above 0 in the project's hash joins its set. Returns the next cursor ("0":
+/// done) and how many names the step saw.
 const INDEX_SCRIPT: &str = r#"
 local P = 'ringcast:'
 local z, h = P .. 'occl:' .. ARGV[1], P .. 'occ:' .. ARGV[1]
-for i = 2, #ARGV do
-  local n = tonumber(redis.call('HGET', h, ARGV[i]))
-  if n and n > 0 then redis.call('ZADD', z, 0, ARGV[i]) end
+local r = redis.call('HSCAN', h, ARGV[2], 'COUNT', ARGV[3])
+local fields, add = r[2], {}
+for i = 1, #fields, 2 do
+  local n = tonumber(fields[i + 1])
+  if n and n > 0 then add[#add + 1] = 0; add[#add + 1] = fields[i] end
 end
-return 0
+if #add > 0 then redis.call('ZADD', z, unpack(add)) end
+return {r[1], #fields / 2}
 "#;
 
 /// A listing asked of the thread.
@@ -221,27 +226,19 @@ fn rebuild(conn: &mut redis::Connection, index: &redis::Script) -> redis::RedisR
             let Some(pid) = key.strip_prefix("ringcast:occ:") else {
                 continue;
             };
-            let mut field_cursor: u64 = 0;
+            // Scanned inside Redis, a step at a time: nothing crosses the network.
+            let mut field_cursor = String::from("0");
             loop {
-                let (next, fields): (u64, Vec<(String, i64)>) = redis::cmd("HSCAN")
-                    .arg(&key)
-                    .arg(field_cursor)
-                    .arg("COUNT")
+                let (next, seen): (String, usize) = index
+                    .arg(pid)
+                    .arg(&field_cursor)
                     .arg(REBUILD_BATCH)
-                    .query(conn)?;
-                if !fields.is_empty() {
-                    let mut call = index.prepare_invoke();
-                    call.arg(pid);
-                    for (name, _) in &fields {
-                        call.arg(name);
-                    }
-                    let _: i64 = call.invoke(conn)?;
-                    indexed += fields.len();
-                }
-                field_cursor = next;
-                if field_cursor == 0 {
+                    .invoke(conn)?;
+                indexed += seen;
+                if next == "0" {
                     break;
                 }
+                field_cursor = next;
             }
         }
         cursor = next;

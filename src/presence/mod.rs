@@ -537,7 +537,10 @@ const MAX_USER_ID_CHARS: usize = 128;
 /// one JSON object of at most [`MAX_INFO_BYTES`](crate::auth::token::MAX_INFO_BYTES) is
 /// left out (the member stays). Redis is shared: what it holds may have been written by
 /// anyone who can reach it, and `info` is spliced into frames as it is.
-pub(crate) fn checked_member(user: String, info: Option<String>) -> Option<(String, Option<String>)> {
+pub(crate) fn checked_member(
+    user: String,
+    info: Option<String>,
+) -> Option<(String, Option<String>)> {
     if !(1..=MAX_USER_ID_CHARS).contains(&user.chars().count()) {
         warn_unchecked("user id");
         return None;

@@ -418,11 +418,8 @@ impl Remote {
                         Some(SocketId::local(j.worker, j.conn)),
                     );
                 }
-                let object = presence_object(
-                    members
-                        .iter()
-                        .map(|(u, i)| (u.as_str(), i.as_deref())),
-                );
+                let object =
+                    presence_object(members.iter().map(|(u, i)| (u.as_str(), i.as_deref())));
                 PresenceAnswer::Joined(object.into())
             }
             Some(Err(())) => PresenceAnswer::Full,
