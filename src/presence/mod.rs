@@ -840,6 +840,46 @@ mod tests {
         assert!(m(&"é".repeat(128), "{}").is_some());
     }
 
+    #[test]
+    fn a_listing_stops_at_the_cap_and_says_more() {
+        let m = Mailboxes::new(1, 16);
+        let mut local = Local::new(100);
+        let fx = Effects {
+            mailboxes: m,
+            hooks: None,
+        };
+        let mut s = (&mut local, &fx);
+        for i in 0..=MAX_LISTED {
+            s.apply(Op::Count {
+                project: 1,
+                channel: format!("c{i:05}").into(),
+                delta: 1,
+            });
+        }
+        let list = |s: &mut (&mut Local, &Effects), prefix: &str| {
+            let (tx, rx) = crate::reply::reply();
+            s.apply(Op::Query(Query::Channels {
+                project: 1,
+                prefix: prefix.into(),
+                users: false,
+                reply: tx,
+            }));
+            futures_lite_block(rx)
+        };
+        let all = list(&mut s, "c");
+        assert_eq!((all.channels.len(), all.more), (MAX_LISTED, true));
+        assert_eq!(&*all.channels[MAX_LISTED - 1].name, "c09999");
+        let some = list(&mut s, "c0");
+        assert_eq!((some.channels.len(), some.more), (MAX_LISTED, false));
+        s.apply(Op::Count {
+            project: 1,
+            channel: "c10000".into(),
+            delta: -1,
+        });
+        let all = list(&mut s, "");
+        assert_eq!((all.channels.len(), all.more), (MAX_LISTED, false));
+    }
+
     /// The reply is filled synchronously by `apply`: take it without a runtime.
     fn futures_lite_block<T>(rx: crate::reply::Reply<Result<T, crate::reply::Unreachable>>) -> T {
         rx.try_take().expect("answered").expect("not unreachable")
