@@ -125,6 +125,21 @@ fn names(listing: &Value) -> Vec<String> {
         .collect()
 }
 
+/// A presence token for `user` on `channel`, with `info` `{"u": user}`.
+fn presence_token(p: &Project, channel: &str, user: &str) -> String {
+    let exp = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 600;
+    encode(
+        &Header::new(Algorithm::HS256),
+        &json!({"channel": channel, "exp": exp, "sub": user, "info": {"u": user}}),
+        &EncodingKey::from_secret(p.token_secret.as_bytes()),
+    )
+    .unwrap()
+}
+
 fn sub(ws: &mut Ws, channel: &str, since: Option<(u64, &str)>) -> Value {
     let mut frame = json!({"type": "subscribe", "channel": channel});
     if let Some((offset, epoch)) = since {
@@ -275,6 +290,57 @@ fn a_listing_holds_redis_briefly_however_many_channels_are_occupied() {
     assert!(full < 60_000, "a full listing cost Redis {full} µs");
 }
 
+/// Finding 3, the hub: listings run on their own thread and Redis connection, so joins
+/// to presence channels (answered by the presence hub after Redis) are not held up while
+/// large listings run one after another.
+#[test]
+fn listings_do_not_hold_up_presence_joins() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::time::{Duration, Instant};
+    let Some(redis) = Redis::start() else { return };
+    let a = Node::start(&redis);
+    let p = project(&redis, &[], &[&a]);
+    seed_occupied(&redis, &p.id, "room-", 100_000);
+    let (st, _) = get_waiting(&a, &p.secret, "/api/v1/channels?prefix=news");
+    assert_eq!(st, 200);
+    let stop = AtomicBool::new(false);
+    let listed = AtomicUsize::new(0);
+    let slowest = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                let (st, _) = get_waiting(&a, &p.secret, "/api/v1/channels");
+                assert_eq!(st, 200);
+                listed.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        common::wait_for(Duration::from_secs(60), "a first listing", || {
+            listed.load(Ordering::Relaxed) > 0
+        });
+        let mut slowest = Duration::ZERO;
+        for i in 0..10 {
+            let ch = format!("presence-j{i}");
+            let mut ws = a.ws(&p.public);
+            let token = presence_token(&p, &ch, &format!("u{i}"));
+            let t = Instant::now();
+            send_json(
+                &mut ws,
+                json!({"type": "subscribe", "channel": ch, "token": token}),
+            );
+            let v = next_json(&mut ws);
+            slowest = slowest.max(t.elapsed());
+            assert_eq!(v["type"], "subscribed", "{v}");
+        }
+        stop.store(true, Ordering::Relaxed);
+        slowest
+    });
+    let n = listed.load(Ordering::Relaxed);
+    eprintln!("slowest of 10 presence joins while {n} full listings of 100,000 occupied channels ran: {slowest:?}");
+    assert!(
+        slowest < Duration::from_secs(1),
+        "a join waited {slowest:?} behind listings"
+    );
+}
+
 /// Finding 4: subscribes, recoveries and history reads of fresh channel names write
 /// nothing in Redis, and the first publish keeps the epoch a reader was told, so that
 /// reader recovers the first message.
@@ -394,17 +460,7 @@ fn a_bad_member_in_redis_reaches_no_client_unchecked() {
         );
     }
     // A join as a single node would take it.
-    let exp = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-        + 600;
-    let token = encode(
-        &Header::new(Algorithm::HS256),
-        &json!({"channel": ch, "exp": exp, "sub": "ua", "info": {"u": "ua"}}),
-        &EncodingKey::from_secret(p.token_secret.as_bytes()),
-    )
-    .unwrap();
+    let token = presence_token(&p, ch, "ua");
     let mut ws = a.ws(&p.public);
     send_json(
         &mut ws,
