@@ -143,7 +143,8 @@ fn pipelined_history_answers_never_read_hold_one_bounded_answer() {
     const PIPELINED: usize = 24;
     let mut c = TcpStream::connect(s.addr).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    c.write_all(request(0).repeat(PIPELINED).as_bytes()).unwrap();
+    c.write_all(request(0).repeat(PIPELINED).as_bytes())
+        .unwrap();
     let peak = peak_growth_kib(&s, baseline, Duration::from_secs(3));
     eprintln!("RSS growth with {PIPELINED} unread pipelined history answers: peak {peak} KiB");
     assert!(
@@ -282,7 +283,10 @@ fn channel_listings_stop_at_ten_thousand_and_say_so() {
     assert_eq!(exact["channels"].as_array().unwrap().len(), 10_000);
     assert_eq!(exact.get("truncated"), None, "nothing was cut");
     let few = list("c1");
-    assert_eq!(few, json!({"channels": [{"name": name(10_000), "subscribers": 1}]}));
+    assert_eq!(
+        few,
+        json!({"channels": [{"name": name(10_000), "subscribers": 1}]})
+    );
 
     // 40 listings (1.2 MiB each) pipelined, not read.
     let baseline = rss_kib(&s);
@@ -348,7 +352,9 @@ fn pusher_rest_refuses_a_bad_signature_before_reading_the_body() {
             let mut c = TcpStream::connect(s.addr).unwrap();
             c.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
             // Refused after its head, the connection is closed: the rest may not go out.
-            let _ = c.write_all(head.as_bytes()).and_then(|_| c.write_all(&body));
+            let _ = c
+                .write_all(head.as_bytes())
+                .and_then(|_| c.write_all(&body));
             c
         })
         .collect();
@@ -388,7 +394,10 @@ fn pusher_rest_refuses_a_bad_signature_before_reading_the_body() {
     );
     let (st, _, v) = parse_response(&s.raw(req.as_bytes()));
     assert_eq!(st, 401, "{v}");
-    assert!(v["error"]["message"].as_str().unwrap().contains("body_md5"), "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("body_md5"),
+        "{v}"
+    );
 }
 
 /// Finding 11. With a real public key, every app id answers alike: an unknown app, the

@@ -256,7 +256,11 @@ pub fn check_rest(
 /// The checks of a signed REST request that need neither the body nor the app, from the
 /// head: [`check_params`], `body_md5` present when the body (of `body_len` bytes) is not
 /// empty, `auth_signature` 64 hexadecimal digits. Returns the signature's 32 bytes.
-pub(crate) fn check_head(q: &Query, body_len: usize, now_s: u64) -> Result<[u8; 32], RestAuthError> {
+pub(crate) fn check_head(
+    q: &Query,
+    body_len: usize,
+    now_s: u64,
+) -> Result<[u8; 32], RestAuthError> {
     check_params(q, now_s)?;
     if body_len > 0 && q.get("body_md5").is_none() {
         return Err(RestAuthError::BodyMd5Missing);
