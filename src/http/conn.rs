@@ -237,13 +237,22 @@ pub(crate) async fn serve<S: Transport>(svc: Rc<Service>, mut stream: S, guard: 
         }
         let idle = svc.config().http_idle_timeout();
         if let Some(answer) = conn.deferred.take() {
-            // Answers before it are written first (while it is prepared off the worker);
-            // its bytes then become the output as they are, never copied; then the
-            // requests buffered after it.
-            if !conn.flush(&mut stream, idle).await {
+            // Answers written before it go first; then this one, then the requests
+            // buffered after it. A small answer joins the output (pipelined publishes
+            // keep one write for many answers); a large one becomes the output as it
+            // is, never copied, once the answers before it are written.
+            let bytes = answer.await;
+            if bytes.len() > OUT_KEEP_MAX
+                && !conn.out.is_empty()
+                && !conn.flush(&mut stream, idle).await
+            {
                 return;
             }
-            conn.out = answer.await;
+            if conn.out.is_empty() {
+                conn.out = bytes;
+            } else {
+                conn.out.extend_from_slice(&bytes);
+            }
             if !conn.close {
                 continue;
             }
