@@ -43,7 +43,8 @@ use crate::shard::mailbox::{Broadcast, Envelope, Mailboxes, PresenceAnswer};
 use crate::shard::ChannelWatch;
 use crate::ws::frame::{self, Opcode};
 
-/// Most channels one occupancy listing returns.
+/// Most channels one occupancy listing returns. The hub answers one more when there are
+/// more (at most `MAX_LISTED + 1`), so the listing can say it was cut.
 pub(crate) const MAX_LISTED: usize = 10_000;
 
 /// A connection asks to join a presence channel (its token was verified).
@@ -86,7 +87,8 @@ pub(crate) struct Listed {
 
 /// A REST question.
 pub(crate) enum Query {
-    /// Occupied channels whose name starts with `prefix`, sorted, at most [`MAX_LISTED`];
+    /// Occupied channels whose name starts with `prefix`, sorted, at most
+    /// [`MAX_LISTED`] `+ 1` (the one more says the listing is cut);
     /// with `users`, each presence channel's user count too (Pusher's `info=user_count`).
     Channels {
         project: u32,
@@ -473,7 +475,7 @@ impl Local {
                     chs.range::<str, _>((Bound::Included(&*prefix), Bound::Unbounded))
                         .take_while(|(name, _)| name.starts_with(&*prefix))
                         .filter(|(_, ch)| ch.subscribers > 0)
-                        .take(MAX_LISTED)
+                        .take(MAX_LISTED + 1)
                         .map(|(name, ch)| Listed {
                             name: name.clone(),
                             subscribers: ch.subscribers,

@@ -545,7 +545,8 @@ impl Remote {
                     }
                 };
                 list.sort_unstable_by(|a, b| a.name.cmp(&b.name));
-                list.truncate(MAX_LISTED);
+                // One more than listed says the listing is cut (see `MAX_LISTED`).
+                list.truncate(MAX_LISTED + 1);
                 if users {
                     // One pipelined HLEN per presence channel listed (at most MAX_LISTED).
                     let presence: Vec<usize> = (0..list.len())
