@@ -4,7 +4,7 @@
 //! access to the shared Redis would leave it.
 //!
 //! - Occupancy listings read a range of the project's occupied names, not the whole set,
-//!   and stop at 10,000 with `"more": true` (finding 3).
+//!   and stop at 10,000 with `"truncated": true` (finding 3).
 //! - Subscribes, recoveries and history reads of fresh channel names write nothing in
 //!   Redis; the first publish keeps the epoch the readers were told (finding 4).
 //! - A presence member read back from Redis reaches clients only as a single node would
@@ -151,11 +151,11 @@ fn sub(ws: &mut Ws, channel: &str, since: Option<(u64, &str)>) -> Value {
     v
 }
 
-/// Finding 3: listings by prefix are exact, stop at 10,000 with `"more": true`, follow
+/// Finding 3: listings by prefix are exact, stop at 10,000 with `"truncated": true`, follow
 /// live subscribes and unsubscribes, and list what the previous version left in Redis
 /// (its hash only: the sorted set is built from it at the first listing).
 #[test]
-fn cluster_listings_by_prefix_are_exact_and_stop_at_10000_with_more() {
+fn cluster_listings_by_prefix_are_exact_and_stop_at_10000_truncated() {
     let Some(redis) = Redis::start() else { return };
     let a = Node::start(&redis);
     let b = Node::start(&redis);
@@ -186,15 +186,15 @@ fn cluster_listings_by_prefix_are_exact_and_stop_at_10000_with_more() {
             {"name": "news-000002", "subscribers": 1},
             {"name": "news-live", "subscribers": 2},
         ]}),
-        "exactly the names with the prefix, sorted, no \"more\""
+        "exactly the names with the prefix, sorted, not truncated"
     );
 
-    // Everything: the first 10,000 by name, and "more".
+    // Everything: the first 10,000 by name, truncated.
     let (st, v) = get(&a, &p.secret, "/api/v1/channels");
     assert_eq!(st, 200);
     let all = names(&v);
     assert_eq!(all.len(), 10_000);
-    assert_eq!(v["more"], true, "a cut listing says so");
+    assert_eq!(v["truncated"], true, "a cut listing says so");
     let mut want: Vec<String> = (0..3).map(|i| format!("news-{i:06}")).collect();
     want.push("news-live".into());
     want.extend((0..9_996).map(|i| format!("room-{i:06}")));
@@ -203,13 +203,13 @@ fn cluster_listings_by_prefix_are_exact_and_stop_at_10000_with_more() {
     // Exactly 10,000 match: all listed, nothing more.
     let (_, v) = get(&a, &p.secret, "/api/v1/channels?prefix=room-01");
     assert_eq!(names(&v).len(), 10_000);
-    assert_eq!(v.get("more"), None, "{}", &v.to_string()[..200]);
+    assert_eq!(v.get("truncated"), None, "{}", &v.to_string()[..200]);
     let (_, v) = get(&b, &p.secret, "/api/v1/channels?prefix=room-02");
     let got = names(&v);
     assert_eq!(got.len(), 5_000);
     assert_eq!(got.first().map(String::as_str), Some("room-020000"));
     assert_eq!(got.last().map(String::as_str), Some("room-024999"));
-    assert_eq!(v.get("more"), None);
+    assert_eq!(v.get("truncated"), None);
     let (_, v) = get(&a, &p.secret, "/api/v1/channels?prefix=zzz");
     assert_eq!(v, json!({"channels": []}));
 

@@ -638,7 +638,10 @@ fn every_signature_refusal_is_401_with_a_message() {
     // The signature.
     let mut r = ok.clone();
     r.secret = "ts_not_the_secret".into();
-    assert_eq!(unauthorized(&r, "wrong secret"), "invalid signature");
+    let msg = unauthorized(&r, "wrong secret");
+    // The same message as an unknown app (a public key must not tell its app id).
+    assert_eq!(msg, msgs[0]);
+    assert!(msg.starts_with("invalid signature"), "{msg}");
     let q = ok.query();
     let (before, sig) = q.rsplit_once("auth_signature=").unwrap();
     for bad in [&sig[..63], "zz", &sig.to_uppercase()[..]] {

@@ -189,18 +189,22 @@ pub enum RestAuthError {
     BodyMd5Missing,
     #[error("auth_signature must be 64 hexadecimal digits (HMAC-SHA256)")]
     SignatureFormat,
-    #[error(
-        "the project has no token secret; create one with `ringcast project rotate-token-secret`"
-    )]
+    /// The app has no token secret to verify with.
+    #[error("{NOT_SIGNED}")]
     NoSecret,
-    #[error("invalid signature")]
+    /// No secret in force verifies `auth_signature`.
+    #[error("{NOT_SIGNED}")]
     Signature,
     /// The caller's check (design 4.1, step 7): the path's app id is not a known app, or
-    /// `auth_key` is not an active public key of that app. One message for both, so a
-    /// valid key cannot be used to probe which app ids exist.
-    #[error("unknown app id, or auth_key is not an active public key (pk_...) of that app")]
+    /// `auth_key` is not an active public key of that app.
+    #[error("{NOT_SIGNED}")]
     UnknownApp,
 }
+
+/// The one message of every refusal that depends on the app ([`RestAuthError::UnknownApp`],
+/// [`RestAuthError::NoSecret`], [`RestAuthError::Signature`]): a public key (every web page
+/// carries one) must not tell which app id is its own, nor anything of that app.
+const NOT_SIGNED: &str = "invalid signature: the app id, auth_key (an active public key of that app) and the HMAC-SHA256 under the app's secret must all match";
 
 /// The checks of a signed REST request that need neither the body nor a secret (design
 /// 4.1, steps 4 to 6): the four auth parameters are present, `auth_version` is 1.0 and
@@ -233,9 +237,9 @@ pub(crate) fn check_params(q: &Query, now_s: u64) -> Result<(), RestAuthError> {
     Ok(())
 }
 
-/// Check a signed REST request, in this order: [`check_params`], then `body_md5`
-/// matches `body` (required when the body is not empty, accepted on any method, empty
-/// body included), and `auth_signature` verifies under one of `secrets`.
+/// Check a signed REST request whose body is `body`: [`check_head`], [`check_signature`],
+/// then [`check_body`]. The server runs the same steps apart, the first two from the
+/// head (before it waits for the body).
 pub fn check_rest(
     method: &str,
     raw_path: &str,
@@ -244,24 +248,55 @@ pub fn check_rest(
     now_s: u64,
     secrets: &[&str],
 ) -> Result<(), RestAuthError> {
+    let tag = check_head(q, body.len(), now_s)?;
+    check_signature(method, raw_path, q, &tag, secrets)?;
+    check_body(q, body)
+}
+
+/// The checks of a signed REST request that need neither the body nor the app, from the
+/// head: [`check_params`], `body_md5` present when the body (of `body_len` bytes) is not
+/// empty, `auth_signature` 64 hexadecimal digits. Returns the signature's 32 bytes.
+pub(crate) fn check_head(
+    q: &Query,
+    body_len: usize,
+    now_s: u64,
+) -> Result<[u8; 32], RestAuthError> {
     check_params(q, now_s)?;
+    if body_len > 0 && q.get("body_md5").is_none() {
+        return Err(RestAuthError::BodyMd5Missing);
+    }
     // check_params proved it is there.
     let signature = q.get("auth_signature").unwrap_or_default();
+    decode_signature(signature).ok_or(RestAuthError::SignatureFormat)
+}
 
-    match q.get("body_md5") {
-        Some(given) if !bool::from(given.as_bytes().ct_eq(&md5_hex(body))) => {
-            return Err(RestAuthError::BodyMd5Mismatch);
-        }
-        None if !body.is_empty() => return Err(RestAuthError::BodyMd5Missing),
-        _ => {}
-    }
-
-    let tag = decode_signature(signature).ok_or(RestAuthError::SignatureFormat)?;
+/// `tag` (from [`check_head`]) verifies under one of `secrets`. The signed string
+/// carries `body_md5`, so this needs no body: a request signed without a secret is
+/// refused before its body is read.
+pub(crate) fn check_signature(
+    method: &str,
+    raw_path: &str,
+    q: &Query,
+    tag: &[u8; 32],
+    secrets: &[&str],
+) -> Result<(), RestAuthError> {
     let message = string_to_sign(method, raw_path, q);
-    match verify_any(secrets, message.as_bytes(), &tag) {
+    match verify_any(secrets, message.as_bytes(), tag) {
         Verdict::Valid => Ok(()),
         Verdict::NoSecret => Err(RestAuthError::NoSecret),
         Verdict::Invalid => Err(RestAuthError::Signature),
+    }
+}
+
+/// The body, once read, is the one signed: `body_md5` (when given, on any method, empty
+/// body included) is its lowercase hex MD5.
+pub(crate) fn check_body(q: &Query, body: &[u8]) -> Result<(), RestAuthError> {
+    match q.get("body_md5") {
+        Some(given) if !bool::from(given.as_bytes().ct_eq(&md5_hex(body))) => {
+            Err(RestAuthError::BodyMd5Mismatch)
+        }
+        None if !body.is_empty() => Err(RestAuthError::BodyMd5Missing),
+        _ => Ok(()),
     }
 }
 
@@ -720,7 +755,11 @@ mod tests {
                 .unwrap_or(0);
             assert!(longest_hex_run < 8 && !m.contains("ts_"), "{m}");
         }
-        assert_eq!(RestAuthError::Signature.to_string(), "invalid signature");
+        // One message for every refusal that depends on the app.
+        let signature = RestAuthError::Signature.to_string();
+        assert!(signature.starts_with("invalid signature"), "{signature}");
+        assert_eq!(RestAuthError::UnknownApp.to_string(), signature);
+        assert_eq!(RestAuthError::NoSecret.to_string(), signature);
         assert!(RestAuthError::TimestampWindow
             .to_string()
             .starts_with("auth_timestamp is more than 600 s from server time"));

@@ -1,6 +1,7 @@
 //! Occupancy and presence over REST, with the project's secret key:
 //! - `GET /api/v1/channels?prefix=P`: the project's channels with at least one
-//!   subscriber now, sorted by name, at most 10,000 (`"more":true` when cut);
+//!   subscriber now, sorted by name, at most [`MAX_LISTED`] (10,000), with
+//!   `"truncated": true` when there were more (the answer is bounded: a few MiB at most);
 //! - `GET /api/v1/channels/info?channel=C`: one channel's subscriber count (and
 //!   `user_count` on presence channels);
 //! - `GET /api/v1/presence?channel=presence-C`: a presence channel's members.
@@ -15,12 +16,12 @@ use std::rc::Rc;
 use super::history::percent_decode;
 use super::outcome::{answer, Outcome};
 use super::parse::{query_param, RequestHead};
-use super::response::{write_json, Extra};
+use super::response::{write_json, write_json_with, Extra};
 use super::{ApiError, Service};
 use crate::apikey::KeyKind;
 use crate::error::Unavailable;
 use crate::json::write_json_str;
-use crate::presence::{write_members, Query};
+use crate::presence::{write_members, Query, MAX_LISTED};
 use crate::reply::reply;
 
 /// Which of the three questions.
@@ -71,28 +72,26 @@ pub(crate) fn handle(
             Outcome::Deferred(Box::pin(async move {
                 let mut out = Vec::new();
                 match rx.wait().await {
-                    Ok(listing) => {
-                        let list = &listing.channels;
-                        let mut body = Vec::with_capacity(24 + 40 * list.len());
+                    Ok(list) => write_json_with(&mut out, 200, Extra::default(), |body| {
+                        body.reserve(32 + 40 * list.len().min(MAX_LISTED));
                         body.extend_from_slice(b"{\"channels\":[");
-                        for (i, ch) in list.iter().enumerate() {
+                        for (i, ch) in list.iter().take(MAX_LISTED).enumerate() {
                             if i > 0 {
                                 body.push(b',');
                             }
                             body.extend_from_slice(b"{\"name\":");
-                            write_json_str(&mut body, &ch.name);
+                            write_json_str(body, &ch.name);
                             body.extend_from_slice(
                                 format!(",\"subscribers\":{}}}", ch.subscribers).as_bytes(),
                             );
                         }
                         body.push(b']');
-                        if listing.more {
-                            // Cut at 10,000: more channels matched (see docs/protocol.md).
-                            body.extend_from_slice(b",\"more\":true");
+                        // The hub answers one more than listed when there are more.
+                        if list.len() > MAX_LISTED {
+                            body.extend_from_slice(b",\"truncated\":true");
                         }
                         body.push(b'}');
-                        write_json(&mut out, 200, &body, Extra::default());
-                    }
+                    }),
                     Err(_) => unreachable_state(&mut out),
                 }
                 out

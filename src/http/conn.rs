@@ -1,8 +1,14 @@
 //! One HTTP/1.1 connection: its state ([`HttpConn`]: read buffer, pending output, when
 //! the current request started, whether to close) and the loop over three steps:
-//! serve every complete request already buffered (pipelining, one answer write for all
+//! serve the complete requests already buffered (pipelining, one answer write for all
 //! of them), flush, read more. Or hand the socket to the WebSocket layer after an
 //! upgrade.
+//!
+//! Pending answers are bounded: a buffered request is served only while less than
+//! `max_pending_answer_bytes` of answers wait to be written, so a client that pipelines
+//! requests and never reads holds at most that plus one answer (itself bounded: a
+//! history answer by `max_history_answer_bytes`, a listing by its channel cap). The
+//! next request waits until the client has read the ones before it (flush first).
 //!
 //! Limits enforced here: request head size and header count (431), body size (413,
 //! decided from Content-Length before the body is read), the time to receive a whole
@@ -34,6 +40,9 @@ use crate::shard::ConnGuard;
 /// for a large request gives the rest back once idle.
 const INITIAL_BUFFER: usize = 4096;
 const IDLE_BUFFER_MAX: usize = 8192;
+/// The output buffer kept between answers; a larger one (a large answer was written) is
+/// given back once written.
+const OUT_KEEP_MAX: usize = 64 * 1024;
 
 /// One connection's HTTP state between reads.
 pub(crate) struct HttpConn {
@@ -49,6 +58,9 @@ pub(crate) struct HttpConn {
     pub(super) peer: Option<std::net::IpAddr>,
     /// An answer being prepared (see [`Outcome::Deferred`]).
     deferred: Option<Deferred>,
+    /// `serve_buffered` stopped at `max_pending_answer_bytes` with requests still
+    /// buffered: once the answers are written, serve again before reading.
+    held: bool,
 }
 
 /// How a read ended.
@@ -67,16 +79,24 @@ impl HttpConn {
             close: false,
             peer: None,
             deferred: None,
+            held: false,
         }
     }
 
-    /// Serve every complete request already buffered; answers go to `out`. Returns an
-    /// upgrade when one of them switched protocols (nothing after it is served).
+    /// Serve the complete requests already buffered, while less than
+    /// `max_pending_answer_bytes` of answers wait in `out` (over it, `held`: the rest
+    /// waits for a flush). Returns an upgrade when one of them switched protocols
+    /// (nothing after it is served).
     fn serve_buffered(&mut self, svc: &Rc<Service>) -> Option<Upgrade> {
         let cfg = svc.config();
         let mut consumed = 0;
         let mut upgrade = None;
+        self.held = false;
         while consumed < self.buf.len() {
+            if self.out.len() >= cfg.max_pending_answer_bytes {
+                self.held = true;
+                break;
+            }
             self.request_started.get_or_insert_with(Instant::now);
             let req = &self.buf[consumed..];
             let head = match parse_head(req, cfg.max_header_bytes, cfg.max_headers) {
@@ -134,8 +154,10 @@ impl HttpConn {
         let write = stream.write_all(std::mem::take(&mut self.out));
         match monoio::time::timeout(limit, write).await {
             Ok((Ok(_), mut written)) => {
-                written.clear();
-                self.out = written;
+                if written.capacity() <= OUT_KEEP_MAX {
+                    written.clear();
+                    self.out = written;
+                }
                 true
             }
             _ => false,
@@ -213,25 +235,39 @@ pub(crate) async fn serve<S: Transport>(svc: Rc<Service>, mut stream: S, guard: 
             upgrade::start(svc, stream, u, answers, conn.buf, guard);
             return;
         }
+        let idle = svc.config().http_idle_timeout();
         if let Some(answer) = conn.deferred.take() {
             // Answers written before it go first; then this one, then the requests
-            // buffered after it.
+            // buffered after it. A small answer joins the output (pipelined publishes
+            // keep one write for many answers); a large one becomes the output as it
+            // is, never copied, once the answers before it are written.
             let bytes = answer.await;
-            conn.out.extend_from_slice(&bytes);
+            if bytes.len() > OUT_KEEP_MAX
+                && !conn.out.is_empty()
+                && !conn.flush(&mut stream, idle).await
+            {
+                return;
+            }
+            if conn.out.is_empty() {
+                conn.out = bytes;
+            } else {
+                conn.out.extend_from_slice(&bytes);
+            }
             if !conn.close {
                 continue;
             }
         }
-        if !conn
-            .flush(&mut stream, svc.config().http_idle_timeout())
-            .await
-        {
+        if !conn.flush(&mut stream, idle).await {
             return;
         }
         conn.release_idle_buffer();
         if conn.close || (svc.shard.is_stopping() && conn.buf.is_empty()) {
             stream.before_close().await;
             return;
+        }
+        if conn.held {
+            // Requests were left buffered for the answers before them to be read.
+            continue;
         }
         match conn.read(&mut stream, svc.config()).await {
             Read::Data => {}

@@ -5,6 +5,9 @@
 //! `limit` not 1..=1000, `since` not an integer) → history off (404 `history_off`) →
 //! `epoch` given and not the channel's (409 `epoch_mismatch`) → 200. Without `since` the
 //! newest `limit` messages, with it the first `limit` after it; oldest first either way.
+//! The body stays within `max_history_answer_bytes` (always at least one message): the
+//! messages that fit, and `"more": true` when some did not (page on with `since`). It is
+//! written straight into the connection's output, never built apart and copied.
 //! `offset` is the channel's last assigned offset even when older messages are gone.
 //! Not a hot path: it allocates freely.
 
@@ -12,7 +15,7 @@ use std::rc::Rc;
 
 use super::outcome::{answer, Outcome};
 use super::parse::{query_param, RequestHead};
-use super::response::{write_json, Extra};
+use super::response::{write_json_with, Extra};
 use super::{ApiError, Service};
 use crate::apikey::KeyKind;
 use crate::cluster::history::{ReadRequest, Request};
@@ -45,6 +48,7 @@ pub(crate) fn handle(
     if !spec.is_on() {
         return answer(out, ApiError::HistoryOff);
     }
+    let max_bytes = svc.config().max_history_answer_bytes;
     if let Some(cluster) = &svc.node.cluster {
         // Cluster mode: the history is in Redis; the cluster's thread reads it.
         let (tx, reply) = crate::cluster::history::reply();
@@ -66,7 +70,7 @@ pub(crate) fn handle(
                             crate::cluster::wire::split_body(&k.body, k.data_start)?;
                         Some((event, data, id, k.offset))
                     });
-                    write_history(&mut out, &params, read.position, entries);
+                    write_history(&mut out, &params, read.position, entries, max_bytes);
                 }
                 Err(_) => {
                     answer(
@@ -88,15 +92,19 @@ pub(crate) fn handle(
     let entries = entries
         .iter()
         .map(|e| (&*e.event, &e.data[..], &*e.id, e.offset));
-    write_history(out, &params, position, entries)
+    write_history(out, &params, position, entries, max_bytes)
 }
 
-/// The 200 answer (or the 409 of an `epoch` that is not the channel's).
+/// The 200 answer (or the 409 of an `epoch` that is not the channel's), written straight
+/// into `out`. Messages go in oldest first while the body stays within `max_bytes`; the
+/// first one always goes in (a single message is at most `max_body_bytes`, and paging on
+/// with `since` must always move), and `"more": true` says the others did not fit.
 fn write_history<E: AsRef<str>>(
     out: &mut Vec<u8>,
     params: &Params,
     position: Position,
     entries: impl Iterator<Item = (E, impl AsRef<[u8]>, impl AsRef<str>, u64)>,
+    max_bytes: usize,
 ) -> Outcome {
     if params
         .epoch
@@ -105,28 +113,43 @@ fn write_history<E: AsRef<str>>(
     {
         return answer(out, ApiError::EpochMismatch);
     }
-    let mut body = Vec::with_capacity(1024);
-    body.extend_from_slice(b"{\"channel\":");
-    write_json_str(&mut body, &params.channel);
-    body.extend_from_slice(format!(",\"offset\":{},\"epoch\":", position.offset).as_bytes());
-    write_json_str(&mut body, position.epoch.as_str());
-    body.extend_from_slice(b",\"messages\":[");
-    for (i, (event, data, id, offset)) in entries.enumerate() {
-        if i > 0 {
-            body.push(b',');
+    write_json_with(out, 200, Extra::default(), |body| {
+        let start = body.len();
+        body.extend_from_slice(b"{\"channel\":");
+        write_json_str(body, &params.channel);
+        body.extend_from_slice(format!(",\"offset\":{},\"epoch\":", position.offset).as_bytes());
+        write_json_str(body, position.epoch.as_str());
+        body.extend_from_slice(b",\"messages\":[");
+        let mut more = false;
+        for (i, (event, data, id, offset)) in entries.enumerate() {
+            let before = body.len();
+            if i > 0 {
+                body.push(b',');
+            }
+            body.extend_from_slice(b"{\"event\":");
+            write_json_str(body, event.as_ref());
+            body.extend_from_slice(b",\"data\":");
+            body.extend_from_slice(data.as_ref());
+            body.extend_from_slice(b",\"id\":");
+            write_json_str(body, id.as_ref());
+            body.extend_from_slice(format!(",\"offset\":{offset}}}").as_bytes());
+            if i > 0 && body.len() - start + END_MAX > max_bytes {
+                body.truncate(before);
+                more = true;
+                break;
+            }
         }
-        body.extend_from_slice(b"{\"event\":");
-        write_json_str(&mut body, event.as_ref());
-        body.extend_from_slice(b",\"data\":");
-        body.extend_from_slice(data.as_ref());
-        body.extend_from_slice(b",\"id\":");
-        write_json_str(&mut body, id.as_ref());
-        body.extend_from_slice(format!(",\"offset\":{offset}}}").as_bytes());
-    }
-    body.extend_from_slice(b"]}");
-    write_json(out, 200, &body, Extra::default());
+        body.extend_from_slice(if more {
+            b"],\"more\":true}"
+        } else {
+            b"],\"more\":false}"
+        });
+    });
     Outcome::Answered { close: false }
 }
+
+/// The longest end of a history body (`],"more":false}`).
+const END_MAX: usize = 15;
 
 /// The query, decoded and checked.
 #[derive(Debug, PartialEq, Eq)]
@@ -212,6 +235,41 @@ pub(crate) fn percent_decode(raw: &[u8]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn body_of(max_bytes: usize, n: u64) -> serde_json::Value {
+        let params = Params::parse(b"channel=c").unwrap();
+        let position = Position {
+            offset: n,
+            epoch: crate::history::Epoch::random(),
+        };
+        let data = format!("\"{}\"", "x".repeat(100));
+        let entries = (1..=n).map(|o| ("e", data.as_bytes(), format!("id{o}"), o));
+        let mut out = Vec::new();
+        write_history(&mut out, &params, position, entries, max_bytes);
+        let at = out.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+        let head = String::from_utf8_lossy(&out[..at]).to_string();
+        assert!(head.contains(&format!("Content-Length: {}\r\n", out.len() - at)));
+        serde_json::from_slice(&out[at..]).unwrap()
+    }
+
+    #[test]
+    fn the_answer_holds_the_messages_that_fit_and_says_more() {
+        let all = body_of(1 << 20, 10);
+        assert_eq!(all["more"], false);
+        assert_eq!(all["messages"].as_array().unwrap().len(), 10);
+        let one_size = serde_json::to_vec(&all).unwrap().len();
+        let cut = body_of(one_size / 2, 10);
+        assert_eq!(cut["more"], true);
+        let kept = cut["messages"].as_array().unwrap();
+        assert!((3..10).contains(&kept.len()), "{}", kept.len());
+        assert_eq!(kept[0]["offset"], 1, "oldest first");
+        assert!(serde_json::to_vec(&cut).unwrap().len() <= one_size / 2);
+        // Smaller than one message: that one message all the same, so paging moves on.
+        let tiny = body_of(1, 10);
+        assert_eq!(tiny["more"], true);
+        assert_eq!(tiny["messages"].as_array().unwrap().len(), 1);
+        assert_eq!(body_of(1, 0)["more"], false);
+    }
 
     #[test]
     fn query_values_are_decoded_and_checked() {

@@ -13,12 +13,14 @@
 //! Checks, in the order of design 4.1, the first failure answering: route and method
 //! (404/405) → declared size (413; a GET with a body 400) → query parse (400
 //! `invalid_query`: a key twice, a bad escape) → auth parameters, version, timestamp
-//! window (401) → app id and `auth_key` an active public key of that app (401, one
-//! message for both) → the body, now read: `body_md5` and the signature under the
-//! project's token secrets in force (401) → the project's Pusher switch (403) → POST
-//! Content-Type (400) → body validation (400, with `index` in a batch) → quota (403 +
-//! `Retry-After`) → hand-over (503) → 200. Everything up to the app lookup is decided
-//! from the head, so a refused request never makes the server wait for its body.
+//! window, `body_md5` present for a body, signature format (401) → app id, `auth_key` an
+//! active public key of that app, and the signature under the project's token secrets
+//! in force (401, one message for all three) → the body, now read: `body_md5` (401) →
+//! the project's Pusher switch (403) → POST Content-Type (400) → body validation (400,
+//! with `index` in a batch) → quota (403 + `Retry-After`) → hand-over (503) → 200.
+//! Everything up to the signature is decided from the head (it covers `body_md5`), so
+//! a request not signed with the secret never makes the server wait for, or hold, its
+//! body.
 //!
 //! Invariants:
 //! - A publish is the native one: the validated events become the native parser's
@@ -39,19 +41,19 @@ use std::time::Instant;
 
 use super::outcome::{answer, Outcome};
 use super::parse::{is_json_media_type, Method, RequestHead};
-use super::response::{write_error, write_json, Extra, RateHeaders};
+use super::response::{write_error, write_json, write_json_with, Extra, RateHeaders};
 use super::{ApiError, Service};
 use crate::apikey::KeyKind;
 use crate::auth::cache::KeySnapshot;
 use crate::auth::pusher::{
-    auth_key, check_params, check_rest, parse_query, percent_decode, Query, QueryError,
-    RestAuthError,
+    auth_key, check_body, check_head, check_signature, parse_query, percent_decode, Query,
+    QueryError, RestAuthError,
 };
 use crate::auth::ProjectState;
 use crate::error::{Forbidden, Unavailable};
 use crate::json::write_json_str;
 use crate::metrics::Api;
-use crate::presence::{ChannelInfo, Hub, Query as HubQuery};
+use crate::presence::{ChannelInfo, Hub, Query as HubQuery, MAX_LISTED};
 use crate::publish::parse::{validate_name, BatchLimits};
 use crate::publish::pusher::Info;
 use crate::publish::{Answer, Decided};
@@ -158,33 +160,40 @@ pub(crate) fn handle(
         Err(e) => return refuse(out, ApiError::InvalidQuery(query_message(&e))),
     };
 
-    // 4.–6. Auth parameters present, version, timestamp window.
+    // 4.–6. Auth parameters present, version, timestamp window; body_md5 present for a
+    // body, the signature's format: nothing that depends on the app.
     let now = crate::client::private::unix_now();
-    if let Err(e) = check_params(&q, now) {
-        return refuse(out, ApiError::PusherUnauthorized(e));
-    }
+    let tag = match check_head(&q, length, now) {
+        Ok(tag) => tag,
+        Err(e) => return refuse(out, ApiError::PusherUnauthorized(e)),
+    };
 
-    // 7. The app, and auth_key one of its active public keys.
+    // 7.–8. The app, auth_key one of its active public keys, and the signature (it
+    // covers body_md5), all from the head: a request signed without the secret is
+    // refused before its body is read, and with one message whatever was wrong.
     let keys = svc.node.keys.load();
     let Some(project) = app_of(&keys, app_id, &q) else {
         return refuse(out, ApiError::PusherUnauthorized(RestAuthError::UnknownApp));
     };
-
-    // 8.–9. The body (its size was bounded in step 2), body_md5 and the signature.
-    if req.len() < head.head_len + length {
-        return Outcome::NeedMore;
-    }
-    // The request is complete: the publish-duration histogram starts here, as native.
-    let started = (publish && svc.node.metrics_timing).then(Instant::now);
-    let body = &req[head.head_len..head.head_len + length];
     let secrets = keys
         .token_keys(project.index)
         .map_or_else(Vec::new, |k| k.secrets_at(now));
     // A path that is not UTF-8 cannot have been signed by an SDK.
     let signed = std::str::from_utf8(&req[head.path.clone()])
         .map_err(|_| RestAuthError::Signature)
-        .and_then(|path| check_rest(method_name, path, &q, body, now, &secrets));
+        .and_then(|path| check_signature(method_name, path, &q, &tag, &secrets));
     if let Err(e) = signed {
+        return refuse(out, ApiError::PusherUnauthorized(e));
+    }
+
+    // 9. The body (its size was bounded in step 2) is the one signed: body_md5.
+    if req.len() < head.head_len + length {
+        return Outcome::NeedMore;
+    }
+    // The request is complete: the publish-duration histogram starts here, as native.
+    let started = (publish && svc.node.metrics_timing).then(Instant::now);
+    let body = &req[head.head_len..head.head_len + length];
+    if let Err(e) = check_body(&q, body) {
         return refuse(out, ApiError::PusherUnauthorized(e));
     }
 
@@ -525,7 +534,9 @@ fn deferred(fill: impl std::future::Future<Output = Option<Vec<u8>>> + 'static) 
     Outcome::Deferred(Box::pin(async move {
         let mut out = Vec::new();
         match fill.await {
-            Some(body) => write_json(&mut out, 200, &body, Extra::default()),
+            // `out` is empty: the body becomes it and the head goes in front (a large
+            // listing is not copied).
+            Some(body) => write_json_with(&mut out, 200, Extra::default(), |o| *o = body),
             None => {
                 answer(
                     &mut out,
@@ -538,8 +549,9 @@ fn deferred(fill: impl std::future::Future<Output = Option<Vec<u8>>> + 'static) 
 }
 
 /// `GET /apps/{app_id}/channels`: the occupied channels (with `filter_by_prefix`, those
-/// whose name starts with it), sorted, at most 10,000, each with the attributes `info`
-/// asked for (`user_count` only when the prefix limits the listing to presence channels).
+/// whose name starts with it), sorted, at most [`MAX_LISTED`] (10,000) and then
+/// `"truncated": true`, each with the attributes `info` asked for (`user_count` only when
+/// the prefix limits the listing to presence channels).
 fn channels(svc: &Rc<Service>, project: u32, q: &Query, out: &mut Vec<u8>) -> Outcome {
     let prefix = q.get("filter_by_prefix").unwrap_or("");
     if prefix.chars().count() > 100 {
@@ -568,11 +580,10 @@ fn channels(svc: &Rc<Service>, project: u32, q: &Query, out: &mut Vec<u8>) -> Ou
         reply: tx,
     });
     deferred(async move {
-        let listing = rx.wait().await.ok()?;
-        let list = &listing.channels;
-        let mut body = Vec::with_capacity(24 + 48 * list.len());
+        let list = rx.wait().await.ok()?;
+        let mut body = Vec::with_capacity(32 + 48 * list.len().min(MAX_LISTED));
         body.extend_from_slice(b"{\"channels\":{");
-        for (i, ch) in list.iter().enumerate() {
+        for (i, ch) in list.iter().take(MAX_LISTED).enumerate() {
             if i > 0 {
                 body.push(b',');
             }
@@ -585,9 +596,9 @@ fn channels(svc: &Rc<Service>, project: u32, q: &Query, out: &mut Vec<u8>) -> Ou
             write_attrs(&mut body, info, Some(count));
         }
         body.push(b'}');
-        if listing.more {
-            // Cut at 10,000: more channels matched (see docs/protocol.md).
-            body.extend_from_slice(b",\"more\":true");
+        // The hub answers one more than listed when there are more.
+        if list.len() > MAX_LISTED {
+            body.extend_from_slice(b",\"truncated\":true");
         }
         body.push(b'}');
         Some(body)

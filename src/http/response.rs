@@ -1,7 +1,8 @@
 //! Writing HTTP answers: response heads and JSON bodies straight into the connection's
 //! output buffer, and every REST error from the one table in [`crate::error`].
 //!
-//! Nothing here allocates beyond growing that buffer.
+//! Nothing here allocates beyond growing that buffer (and the few bytes of a head that
+//! [`write_json_with`] puts in front of a body written in place).
 
 use std::io::Write;
 
@@ -65,12 +66,33 @@ pub(crate) fn write_json(out: &mut Vec<u8>, status: u16, body: &[u8], extra: Ext
     write_response(out, status, body, extra, None);
 }
 
+/// Append a complete JSON response whose body `fill` writes straight into `out`: a large
+/// body (a history answer, a listing) is never built apart and copied. The head goes in
+/// front of it once its length is known (one move of the body within `out`).
+pub(crate) fn write_json_with(
+    out: &mut Vec<u8>,
+    status: u16,
+    extra: Extra,
+    fill: impl FnOnce(&mut Vec<u8>),
+) {
+    let start = out.len();
+    fill(out);
+    let mut head = Vec::with_capacity(192);
+    write_head(&mut head, status, out.len() - start, extra, None);
+    out.splice(start..start, head);
+}
+
 fn write_response(out: &mut Vec<u8>, status: u16, body: &[u8], extra: Extra, allow: Option<&str>) {
+    write_head(out, status, body.len(), extra, allow);
+    out.extend_from_slice(body);
+}
+
+/// The status line and headers of a JSON response with a body of `len` bytes.
+fn write_head(out: &mut Vec<u8>, status: u16, len: usize, extra: Extra, allow: Option<&str>) {
     let _ = write!(
         out,
-        "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+        "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nContent-Length: {len}\r\n",
         reason(status),
-        body.len()
     );
     if let Some(rate) = extra.rate {
         let _ = write!(
@@ -89,7 +111,6 @@ fn write_response(out: &mut Vec<u8>, status: u16, body: &[u8], extra: Extra, all
         out.extend_from_slice(b"Connection: close\r\n");
     }
     out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(body);
 }
 
 /// Append the error response for `err`.
@@ -152,6 +173,17 @@ mod tests {
         let text = String::from_utf8(out).unwrap();
         assert!(text.starts_with("HTTP/1.1 405 "));
         assert!(text.contains("\r\nAllow: GET, HEAD\r\n"));
+    }
+
+    #[test]
+    fn a_body_written_in_place_gets_the_same_answer() {
+        let mut direct = b"before".to_vec();
+        write_json(&mut direct, 200, br#"{"a":1}"#, Extra::default());
+        let mut in_place = b"before".to_vec();
+        write_json_with(&mut in_place, 200, Extra::default(), |out| {
+            out.extend_from_slice(br#"{"a":1}"#)
+        });
+        assert_eq!(direct, in_place);
     }
 
     #[test]

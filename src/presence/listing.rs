@@ -9,7 +9,8 @@
 //! vacated. `occl-ready` says the sets were built for every project's hash.
 //!
 //! Invariants:
-//! - A listing reads at most [`MAX_LISTED`] + 1 names and their counts, whatever the
+//! - A listing reads at most [`MAX_LISTED`] + 1 names and their counts (the one more
+//!   tells the REST answer to say `"truncated": true`), whatever the
 //!   number of occupied channels (it used to read the whole hash: ~250 ms of Redis at
 //!   500,000 channels, during which every other tenant waited).
 //! - A name is listed only while its count in `occ:<pid>` is above 0; a name left in the
@@ -25,7 +26,7 @@
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 
-use super::{Listed, Listing, MAX_LISTED};
+use super::{Listed, MAX_LISTED};
 use crate::reply::ReplyTx;
 
 /// Listings waiting for the thread.
@@ -85,7 +86,7 @@ pub(super) struct Ask {
     pub pid: Box<str>,
     pub prefix: Box<str>,
     pub users: bool,
-    pub reply: ReplyTx<Listing>,
+    pub reply: ReplyTx<Vec<Listed>>,
 }
 
 /// The hub's handle on the listing thread.
@@ -166,7 +167,7 @@ fn listing(
     list: &redis::Script,
     index: &redis::Script,
     ask: &Ask,
-) -> redis::RedisResult<Listing> {
+) -> redis::RedisResult<Vec<Listed>> {
     let (min, max) = bounds(&ask.prefix);
     let mut call = list.prepare_invoke();
     call.arg(&*ask.pid).arg(min).arg(max).arg(MAX_LISTED + 1);
@@ -179,10 +180,9 @@ fn listing(
         redis::Value::Int(_) => Vec::new(), // emptied under us: nothing to list
         v => redis::from_redis_value(v)?,
     };
-    let more = found.len() > MAX_LISTED;
+    // MAX_LISTED + 1 at most: the one more says the listing is cut (see `MAX_LISTED`).
     let mut channels: Vec<Listed> = found
         .into_iter()
-        .take(MAX_LISTED)
         .map(|(name, n)| Listed {
             name: name.into_boxed_str(),
             subscribers: n.max(0) as u64,
@@ -190,7 +190,7 @@ fn listing(
         })
         .collect();
     if ask.users {
-        // One pipelined HLEN per presence channel listed (at most MAX_LISTED).
+        // One pipelined HLEN per presence channel listed (at most MAX_LISTED + 1).
         let presence: Vec<usize> = (0..channels.len())
             .filter(|&i| crate::shard::is_presence(&channels[i].name))
             .collect();
@@ -206,7 +206,7 @@ fn listing(
             }
         }
     }
-    Ok(Listing { channels, more })
+    Ok(channels)
 }
 
 /// Build every project's set from its hash, a batch at a time, then mark them built.

@@ -44,7 +44,8 @@ use crate::shard::mailbox::{Broadcast, Envelope, Mailboxes, PresenceAnswer};
 use crate::shard::ChannelWatch;
 use crate::ws::frame::{self, Opcode};
 
-/// Most channels one occupancy listing returns.
+/// Most channels one occupancy listing returns. The hub answers one more when there are
+/// more (at most `MAX_LISTED + 1`), so the listing can say it was cut.
 pub(crate) const MAX_LISTED: usize = 10_000;
 
 /// A connection asks to join a presence channel (its token was verified).
@@ -85,23 +86,16 @@ pub(crate) struct Listed {
     pub user_count: Option<usize>,
 }
 
-/// An occupancy listing's answer: at most [`MAX_LISTED`] channels, sorted by name, and
-/// whether more channels matched (`"more": true` in the REST answers).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub(crate) struct Listing {
-    pub channels: Vec<Listed>,
-    pub more: bool,
-}
-
 /// A REST question.
 pub(crate) enum Query {
-    /// Occupied channels whose name starts with `prefix`, sorted, at most [`MAX_LISTED`];
+    /// Occupied channels whose name starts with `prefix`, sorted, at most
+    /// [`MAX_LISTED`] `+ 1` (the one more says the listing is cut);
     /// with `users`, each presence channel's user count too (Pusher's `info=user_count`).
     Channels {
         project: u32,
         prefix: Box<str>,
         users: bool,
-        reply: ReplyTx<Listing>,
+        reply: ReplyTx<Vec<Listed>>,
     },
     Info {
         project: u32,
@@ -478,11 +472,10 @@ impl Local {
                 users,
                 reply,
             } => {
-                let mut channels = self.projects.get(&project).map_or_else(Vec::new, |chs| {
+                let list = self.projects.get(&project).map_or_else(Vec::new, |chs| {
                     chs.range::<str, _>((Bound::Included(&*prefix), Bound::Unbounded))
                         .take_while(|(name, _)| name.starts_with(&*prefix))
                         .filter(|(_, ch)| ch.subscribers > 0)
-                        // One more than listed: whether the listing was cut.
                         .take(MAX_LISTED + 1)
                         .map(|(name, ch)| Listed {
                             name: name.clone(),
@@ -492,9 +485,7 @@ impl Local {
                         })
                         .collect()
                 });
-                let more = channels.len() > MAX_LISTED;
-                channels.truncate(MAX_LISTED);
-                reply.send(Ok(Listing { channels, more }));
+                reply.send(Ok(list));
             }
             Query::Info {
                 project,
@@ -788,7 +779,6 @@ mod tests {
             reply: tx,
         }));
         let list: Vec<(Box<str>, u64)> = futures_lite_block(rx)
-            .channels
             .into_iter()
             .map(|l| (l.name, l.subscribers))
             .collect();
@@ -841,7 +831,7 @@ mod tests {
     }
 
     #[test]
-    fn a_listing_stops_at_the_cap_and_says_more() {
+    fn a_listing_answers_one_more_than_the_cap_when_cut() {
         let m = Mailboxes::new(1, 16);
         let mut local = Local::new(100);
         let fx = Effects {
@@ -866,18 +856,19 @@ mod tests {
             }));
             futures_lite_block(rx)
         };
+        // One more than listed says the listing is cut (the REST answers' "truncated").
         let all = list(&mut s, "c");
-        assert_eq!((all.channels.len(), all.more), (MAX_LISTED, true));
-        assert_eq!(&*all.channels[MAX_LISTED - 1].name, "c09999");
+        assert_eq!(all.len(), MAX_LISTED + 1);
+        assert_eq!(&*all[MAX_LISTED - 1].name, "c09999");
         let some = list(&mut s, "c0");
-        assert_eq!((some.channels.len(), some.more), (MAX_LISTED, false));
+        assert_eq!(some.len(), MAX_LISTED);
         s.apply(Op::Count {
             project: 1,
             channel: "c10000".into(),
             delta: -1,
         });
         let all = list(&mut s, "");
-        assert_eq!((all.channels.len(), all.more), (MAX_LISTED, false));
+        assert_eq!(all.len(), MAX_LISTED);
     }
 
     /// The reply is filled synchronously by `apply`: take it without a runtime.

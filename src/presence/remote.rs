@@ -538,7 +538,7 @@ impl Remote {
                 reply,
             } => {
                 let Some(pid) = self.pid(project) else {
-                    return reply.send(Ok(Default::default()));
+                    return reply.send(Ok(Vec::new()));
                 };
                 // Not answered here: a listing must not hold up joins, leaves and counts.
                 if let Some(lister) = &self.lister {
