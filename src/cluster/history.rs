@@ -9,8 +9,23 @@
 //! MAXLEN`) and expiring `history_ttl` after the last publish; entries older than the
 //! TTL are never read (the stream ids are Redis' clock, reads start at now − TTL). The
 //! hash lives twice the TTL after the channel's last publish, like a single node's
-//! forgotten log; one made by a read (nothing published yet) lives
-//! [`READ_MADE_TTL_S`], so reads of arbitrary names cannot fill Redis.
+//! forgotten log. Only a publish makes it: reads (subscribes, recoveries, REST) of a
+//! channel without one write nothing (see `first_epoch_lua!`), so reads of arbitrary
+//! names cannot fill Redis.
+//!
+//! First epochs (`first_epoch_lua!`): a channel without a hash is at offset 0 under the
+//! epoch `sha1(salt, window, window index, hash key)` (8 hex digits), where the window is
+//! the hash's lifetime (twice the TTL, at least 60 s), its index Redis' time divided by
+//! it, and the salt `ringcast:hsalt` one random value per Redis data set (a Redis that
+//! lost its data draws another). A read tells that epoch without writing anything; the
+//! first publish of the same window takes it. A history lasts at least one window, so a
+//! later history of the channel falls in a later window and gets another epoch; one lost
+//! early (eviction, `DEL`, `project set-history`) is caught by `ringcast:hn:<project id>`,
+//! a sorted set of the channels whose history started in the current window (written by
+//! publishes only, trimmed at each, expiring after a window): a channel listed there gets
+//! a random epoch instead, from its publish and from reads alike. A reader told offset 0
+//! whose channel sees its first publish in a later window is answered `recovered: false`
+//! (nothing was missed), never a gap.
 //!
 //! - Publish ([`PUBLISH_SCRIPT`], one script call per request, whatever its number of
 //!   messages and channels): for each frame, the hash gives the next offset (a missing
@@ -19,9 +34,10 @@
 //!   the same script PUBLISHes `<offset>,<epoch>,<body>` ([`super::wire`]) on the
 //!   channel's pub/sub channel. Offset order and pub/sub order are therefore the same
 //!   on every node: Redis runs scripts one at a time.
-//! - Read ([`READ_SCRIPT`]): the epoch and last offset (making the hash, with a fresh
-//!   epoch, when there is none, so that a client told "offset 0" recovers the first
-//!   messages) and up to `count` newest kept entries newer than `since`. A recovery's
+//! - Read ([`READ_SCRIPT`]): the epoch and last offset (offset 0 under the channel's
+//!   first epoch when there is no hash, writing nothing, so that a client told "offset 0"
+//!   recovers the first messages) and up to `count` newest kept entries newer than
+//!   `since`. A recovery's
 //!   read also PUBLISHes a marker on the node's sync channel inside the same script:
 //!   in that node's pub/sub stream the marker sits exactly between the messages the
 //!   read saw and those it did not (see `inbound`).
@@ -44,11 +60,46 @@ use crate::history::{Epoch, Position, REDIS_META_PREFIX, REDIS_STREAM_PREFIX};
 /// Requests waiting for the history thread; a full queue answers 503 at once.
 pub(crate) const QUEUE: usize = 4096;
 
+/// `first_epoch(meta, window, random, start)`: the epoch of a channel whose position hash
+/// `meta` is missing (see the module's doc). `window`: the hash's lifetime in seconds
+/// ([`meta_ttl_s`]); `random`: a random epoch, taken when this window's first epoch of
+/// the channel was already used; `start`: a publish about to make the hash (records the
+/// start in `ringcast:hn:<project id>`), not a read. Every script that reads or makes a
+/// position hash starts with it (`concat!(first_epoch_lua!(), ...)`): they must all
+/// agree on a channel's first epoch.
+macro_rules! first_epoch_lua {
+    () => {
+        r#"
+local function first_epoch(meta, window, random, start)
+  local salt = redis.call('GET', 'ringcast:hsalt')
+  if not salt then
+    salt = random
+    redis.call('SET', 'ringcast:hsalt', salt)
+  end
+  local pid, ch = string.match(meta, '^ringcast:hm:([^:]*):(.*)$')
+  local w = tonumber(window)
+  local t = redis.call('TIME')
+  local k = math.floor(tonumber(t[1]) / w)
+  local started = 'ringcast:hn:' .. pid
+  if tonumber(redis.call('ZSCORE', started, ch)) == k then return random end
+  if start then
+    redis.call('ZREMRANGEBYSCORE', started, '-inf', k - 1)
+    redis.call('ZADD', started, k, ch)
+    redis.call('EXPIRE', started, w)
+  end
+  return string.sub(redis.sha1hex(salt .. '\n' .. w .. '\n' .. k .. '\n' .. meta), 1, 8)
+end
+"#
+    };
+}
+
 /// One publish call: per frame, the next offset of its channel, the stream append and
 /// the pub/sub publish of the positioned body. KEYS: hash and stream of each frame.
 /// ARGV: payload header, a fresh epoch, MAXLEN, stream TTL (s), hash TTL (s), then per
 /// frame its pub/sub channel, body and data start. Returns offset, epoch per frame.
-pub(crate) const PUBLISH_SCRIPT: &str = r#"
+pub(crate) const PUBLISH_SCRIPT: &str = concat!(
+    first_epoch_lua!(),
+    r#"
 local header, fresh, maxlen, ttl, meta_ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local out = {}
 for i = 1, #KEYS / 2 do
@@ -56,7 +107,7 @@ for i = 1, #KEYS / 2 do
   local a = 5 + 4 * (i - 1)
   local epoch = redis.call('HGET', meta, 'e')
   if not epoch then
-    epoch = fresh
+    epoch = first_epoch(meta, meta_ttl, fresh, true)
     redis.call('DEL', stream)
     redis.call('HSET', meta, 'e', epoch, 'o', 0)
   end
@@ -75,24 +126,28 @@ for i = 1, #KEYS / 2 do
   out[#out + 1] = epoch
 end
 return out
-"#;
+"#
+);
 
-/// One read. KEYS: hash, stream. ARGV: a fresh epoch, TTL (s) of a hash the read makes
-/// ([`READ_MADE_TTL_S`]; reads never extend a hash's life), TTL (ms), `since`
-/// (-1: none), most entries, sync channel ('' : none), marker. Returns epoch, last
-/// offset, entries newest first (at most `count`, and only those after `since`).
-pub(crate) const READ_SCRIPT: &str = r#"
+/// One read. KEYS: hash, stream. ARGV: a fresh epoch, the hash's lifetime (s, the
+/// first epoch's window), TTL (ms), `since` (-1: none), most entries, sync channel
+/// ('' : none), marker. Returns epoch, last offset, entries newest first (at most
+/// `count`, and only those after `since`). Writes nothing for a channel without a hash
+/// (but the one salt of the data set, once).
+pub(crate) const READ_SCRIPT: &str = concat!(
+    first_epoch_lua!(),
+    r#"
 local epoch = redis.call('HGET', KEYS[1], 'e')
 local offset = 0
+local n = tonumber(ARGV[5])
 if not epoch then
-  epoch = ARGV[1]
-  redis.call('DEL', KEYS[2])
-  redis.call('HSET', KEYS[1], 'e', epoch, 'o', 0)
-  redis.call('EXPIRE', KEYS[1], ARGV[2])
+  -- Nothing published (or forgotten): offset 0 under the epoch the first publish will
+  -- take, and no entry (a stream left without its hash belongs to an older history).
+  epoch = first_epoch(KEYS[1], ARGV[2], ARGV[1], false)
+  n = 0
 else
   offset = tonumber(redis.call('HGET', KEYS[1], 'o'))
 end
-local n = tonumber(ARGV[5])
 local since = tonumber(ARGV[4])
 if since >= 0 and offset - since < n then
   n = offset - since
@@ -108,7 +163,8 @@ if ARGV[6] ~= '' then
   redis.call('PUBLISH', ARGV[6], ARGV[7])
 end
 return {epoch, offset, entries}
-"#;
+"#
+);
 
 /// The hash of a channel's position.
 pub(crate) fn meta_key(project_id: &str, channel: &str) -> String {
@@ -119,12 +175,6 @@ pub(crate) fn meta_key(project_id: &str, channel: &str) -> String {
 pub(crate) fn stream_key(project_id: &str, channel: &str) -> String {
     format!("{REDIS_STREAM_PREFIX}{project_id}:{channel}")
 }
-
-/// Seconds a position hash made by a read (a subscribe or REST read of a channel with
-/// nothing kept) lives unless a publish follows: reads of arbitrary names must not fill
-/// Redis. A client that saw offset 0 and comes back later than this without any publish
-/// in between gets `recovered: false` (nothing was missed; it reloads).
-pub(crate) const READ_MADE_TTL_S: u64 = 60;
 
 /// Seconds the position hash outlives its last publish: twice the TTL (as a single node
 /// forgets a log idle that long), at least a minute.
@@ -211,7 +261,7 @@ pub(crate) fn read_cmd(
         .arg(meta_key(project_id, channel))
         .arg(stream_key(project_id, channel))
         .arg(Epoch::random().as_str())
-        .arg(READ_MADE_TTL_S)
+        .arg(meta_ttl_s(ttl_s))
         .arg(u64::from(ttl_s) * 1000)
         .arg(since.map_or(-1i64, |s| s.min(i64::MAX as u64) as i64))
         .arg(count.max(1))

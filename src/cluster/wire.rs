@@ -155,7 +155,8 @@ pub(crate) fn check_frame(frame: &[u8], channel: &str) -> bool {
 
 /// Whether `frame` is exactly a presence frame of `channel` as the presence hub writes
 /// it: `{"type":"presence","channel":…,"action":"join"|"leave","user_id":"…"}`, plus an
-/// object `info` on a join, nothing else.
+/// object `info` on a join, nothing else; the user id and `info` within what a single
+/// node accepts from clients (1 to 128 characters; at most 1 KiB of compact JSON).
 pub(crate) fn check_presence_frame(frame: &[u8], channel: &str) -> bool {
     let Some(payload) = frame_payload(frame) else {
         return false;
@@ -165,14 +166,18 @@ pub(crate) fn check_presence_frame(frame: &[u8], channel: &str) -> bool {
     };
     let text = |k: &str| fields.get(k).and_then(|v| v.as_str());
     let info = match (text("action"), fields.get("info")) {
-        (Some("join"), Some(i)) if i.is_object() => 1,
+        (Some("join"), Some(i))
+            if i.is_object() && i.to_string().len() <= crate::auth::token::MAX_INFO_BYTES =>
+        {
+            1
+        }
         (Some("join"), None) | (Some("leave"), None) => 0,
         _ => return false,
     };
     fields.len() == 4 + info
         && text("type") == Some("presence")
         && text("channel") == Some(channel)
-        && text("user_id").is_some_and(|u| !u.is_empty())
+        && text("user_id").is_some_and(|u| (1..=128).contains(&u.chars().count()))
 }
 
 /// Split a presence payload ([`crate::presence::remote::VERSION_PRESENCE`]) into its
@@ -363,6 +368,17 @@ mod tests {
         ] {
             assert!(!check_presence_frame(&f(bad), "presence-r"), "{bad}");
         }
+        // Beyond what a single node accepts from a client: a long user id, a large info.
+        let long_user = format!(
+            r#"{{"type":"presence","channel":"presence-r","action":"leave","user_id":"{}"}}"#,
+            "u".repeat(129)
+        );
+        assert!(!check_presence_frame(&f(&long_user), "presence-r"));
+        let big_info = format!(
+            r#"{{"type":"presence","channel":"presence-r","action":"join","user_id":"u","info":{{"x":"{}"}}}}"#,
+            "a".repeat(1100)
+        );
+        assert!(!check_presence_frame(&f(&big_info), "presence-r"));
         let mut payload = vec![crate::presence::remote::VERSION_PRESENCE];
         payload.extend_from_slice(&7u64.to_le_bytes());
         payload.extend_from_slice(&ok);

@@ -26,6 +26,7 @@
 //! - The queue is unbounded: only workers produce into it, a few entries per subscribe
 //!   or unsubscribe, and the hub drains far faster than clients can subscribe.
 
+mod listing;
 pub(crate) mod remote;
 
 use std::collections::{BTreeMap, HashMap};
@@ -517,6 +518,55 @@ impl Local {
     }
 }
 
+/// Longest user id, in characters: what a single node accepts as a token's `sub` or a
+/// Pusher `channel_data.user_id`.
+const MAX_USER_ID_CHARS: usize = 128;
+
+/// A member read back from Redis (cluster mode), checked as a single node checks what a
+/// token or a Pusher `channel_data` gives it, before it reaches any client: `None` drops
+/// a member whose user id is empty or longer than 128 characters; an `info` that is not
+/// one JSON object of at most [`MAX_INFO_BYTES`](crate::auth::token::MAX_INFO_BYTES) is
+/// left out (the member stays). Redis is shared: what it holds may have been written by
+/// anyone who can reach it, and `info` is spliced into frames as it is.
+pub(crate) fn checked_member(
+    user: String,
+    info: Option<String>,
+) -> Option<(String, Option<String>)> {
+    if !(1..=MAX_USER_ID_CHARS).contains(&user.chars().count()) {
+        warn_unchecked("user id");
+        return None;
+    }
+    let info = info.filter(|i| !i.is_empty()).and_then(|i| {
+        let ok = i.len() <= crate::auth::token::MAX_INFO_BYTES
+            && matches!(serde_json::from_str(&i), Ok(serde_json::Value::Object(_)));
+        if !ok {
+            warn_unchecked("info");
+        }
+        ok.then_some(i)
+    });
+    Some((user, info))
+}
+
+/// One warning per minute at most: a Redis full of bad members must not flood the log.
+fn warn_unchecked(what: &'static str) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let last = LAST.load(Ordering::Relaxed);
+    if now >= last + 60
+        && LAST
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        tracing::warn!(
+            field = what,
+            "presence: a member read from Redis was not what this node accepts from clients; it was left out (more are not logged for a minute)"
+        );
+    }
+}
+
 /// `{"count":N,"members":[{"user_id":"u1","info":{...}},...]}`.
 pub(crate) fn presence_object<'a>(
     members: impl ExactSizeIterator<Item = (&'a str, Option<&'a str>)>,
@@ -753,6 +803,72 @@ mod tests {
             s.0.projects.is_empty(),
             "no record is kept for empty channels"
         );
+    }
+
+    #[test]
+    fn members_read_from_redis_are_checked_as_a_single_node_checks_them() {
+        let m = |u: &str, i: &str| checked_member(u.into(), Some(i.into()));
+        assert_eq!(
+            m("u1", r#"{"name":"Ann"}"#),
+            Some(("u1".into(), Some(r#"{"name":"Ann"}"#.into())))
+        );
+        assert_eq!(m("u1", ""), Some(("u1".into(), None)));
+        for bad in [
+            "[1,2]",
+            "\"text\"",
+            "{\"a\":1}]}",
+            "{\"a\":1},{\"b\":2}",
+            "not json",
+            "{\"a\":",
+        ] {
+            assert_eq!(m("u1", bad), Some(("u1".into(), None)), "{bad}");
+        }
+        let big = format!("{{\"x\":\"{}\"}}", "a".repeat(1100));
+        assert_eq!(m("u1", &big), Some(("u1".into(), None)));
+        assert_eq!(m("", "{}"), None);
+        assert_eq!(m(&"u".repeat(129), "{}"), None);
+        assert!(m(&"é".repeat(128), "{}").is_some());
+    }
+
+    #[test]
+    fn a_listing_answers_one_more_than_the_cap_when_cut() {
+        let m = Mailboxes::new(1, 16);
+        let mut local = Local::new(100);
+        let fx = Effects {
+            mailboxes: m,
+            hooks: None,
+        };
+        let mut s = (&mut local, &fx);
+        for i in 0..=MAX_LISTED {
+            s.apply(Op::Count {
+                project: 1,
+                channel: format!("c{i:05}").into(),
+                delta: 1,
+            });
+        }
+        let list = |s: &mut (&mut Local, &Effects), prefix: &str| {
+            let (tx, rx) = crate::reply::reply();
+            s.apply(Op::Query(Query::Channels {
+                project: 1,
+                prefix: prefix.into(),
+                users: false,
+                reply: tx,
+            }));
+            futures_lite_block(rx)
+        };
+        // One more than listed says the listing is cut (the REST answers' "truncated").
+        let all = list(&mut s, "c");
+        assert_eq!(all.len(), MAX_LISTED + 1);
+        assert_eq!(&*all[MAX_LISTED - 1].name, "c09999");
+        let some = list(&mut s, "c0");
+        assert_eq!(some.len(), MAX_LISTED);
+        s.apply(Op::Count {
+            project: 1,
+            channel: "c10000".into(),
+            delta: -1,
+        });
+        let all = list(&mut s, "");
+        assert_eq!(all.len(), MAX_LISTED);
     }
 
     /// The reply is filled synchronously by `apply`: take it without a runtime.

@@ -3,7 +3,9 @@
 //!
 //! Layout (all under `ringcast:`; `<pid>` is the project id, which never holds `:`):
 //! - `occ:<pid>`: hash channel → subscribers on every node; `occn:<node>`: hash
-//!   `<pid>\n<channel>` → this node's share (so a dead node's share can be taken back).
+//!   `<pid>\n<channel>` → this node's share (so a dead node's share can be taken back);
+//!   `occl:<pid>`: sorted set of the occupied names, for prefix listings (kept by the
+//!   count and reap scripts here, read by [`super::listing`]).
 //! - `pres:<pid>:<channel>`: hash user → connections on every node; `presi:…`: user →
 //!   info of its first connection; `preso:…`: sorted set user by join sequence
 //!   (`preseq`), for join order; `presn:<node>`: hash `<pid>\n<channel>\n<user>` → this
@@ -33,9 +35,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
+use super::listing::{Ask, Lister};
 use super::{
-    join_here, presence_frame, presence_object, ChannelInfo, Effects, Join, Listed, Local, Members,
-    Op, Query, MAX_LISTED,
+    checked_member, join_here, presence_frame, presence_object, ChannelInfo, Effects, Join, Local,
+    Members, Op, Query,
 };
 use crate::auth::cache::ProjectIndex;
 use crate::auth::KeyCache;
@@ -63,7 +66,14 @@ if mine < 0 then d = d - mine end
 if d == 0 then return 0 end
 local ok = P .. 'occ:' .. ARGV[2]
 local total = redis.call('HINCRBY', ok, ARGV[3], d)
-if total <= 0 then redis.call('HDEL', ok, ARGV[3]) end
+if total <= 0 then
+  redis.call('HDEL', ok, ARGV[3])
+  redis.call('ZREM', P .. 'occl:' .. ARGV[2], ARGV[3])
+elseif d > 0 then
+  -- At every increase, not only at 0 -> d: heals a name a node of the previous
+  -- version (no set) occupied.
+  redis.call('ZADD', P .. 'occl:' .. ARGV[2], 0, ARGV[3])
+end
 if d > 0 and total == d then return 1 end
 if d < 0 and total <= 0 and total - d > 0 then return -1 end
 return 0
@@ -126,6 +136,7 @@ for i = 1, #occ, 2 do
     local total = redis.call('HINCRBY', P .. 'occ:' .. pid, ch, -n)
     if total <= 0 then
       redis.call('HDEL', P .. 'occ:' .. pid, ch)
+      redis.call('ZREM', P .. 'occl:' .. pid, ch)
       out[#out + 1] = 'v'; out[#out + 1] = pid; out[#out + 1] = ch
     end
   end
@@ -177,6 +188,8 @@ struct Remote {
     /// This node's shares must be taken back and asserted again before they are used.
     stale: bool,
     projects: ProjectIndex,
+    /// Cluster listings, on their own thread and connection (see [`super::listing`]).
+    lister: Option<Lister>,
 }
 
 /// The hub's loop in cluster mode.
@@ -195,7 +208,13 @@ pub(super) fn run(rx: Receiver<Op>, mut local: Local, fx: Effects, setup: Setup)
         backoff: crate::store::redis::Backoff::new(),
         stale: true,
         projects: ProjectIndex::new(),
+        lister: None,
     };
+    match Lister::start(r.setup.client.clone()) {
+        Ok(l) => r.lister = Some(l),
+        // Listings then answer 503 (their reply is dropped); the rest works.
+        Err(e) => tracing::error!(error = %e, "presence: cannot start the listing thread"),
+    }
     let mut next_tick = Instant::now();
     loop {
         let wait = next_tick.saturating_duration_since(Instant::now());
@@ -399,11 +418,8 @@ impl Remote {
                         Some(SocketId::local(j.worker, j.conn)),
                     );
                 }
-                let object = presence_object(
-                    members
-                        .iter()
-                        .map(|(u, i)| (u.as_str(), (!i.is_empty()).then_some(i.as_str()))),
-                );
+                let object =
+                    presence_object(members.iter().map(|(u, i)| (u.as_str(), i.as_deref())));
                 PresenceAnswer::Joined(object.into())
             }
             Some(Err(())) => PresenceAnswer::Full,
@@ -422,7 +438,7 @@ impl Remote {
         &mut self,
         j: &Join,
         max: usize,
-    ) -> Option<Result<(bool, Vec<(String, String)>), ()>> {
+    ) -> Option<Result<(bool, Vec<(String, Option<String>)>), ()>> {
         let pid = self.pid(j.project)?;
         let node = self.node.clone();
         let conn = live(&mut self.conn, self.stale)?;
@@ -460,6 +476,7 @@ impl Remote {
         let members = items[1..]
             .chunks(2)
             .filter_map(|pair| Some((text(pair.first()?)?, text(pair.get(1)?)?)))
+            .filter_map(|(u, i)| checked_member(u, Some(i)))
             .collect();
         Some(Ok((status == 2, members)))
     }
@@ -523,58 +540,15 @@ impl Remote {
                 let Some(pid) = self.pid(project) else {
                     return reply.send(Ok(Vec::new()));
                 };
-                let Some(conn) = live(&mut self.conn, self.stale) else {
-                    return;
-                };
-                let r: redis::RedisResult<Vec<(String, i64)>> = redis::cmd("HGETALL")
-                    .arg(format!("ringcast:occ:{pid}"))
-                    .query(conn);
-                let mut list: Vec<Listed> = match r {
-                    Ok(all) => all
-                        .into_iter()
-                        .filter(|(name, n)| *n > 0 && name.starts_with(&*prefix))
-                        .map(|(name, n)| Listed {
-                            name: name.into_boxed_str(),
-                            subscribers: n as u64,
-                            user_count: None,
-                        })
-                        .collect(),
-                    Err(e) => {
-                        self.lost(&e);
-                        return drop(reply);
-                    }
-                };
-                list.sort_unstable_by(|a, b| a.name.cmp(&b.name));
-                // One more than listed says the listing is cut (see `MAX_LISTED`).
-                list.truncate(MAX_LISTED + 1);
-                if users {
-                    // One pipelined HLEN per presence channel listed (at most MAX_LISTED).
-                    let presence: Vec<usize> = (0..list.len())
-                        .filter(|&i| crate::shard::is_presence(&list[i].name))
-                        .collect();
-                    let mut pipe = redis::pipe();
-                    for &i in &presence {
-                        pipe.cmd("HLEN")
-                            .arg(format!("ringcast:pres:{pid}:{}", list[i].name));
-                    }
-                    let counts: redis::RedisResult<Vec<i64>> = if presence.is_empty() {
-                        Ok(Vec::new())
-                    } else {
-                        pipe.query(conn)
-                    };
-                    match counts {
-                        Ok(counts) => {
-                            for (&i, n) in presence.iter().zip(counts) {
-                                list[i].user_count = Some(n.max(0) as usize);
-                            }
-                        }
-                        Err(e) => {
-                            self.lost(&e);
-                            return drop(reply);
-                        }
-                    }
+                // Not answered here: a listing must not hold up joins, leaves and counts.
+                if let Some(lister) = &self.lister {
+                    lister.ask(Ask {
+                        pid,
+                        prefix,
+                        users,
+                        reply,
+                    });
                 }
-                reply.send(Ok(list));
             }
             Query::Info {
                 project,
@@ -648,10 +622,8 @@ impl Remote {
                         let members = users
                             .into_iter()
                             .zip(infos)
-                            .map(|(u, i)| {
-                                let info = i.filter(|i| !i.is_empty()).map(String::into_boxed_str);
-                                (u.into_boxed_str(), info)
-                            })
+                            .filter_map(|(u, i)| checked_member(u, i))
+                            .map(|(u, i)| (u.into_boxed_str(), i.map(String::into_boxed_str)))
                             .collect();
                         reply.send(Ok(Members { members }));
                     }
