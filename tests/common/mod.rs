@@ -180,6 +180,15 @@ impl Default for Options {
     }
 }
 
+/// The text of a line the server prints on stdout: the line itself, or with
+/// `--log-format json` the `fields.message` of its JSON object.
+pub fn start_line_text(line: &str) -> String {
+    serde_json::from_str::<Value>(line)
+        .ok()
+        .and_then(|v| v["fields"]["message"].as_str().map(str::to_string))
+        .unwrap_or_else(|| line.to_string())
+}
+
 impl Server {
     pub fn start() -> Server {
         Server::start_with(Options::default())
@@ -249,6 +258,7 @@ impl Server {
         std::thread::spawn(move || {
             let mut lines = BufReader::new(stdout).lines();
             while let Some(Ok(line)) = lines.next() {
+                let line = start_line_text(&line);
                 // Printed before the listening line when metrics are on.
                 if let Some(rest) = line.strip_prefix("ringcast metrics on http://") {
                     let _ = metrics_tx.send(rest.trim_end_matches("/metrics").to_string());
