@@ -234,6 +234,70 @@ fn metrics_listener_serves_only_get_metrics_and_is_off_by_default() {
     assert!(plain.metrics.is_none(), "metrics are off by default");
 }
 
+/// Issue 20, finding 9: clients trickling a request head into the metrics port (a byte
+/// every 500 ms, under the old per-read timeout of 2 s) held the one-at-a-time listener,
+/// so every scrape waited. Now scrapes are served beside them, and each trickler is cut
+/// when its head is not complete within 2 s of the accept.
+#[test]
+fn a_slow_client_on_the_metrics_port_holds_up_no_scrape() {
+    let s = Server::start_with(Options {
+        config: METRICS.into(),
+        ..Options::default()
+    });
+    let addr = s.metrics.expect("metrics address");
+    let (connected_tx, connected) = std::sync::mpsc::channel();
+    let tricklers: Vec<_> = (0..4)
+        .map(|_| {
+            let connected_tx = connected_tx.clone();
+            std::thread::spawn(move || {
+                let mut c = TcpStream::connect(addr).unwrap();
+                let _ = connected_tx.send(());
+                // The read timeout paces the trickle; a read that returns means the
+                // server answered or closed.
+                c.set_read_timeout(Some(Duration::from_millis(500)))
+                    .unwrap();
+                let start = std::time::Instant::now();
+                let mut buf = [0u8; 256];
+                for byte in b"GET /metrics HTTP/1.1\r\nX-Slow: ".iter().cycle() {
+                    if start.elapsed() > Duration::from_secs(12) {
+                        return None;
+                    }
+                    if c.write_all(&[*byte]).is_err() {
+                        return Some(start.elapsed());
+                    }
+                    match c.read(&mut buf) {
+                        Err(e)
+                            if matches!(
+                                e.kind(),
+                                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                            ) => {}
+                        _ => return Some(start.elapsed()),
+                    }
+                }
+                None
+            })
+        })
+        .collect();
+    for _ in 0..4 {
+        connected.recv_timeout(Duration::from_secs(5)).unwrap();
+    }
+    for _ in 0..3 {
+        let start = std::time::Instant::now();
+        let (status, body) = get(addr, "GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n");
+        let took = start.elapsed();
+        assert_eq!(status, 200, "no scrape answer within 5 s beside the tricklers");
+        assert!(body.contains("ringcast_build_info"));
+        assert!(took < Duration::from_millis(1500), "a scrape took {took:?}");
+    }
+    for t in tricklers {
+        let cut = t.join().unwrap();
+        assert!(
+            cut.is_some_and(|d| d < Duration::from_secs(5)),
+            "a trickling client was still served after 12 s: {cut:?}"
+        );
+    }
+}
+
 #[test]
 fn slow_consumer_closes_are_counted_and_logged_once_per_interval() {
     let dir = tempfile::tempdir().unwrap();
