@@ -350,11 +350,7 @@ fn redact_query(text: &str) -> String {
     let params: Vec<String> = query
         .split('&')
         .map(|param| match param.split_once('=') {
-            Some((name, _))
-                if SECRET_PARAMS
-                    .iter()
-                    .any(|s| name.eq_ignore_ascii_case(s)) =>
-            {
+            Some((name, _)) if SECRET_PARAMS.iter().any(|s| name.eq_ignore_ascii_case(s)) => {
                 format!("{name}=***")
             }
             _ => param.to_string(),

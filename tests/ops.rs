@@ -285,7 +285,10 @@ fn a_slow_client_on_the_metrics_port_holds_up_no_scrape() {
         let start = std::time::Instant::now();
         let (status, body) = get(addr, "GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n");
         let took = start.elapsed();
-        assert_eq!(status, 200, "no scrape answer within 5 s beside the tricklers");
+        assert_eq!(
+            status, 200,
+            "no scrape answer within 5 s beside the tricklers"
+        );
         assert!(body.contains("ringcast_build_info"));
         assert!(took < Duration::from_millis(1500), "a scrape took {took:?}");
     }
@@ -434,7 +437,14 @@ fn with_json_logs_every_line_on_stdout_and_stderr_is_json() {
     let mut child = Command::new(bin())
         .arg("--data-dir")
         .arg(dir.path().join("data"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--workers", "1", "--dev"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--workers",
+            "1",
+            "--dev",
+        ])
         .args(["--metrics-listen", "127.0.0.1:0", "--log-format", "json"])
         .env("RUST_LOG", "info")
         .stdout(Stdio::piped())
@@ -830,7 +840,10 @@ fn answering(answer: String) -> (SocketAddr, std::sync::mpsc::Receiver<String>) 
                 }
             }
             // Kept before answering, so it is there once the client has its answer.
-            if tx.send(String::from_utf8_lossy(&head).into_owned()).is_err() {
+            if tx
+                .send(String::from_utf8_lossy(&head).into_owned())
+                .is_err()
+            {
                 return;
             }
             let _ = stream.write_all(answer.as_bytes());

@@ -131,9 +131,7 @@ fn stdout_line(format: LogFormat, text: &str, fields: serde_json::Value) -> Stri
 
 /// `2026-01-02T03:04:05.678901Z` (UTC), as tracing's json lines stamp theirs.
 fn rfc3339_utc(t: std::time::SystemTime) -> String {
-    let d = t
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
+    let d = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     let secs = d.as_secs();
     let (days, rem) = (secs / 86_400, secs % 86_400);
     // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).

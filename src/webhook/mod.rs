@@ -24,6 +24,7 @@
 //! - Names only auth, store, config and the presence hub's `Transitions` trait: it sits
 //!   below the client protocol and the node, which call it.
 
+mod address;
 mod queue;
 mod send;
 
@@ -205,6 +206,7 @@ impl Webhooks {
             queues: Queues::new(cap),
             senders: HashMap::new(),
             trouble_log: LogLimit::new(),
+            allow_private: config.webhook_allow_private_addresses,
         };
         if let Err(e) = std::thread::Builder::new()
             .name("ringcast-webhooks".into())
@@ -311,6 +313,8 @@ struct Scheduler {
     queues: Queues,
     senders: HashMap<u32, SenderHandle>,
     trouble_log: LogLimit,
+    /// `webhook_allow_private_addresses`: the senders' address policy is off.
+    allow_private: bool,
 }
 
 impl Scheduler {
@@ -418,9 +422,10 @@ impl Scheduler {
         let (jobs, rx) = crossbeam_channel::bounded::<Dispatch>(1);
         let keys = self.keys.clone();
         let done = done.clone();
+        let allow_private = self.allow_private;
         let spawned = std::thread::Builder::new()
             .name(format!("ringcast-hook-{project}"))
-            .spawn(move || sender_loop(project, rx, done, keys));
+            .spawn(move || sender_loop(project, rx, done, keys, allow_private));
         match spawned {
             Ok(_) => {
                 // The channel is empty and its receiver alive: this cannot fail.
@@ -449,8 +454,9 @@ fn sender_loop(
     jobs: Receiver<Dispatch>,
     done: Sender<(u32, Outcome)>,
     keys: Arc<KeyCache>,
+    allow_private: bool,
 ) {
-    let agent = send::agent();
+    let agent = send::agent(allow_private);
     let mut last_log: Option<Instant> = None;
     while let Ok(job) = jobs.recv() {
         let (outcome, failure) = send::attempt(&agent, &keys, project, &job.batch.events_json);

@@ -160,6 +160,13 @@ impl Write for Conn {
     }
 }
 
+/// The environment a server needs to post webhooks to a receiver in the test, which
+/// listens on 127.0.0.1 (`webhook_allow_private_addresses`, default false). An env
+/// variable, not a config key, so an older binary given it still starts.
+#[allow(dead_code)]
+pub const ALLOW_PRIVATE_WEBHOOKS: (&str, &str) =
+    ("RINGCAST_WEBHOOK_ALLOW_PRIVATE_ADDRESSES", "true");
+
 pub struct Options {
     pub workers: usize,
     pub config: String,

@@ -186,6 +186,11 @@ pub struct Node {
 
 impl Node {
     pub fn start(redis: &Redis) -> Node {
+        Node::start_env(redis, &[])
+    }
+
+    /// [`Node::start`] with extra environment (e.g. [`common::ALLOW_PRIVATE_WEBHOOKS`]).
+    pub fn start_env(redis: &Redis, env: &[(&str, &str)]) -> Node {
         let dir = tempfile::tempdir().unwrap();
         let data: PathBuf = dir.path().join("data");
         let mut child = Command::new(common::bin())
@@ -195,6 +200,7 @@ impl Node {
             .env("RINGCAST_MASTER_KEY_FILE", redis.master_key_file())
             .args(["serve", "--listen", "127.0.0.1:0", "--workers", "2"])
             .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
