@@ -1008,3 +1008,91 @@ fn webhooks_to_private_addresses_are_refused_unless_allowed() {
     });
     assert!(receiver.hooks()[0].signed_with(&p.token_secret));
 }
+
+/// Issue 20, finding 8: a public-key holder churning subscribe/unsubscribe over many
+/// channels filled the project's webhook queue with occupancy events (each vacate held
+/// 3 s), so a real `member_added` that happened meanwhile was dropped. Now an occupancy
+/// still queued is cancelled by its vacate, and half of the queue is kept for member and
+/// client events: the member event arrives. The endpoint is slow (300 ms per request),
+/// as a busy backend is, and the queue small (200 events) so the test is quick.
+#[test]
+fn subscribe_churn_does_not_crowd_out_a_member_event() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let s = Server::start_with(Options {
+        config: "webhook_queue_events = 200\nmetrics_listen = \"127.0.0.1:0\"\n".into(),
+        // The churn here is the flood itself: no per-connection subscribe rate in the
+        // way (an env variable, so an older binary still starts).
+        env: vec![
+            ALLOW_PRIVATE_WEBHOOKS,
+            ("RINGCAST_SUBSCRIBE_RATE_PER_CONNECTION", "1000000"),
+        ],
+        ..Options::default()
+    });
+    let p = project(&s, "churned");
+    let script = vec![(200, Duration::from_millis(300)); 200];
+    let receiver = Receiver::scripted(&script);
+    cli(
+        &s.data_dir,
+        &["project", "set-webhook", &p.id, &receiver.url()],
+    );
+    // Wait until the server applied it: occupy new channels until one is reported.
+    let (mut probe, _) = tungstenite::connect(s.ws_url(&p.public)).expect("ws");
+    set_timeout(&mut probe, Duration::from_secs(10));
+    next_json(&mut probe);
+    let mut k = 0;
+    wait_for(Duration::from_secs(15), "the first webhook", || {
+        occupy_fresh(std::slice::from_mut(&mut probe), &mut k);
+        std::thread::sleep(Duration::from_millis(250));
+        !receiver.hooks().is_empty()
+    });
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let cycles = Arc::new(AtomicU64::new(0));
+    let churners: Vec<_> = (0..4)
+        .map(|c| {
+            let (stop, cycles, url) = (stop.clone(), cycles.clone(), s.ws_url(&p.public));
+            std::thread::spawn(move || {
+                let (mut ws, _) = tungstenite::connect(url.as_str()).expect("ws");
+                set_timeout(&mut ws, Duration::from_secs(10));
+                next_json(&mut ws);
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let ch = format!("churn-{c}-{}", i % 300);
+                    common::subscribe(&mut ws, &ch);
+                    send_json(&mut ws, json!({"type": "unsubscribe", "channel": ch}));
+                    assert_eq!(next_json(&mut ws)["type"], "unsubscribed");
+                    cycles.fetch_add(1, Ordering::Relaxed);
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    // Well past what the queue holds before the real event happens.
+    wait_for(Duration::from_secs(30), "1,000 churn cycles", || {
+        cycles.load(Ordering::Relaxed) >= 1000
+    });
+    let room = "presence-room";
+    let (_member, _) = member(&s.ws_url(&p.public), &p, room, "u1");
+    let arrived = std::panic::catch_unwind(|| {
+        wait_for(Duration::from_secs(15), "member_added of u1", || {
+            names(&about(&receiver, room)).contains(&"member_added:u1".to_string())
+        })
+    });
+    stop.store(true, Ordering::Relaxed);
+    for t in churners {
+        t.join().unwrap();
+    }
+    eprintln!(
+        "churn: {} subscribe/unsubscribe cycles, {} webhook events dropped (queue full)",
+        cycles.load(Ordering::Relaxed),
+        scrape(
+            &s,
+            "ringcast_webhook_events_dropped_total{reason=\"queue_full\"}"
+        )
+    );
+    assert!(
+        arrived.is_ok(),
+        "member_added never arrived during the churn ({} cycles)",
+        cycles.load(Ordering::Relaxed)
+    );
+}
