@@ -291,6 +291,7 @@ fn a_slow_client_on_the_metrics_port_holds_up_no_scrape() {
         );
         assert!(body.contains("ringcast_build_info"));
         assert!(took < Duration::from_millis(1500), "a scrape took {took:?}");
+        eprintln!("a scrape beside 4 trickling clients: {took:?}");
     }
     for t in tricklers {
         let cut = t.join().unwrap();
