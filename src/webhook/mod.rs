@@ -15,9 +15,12 @@
 //!   that kind of event, it only reads the key snapshot: no allocation, no queue. The
 //!   caller checks [`Webhooks::wants`] before building an event.
 //! - Bounded: the hand-over queue holds at most `webhook_queue_events` events, and each
-//!   project at most `webhook_queue_events` waiting ones; an event that does not fit is
-//!   dropped, counted (`ringcast_webhook_events_dropped_total`) and logged, at most one
-//!   line per 10 s.
+//!   project at most `webhook_queue_events` waiting ones, half of them for occupancy
+//!   events (churn is coalesced, see [`queue`]); an event that does not fit is dropped,
+//!   counted (`ringcast_webhook_events_dropped_total`) and logged, at most one line per
+//!   10 s.
+//! - Destinations: unless `webhook_allow_private_addresses`, a sender connects only to
+//!   public addresses, checked on the resolver's answer ([`address`]).
 //! - Delivery is at least once while the node runs: a failed request is retried with
 //!   the same events (re-stamped and re-signed) for 5 minutes, one request in flight
 //!   per project. Events still queued when the process ends are lost.
