@@ -80,6 +80,8 @@ struct ChannelState {
     occupancy: VecDeque<u64>,
     /// The latest waiting member event of each user.
     members: HashMap<Box<str>, u64>,
+    /// Listed in [`ProjectQueue::churned`].
+    churned: bool,
 }
 
 /// The events of one request, encoded once: the `[...]` of the body's `events`.
@@ -120,7 +122,8 @@ struct ProjectQueue {
     channels: HashMap<Box<str>, ChannelState>,
     /// Waiting occupancy events (at most half of `cap`).
     occupancy: usize,
-    /// Channels that had two or more waiting occupancy events (checked when used).
+    /// Channels that had two or more waiting occupancy events (checked when used; kept
+    /// at most about twice the channels by [`ProjectQueue::compact_churned`]).
     churned: Vec<Box<str>>,
     flight: Flight,
 }
@@ -239,8 +242,10 @@ impl ProjectQueue {
             HookEvent::ChannelOccupied { channel } | HookEvent::ChannelVacated { channel } => {
                 state.occupancy.push_back(seq);
                 self.occupancy += 1;
-                if state.occupancy.len() == 2 {
+                if state.occupancy.len() >= 2 && !state.churned {
+                    state.churned = true;
                     self.churned.push(channel.clone());
+                    self.compact_churned();
                 }
             }
             HookEvent::MemberAdded { user_id, .. } | HookEvent::MemberRemoved { user_id, .. } => {
@@ -304,9 +309,10 @@ impl ProjectQueue {
     /// Whether there was such a pair.
     fn drop_churn_pair(&mut self) -> bool {
         while let Some(channel) = self.churned.pop() {
-            let Some(state) = self.channels.get(&channel) else {
+            let Some(state) = self.channels.get_mut(&channel) else {
                 continue;
             };
+            state.churned = false;
             let n = state.occupancy.len();
             if n < 2 {
                 continue;
@@ -314,16 +320,38 @@ impl ProjectQueue {
             let (latest, before) = (state.occupancy[n - 1], state.occupancy[n - 2]);
             self.remove(latest);
             self.remove(before);
-            if self
-                .channels
-                .get(&channel)
-                .is_some_and(|s| s.occupancy.len() >= 2)
-            {
-                self.churned.push(channel);
+            if let Some(state) = self.channels.get_mut(&channel) {
+                if state.occupancy.len() >= 2 {
+                    state.churned = true;
+                    self.churned.push(channel);
+                }
             }
             return true;
         }
         false
+    }
+
+    /// Entries of channels gone (and re-made) stay in the churn list until popped: once
+    /// it is more than twice the channels, keep only one entry per channel still listed.
+    /// Amortized O(1) per push.
+    fn compact_churned(&mut self) {
+        if self.churned.len() <= 2 * self.channels.len() + 64 {
+            return;
+        }
+        let channels = &mut self.channels;
+        // The first entry of a listed channel clears its mark; later ones are dropped.
+        self.churned.retain(|c| match channels.get_mut(c) {
+            Some(state) if state.churned => {
+                state.churned = false;
+                true
+            }
+            _ => false,
+        });
+        for c in &self.churned {
+            if let Some(state) = channels.get_mut(c) {
+                state.churned = true;
+            }
+        }
     }
 
     /// Move the events that became ready by `now` to the ready indexes.
@@ -906,6 +934,33 @@ mod tests {
                 "channel_occupied:c"
             ]
         );
+    }
+
+    #[test]
+    fn the_churn_list_stays_bounded() {
+        let t0 = Instant::now();
+        let mut q = Queues::new(10_000);
+        let mut now = t0;
+        for i in 0..2000 {
+            let ch = format!("private-{i}");
+            // Two waiting occupancy events (a client event between them keeps the
+            // vacate from cancelling), then all delivered: the channel's entry goes.
+            q.push(1, now, occupied(&ch));
+            q.push(1, now, client(&ch, i));
+            q.push(1, now, vacated(&ch));
+            now += GRACE + BATCH_WINDOW;
+            let sent = q.due(now);
+            assert_eq!(sent.len(), 1);
+            // Something waits at every answer, so the project's queue is kept.
+            q.push(1, now, added("presence-keep", &format!("u{i}")));
+            q.finished(1, Outcome::Delivered, now);
+            let churned = q.projects.get(&1).map_or(usize::MAX, |p| p.churned.len());
+            // At most two channels have waiting events at any time.
+            assert!(
+                churned <= 64 + 2 * 2 + 1,
+                "{churned} entries after {i} channels"
+            );
+        }
     }
 
     /// Random occupancy changes of a few channels, with member events for pressure, a
