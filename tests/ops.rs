@@ -611,6 +611,22 @@ fn config_show_names_each_values_source_and_redacts_secrets() {
     check("heartbeat_s", json!(25), "default");
     check("log_format", json!("text"), "default");
     assert!(!v.to_string().contains("hunter2"));
+    // A password in the query (issue 20, finding 12): redis-rs reads `pass` on a unix
+    // socket URL.
+    let v = config_show(
+        &[
+            "--redis",
+            "redis+unix:///run/redis.sock?db=2&pass=hunter2",
+            "config",
+            "show",
+        ],
+        &[("RINGCAST_MASTER_KEY_FILE", "cluster-master.key")],
+    );
+    assert_eq!(
+        v["redis"]["value"], "redis+unix:///run/redis.sock?db=2&pass=***",
+        "{v}"
+    );
+    assert!(!v.to_string().contains("hunter2"));
 
     // The environment against a flag: the flag is what the user typed on this run.
     let v = config_show(
