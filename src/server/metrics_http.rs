@@ -137,8 +137,17 @@ fn serve(mut stream: TcpStream, metrics: &Metrics, node: &Node) {
             return;
         }
         match stream.read(&mut buf) {
-            Ok(0) | Err(_) => return,
-            Ok(n) => head.extend_from_slice(&buf[..n]),
+            Ok(n) if n > 0 => head.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                let _ = respond(&mut stream, "408 Request Timeout", "", 0, b"");
+                return;
+            }
+            _ => return,
         }
         if head.len() > MAX_HEAD {
             let _ = respond(
