@@ -265,6 +265,7 @@ pub fn wait_listening(child: &mut Child, data: &Path) -> SocketAddr {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let line = common::start_line_text(&line);
             if let Some(rest) = line.strip_prefix("ringcast listening on http://") {
                 let _ = tx.send(rest.split_whitespace().next().unwrap_or("").to_string());
             }
