@@ -309,24 +309,59 @@ pub fn run_show(cli: &Cli, args: &ServeArgs) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// A URL with its password (if any) replaced by `***`: `redis://:pw@h/` → `redis://:***@h/`.
+/// A URL with its password (if any) replaced by `***`: `redis://:pw@h/` → `redis://:***@h/`,
+/// and the value of a password query parameter too (`redis+unix:///run/r.sock?pass=pw`
+/// → `...?pass=***`; see [`SECRET_PARAMS`]).
 pub(crate) fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
+        return redact_query(url);
     };
     let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-    match authority.rsplit_once('@') {
+    let (userinfo, tail) = match authority.rsplit_once('@') {
         Some((userinfo, host)) => {
             let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
             if userinfo.contains(':') {
-                format!("{scheme}://{user}:***@{host}{path}")
+                (format!("{user}:***@"), format!("{host}{path}"))
             } else {
                 // `redis://token@host`: a lone userinfo is the password for Redis.
-                format!("{scheme}://***@{host}{path}")
+                ("***@".to_string(), format!("{host}{path}"))
             }
         }
-        None => url.to_string(),
+        None => (String::new(), rest.to_string()),
+    };
+    format!("{scheme}://{userinfo}{}", redact_query(&tail))
+}
+
+/// Query parameters whose value is a secret (names compared without case): redis-rs
+/// reads `pass` (unix sockets); the others are common spellings an operator may use.
+const SECRET_PARAMS: [&str; 7] = [
+    "pass", "password", "passwd", "pwd", "auth", "token", "secret",
+];
+
+/// `text` with the value of every [`SECRET_PARAMS`] query parameter replaced by `***`.
+fn redact_query(text: &str) -> String {
+    let Some((base, query)) = text.split_once('?') else {
+        return text.to_string();
+    };
+    let (query, fragment) = match query.split_once('#') {
+        Some((q, f)) => (q, Some(f)),
+        None => (query, None),
+    };
+    let params: Vec<String> = query
+        .split('&')
+        .map(|param| match param.split_once('=') {
+            Some((name, _)) if SECRET_PARAMS.iter().any(|s| name.eq_ignore_ascii_case(s)) => {
+                format!("{name}=***")
+            }
+            _ => param.to_string(),
+        })
+        .collect();
+    let mut out = format!("{base}?{}", params.join("&"));
+    if let Some(f) = fragment {
+        out.push('#');
+        out.push_str(f);
     }
+    out
 }
 
 /// The first line of a (possibly multi-line) parser message.
@@ -724,6 +759,40 @@ mod tests {
         );
         assert_eq!(redact_url("redis://tok@h/"), "redis://***@h/");
         assert_eq!(redact_url("redis://h:6379/"), "redis://h:6379/");
+        // Passwords in the query (issue 20, finding 12): redis-rs reads `pass` on unix
+        // sockets; other names and forms are redacted as well.
+        assert_eq!(
+            redact_url("redis+unix:///run/redis.sock?db=2&pass=hunter2"),
+            "redis+unix:///run/redis.sock?db=2&pass=***"
+        );
+        assert_eq!(
+            redact_url("unix:///run/redis.sock?pass=hunter2&user=app"),
+            "unix:///run/redis.sock?pass=***&user=app"
+        );
+        assert_eq!(
+            redact_url("redis://h:6379?Password=hunter2"),
+            "redis://h:6379?Password=***"
+        );
+        assert_eq!(
+            redact_url("rediss://app:pw1@h:6380/0?protocol=resp3&password=pw2#x"),
+            "rediss://app:***@h:6380/0?protocol=resp3&password=***#x"
+        );
+        assert_eq!(
+            redact_url("redis://:pa?ss@h/?db=1"),
+            "redis://:***@h/?db=1",
+            "a ? inside the password"
+        );
+        assert_eq!(
+            redact_url("redis+unix:///r.sock?db=1&passenger=x"),
+            "redis+unix:///r.sock?db=1&passenger=x"
+        );
+        for url in [
+            "redis+unix:///run/redis.sock?db=2&pass=hunter2",
+            "redis://h?password=hunter2",
+            "rediss://:hunter2@h?pass=hunter2",
+        ] {
+            assert!(!redact_url(url).contains("hunter2"), "{url}");
+        }
     }
 
     #[test]

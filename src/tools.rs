@@ -40,6 +40,8 @@ pub enum ToolError {
     CaFile { path: String, why: String },
     #[error("HTTP {status}: {body}")]
     Refused { status: u16, body: String },
+    #[error("HTTP {status}: the server redirects to {location:?}; not followed (the key is only ever sent to --url)")]
+    Redirect { status: u16, location: String },
     #[error("request failed: {0}")]
     Http(#[from] ureq::Error),
     #[error("WebSocket: {0}")]
@@ -116,8 +118,11 @@ pub fn publish(args: &PublishArgs) -> Result<(), ToolError> {
             .collect();
         tls = tls.root_certs(ureq::tls::RootCerts::new_with_certs(&certs));
     }
+    // Redirects are never followed: ureq would resend `X-Api-Key` to wherever the
+    // answer points (it only strips `Authorization`), so a 3xx is reported instead.
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
+        .max_redirects(0)
         .timeout_global(Some(TIMEOUT))
         .tls_config(tls.build())
         .build()
@@ -129,6 +134,15 @@ pub fn publish(args: &PublishArgs) -> Result<(), ToolError> {
         .content_type("application/json")
         .send(body)?;
     let status = resp.status().as_u16();
+    if resp.status().is_redirection() {
+        let location = resp
+            .headers()
+            .get("location")
+            .and_then(|l| l.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        return Err(ToolError::Redirect { status, location });
+    }
     let text = resp.body_mut().read_to_string().unwrap_or_default();
     if status != 202 {
         return Err(ToolError::Refused { status, body: text });

@@ -282,6 +282,7 @@ fn redis_lost_and_back_are_logged_once_each_and_shown_by_the_metric() {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let line = common::start_line_text(&line);
             if let Some(rest) = line.strip_prefix("ringcast metrics on http://") {
                 let _ = tx.send(rest.trim_end_matches("/metrics").to_string());
             }

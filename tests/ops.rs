@@ -234,6 +234,74 @@ fn metrics_listener_serves_only_get_metrics_and_is_off_by_default() {
     assert!(plain.metrics.is_none(), "metrics are off by default");
 }
 
+/// Issue 20, finding 9: clients trickling a request head into the metrics port (a byte
+/// every 500 ms, under the old per-read timeout of 2 s) held the one-at-a-time listener,
+/// so every scrape waited. Now scrapes are served beside them, and each trickler is cut
+/// when its head is not complete within 2 s of the accept.
+#[test]
+fn a_slow_client_on_the_metrics_port_holds_up_no_scrape() {
+    let s = Server::start_with(Options {
+        config: METRICS.into(),
+        ..Options::default()
+    });
+    let addr = s.metrics.expect("metrics address");
+    let (connected_tx, connected) = std::sync::mpsc::channel();
+    let tricklers: Vec<_> = (0..4)
+        .map(|_| {
+            let connected_tx = connected_tx.clone();
+            std::thread::spawn(move || {
+                let mut c = TcpStream::connect(addr).unwrap();
+                let _ = connected_tx.send(());
+                // The read timeout paces the trickle; a read that returns means the
+                // server answered or closed.
+                c.set_read_timeout(Some(Duration::from_millis(500)))
+                    .unwrap();
+                let start = std::time::Instant::now();
+                let mut buf = [0u8; 256];
+                for byte in b"GET /metrics HTTP/1.1\r\nX-Slow: ".iter().cycle() {
+                    if start.elapsed() > Duration::from_secs(12) {
+                        return None;
+                    }
+                    if c.write_all(&[*byte]).is_err() {
+                        return Some(start.elapsed());
+                    }
+                    match c.read(&mut buf) {
+                        Err(e)
+                            if matches!(
+                                e.kind(),
+                                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                            ) => {}
+                        _ => return Some(start.elapsed()),
+                    }
+                }
+                None
+            })
+        })
+        .collect();
+    for _ in 0..4 {
+        connected.recv_timeout(Duration::from_secs(5)).unwrap();
+    }
+    for _ in 0..3 {
+        let start = std::time::Instant::now();
+        let (status, body) = get(addr, "GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n");
+        let took = start.elapsed();
+        assert_eq!(
+            status, 200,
+            "no scrape answer within 5 s beside the tricklers"
+        );
+        assert!(body.contains("ringcast_build_info"));
+        assert!(took < Duration::from_millis(1500), "a scrape took {took:?}");
+        eprintln!("a scrape beside 4 trickling clients: {took:?}");
+    }
+    for t in tricklers {
+        let cut = t.join().unwrap();
+        assert!(
+            cut.is_some_and(|d| d < Duration::from_secs(5)),
+            "a trickling client was still served after 12 s: {cut:?}"
+        );
+    }
+}
+
 #[test]
 fn slow_consumer_closes_are_counted_and_logged_once_per_interval() {
     let dir = tempfile::tempdir().unwrap();
@@ -361,6 +429,99 @@ fn json_logs_are_one_object_per_line_and_never_hold_a_key() {
         .any(|v| v["fields"]["message"] == "shutting down"));
 }
 
+/// Issue 20, finding 13: with `--log-format json` every line the server prints, on
+/// stdout (the `--dev` keys, the metrics and listening lines) and on stderr, is one JSON
+/// object; the start lines keep their text in `fields.message`.
+#[test]
+fn with_json_logs_every_line_on_stdout_and_stderr_is_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(bin())
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--workers",
+            "1",
+            "--dev",
+        ])
+        .args(["--metrics-listen", "127.0.0.1:0", "--log-format", "json"])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    let out_reader = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line.clone());
+            all.push(line);
+        }
+        all
+    });
+    let mut stderr = child.stderr.take().unwrap();
+    let err_reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let mut seen = Vec::new();
+    while !seen
+        .iter()
+        .any(|l: &String| start_line_text(l).starts_with("ringcast listening on "))
+    {
+        seen.push(
+            rx.recv_timeout(Duration::from_secs(20))
+                .expect("the listening line"),
+        );
+    }
+    // The metrics line still names a working address.
+    let metrics = seen
+        .iter()
+        .find_map(|l| {
+            start_line_text(l)
+                .strip_prefix("ringcast metrics on http://")
+                .map(|a| a.trim_end_matches("/metrics").to_string())
+        })
+        .expect("the metrics line");
+    let (status, _) = get(
+        metrics.parse().unwrap(),
+        "GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n",
+    );
+    assert_eq!(status, 200);
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    assert!(exit_within(&mut child, Duration::from_secs(10)).success());
+    let stdout = out_reader.join().unwrap();
+    let stderr = err_reader.join().unwrap();
+    assert!(stdout.len() >= 3, "{stdout:?}");
+    let parsed: Vec<Value> = stdout
+        .iter()
+        .map(String::as_str)
+        .chain(stderr.lines())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert!(parsed.iter().all(Value::is_object), "{parsed:?}");
+    let listening = parsed
+        .iter()
+        .find(|v| {
+            v["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("ringcast listening on http://"))
+        })
+        .expect("the listening line");
+    assert_eq!(listening["level"], "INFO");
+    assert_eq!(listening["fields"]["workers"], 1);
+    assert!(parsed.iter().any(|v| v["dev_project"].is_object()));
+    assert!(parsed
+        .iter()
+        .any(|v| v["fields"]["message"] == "shutting down"));
+}
+
 #[test]
 fn a_refused_start_in_json_is_one_json_line() {
     let dir = tempfile::tempdir().unwrap();
@@ -449,6 +610,22 @@ fn config_show_names_each_values_source_and_redacts_secrets() {
     check("master_key_file", json!("cluster-master.key"), "env");
     check("heartbeat_s", json!(25), "default");
     check("log_format", json!("text"), "default");
+    assert!(!v.to_string().contains("hunter2"));
+    // A password in the query (issue 20, finding 12): redis-rs reads `pass` on a unix
+    // socket URL.
+    let v = config_show(
+        &[
+            "--redis",
+            "redis+unix:///run/redis.sock?db=2&pass=hunter2",
+            "config",
+            "show",
+        ],
+        &[("RINGCAST_MASTER_KEY_FILE", "cluster-master.key")],
+    );
+    assert_eq!(
+        v["redis"]["value"], "redis+unix:///run/redis.sock?db=2&pass=***",
+        "{v}"
+    );
     assert!(!v.to_string().contains("hunter2"));
 
     // The environment against a flag: the flag is what the user typed on this run.
@@ -658,6 +835,79 @@ fn cli_publish_and_subscribe_round_trip() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("HTTP 401"));
+}
+
+/// One plain HTTP answer per connection from a thread, each request head kept.
+fn answering(answer: String) -> (SocketAddr, std::sync::mpsc::Receiver<String>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            stream
+                .set_read_timeout(Some(Duration::from_secs(5)))
+                .unwrap();
+            let mut head = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match stream.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                }
+            }
+            // Kept before answering, so it is there once the client has its answer.
+            if tx
+                .send(String::from_utf8_lossy(&head).into_owned())
+                .is_err()
+            {
+                return;
+            }
+            let _ = stream.write_all(answer.as_bytes());
+        }
+    });
+    (addr, rx)
+}
+
+/// Issue 20, finding 12: `ringcast publish` does not follow a redirect (it would carry
+/// `X-Api-Key` to whatever host the answer names); it reports it and exits 1.
+#[test]
+fn cli_publish_follows_no_redirect_and_sends_the_key_nowhere_else() {
+    let ok = "HTTP/1.1 202 Accepted\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}";
+    let (elsewhere, elsewhere_got) = answering(ok.to_string());
+    let key = "sk_redirecttestkey0000000000000000";
+    // 301/302/303 turn the POST into a GET (and were followed with the key before the
+    // fix); 307/308 would resend the POST.
+    for status in [301, 302, 303, 307, 308] {
+        let redirect = format!(
+            "HTTP/1.1 {status} Moved\r\nLocation: http://{elsewhere}/api/v1/publish\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        );
+        let (redirector, redirector_got) = answering(redirect);
+        let out = run_publish(&[
+            "--url",
+            &format!("http://{redirector}"),
+            "--key",
+            key,
+            "c",
+            "e",
+            "{}",
+        ]);
+        let first = redirector_got.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert!(first.contains(key), "the key went to --url: {first}");
+        // The command has exited: a followed redirect would have reached `elsewhere`.
+        let followed = elsewhere_got.try_recv().ok();
+        assert!(
+            followed.is_none(),
+            "{status}: the redirect was followed, the request: {followed:?}"
+        );
+        assert_eq!(out.status.code(), Some(1));
+        assert!(out.stdout.is_empty());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&status.to_string()) && err.contains("not followed") && !err.contains(key),
+            "{err}"
+        );
+    }
 }
 
 #[test]

@@ -17,7 +17,10 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::{cli, expect_silence, next_json, send_json, set_timeout, wait_for, Server, Ws};
+use common::{
+    cli, expect_silence, next_json, send_json, set_timeout, wait_for, Options, Server, Ws,
+    ALLOW_PRIVATE_WEBHOOKS,
+};
 use serde_json::{json, Value};
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/pusher_sdk.py");
@@ -131,7 +134,11 @@ fn the_python_server_sdk_works_against_ringcast() {
         );
         return;
     }
-    let s = Server::start();
+    // Its webhook receiver listens on 127.0.0.1: private addresses allowed.
+    let s = Server::start_with(Options {
+        env: vec![ALLOW_PRIVATE_WEBHOOKS],
+        ..Options::default()
+    });
     let v = cli(
         &s.data_dir,
         &["project", "create", "sdk", "--rate-limit", "10000/s"],

@@ -15,7 +15,9 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{cli, next_json, send_json, set_timeout, wait_for, Options, Server, Ws};
+use common::{
+    cli, next_json, send_json, set_timeout, wait_for, Options, Server, Ws, ALLOW_PRIVATE_WEBHOOKS,
+};
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use serde_json::{json, Value};
 
@@ -149,6 +151,14 @@ fn serve(stream: TcpStream, got: &Mutex<Vec<Hook>>, script: &Mutex<VecDeque<(u16
     }
 }
 
+/// Server options for tests whose receiver (on 127.0.0.1) must get webhooks.
+fn allowed() -> Options {
+    Options {
+        env: vec![ALLOW_PRIVATE_WEBHOOKS],
+        ..Options::default()
+    }
+}
+
 struct Private {
     id: String,
     secret: String,
@@ -278,7 +288,7 @@ fn ns(hook: &Hook) -> Vec<u64> {
 /// (the same events, re-stamped and re-signed) after two 500s; `--off` stops them.
 #[test]
 fn client_events_are_signed_batched_retried_and_stop_when_off() {
-    let s = Server::start();
+    let s = Server::start_with(allowed());
     let p = project(&s, "hooks");
     let receiver = Receiver::start(&[500, 500]);
     let set = cli(
@@ -386,7 +396,7 @@ fn client_events_are_signed_batched_retried_and_stop_when_off() {
 /// listed, they do (with `user_id` on a presence channel).
 #[test]
 fn client_events_are_sent_only_when_listed() {
-    let s = Server::start();
+    let s = Server::start_with(allowed());
     let p = project(&s, "filtered");
     let receiver = Receiver::start(&[]);
     // The default list: every kind but client_event.
@@ -480,7 +490,7 @@ fn a_slow_endpoint_holds_up_only_its_own_project_and_a_full_queue_is_counted() {
     let s = Server::start_with(Options {
         config: "webhook_queue_events = 3\nmetrics_listen = \"127.0.0.1:0\"\n".into(),
         log_file: Some(log.clone()),
-        ..Options::default()
+        ..allowed()
     });
     let slow = project(&s, "slow");
     let fast = project(&s, "fast");
@@ -599,7 +609,7 @@ fn names(events: &[(String, String, Instant)]) -> Vec<String> {
 /// with two connections is added once and removed once; every request is signed.
 #[test]
 fn occupancy_and_membership_webhooks_with_the_three_second_grace() {
-    let s = Server::start();
+    let s = Server::start_with(allowed());
     let p = project(&s, "rooms");
     let receiver = Receiver::start(&[]);
     cli(
@@ -695,7 +705,10 @@ fn occupancy_and_membership_webhooks_with_the_three_second_grace() {
 fn cluster_transitions_are_sent_once() {
     use support::{Node, Redis};
     let Some(redis) = Redis::start() else { return };
-    let (na, nb) = (Node::start(&redis), Node::start(&redis));
+    let (na, nb) = (
+        Node::start_env(&redis, &[ALLOW_PRIVATE_WEBHOOKS]),
+        Node::start_env(&redis, &[ALLOW_PRIVATE_WEBHOOKS]),
+    );
     let created = support::cli(
         &redis,
         &["project", "create", "c", "--rate-limit", "1000/s"],
@@ -847,7 +860,7 @@ fn set_webhook_cli() {
 fn webhooks_in_cluster_mode() {
     use support::{Node, Redis};
     let Some(redis) = Redis::start() else { return };
-    let node = Node::start(&redis);
+    let node = Node::start_env(&redis, &[ALLOW_PRIVATE_WEBHOOKS]);
     let created = support::cli(
         &redis,
         &["project", "create", "c", "--rate-limit", "1000/s"],
@@ -895,4 +908,191 @@ fn webhooks_in_cluster_mode() {
     let hook = &receiver.hooks()[0];
     assert_eq!(hook.key.as_deref(), Some(p.public.as_str()));
     assert!(hook.signed_with(&p.token_secret));
+}
+
+/// Occupy a fresh channel of each project's connection (each `channel_occupied` is a
+/// webhook event of that project).
+fn occupy_fresh(conns: &mut [Ws], k: &mut u32) {
+    *k += 1;
+    for ws in conns.iter_mut() {
+        common::subscribe(ws, &format!("fresh-{k}"));
+    }
+}
+
+/// Issue 20, finding 6: by default a webhook never reaches a loopback address, however
+/// the URL spells it (dotted, hex, decimal, short, a name, IPv4-mapped IPv6); each
+/// attempt is refused at connect time, counted as failed and logged. With
+/// `webhook_allow_private_addresses` the same kind of URL is reached.
+#[test]
+fn webhooks_to_private_addresses_are_refused_unless_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("server.log");
+    let s = Server::start_with(Options {
+        config: "metrics_listen = \"127.0.0.1:0\"\nlog_format = \"json\"\n".into(),
+        log_file: Some(log.clone()),
+        ..Options::default()
+    });
+    let receiver = Receiver::start(&[]);
+    let port = receiver.addr.port();
+    let hosts = [
+        "127.0.0.1",
+        "0x7f000001",
+        "2130706433",
+        "127.1",
+        "localhost",
+        "[::ffff:127.0.0.1]",
+    ];
+    let mut conns = Vec::new();
+    for (i, host) in hosts.iter().enumerate() {
+        let p = project(&s, &format!("ssrf{i}"));
+        let url = format!("http://{host}:{port}/hooks/ringcast");
+        cli(&s.data_dir, &["project", "set-webhook", &p.id, &url]);
+        let (mut ws, _) = tungstenite::connect(s.ws_url(&p.public)).expect("ws");
+        set_timeout(&mut ws, Duration::from_secs(10));
+        next_json(&mut ws);
+        conns.push(ws);
+    }
+    // The projects whose attempts were refused, by the log's project_index.
+    let refused = || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let mut projects: Vec<u64> = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| {
+                v["fields"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("webhook_allow_private_addresses is false"))
+            })
+            .filter_map(|v| v["fields"]["project_index"].as_u64())
+            .collect();
+        projects.sort_unstable();
+        projects.dedup();
+        projects.len()
+    };
+    let mut k = 0;
+    wait_for(
+        Duration::from_secs(20),
+        "every project's attempt refused",
+        || {
+            occupy_fresh(&mut conns, &mut k);
+            let reached = receiver.hooks();
+            assert!(
+                reached.is_empty(),
+                "a webhook reached 127.0.0.1: {:?}",
+                reached[0].json()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+            refused() == hosts.len()
+        },
+    );
+    assert!(receiver.hooks().is_empty());
+    assert!(scrape(&s, "ringcast_webhook_requests_total{result=\"failed\"}") >= hosts.len() as u64);
+    assert_eq!(
+        scrape(&s, "ringcast_webhook_requests_total{result=\"ok\"}"),
+        0
+    );
+
+    // Allowed: a numeric spelling of 127.0.0.1 is resolved and reached.
+    let s = Server::start_with(allowed());
+    let p = project(&s, "allowed");
+    let url = format!("http://0x7f000001:{port}/hooks/ringcast");
+    cli(&s.data_dir, &["project", "set-webhook", &p.id, &url]);
+    let (mut ws, _) = tungstenite::connect(s.ws_url(&p.public)).expect("ws");
+    set_timeout(&mut ws, Duration::from_secs(10));
+    next_json(&mut ws);
+    let mut conns = vec![ws];
+    wait_for(Duration::from_secs(20), "the allowed webhook", || {
+        occupy_fresh(&mut conns, &mut k);
+        std::thread::sleep(Duration::from_millis(200));
+        !receiver.hooks().is_empty()
+    });
+    assert!(receiver.hooks()[0].signed_with(&p.token_secret));
+}
+
+/// Issue 20, finding 8: a public-key holder churning subscribe/unsubscribe over many
+/// channels filled the project's webhook queue with occupancy events (each vacate held
+/// 3 s), so a real `member_added` that happened meanwhile was dropped. Now an occupancy
+/// still queued is cancelled by its vacate, and half of the queue is kept for member and
+/// client events: the member event arrives. The endpoint is slow (300 ms per request),
+/// as a busy backend is, and the queue small (200 events) so the test is quick.
+#[test]
+fn subscribe_churn_does_not_crowd_out_a_member_event() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let s = Server::start_with(Options {
+        config: "webhook_queue_events = 200\nmetrics_listen = \"127.0.0.1:0\"\n".into(),
+        // The churn here is the flood itself: no per-connection subscribe rate in the
+        // way (an env variable, so an older binary still starts).
+        env: vec![
+            ALLOW_PRIVATE_WEBHOOKS,
+            ("RINGCAST_SUBSCRIBE_RATE_PER_CONNECTION", "1000000"),
+        ],
+        ..Options::default()
+    });
+    let p = project(&s, "churned");
+    let script = vec![(200, Duration::from_millis(300)); 200];
+    let receiver = Receiver::scripted(&script);
+    cli(
+        &s.data_dir,
+        &["project", "set-webhook", &p.id, &receiver.url()],
+    );
+    // Wait until the server applied it: occupy new channels until one is reported.
+    let (mut probe, _) = tungstenite::connect(s.ws_url(&p.public)).expect("ws");
+    set_timeout(&mut probe, Duration::from_secs(10));
+    next_json(&mut probe);
+    let mut k = 0;
+    wait_for(Duration::from_secs(15), "the first webhook", || {
+        occupy_fresh(std::slice::from_mut(&mut probe), &mut k);
+        std::thread::sleep(Duration::from_millis(250));
+        !receiver.hooks().is_empty()
+    });
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let cycles = Arc::new(AtomicU64::new(0));
+    let churners: Vec<_> = (0..4)
+        .map(|c| {
+            let (stop, cycles, url) = (stop.clone(), cycles.clone(), s.ws_url(&p.public));
+            std::thread::spawn(move || {
+                let (mut ws, _) = tungstenite::connect(url.as_str()).expect("ws");
+                set_timeout(&mut ws, Duration::from_secs(10));
+                next_json(&mut ws);
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let ch = format!("churn-{c}-{}", i % 300);
+                    common::subscribe(&mut ws, &ch);
+                    send_json(&mut ws, json!({"type": "unsubscribe", "channel": ch}));
+                    assert_eq!(next_json(&mut ws)["type"], "unsubscribed");
+                    cycles.fetch_add(1, Ordering::Relaxed);
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    // Well past what the queue holds before the real event happens.
+    wait_for(Duration::from_secs(30), "1,000 churn cycles", || {
+        cycles.load(Ordering::Relaxed) >= 1000
+    });
+    let room = "presence-room";
+    let (_member, _) = member(&s.ws_url(&p.public), &p, room, "u1");
+    let arrived = std::panic::catch_unwind(|| {
+        wait_for(Duration::from_secs(15), "member_added of u1", || {
+            names(&about(&receiver, room)).contains(&"member_added:u1".to_string())
+        })
+    });
+    stop.store(true, Ordering::Relaxed);
+    for t in churners {
+        t.join().unwrap();
+    }
+    eprintln!(
+        "churn: {} subscribe/unsubscribe cycles, {} webhook events dropped (queue full)",
+        cycles.load(Ordering::Relaxed),
+        scrape(
+            &s,
+            "ringcast_webhook_events_dropped_total{reason=\"queue_full\"}"
+        )
+    );
+    assert!(
+        arrived.is_ok(),
+        "member_added never arrived during the churn ({} cycles)",
+        cycles.load(Ordering::Relaxed)
+    );
 }

@@ -1,17 +1,24 @@
 //! The metrics listener: `GET /metrics` in Prometheus text format on `metrics_listen`,
 //! and nothing else on that address.
 //!
-//! One plain control-plane thread (`ringcast-metrics`) with a blocking listener, one
-//! scrape at a time: scrapes are rare (every few seconds), so workers never see this
-//! traffic and the data plane's listener never serves metrics. Every connection is
-//! bounded: a request head of at most [`MAX_HEAD`] bytes, read and write timeouts of
-//! [`IO_TIMEOUT`], then the connection is closed (`Connection: close`). Nothing here
-//! reads a key or logs a request.
+//! Plain control-plane threads with a blocking listener: one accept thread
+//! (`ringcast-metrics`) hands each connection to a thread of its own
+//! (`ringcast-scrape`), at most [`MAX_CONNECTIONS`] at once; a connection over that is
+//! answered 503 at once and closed. Scrapes are rare (every few seconds), so workers never
+//! see this traffic and the data plane's listener never serves metrics.
+//!
+//! Every connection is bounded: a request head of at most [`MAX_HEAD`] bytes that must be
+//! complete within [`HEAD_DEADLINE`] of the accept (a deadline for the whole head, not
+//! per read: a client trickling a byte now and then is cut at the deadline), a write
+//! timeout of [`IO_TIMEOUT`], then the connection is closed (`Connection: close`). A slow
+//! or stalled client therefore holds one slot for at most about 2 s, and never holds up
+//! another scrape. Nothing here reads a key or logs a request.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::metrics::{Metrics, NodeGauges};
 use crate::node::Node;
@@ -20,10 +27,16 @@ use super::ServeError;
 
 /// Largest request head read from a scraper.
 const MAX_HEAD: usize = 8192;
-/// A scraper that sends or reads slower than this is dropped.
+/// The whole request head must arrive within this long of the accept.
+const HEAD_DEADLINE: Duration = Duration::from_secs(2);
+/// A scraper that reads the answer slower than this is dropped.
 const IO_TIMEOUT: Duration = Duration::from_secs(2);
+/// Connections served at once. A few scrapers (Prometheus pairs, an operator's curl)
+/// plus a handful of stalled clients fit; each costs one short-lived thread, so the
+/// bound keeps a flood of connections from costing the node threads and memory.
+const MAX_CONNECTIONS: usize = 16;
 
-/// Bind `addr` and serve scrapes on a thread of their own; returns the bound address.
+/// Bind `addr` and serve scrapes on threads of their own; returns the bound address.
 pub(crate) fn spawn(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
@@ -36,19 +49,52 @@ pub(crate) fn spawn(
         .map_err(|source| ServeError::MetricsBind { addr, source })?;
     std::thread::Builder::new()
         .name("ringcast-metrics".into())
-        .spawn(move || {
-            for stream in listener.incoming() {
-                match stream {
-                    Ok(s) => serve(s, &metrics, &node),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "metrics listener: accept failed");
-                        std::thread::sleep(Duration::from_millis(50));
-                    }
-                }
-            }
-        })
+        .spawn(move || accept_loop(listener, metrics, node))
         .map_err(ServeError::Thread)?;
     Ok(bound)
+}
+
+/// Decrements the count of open connections when a connection's thread is done.
+struct Slot(Arc<AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn accept_loop(listener: TcpListener, metrics: Arc<Metrics>, node: Arc<Node>) {
+    let open = Arc::new(AtomicUsize::new(0));
+    for stream in listener.incoming() {
+        let mut stream = match stream {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics listener: accept failed");
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+        };
+        if open.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
+            open.fetch_sub(1, Ordering::AcqRel);
+            // Never wait on this client: a short write timeout, then close.
+            let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
+            let _ = respond(&mut stream, "503 Service Unavailable", "", 0, b"");
+            continue;
+        }
+        let slot = Slot(open.clone());
+        let (metrics, node) = (metrics.clone(), node.clone());
+        let spawned = std::thread::Builder::new()
+            .name("ringcast-scrape".into())
+            .spawn(move || {
+                let _slot = slot;
+                serve(stream, &metrics, &node);
+            });
+        if let Err(e) = spawned {
+            // The slot went with the closure, which was dropped: the count is right.
+            tracing::warn!(error = %e, "metrics listener: cannot start a thread");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }
 
 /// What the scrape reads beside the per-worker blocks.
@@ -79,14 +125,29 @@ fn gauges(node: &Node) -> NodeGauges {
 }
 
 fn serve(mut stream: TcpStream, metrics: &Metrics, node: &Node) {
-    let _ = stream.set_read_timeout(Some(IO_TIMEOUT));
+    let deadline = Instant::now() + HEAD_DEADLINE;
     let _ = stream.set_write_timeout(Some(IO_TIMEOUT));
     let mut head = Vec::with_capacity(512);
     let mut buf = [0u8; 1024];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        // Each read may only wait for what is left of the head's deadline.
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
+            let _ = respond(&mut stream, "408 Request Timeout", "", 0, b"");
+            return;
+        }
         match stream.read(&mut buf) {
-            Ok(0) | Err(_) => return,
-            Ok(n) => head.extend_from_slice(&buf[..n]),
+            Ok(n) if n > 0 => head.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                let _ = respond(&mut stream, "408 Request Timeout", "", 0, b"");
+                return;
+            }
+            _ => return,
         }
         if head.len() > MAX_HEAD {
             let _ = respond(

@@ -93,7 +93,8 @@ fn init_tracing(format: LogFormat, level: &str) {
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => {
-            // A panic is a log line too (one JSON object), not the default hook's text.
+            // A panic is a log line too (one JSON object), not the default hook's text;
+            // it still ends the process, as the binary's own hook does.
             std::panic::set_hook(Box::new(|info| {
                 let thread = std::thread::current();
                 tracing::error!(
@@ -101,6 +102,7 @@ fn init_tracing(format: LogFormat, level: &str) {
                     panic = %info,
                     "a thread panicked"
                 );
+                std::process::abort();
             }));
             builder
                 .json()
@@ -109,6 +111,46 @@ fn init_tracing(format: LogFormat, level: &str) {
                 .try_init()
         }
     };
+}
+
+/// A line for stdout: the text itself, or in json format one object shaped as the log
+/// lines (`timestamp`, `level`, `fields`, `target`), so every line the server prints
+/// parses as JSON.
+fn stdout_line(format: LogFormat, text: &str, fields: serde_json::Value) -> String {
+    match format {
+        LogFormat::Text => text.to_string(),
+        LogFormat::Json => serde_json::json!({
+            "timestamp": rfc3339_utc(std::time::SystemTime::now()),
+            "level": "INFO",
+            "fields": fields,
+            "target": "ringcast::server",
+        })
+        .to_string(),
+    }
+}
+
+/// `2026-01-02T03:04:05.678901Z` (UTC), as tracing's json lines stamp theirs.
+fn rfc3339_utc(t: std::time::SystemTime) -> String {
+    let d = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs();
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:06}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60,
+        d.subsec_micros()
+    )
 }
 
 /// Bind one SO_REUSEPORT listener.
@@ -347,15 +389,21 @@ fn serve(
         "ringcast started"
     );
     // The lines tests and scripts wait for: the metrics address first (when on), then
-    // the listening line, last, once everything is up.
+    // the listening line, last, once everything is up. In json format each is one JSON
+    // object shaped as a log line, the same text in `fields.message`.
     let mut stdout = std::io::stdout();
     if let Some(a) = metrics_addr {
-        let _ = writeln!(stdout, "ringcast metrics on http://{a}/metrics");
+        let url = format!("http://{a}/metrics");
+        let message = format!("ringcast metrics on {url}");
+        let fields = serde_json::json!({ "message": message, "metrics": url });
+        let _ = writeln!(stdout, "{}", stdout_line(cfg.log_format, &message, fields));
     }
-    let _ = writeln!(
-        stdout,
-        "ringcast listening on {scheme}://{addr} ({workers} workers, {driver})"
-    );
+    let listen = format!("{scheme}://{addr}");
+    let message = format!("ringcast listening on {listen} ({workers} workers, {driver})");
+    let fields = serde_json::json!({
+        "message": message, "listen": listen, "workers": workers, "driver": driver,
+    });
+    let _ = writeln!(stdout, "{}", stdout_line(cfg.log_format, &message, fields));
     let _ = stdout.flush();
 
     let mut signals = signal_hook::iterator::Signals::new([

@@ -15,15 +15,19 @@
 //!   that kind of event, it only reads the key snapshot: no allocation, no queue. The
 //!   caller checks [`Webhooks::wants`] before building an event.
 //! - Bounded: the hand-over queue holds at most `webhook_queue_events` events, and each
-//!   project at most `webhook_queue_events` waiting ones; an event that does not fit is
-//!   dropped, counted (`ringcast_webhook_events_dropped_total`) and logged, at most one
-//!   line per 10 s.
+//!   project at most `webhook_queue_events` waiting ones, half of them for occupancy
+//!   events (churn is coalesced, see [`queue`]); an event that does not fit is dropped,
+//!   counted (`ringcast_webhook_events_dropped_total`) and logged, at most one line per
+//!   10 s.
+//! - Destinations: unless `webhook_allow_private_addresses`, a sender connects only to
+//!   public addresses, checked on the resolver's answer ([`address`]).
 //! - Delivery is at least once while the node runs: a failed request is retried with
 //!   the same events (re-stamped and re-signed) for 5 minutes, one request in flight
 //!   per project. Events still queued when the process ends are lost.
 //! - Names only auth, store, config and the presence hub's `Transitions` trait: it sits
 //!   below the client protocol and the node, which call it.
 
+mod address;
 mod queue;
 mod send;
 
@@ -205,6 +209,7 @@ impl Webhooks {
             queues: Queues::new(cap),
             senders: HashMap::new(),
             trouble_log: LogLimit::new(),
+            allow_private: config.webhook_allow_private_addresses,
         };
         if let Err(e) = std::thread::Builder::new()
             .name("ringcast-webhooks".into())
@@ -311,6 +316,8 @@ struct Scheduler {
     queues: Queues,
     senders: HashMap<u32, SenderHandle>,
     trouble_log: LogLimit,
+    /// `webhook_allow_private_addresses`: the senders' address policy is off.
+    allow_private: bool,
 }
 
 impl Scheduler {
@@ -418,9 +425,10 @@ impl Scheduler {
         let (jobs, rx) = crossbeam_channel::bounded::<Dispatch>(1);
         let keys = self.keys.clone();
         let done = done.clone();
+        let allow_private = self.allow_private;
         let spawned = std::thread::Builder::new()
             .name(format!("ringcast-hook-{project}"))
-            .spawn(move || sender_loop(project, rx, done, keys));
+            .spawn(move || sender_loop(project, rx, done, keys, allow_private));
         match spawned {
             Ok(_) => {
                 // The channel is empty and its receiver alive: this cannot fail.
@@ -449,8 +457,9 @@ fn sender_loop(
     jobs: Receiver<Dispatch>,
     done: Sender<(u32, Outcome)>,
     keys: Arc<KeyCache>,
+    allow_private: bool,
 ) {
-    let agent = send::agent();
+    let agent = send::agent(allow_private);
     let mut last_log: Option<Instant> = None;
     while let Ok(job) = jobs.recv() {
         let (outcome, failure) = send::attempt(&agent, &keys, project, &job.batch.events_json);

@@ -10,6 +10,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use super::address;
 use super::queue::Outcome;
 use crate::auth::KeyCache;
 
@@ -32,15 +33,23 @@ fn now_ms() -> u64 {
 }
 
 /// The HTTP client of one sender thread: keeps its connection to the endpoint alive
-/// between requests; 3xx are answers like any other non-2xx (never followed).
-pub(crate) fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
+/// between requests; 3xx are answers like any other non-2xx (never followed). Unless
+/// `allow_private`, it connects only to addresses the policy allows ([`address`]), and
+/// never through a proxy (the address checked is the address connected to).
+pub(crate) fn agent(allow_private: bool) -> ureq::Agent {
+    let config = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(ATTEMPT_TIMEOUT))
         .max_redirects(0)
-        .user_agent(concat!("ringcast/", env!("CARGO_PKG_VERSION"), " webhooks"))
-        .build()
-        .into()
+        .user_agent(concat!("ringcast/", env!("CARGO_PKG_VERSION"), " webhooks"));
+    if allow_private {
+        return config.build().into();
+    }
+    ureq::Agent::with_parts(
+        config.proxy(None).build(),
+        ureq::unversioned::transport::DefaultConnector::new(),
+        address::CheckedResolver::default(),
+    )
 }
 
 /// Why an attempt failed, for the (rate-limited) log line.
@@ -48,6 +57,8 @@ pub(crate) fn agent() -> ureq::Agent {
 pub(crate) enum Failure {
     Status(u16),
     Transport(String),
+    /// The host resolved only to addresses the policy refuses.
+    Refused(String),
     NoSecret,
 }
 
@@ -56,6 +67,7 @@ impl std::fmt::Display for Failure {
         match self {
             Failure::Status(s) => write!(f, "the endpoint answered {s}"),
             Failure::Transport(e) => write!(f, "no answer: {e}"),
+            Failure::Refused(why) => f.write_str(why),
             Failure::NoSecret => f.write_str(
                 "the project has no token secret to sign with (ringcast project rotate-token-secret makes one)",
             ),
@@ -100,7 +112,10 @@ pub(crate) fn attempt(
                 (Outcome::Failed, Some(Failure::Status(status)))
             }
         }
-        Err(e) => (Outcome::Failed, Some(Failure::Transport(e.to_string()))),
+        Err(e) => match address::refusal_of(&e) {
+            Some(refusal) => (Outcome::Failed, Some(Failure::Refused(refusal.to_string()))),
+            None => (Outcome::Failed, Some(Failure::Transport(e.to_string()))),
+        },
     }
 }
 

@@ -19,7 +19,8 @@ let auth;
 let pusher;
 
 before(async () => {
-  server = await startServer();
+  // The webhook test's receiver listens on 127.0.0.1: private addresses allowed.
+  server = await startServer({ config: "webhook_allow_private_addresses = true\n" });
   project = await pusherProject(server);
   auth = await authServer(server, project);
   pusher = sdk(server, project);

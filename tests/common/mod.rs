@@ -160,6 +160,13 @@ impl Write for Conn {
     }
 }
 
+/// The environment a server needs to post webhooks to a receiver in the test, which
+/// listens on 127.0.0.1 (`webhook_allow_private_addresses`, default false). An env
+/// variable, not a config key, so an older binary given it still starts.
+#[allow(dead_code)]
+pub const ALLOW_PRIVATE_WEBHOOKS: (&str, &str) =
+    ("RINGCAST_WEBHOOK_ALLOW_PRIVATE_ADDRESSES", "true");
+
 pub struct Options {
     pub workers: usize,
     pub config: String,
@@ -178,6 +185,15 @@ impl Default for Options {
             log_file: None,
         }
     }
+}
+
+/// The text of a line the server prints on stdout: the line itself, or with
+/// `--log-format json` the `fields.message` of its JSON object.
+pub fn start_line_text(line: &str) -> String {
+    serde_json::from_str::<Value>(line)
+        .ok()
+        .and_then(|v| v["fields"]["message"].as_str().map(str::to_string))
+        .unwrap_or_else(|| line.to_string())
 }
 
 impl Server {
@@ -249,6 +265,7 @@ impl Server {
         std::thread::spawn(move || {
             let mut lines = BufReader::new(stdout).lines();
             while let Some(Ok(line)) = lines.next() {
+                let line = start_line_text(&line);
                 // Printed before the listening line when metrics are on.
                 if let Some(rest) = line.strip_prefix("ringcast metrics on http://") {
                     let _ = metrics_tx.send(rest.trim_end_matches("/metrics").to_string());

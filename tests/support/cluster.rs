@@ -186,6 +186,11 @@ pub struct Node {
 
 impl Node {
     pub fn start(redis: &Redis) -> Node {
+        Node::start_env(redis, &[])
+    }
+
+    /// [`Node::start`] with extra environment (e.g. [`common::ALLOW_PRIVATE_WEBHOOKS`]).
+    pub fn start_env(redis: &Redis, env: &[(&str, &str)]) -> Node {
         let dir = tempfile::tempdir().unwrap();
         let data: PathBuf = dir.path().join("data");
         let mut child = Command::new(common::bin())
@@ -195,6 +200,7 @@ impl Node {
             .env("RINGCAST_MASTER_KEY_FILE", redis.master_key_file())
             .args(["serve", "--listen", "127.0.0.1:0", "--workers", "2"])
             .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -259,6 +265,7 @@ pub fn wait_listening(child: &mut Child, data: &Path) -> SocketAddr {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let line = common::start_line_text(&line);
             if let Some(rest) = line.strip_prefix("ringcast listening on http://") {
                 let _ = tx.send(rest.split_whitespace().next().unwrap_or("").to_string());
             }
