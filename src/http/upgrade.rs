@@ -165,6 +165,7 @@ pub(crate) fn start<S: Transport>(
                 svc.events.clone(),
                 Some(svc.node.presence.clone()),
                 connection_id,
+                svc.admission.clone(),
             );
             monoio::spawn(reader_task(rd, conn, session, limits, shard, pending, held));
         }
@@ -176,6 +177,7 @@ pub(crate) fn start<S: Transport>(
                 svc.events.clone(),
                 Some(svc.node.presence.clone()),
                 connection_id,
+                svc.admission.clone(),
             );
             monoio::spawn(reader_task(rd, conn, session, limits, shard, pending, held));
         }
