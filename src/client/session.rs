@@ -884,7 +884,8 @@ mod tests {
             events,
             None,
             crate::ids::SocketId::local(0, 1).text(),
-            crate::client::Admission::new(20),
+            // Unthrottled: this session's limit of 2 channels would make a burst of 2.
+            crate::client::Admission::new(1_000_000_000),
         );
         (session, conn, shard, expiry)
     }
