@@ -1,6 +1,9 @@
 //! What the control plane costs the hot path, per publish: one key lookup in the
 //! snapshot (length check + SHA-256 + hash-map probe) and one quota check (a CAS on one
-//! atomic). Run: `cargo bench --bench control_plane`.
+//! atomic); and what one private subscribe's token check costs a worker: the ES256 and
+//! EdDSA signature checks of jsonwebtoken's pure-Rust backend (before issue 20) and of
+//! ring (`ringcast::JWT_VERIFIERS`, now), and a whole token decode with ring.
+//! Run: `cargo bench --bench control_plane`.
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -125,5 +128,68 @@ fn quota_check(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, key_lookup, quota_check);
+/// One signature check per iteration, as `jsonwebtoken::decode` makes it: the verifier
+/// from the provider's factory (key parsing included), then `verify`.
+fn token_verify(c: &mut Criterion) {
+    use jsonwebtoken::crypto::{rust_crypto, CryptoProvider};
+    use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+
+    ringcast::install_jwt_verifiers();
+    let mut group = c.benchmark_group("token_verify");
+    let claims = serde_json::json!({"channel": "private-a", "exp": 4_000_000_000u64});
+    for (name, alg, pair) in [
+        (
+            "es256",
+            Algorithm::ES256,
+            rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("P-256 key"),
+        ),
+        (
+            "eddsa",
+            Algorithm::EdDSA,
+            rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).expect("Ed25519 key"),
+        ),
+    ] {
+        let (enc, dec) = match alg {
+            Algorithm::ES256 => (
+                EncodingKey::from_ec_pem(pair.serialize_pem().as_bytes()),
+                DecodingKey::from_ec_pem(pair.public_key_pem().as_bytes()),
+            ),
+            _ => (
+                EncodingKey::from_ed_pem(pair.serialize_pem().as_bytes()),
+                DecodingKey::from_ed_pem(pair.public_key_pem().as_bytes()),
+            ),
+        };
+        let (enc, dec) = (enc.expect("private key"), dec.expect("public key"));
+        let token = jsonwebtoken::encode(&Header::new(alg), &claims, &enc).expect("token");
+        let (message, signature) = token.rsplit_once('.').expect("a JWT");
+        let signature =
+            base64::Engine::decode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, signature)
+                .expect("base64url");
+        let providers: [(&str, &CryptoProvider); 2] = [
+            ("rust_crypto", &rust_crypto::DEFAULT_PROVIDER),
+            ("ring", &ringcast::JWT_VERIFIERS),
+        ];
+        for (backend, provider) in providers {
+            group.bench_function(format!("{name}/{backend}"), |b| {
+                b.iter(|| {
+                    let verifier = (provider.verifier_factory)(&alg, &dec).expect("verifier");
+                    black_box(verifier.verify(message.as_bytes(), &signature).is_ok())
+                })
+            });
+        }
+        let mut validation = Validation::new(alg);
+        validation.validate_aud = false;
+        group.bench_function(format!("{name}/decode_ring"), |b| {
+            b.iter(|| {
+                black_box(
+                    jsonwebtoken::decode::<serde_json::Value>(black_box(&token), &dec, &validation)
+                        .is_ok(),
+                )
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, key_lookup, quota_check, token_verify);
 criterion_main!(benches);

@@ -400,9 +400,16 @@ fn native_client_events_on_private_encrypted_channels_are_refused() {
     // Nothing reaches the peer (before the fix: the event, in clear).
     expect_silence(&mut peer, Duration::from_millis(300));
     let r = next_json(&mut sender);
-    assert_eq!((&r["code"], &r["channel"]), (&json!("forbidden"), &json!(ch)), "{r}");
+    assert_eq!(
+        (&r["code"], &r["channel"]),
+        (&json!("forbidden"), &json!(ch)),
+        "{r}"
+    );
     assert!(
-        r["message"].as_str().unwrap().contains("private-encrypted-"),
+        r["message"]
+            .as_str()
+            .unwrap()
+            .contains("private-encrypted-"),
         "{r}"
     );
     // Client events on the plain private channel still flow.

@@ -79,7 +79,12 @@ fn forged(kid: &str, channel: &str, seed: u64) -> String {
     let sig: Vec<u8> = (0..64u64)
         .map(|i| (seed.wrapping_mul(6364136223846793005).wrapping_add(i * 97) >> 7) as u8)
         .collect();
-    format!("{}.{}.{}", b64(header.as_bytes()), b64(claims.as_bytes()), b64(&sig))
+    format!(
+        "{}.{}.{}",
+        b64(header.as_bytes()),
+        b64(claims.as_bytes()),
+        b64(&sig)
+    )
 }
 
 fn hs256(secret: &str, channel: &str) -> String {
@@ -123,7 +128,12 @@ fn flood(ws: &mut Ws, frames: &[Value]) -> Vec<String> {
         ws.flush().unwrap();
         for _ in batch {
             let a = next_json(ws);
-            codes.push(a["code"].as_str().unwrap_or(a["type"].as_str().unwrap_or("")).to_string());
+            codes.push(
+                a["code"]
+                    .as_str()
+                    .unwrap_or(a["type"].as_str().unwrap_or(""))
+                    .to_string(),
+            );
         }
     }
     codes
@@ -261,7 +271,10 @@ fn forged_token_floods_are_rate_limited_and_cost_bounded_cpu() {
     // Every message of the other project arrived, in order, promptly.
     assert_eq!(received, sent);
     assert!(sent > 0);
-    assert!(worst < Duration::from_millis(500), "worst latency {worst:?}");
+    assert!(
+        worst < Duration::from_millis(500),
+        "worst latency {worst:?}"
+    );
 }
 
 fn codes_of(ws: &mut Ws, frames: &[Value]) -> Vec<String> {
@@ -275,8 +288,7 @@ fn codes_of(ws: &mut Ws, frames: &[Value]) -> Vec<String> {
 fn subscribes_refused_for_another_reason_take_nothing_from_the_budget() {
     let server = Server::start_with(Options {
         workers: 1,
-        config: "max_subscriptions_per_connection = 3\nsubscribe_rate_per_connection = 1\n"
-            .into(),
+        config: "max_subscriptions_per_connection = 3\nsubscribe_rate_per_connection = 1\n".into(),
         ..Options::default()
     });
     let a = app(&server, "a");
@@ -296,7 +308,13 @@ fn subscribes_refused_for_another_reason_take_nothing_from_the_budget() {
     }
     let codes = codes_of(&mut ws, &refused);
     for (i, code) in codes.iter().enumerate() {
-        let want = ["too_many_subscriptions", "subscribed", "invalid_channel", "forbidden", "forbidden"][i % 5];
+        let want = [
+            "too_many_subscriptions",
+            "subscribed",
+            "invalid_channel",
+            "forbidden",
+            "forbidden",
+        ][i % 5];
         assert_eq!(code, want, "answer {i}");
     }
     // Had those 100 frames been charged, the next subscribe would wait ~100 s; a unit
@@ -315,14 +333,20 @@ fn subscribes_refused_for_another_reason_take_nothing_from_the_budget() {
         std::thread::sleep(Duration::from_millis(50));
         false
     });
-    eprintln!("a new subscribe after 100 refused ones: accepted after {:?}", start.elapsed());
+    eprintln!(
+        "a new subscribe after 100 refused ones: accepted after {:?}",
+        start.elapsed()
+    );
 
     // Refreshes are charged: a held private channel, refreshed in a loop, meets the rate.
     let token = hs256(&a.token_secret, "private-r");
     send_json(&mut ws, json!({"type": "unsubscribe", "channel": "c1"}));
     assert_eq!(next_json(&mut ws)["type"], "unsubscribed");
     wait_for(Duration::from_secs(3), "the private subscribe", || {
-        send_json(&mut ws, json!({"type": "subscribe", "channel": "private-r", "token": token}));
+        send_json(
+            &mut ws,
+            json!({"type": "subscribe", "channel": "private-r", "token": token}),
+        );
         let reply = next_json(&mut ws);
         std::thread::sleep(Duration::from_millis(50));
         reply["type"] == "subscribed"
@@ -343,7 +367,10 @@ fn the_pusher_path_answers_429_beyond_the_budget() {
         ..Options::default()
     });
     let a = app(&server, "p");
-    let url = format!("ws://{}/app/{}?protocol=7&client=js&version=8.6.0", server.addr, a.public);
+    let url = format!(
+        "ws://{}/app/{}?protocol=7&client=js&version=8.6.0",
+        server.addr, a.public
+    );
     let (mut ws, _) = tungstenite::connect(url).expect("ws connect");
     common::set_timeout(&mut ws, Duration::from_secs(10));
     assert_eq!(next_json(&mut ws)["event"], "pusher:connection_established");

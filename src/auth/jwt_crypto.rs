@@ -137,11 +137,9 @@ mod tests {
             .unwrap();
             let msg = b"eyJhbGciOiJFUzI1NiJ9.eyJleHAiOjF9";
             let sig = jsonwebtoken::crypto::sign(msg, &enc, alg).unwrap();
-            let raw = base64::Engine::decode(
-                &base64::engine::general_purpose::URL_SAFE_NO_PAD,
-                &sig,
-            )
-            .unwrap();
+            let raw =
+                base64::Engine::decode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, &sig)
+                    .unwrap();
             let ring = new_verifier(&alg, &dec).unwrap();
             let pure = (rust_crypto::DEFAULT_PROVIDER.verifier_factory)(&alg, &dec).unwrap();
             assert!(ring.verify(msg, &raw).is_ok() && pure.verify(msg, &raw).is_ok());

@@ -166,7 +166,8 @@ impl TokenKeys {
 
     /// Verify `token` for `channel` at `now` (unix seconds).
     pub fn verify(&self, token: &str, channel: &str, now: u64) -> Result<Grant, TokenRefusal> {
-        self.verify_until(token, channel, now).map(|(grant, _)| grant)
+        self.verify_until(token, channel, now)
+            .map(|(grant, _)| grant)
     }
 
     /// [`TokenKeys::verify`], and until when the key that verified it verifies (unix

@@ -79,9 +79,7 @@ impl Admission {
         channel: &str,
         now: u64,
     ) -> Result<Grant, TokenRefusal> {
-        let keys = snapshot
-            .token_keys(project)
-            .ok_or(TokenRefusal::NoSecret)?;
+        let keys = snapshot.token_keys(project).ok_or(TokenRefusal::NoSecret)?;
         self.tokens
             .verify(keys, snapshot.generation(), project, token, channel, now)
     }

@@ -245,13 +245,17 @@ impl PusherSession {
             } else {
                 None
             };
-            let auth = sub.auth.as_deref().filter(|a| !a.is_empty()).ok_or_else(|| {
-                SubError::new(
-                    "AuthError",
-                    "this channel needs auth (key:signature) from your auth endpoint",
-                    401,
-                )
-            })?;
+            let auth = sub
+                .auth
+                .as_deref()
+                .filter(|a| !a.is_empty())
+                .ok_or_else(|| {
+                    SubError::new(
+                        "AuthError",
+                        "this channel needs auth (key:signature) from your auth endpoint",
+                        401,
+                    )
+                })?;
             // A held channel's auth is checked again: charged like a new subscribe.
             self.within_budget()?;
             self.authorize(channel, auth, channel_data)?;
