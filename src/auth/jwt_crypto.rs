@@ -1,11 +1,12 @@
-//! The signature checks behind jsonwebtoken: ring's ECDSA P-256 and Ed25519 for the
-//! public-key tokens (ES256, EdDSA), jsonwebtoken's own `rust_crypto` backend for the
-//! rest (HS256, and signing, which only tests and tools do).
+//! The signature checks behind jsonwebtoken: ring's ECDSA P-256 for ES256 tokens,
+//! jsonwebtoken's own `rust_crypto` backend for the rest (EdDSA, HS256, and signing,
+//! which only tests and tools do).
 //!
-//! Why: an ES256 check in the pure-Rust backend costs about 0.3–0.4 ms of worker CPU,
-//! and anyone holding a public key may send forged tokens naming a real `kid`; ring's
-//! assembly-backed P-256 and Ed25519 are several times faster (`benches/control_plane.rs`)
-//! and ring is already linked for rustls (no aws-lc C build).
+//! Why: an ES256 check in the pure-Rust backend costs about 0.3 ms of worker CPU, and
+//! anyone holding a public key may send forged tokens naming a real `kid`; ring's
+//! assembly-backed P-256 takes about 70 µs (`benches/control_plane.rs`, thread CPU time),
+//! and ring is already linked for rustls (no aws-lc C build). Ed25519 stays with
+//! ed25519-dalek: measured the same way it is a little faster than ring's (47 µs against 52).
 //!
 //! Invariants:
 //! - jsonwebtoken still decodes every token and chooses the check by the header's
@@ -24,9 +25,9 @@ use jsonwebtoken::crypto::{rust_crypto, CryptoProvider, JwtVerifier, KeyUtils};
 use jsonwebtoken::errors::{ErrorKind, Result};
 use jsonwebtoken::signature::{Error as SignatureError, Verifier};
 use jsonwebtoken::{Algorithm, AlgorithmFamily, DecodingKey};
-use ring::signature::{UnparsedPublicKey, VerificationAlgorithm, ECDSA_P256_SHA256_FIXED, ED25519};
+use ring::signature::{UnparsedPublicKey, ECDSA_P256_SHA256_FIXED};
 
-/// jsonwebtoken's provider with ring for ES256 and EdDSA verification.
+/// jsonwebtoken's provider with ring for ES256 verification.
 pub static RING_VERIFIERS: CryptoProvider = CryptoProvider {
     signer_factory: rust_crypto::DEFAULT_PROVIDER.signer_factory,
     verifier_factory: new_verifier,
@@ -58,48 +59,38 @@ pub fn install() {
     });
 }
 
-/// One ring check: an algorithm and the key's raw bytes.
-struct RingVerifier {
-    alg: Algorithm,
-    ring: &'static dyn VerificationAlgorithm,
+/// One ring ES256 check: the key's uncompressed SEC1 point.
+struct RingEs256 {
     key: Vec<u8>,
 }
 
-impl Verifier<Vec<u8>> for RingVerifier {
+impl Verifier<Vec<u8>> for RingEs256 {
     fn verify(&self, msg: &[u8], signature: &Vec<u8>) -> std::result::Result<(), SignatureError> {
-        UnparsedPublicKey::new(self.ring, &self.key)
+        UnparsedPublicKey::new(&ECDSA_P256_SHA256_FIXED, &self.key)
             .verify(msg, signature)
             .map_err(|_| SignatureError::new())
     }
 }
 
-impl JwtVerifier for RingVerifier {
+impl JwtVerifier for RingEs256 {
     fn algorithm(&self) -> Algorithm {
-        self.alg
+        Algorithm::ES256
     }
 }
 
 fn new_verifier(alg: &Algorithm, key: &DecodingKey) -> Result<Box<dyn JwtVerifier>> {
-    let (family, ring): (_, &'static dyn VerificationAlgorithm) = match alg {
-        Algorithm::ES256 => (AlgorithmFamily::Ec, &ECDSA_P256_SHA256_FIXED),
-        Algorithm::EdDSA => (AlgorithmFamily::Ed, &ED25519),
-        _ => return (rust_crypto::DEFAULT_PROVIDER.verifier_factory)(alg, key),
-    };
-    if key.family() != family {
+    if *alg != Algorithm::ES256 {
+        return (rust_crypto::DEFAULT_PROVIDER.verifier_factory)(alg, key);
+    }
+    if key.family() != AlgorithmFamily::Ec {
         return Err(ErrorKind::InvalidKeyFormat.into());
     }
     let bytes = key.try_get_as_bytes()?;
-    let readable = match alg {
-        // ring reads uncompressed SEC1 points only.
-        Algorithm::ES256 => bytes.len() == 65 && bytes[0] == 4,
-        _ => bytes.len() == 32,
-    };
-    if !readable {
+    // ring reads uncompressed SEC1 points only.
+    if bytes.len() != 65 || bytes[0] != 4 {
         return (rust_crypto::DEFAULT_PROVIDER.verifier_factory)(alg, key);
     }
-    Ok(Box::new(RingVerifier {
-        alg: *alg,
-        ring,
+    Ok(Box::new(RingEs256 {
         key: bytes.to_vec(),
     }))
 }
@@ -109,8 +100,8 @@ mod tests {
     use super::*;
     use jsonwebtoken::crypto::verify;
 
-    /// ring and the pure-Rust backend agree on good and bad signatures, and a key of
-    /// the wrong family is refused.
+    /// This provider (ring for ES256) and the pure-Rust backend agree on good and bad
+    /// signatures, and a key of the wrong family is refused.
     #[test]
     fn ring_agrees_with_rust_crypto() {
         install();
