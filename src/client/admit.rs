@@ -28,8 +28,12 @@ pub(crate) struct Budget {
     tat_ns: u64,
 }
 
-/// A worker's subscribe admission: the per-connection rate and the verified tokens.
+/// A worker's subscribe admission: the per-connection limits (how many channels, how
+/// many subscribes per second) and the verified tokens.
 pub(crate) struct Admission {
+    /// `max_subscriptions_per_connection`: the most channels a connection holds, and
+    /// the burst of its budget.
+    max_subscriptions: usize,
     /// Nanoseconds between two subscribes at the sustained rate.
     interval_ns: u64,
     /// Subscribes per second (for the refusal's message).
@@ -38,20 +42,27 @@ pub(crate) struct Admission {
 }
 
 impl Admission {
-    /// `rate`: `subscribe_rate_per_connection` (at least 1; 0 is read as 1).
-    pub(crate) fn new(rate: u32) -> Rc<Admission> {
+    /// `rate`: `subscribe_rate_per_connection` (at least 1; 0 is read as 1);
+    /// `max_subscriptions`: `max_subscriptions_per_connection`.
+    pub(crate) fn new(rate: u32, max_subscriptions: usize) -> Rc<Admission> {
         let rate = rate.max(1);
         Rc::new(Admission {
+            max_subscriptions,
             interval_ns: 1_000_000_000 / u64::from(rate),
             rate,
             tokens: VerifiedTokens::default(),
         })
     }
 
-    /// Take one subscribe from `budget` (burst `burst`) at `now_ns`; `false`: over it,
-    /// and the budget is unchanged.
-    pub(crate) fn take(&self, budget: &mut Budget, burst: usize, now_ns: u64) -> bool {
-        let burst = u64::try_from(burst.max(1)).unwrap_or(u64::MAX);
+    /// The most channels one connection may hold.
+    pub(crate) fn max_subscriptions(&self) -> usize {
+        self.max_subscriptions
+    }
+
+    /// Take one subscribe from `budget` at `now_ns`; `false`: over it, and the budget
+    /// is unchanged.
+    pub(crate) fn take(&self, budget: &mut Budget, now_ns: u64) -> bool {
+        let burst = u64::try_from(self.max_subscriptions.max(1)).unwrap_or(u64::MAX);
         let tolerance = self.interval_ns.saturating_mul(burst - 1);
         let start = budget.tat_ns.max(now_ns);
         if start - now_ns > tolerance {
@@ -62,10 +73,10 @@ impl Admission {
     }
 
     /// The sentence of a `rate_limited` answer.
-    pub(crate) fn refusal(&self, burst: usize) -> String {
+    pub(crate) fn refusal(&self) -> String {
         format!(
-            "more than {} subscribes and token refreshes per second on this connection (burst {burst}); try again later",
-            self.rate
+            "more than {} subscribes and token refreshes per second on this connection (burst {}); try again later",
+            self.rate, self.max_subscriptions
         )
     }
 
@@ -93,24 +104,25 @@ mod tests {
 
     #[test]
     fn the_budget_is_a_burst_then_the_rate() {
-        let a = Admission::new(20);
+        let a = Admission::new(20, 100);
         let mut b = Budget::default();
         let t0 = 5 * S;
-        let taken = (0..150).filter(|_| a.take(&mut b, 100, t0)).count();
+        let taken = (0..150).filter(|_| a.take(&mut b, t0)).count();
         assert_eq!(taken, 100, "the burst");
         // One second later: 20 more, not 21.
         let t1 = t0 + S;
-        let taken = (0..50).filter(|_| a.take(&mut b, 100, t1)).count();
+        let taken = (0..50).filter(|_| a.take(&mut b, t1)).count();
         assert_eq!(taken, 20);
         // Idle long enough, the whole burst is back, and no more.
         let t2 = t1 + 3600 * S;
-        let taken = (0..150).filter(|_| a.take(&mut b, 100, t2)).count();
+        let taken = (0..150).filter(|_| a.take(&mut b, t2)).count();
         assert_eq!(taken, 100);
         // A burst of 1 is the plain rate.
+        let a = Admission::new(20, 1);
         let mut one = Budget::default();
-        assert!(a.take(&mut one, 1, t0));
-        assert!(!a.take(&mut one, 1, t0 + S / 40));
-        assert!(a.take(&mut one, 1, t0 + S / 20));
+        assert!(a.take(&mut one, t0));
+        assert!(!a.take(&mut one, t0 + S / 40));
+        assert!(a.take(&mut one, t0 + S / 20));
         assert_eq!(std::mem::size_of::<Budget>(), 8);
     }
 }

@@ -104,7 +104,6 @@ impl SubError {
 pub(crate) struct PusherSession {
     shard: Rc<Shard>,
     project: Arc<ProjectState>,
-    max_subscriptions: usize,
     /// Channels held, answered or waiting for the presence hub.
     subscriptions: Vec<Box<str>>,
     /// (presence channel, the member's user id) for each presence channel held.
@@ -126,7 +125,6 @@ impl PusherSession {
     pub(crate) fn new(
         shard: Rc<Shard>,
         project: Arc<ProjectState>,
-        max_subscriptions: usize,
         events: Rc<EventContext>,
         presence: Option<Arc<Hub>>,
         socket_id: SocketIdText,
@@ -135,7 +133,6 @@ impl PusherSession {
         PusherSession {
             shard,
             project,
-            max_subscriptions,
             subscriptions: Vec::new(),
             members: Vec::new(),
             refused: Rc::default(),
@@ -150,18 +147,13 @@ impl PusherSession {
 
     /// Take one subscribe from this connection's budget, or say why not.
     fn within_budget(&mut self) -> Result<(), SubError> {
-        let burst = self.max_subscriptions;
         if self
             .admission
-            .take(&mut self.budget, burst, crate::quota::now_ns())
+            .take(&mut self.budget, crate::quota::now_ns())
         {
             return Ok(());
         }
-        Err(SubError::new(
-            "LimitReached",
-            self.admission.refusal(burst),
-            429,
-        ))
+        Err(SubError::new("LimitReached", self.admission.refusal(), 429))
     }
 
     fn holds(&self, channel: &str) -> bool {
@@ -222,7 +214,7 @@ impl PusherSession {
         let presence = is_presence(channel);
         let again = self.holds(channel);
         if !again {
-            if self.subscriptions.len() >= self.max_subscriptions {
+            if self.subscriptions.len() >= self.admission.max_subscriptions() {
                 return Err(SubError::new(
                     "LimitReached",
                     "this connection has reached its subscription limit",

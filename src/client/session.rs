@@ -54,9 +54,8 @@ pub(crate) struct ClientSession {
     shard: Rc<Shard>,
     /// The project whose channels this connection sees (from its key).
     project: Arc<ProjectState>,
-    /// Most channels one connection may hold (`max_subscriptions_per_connection`).
-    max_subscriptions: usize,
-    /// Channels this connection is subscribed to (bounded by `max_subscriptions`).
+    /// Channels this connection is subscribed to (bounded by
+    /// `max_subscriptions_per_connection`, which `admission` holds).
     subscriptions: Vec<Box<str>>,
     /// The worker's expiry timer of private subscriptions.
     expiry: Rc<Expiry>,
@@ -81,7 +80,6 @@ impl ClientSession {
     pub(crate) fn new(
         shard: Rc<Shard>,
         project: Arc<ProjectState>,
-        max_subscriptions: usize,
         expiry: Rc<Expiry>,
         events: Rc<EventContext>,
         presence: Option<Arc<Hub>>,
@@ -91,7 +89,6 @@ impl ClientSession {
         ClientSession {
             shard,
             project,
-            max_subscriptions,
             subscriptions: Vec::new(),
             expiry,
             grants: Vec::new(),
@@ -107,17 +104,16 @@ impl ClientSession {
     /// Take one subscribe or refresh from this connection's budget; over it, answer
     /// `rate_limited` (the frame then does nothing).
     fn within_budget(&mut self, conn: &Rc<WsConn>, channel: &str) -> bool {
-        let burst = self.max_subscriptions;
         if self
             .admission
-            .take(&mut self.budget, burst, crate::quota::now_ns())
+            .take(&mut self.budget, crate::quota::now_ns())
         {
             return true;
         }
         conn.send(channel_error_frame(
             "rate_limited",
             channel,
-            &self.admission.refusal(burst),
+            &self.admission.refusal(),
         ));
         false
     }
@@ -134,7 +130,7 @@ impl ClientSession {
 
     /// Whether this connection may take one more channel; answers the client if not.
     fn room_for_one_more(&self, conn: &Rc<WsConn>) -> bool {
-        if self.subscriptions.len() >= self.max_subscriptions {
+        if self.subscriptions.len() >= self.admission.max_subscriptions() {
             conn.send(error_frame(
                 "too_many_subscriptions",
                 "this connection has reached its subscription limit",
@@ -786,12 +782,11 @@ mod tests {
             ClientSession::new(
                 shard.clone(),
                 project,
-                max,
                 Expiry::new(shard.clone()),
                 events,
                 None,
                 crate::ids::SocketId::local(0, 1).text(),
-                crate::client::Admission::new(20),
+                crate::client::Admission::new(1_000_000_000, max),
             ),
             conn,
             shard,
@@ -879,13 +874,12 @@ mod tests {
         let session = ClientSession::new(
             shard.clone(),
             project,
-            2,
             expiry.clone(),
             events,
             None,
             crate::ids::SocketId::local(0, 1).text(),
-            // Unthrottled: this session's limit of 2 channels would make a burst of 2.
-            crate::client::Admission::new(1_000_000_000),
+            // 2 channels; unthrottled (a burst of 2 would refuse this test's frames).
+            crate::client::Admission::new(1_000_000_000, 2),
         );
         (session, conn, shard, expiry)
     }

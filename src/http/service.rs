@@ -42,7 +42,10 @@ impl Service {
         );
         Service {
             events,
-            admission: Admission::new(node.config.subscribe_rate_per_connection),
+            admission: Admission::new(
+                node.config.subscribe_rate_per_connection,
+                node.config.max_subscriptions_per_connection,
+            ),
             node,
             expiry: Expiry::new(shard.clone()),
             shard,

@@ -160,7 +160,6 @@ pub(crate) fn start<S: Transport>(
             let session = ClientSession::new(
                 shard.clone(),
                 upgrade.project,
-                cfg.max_subscriptions_per_connection,
                 svc.expiry.clone(),
                 svc.events.clone(),
                 Some(svc.node.presence.clone()),
@@ -173,7 +172,6 @@ pub(crate) fn start<S: Transport>(
             let session = PusherSession::new(
                 shard.clone(),
                 upgrade.project,
-                cfg.max_subscriptions_per_connection,
                 svc.events.clone(),
                 Some(svc.node.presence.clone()),
                 connection_id,
