@@ -1,6 +1,10 @@
 //! What the control plane costs the hot path, per publish: one key lookup in the
 //! snapshot (length check + SHA-256 + hash-map probe) and one quota check (a CAS on one
-//! atomic). Run: `cargo bench --bench control_plane`.
+//! atomic); and what one private subscribe's token check costs a worker, in thread CPU
+//! time: the ES256 and EdDSA signature checks of jsonwebtoken's pure-Rust backend (before
+//! issue 20), of ring, and of `ringcast::JWT_VERIFIERS` (now: ring for ES256, the
+//! pure-Rust Ed25519 for EdDSA), a whole token decode, and the hash a replay costs.
+//! Run: `cargo bench --bench control_plane`.
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -125,5 +129,125 @@ fn quota_check(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, key_lookup, quota_check);
+/// The calling thread's CPU time: the token benches time with it (`iter_custom`), so
+/// the figures hold on a machine shared with other work, where wall time does not.
+fn thread_cpu() -> std::time::Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec for the call to fill.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
+    std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// Run `f` `iters` times; the thread CPU time it took.
+fn cpu_iters(iters: u64, mut f: impl FnMut()) -> std::time::Duration {
+    let start = thread_cpu();
+    for _ in 0..iters {
+        f();
+    }
+    thread_cpu() - start
+}
+
+/// One signature check per iteration, as `jsonwebtoken::decode` makes it: the verifier
+/// from the provider's factory (key parsing included), then `verify`. Timed in thread
+/// CPU time.
+fn token_verify(c: &mut Criterion) {
+    use jsonwebtoken::crypto::{rust_crypto, CryptoProvider};
+    use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+
+    ringcast::install_jwt_verifiers();
+    let mut group = c.benchmark_group("token_verify");
+    let claims = serde_json::json!({"channel": "private-a", "exp": 4_000_000_000u64});
+    for (name, alg, pair) in [
+        (
+            "es256",
+            Algorithm::ES256,
+            rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("P-256 key"),
+        ),
+        (
+            "eddsa",
+            Algorithm::EdDSA,
+            rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).expect("Ed25519 key"),
+        ),
+    ] {
+        let (enc, dec) = match alg {
+            Algorithm::ES256 => (
+                EncodingKey::from_ec_pem(pair.serialize_pem().as_bytes()),
+                DecodingKey::from_ec_pem(pair.public_key_pem().as_bytes()),
+            ),
+            _ => (
+                EncodingKey::from_ed_pem(pair.serialize_pem().as_bytes()),
+                DecodingKey::from_ed_pem(pair.public_key_pem().as_bytes()),
+            ),
+        };
+        let (enc, dec) = (enc.expect("private key"), dec.expect("public key"));
+        let token = jsonwebtoken::encode(&Header::new(alg), &claims, &enc).expect("token");
+        let (message, signature) = token.rsplit_once('.').expect("a JWT");
+        let signature =
+            base64::Engine::decode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, signature)
+                .expect("base64url");
+        // jsonwebtoken's pure-Rust backend (all the server had before issue 20), and
+        // ringcast's provider (what the server runs now: ring for ES256 only).
+        let providers: [(&str, &CryptoProvider); 2] = [
+            ("rust_crypto", &rust_crypto::DEFAULT_PROVIDER),
+            ("ringcast", &ringcast::JWT_VERIFIERS),
+        ];
+        // ring on its own, for both algorithms: the measurement behind that choice.
+        let ring_alg: &'static dyn ring::signature::VerificationAlgorithm = match alg {
+            Algorithm::ES256 => &ring::signature::ECDSA_P256_SHA256_FIXED,
+            _ => &ring::signature::ED25519,
+        };
+        let raw_key = dec.try_get_as_bytes().expect("raw public key").to_vec();
+        group.bench_function(format!("{name}/ring"), |b| {
+            b.iter_custom(|iters| {
+                cpu_iters(iters, || {
+                    let key = ring::signature::UnparsedPublicKey::new(ring_alg, &raw_key);
+                    black_box(key.verify(message.as_bytes(), &signature).is_ok());
+                })
+            })
+        });
+        for (backend, provider) in providers {
+            group.bench_function(format!("{name}/{backend}"), |b| {
+                b.iter_custom(|iters| {
+                    cpu_iters(iters, || {
+                        let verifier = (provider.verifier_factory)(&alg, &dec).expect("verifier");
+                        black_box(verifier.verify(message.as_bytes(), &signature).is_ok());
+                    })
+                })
+            });
+        }
+        let mut validation = Validation::new(alg);
+        validation.validate_aud = false;
+        // What a replayed token costs instead (the worker's cache of verified tokens
+        // keys its entries by this digest; a hit adds a slot compare and a clone).
+        group.bench_function(format!("{name}/replay_sha256"), |b| {
+            use sha2::Digest as _;
+            b.iter_custom(|iters| {
+                cpu_iters(iters, || {
+                    black_box(sha2::Sha256::digest(black_box(token.as_bytes())));
+                })
+            })
+        });
+        group.bench_function(format!("{name}/decode_ringcast"), |b| {
+            b.iter_custom(|iters| {
+                cpu_iters(iters, || {
+                    black_box(
+                        jsonwebtoken::decode::<serde_json::Value>(
+                            black_box(&token),
+                            &dec,
+                            &validation,
+                        )
+                        .is_ok(),
+                    );
+                })
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, key_lookup, quota_check, token_verify);
 criterion_main!(benches);

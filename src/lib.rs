@@ -103,6 +103,7 @@ pub use server::{run_cli as run_serve, AlreadyLogged};
 // Configuration and the control plane (property tests, control-plane benches).
 pub use apikey::{generate_key, hash_key, key_prefix, KeyKind};
 pub use auth::cache::KeyCache;
+pub use auth::jwt_crypto::{install as install_jwt_verifiers, RING_VERIFIERS as JWT_VERIFIERS};
 pub use config::Config;
 pub use history::spec::HistorySpec;
 pub use quota::rate_limit::RateLimit;

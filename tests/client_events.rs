@@ -372,6 +372,51 @@ fn refusals_public_not_subscribed_bad_names_bad_and_large_data() {
     expect_silence(&mut peer, Duration::from_millis(300));
 }
 
+/// `private-encrypted-` channels carry payloads their clients encrypt end to end: a
+/// native client event on one is refused (`forbidden`) and relayed to nobody, as the
+/// Pusher protocol refuses it (issue 20, finding 12: it was relayed in clear).
+#[test]
+fn native_client_events_on_private_encrypted_channels_are_refused() {
+    let s = Server::start();
+    let p = project(&s, "sealed", &[]);
+    let ch = "private-encrypted-room";
+    let plain = "private-plain";
+    let (mut sender, _) = connect(&s.ws_url(&p.public));
+    let (mut peer, _) = connect(&s.ws_url(&p.public));
+    for ws in [&mut sender, &mut peer] {
+        sub_private(ws, ch, &token(&p.token_secret, ch, "u"));
+        sub_private(ws, plain, &token(&p.token_secret, plain, "u"));
+    }
+    turn_on(&mut sender, &mut [&mut peer], plain, || {
+        cli(
+            &s.data_dir,
+            &["project", "set-limits", &p.id, "--client-events", "on"],
+        );
+    });
+    send_json(
+        &mut sender,
+        event(ch, "client-secret", json!({"text": "in clear"})),
+    );
+    // Nothing reaches the peer (before the fix: the event, in clear).
+    expect_silence(&mut peer, Duration::from_millis(300));
+    let r = next_json(&mut sender);
+    assert_eq!(
+        (&r["code"], &r["channel"]),
+        (&json!("forbidden"), &json!(ch)),
+        "{r}"
+    );
+    assert!(
+        r["message"]
+            .as_str()
+            .unwrap()
+            .contains("private-encrypted-"),
+        "{r}"
+    );
+    // Client events on the plain private channel still flow.
+    send_json(&mut sender, event(plain, "client-ok", json!({})));
+    assert_eq!(next_json(&mut peer)["event"], "client-ok");
+}
+
 #[test]
 fn presence_channels_add_the_senders_user_id_and_metrics_count_them() {
     let s = Server::start_with(Options {

@@ -569,8 +569,10 @@ fn set_history_applies_to_a_running_server() {
 /// saw offset 0 before the first publish still recovers it.
 #[test]
 fn reads_of_unpublished_channels_keep_nothing_and_evict_nothing() {
+    // 300 subscribes on one connection, at once: over the default subscribe budget
+    // (a burst of 100, then 20 per second), which this test is not about.
     let s = Server::start_with(Options {
-        config: "history_max_bytes = 20000\n".into(),
+        config: "history_max_bytes = 20000\nsubscribe_rate_per_connection = 100000\n".into(),
         ..Options::default()
     });
     let h = history_project(&s, "reads", "100/600s");

@@ -236,6 +236,13 @@ fn valid_hs256_es256_and_eddsa_tokens_subscribe_and_receive() {
         ),
     );
     assert!(took < Duration::from_secs(1), "removal took {took:?}");
+    // The very token that verified before (and that the worker remembers as verified)
+    // is refused too: the worker's cache of verified tokens ends with the snapshot.
+    let took = wait_refused(&mut ws, "private-es", &es);
+    assert!(
+        took < Duration::from_secs(1),
+        "replay refused after {took:?}"
+    );
 }
 
 #[test]

@@ -423,6 +423,90 @@ fn presence_is_one_set_across_both_protocols() {
     drop(p2);
 }
 
+/// A connection is one member of a presence channel: a second `pusher:subscribe` to a
+/// held presence channel with another `user_id` (and a valid signature) is refused, adds
+/// no member, and the first user leaves once with the connection (issue 20, finding 5:
+/// it used to add the second user and orphan the first until restart).
+#[test]
+fn a_second_presence_subscribe_with_another_user_id_is_refused() {
+    let s = Server::start();
+    let a = app(&s, "ghost");
+    let ch = "presence-ghost";
+    let (mut observer, oid) = connect(&s, &a.public);
+    let ocd = r#"{"user_id":"observer"}"#;
+    let ok = subscribe(
+        &mut observer,
+        ch,
+        Some(&auth_for(&a, &oid, ch, Some(ocd))),
+        Some(ocd),
+    );
+    assert_eq!(
+        ok["event"], "pusher_internal:subscription_succeeded",
+        "{ok}"
+    );
+
+    let (mut x, xid) = connect(&s, &a.public);
+    let cd1 = r#"{"user_id":"u1"}"#;
+    let ok = subscribe(
+        &mut x,
+        ch,
+        Some(&auth_for(&a, &xid, ch, Some(cd1))),
+        Some(cd1),
+    );
+    assert_eq!(
+        ok["event"], "pusher_internal:subscription_succeeded",
+        "{ok}"
+    );
+    let added = next_event(&mut observer, "pusher_internal:member_added");
+    assert_eq!(data_of(&added)["user_id"], "u1");
+
+    // The same connection, the same channel, another user, a valid signature: refused.
+    let cd2 = r#"{"user_id":"u2"}"#;
+    let f = subscribe(
+        &mut x,
+        ch,
+        Some(&auth_for(&a, &xid, ch, Some(cd2))),
+        Some(cd2),
+    );
+    assert_eq!(f["event"], "pusher:subscription_error", "{f}");
+    assert_eq!(f["channel"], ch, "{f}");
+    assert_eq!(data_of(&f)["type"], "AuthError", "{f}");
+    assert_eq!(data_of(&f)["status"], 403, "{f}");
+    // The same user again is still answered with the members (u1 and the observer).
+    let again = subscribe(
+        &mut x,
+        ch,
+        Some(&auth_for(&a, &xid, ch, Some(cd1))),
+        Some(cd1),
+    );
+    assert_eq!(
+        data_of(&again)["presence"]["ids"],
+        json!(["observer", "u1"]),
+        "{again}"
+    );
+
+    // The connection ends: u1 leaves, once, and nobody stays behind.
+    drop(x);
+    let removed = next_event(&mut observer, "pusher_internal:member_removed");
+    assert_eq!(data_of(&removed)["user_id"], "u1", "{removed}");
+    let (mut late, lid) = connect(&s, &a.public);
+    let lcd = r#"{"user_id":"late"}"#;
+    let ok = subscribe(
+        &mut late,
+        ch,
+        Some(&auth_for(&a, &lid, ch, Some(lcd))),
+        Some(lcd),
+    );
+    assert_eq!(
+        data_of(&ok)["presence"]["ids"],
+        json!(["observer", "late"]),
+        "{ok}"
+    );
+    // The observer saw no u2 come or go: the next member event is the late joiner.
+    let added = next_event(&mut observer, "pusher_internal:member_added");
+    assert_eq!(data_of(&added)["user_id"], "late", "{added}");
+}
+
 #[test]
 fn client_events_reach_the_others_of_both_protocols_and_are_rate_limited() {
     let s = Server::start();

@@ -5,6 +5,8 @@
 //! - [`watcher`]: the control-plane thread that rebuilds the cache when the store changes.
 //! - [`token`]: private-channel subscription tokens (JWT): the keys that verify a
 //!   project's tokens, and the one verification a subscribe or refresh goes through.
+//! - [`jwt_crypto`]: the signature checks behind jsonwebtoken (ring for ES256/EdDSA).
+//! - [`verified`]: a worker's cache of recently verified tokens (a replay costs a hash).
 //! - [`pusher`]: Pusher signatures: the signed REST query (`auth_signature`, `body_md5`,
 //!   timestamp window) and a private/presence subscribe's `auth`, under the token secrets.
 //!
@@ -13,8 +15,10 @@
 //! did not receive from a client.
 
 pub(crate) mod cache;
+pub(crate) mod jwt_crypto;
 pub(crate) mod pusher;
 pub(crate) mod token;
+pub(crate) mod verified;
 pub(crate) mod watcher;
 
 pub(crate) use cache::{KeyCache, KeyRefusal, ProjectState};

@@ -2,8 +2,9 @@
 //! ([`TokenKeys`], part of the key snapshot) and the one check a `subscribe` or
 //! `refresh` frame's JWT goes through ([`TokenKeys::verify`]).
 //!
-//! Every byte of JWT decoding and every signature check is jsonwebtoken's; this module
-//! only decides which key and which algorithm a token may use:
+//! Every byte of JWT decoding is jsonwebtoken's, and every signature check goes through
+//! it (ES256 and EdDSA with ring's code, see `auth::jwt_crypto`); this module only
+//! decides which key and which algorithm a token may use:
 //! - a token with a `kid` is verified with that registered key and its own algorithm
 //!   only (ES256 or EdDSA); an unknown `kid` is refused;
 //! - a token without a `kid` is verified with HS256 and the project's token secrets only
@@ -165,29 +166,45 @@ impl TokenKeys {
 
     /// Verify `token` for `channel` at `now` (unix seconds).
     pub fn verify(&self, token: &str, channel: &str, now: u64) -> Result<Grant, TokenRefusal> {
+        self.verify_until(token, channel, now)
+            .map(|(grant, _)| grant)
+    }
+
+    /// [`TokenKeys::verify`], and until when the key that verified it verifies (unix
+    /// seconds, exclusive; `None`: a current secret or a registered public key), for
+    /// the worker's cache of verified tokens (`auth::verified`).
+    pub(crate) fn verify_until(
+        &self,
+        token: &str,
+        channel: &str,
+        now: u64,
+    ) -> Result<(Grant, Option<u64>), TokenRefusal> {
+        super::jwt_crypto::install();
         let header = jsonwebtoken::decode_header(token).map_err(|e| refusal(&e))?;
-        let claims = match header.kid.as_deref() {
+        let (claims, until) = match header.kid.as_deref() {
             Some(kid) => {
                 let (alg, key) = self.keys.get(kid).ok_or(TokenRefusal::UnknownKey)?;
-                decode(token, key, *alg)?
+                (decode(token, key, *alg)?, None)
             }
             None => {
                 if header.alg != Algorithm::HS256 {
                     return Err(TokenRefusal::Algorithm);
                 }
                 let mut result = Err(TokenRefusal::NoSecret);
+                let mut until = None;
                 for secret in &self.secrets {
                     if secret.valid_until.is_some_and(|until| now >= until) {
                         continue;
                     }
                     result = decode(token, &secret.key, Algorithm::HS256);
+                    until = secret.valid_until;
                     // Only a signature mismatch means "try the next secret": any other
                     // refusal is about the token itself.
                     if !matches!(result, Err(TokenRefusal::Signature)) {
                         break;
                     }
                 }
-                result?
+                (result?, until)
             }
         };
         // jsonwebtoken checked exp and nbf against its own clock; `now` is checked too,
@@ -214,11 +231,12 @@ impl TokenKeys {
             }
             Some(_) => return Err(TokenRefusal::BadInfo),
         };
-        Ok(Grant {
+        let grant = Grant {
             exp: claims.exp,
             sub: claims.sub,
             info,
-        })
+        };
+        Ok((grant, until))
     }
 }
 

@@ -106,6 +106,9 @@ impl RateLog {
 pub(crate) enum Refusal {
     Off,
     NotPrivate,
+    /// A `private-encrypted-` channel: its payloads are end-to-end encrypted by its
+    /// clients, and a client event would travel in clear (Pusher refuses them too).
+    Encrypted,
     NotSubscribed,
     BadEvent,
     BadData,
@@ -118,7 +121,9 @@ pub(crate) enum Refusal {
 impl Refusal {
     pub(crate) fn code(self) -> &'static str {
         match self {
-            Refusal::Off | Refusal::NotPrivate | Refusal::NotSubscribed => "forbidden",
+            Refusal::Off | Refusal::NotPrivate | Refusal::Encrypted | Refusal::NotSubscribed => {
+                "forbidden"
+            }
             Refusal::BadEvent => "invalid_event",
             Refusal::BadData => "invalid_data",
             Refusal::TooLarge => "payload_too_large",
@@ -131,6 +136,7 @@ impl Refusal {
         match self {
             Refusal::Off => "client events are off for this project",
             Refusal::NotPrivate => "client events are allowed on private- and presence- channels only",
+            Refusal::Encrypted => "client events are not relayed on private-encrypted- channels (they would travel unencrypted)",
             Refusal::NotSubscribed => "subscribe to the channel before sending client events on it",
             Refusal::BadEvent => "a client event's name starts with client- and is 1 to 100 characters without control characters",
             Refusal::BadData => "data must be an object or a string",
@@ -140,6 +146,18 @@ impl Refusal {
             Refusal::Unavailable => "the service cannot take the event now",
         }
     }
+}
+
+/// Check the channel of a client event: a `private-` or `presence-` channel, but not a
+/// `private-encrypted-` one (both protocols).
+pub(crate) fn check_channel(channel: &str) -> Result<(), Refusal> {
+    if !super::private::needs_token(channel) {
+        return Err(Refusal::NotPrivate);
+    }
+    if channel.starts_with("private-encrypted-") {
+        return Err(Refusal::Encrypted);
+    }
+    Ok(())
 }
 
 /// Check an event name: the normal name rule, and the `client-` prefix.

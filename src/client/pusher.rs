@@ -15,6 +15,12 @@
 //!   else is a `pusher:error`, with code 4301 for the client-event rate only.
 //! - A Pusher-authorised subscription has no expiry (Pusher has none); it ends with an
 //!   unsubscribe, the connection, or the key's revocation (4001).
+//! - A subscribe that would do work takes one unit of the connection's budget
+//!   (`client::admit`) after every check that refuses for another reason and before its
+//!   `auth` is checked; over it: `LimitReached` 429, nothing else happens.
+//! - A connection is one member of a presence channel: a second subscribe to a held
+//!   presence channel with another `user_id` is refused (as a native refresh cannot
+//!   change `sub`), never a second member beside the first.
 //! - Presence: one member set with native clients (the hub is protocol-blind); a member's
 //!   user id is `channel_data`'s `user_id` as a string (the number 10 is the user "10").
 //!   `user_info` is kept when it is an object of at most 1 KiB; any other value is left
@@ -40,6 +46,7 @@ use crate::shard::{is_presence, PresenceDone, Shard};
 use crate::ws::conn::{Session, WsConn};
 use crate::ws::frame::Opcode;
 
+use super::admit::{Admission, Budget};
 use super::events::{self, ClientEvent, EventContext, RateLog, Refusal};
 use super::private::{needs_token, unix_now};
 use super::session::{nesting_depth, MAX_CLIENT_JSON_DEPTH};
@@ -97,7 +104,6 @@ impl SubError {
 pub(crate) struct PusherSession {
     shard: Rc<Shard>,
     project: Arc<ProjectState>,
-    max_subscriptions: usize,
     /// Channels held, answered or waiting for the presence hub.
     subscriptions: Vec<Box<str>>,
     /// (presence channel, the member's user id) for each presence channel held.
@@ -109,21 +115,24 @@ pub(crate) struct PusherSession {
     event_log: Option<Box<RateLog>>,
     presence: Option<Arc<Hub>>,
     socket_id: SocketIdText,
+    /// The worker's subscribe admission (rate, verified tokens).
+    admission: Rc<Admission>,
+    /// This connection's subscribe budget.
+    budget: Budget,
 }
 
 impl PusherSession {
     pub(crate) fn new(
         shard: Rc<Shard>,
         project: Arc<ProjectState>,
-        max_subscriptions: usize,
         events: Rc<EventContext>,
         presence: Option<Arc<Hub>>,
         socket_id: SocketIdText,
+        admission: Rc<Admission>,
     ) -> PusherSession {
         PusherSession {
             shard,
             project,
-            max_subscriptions,
             subscriptions: Vec::new(),
             members: Vec::new(),
             refused: Rc::default(),
@@ -131,7 +140,20 @@ impl PusherSession {
             event_log: None,
             presence,
             socket_id,
+            admission,
+            budget: Budget::default(),
         }
+    }
+
+    /// Take one subscribe from this connection's budget, or say why not.
+    fn within_budget(&mut self) -> Result<(), SubError> {
+        if self
+            .admission
+            .take(&mut self.budget, crate::quota::now_ns())
+        {
+            return Ok(());
+        }
+        Err(SubError::new("LimitReached", self.admission.refusal(), 429))
     }
 
     fn holds(&self, channel: &str) -> bool {
@@ -190,19 +212,9 @@ impl PusherSession {
             ));
         }
         let presence = is_presence(channel);
-        if needs_token(channel) {
-            let channel_data = if presence {
-                Some(sub.channel_data.as_deref().ok_or_else(|| {
-                    SubError::new("AuthError", "a presence channel needs channel_data", 400)
-                })?)
-            } else {
-                None
-            };
-            self.authorize(channel, sub.auth.as_deref(), channel_data)?;
-        }
         let again = self.holds(channel);
         if !again {
-            if self.subscriptions.len() >= self.max_subscriptions {
+            if self.subscriptions.len() >= self.admission.max_subscriptions() {
                 return Err(SubError::new(
                     "LimitReached",
                     "this connection has reached its subscription limit",
@@ -217,15 +229,49 @@ impl PusherSession {
                 ));
             }
         }
+        if needs_token(channel) {
+            let channel_data = if presence {
+                Some(sub.channel_data.as_deref().ok_or_else(|| {
+                    SubError::new("AuthError", "a presence channel needs channel_data", 400)
+                })?)
+            } else {
+                None
+            };
+            let auth = sub
+                .auth
+                .as_deref()
+                .filter(|a| !a.is_empty())
+                .ok_or_else(|| {
+                    SubError::new(
+                        "AuthError",
+                        "this channel needs auth (key:signature) from your auth endpoint",
+                        401,
+                    )
+                })?;
+            // A held channel's auth is checked again: charged like a new subscribe.
+            self.within_budget()?;
+            self.authorize(channel, auth, channel_data)?;
+        } else if !again {
+            self.within_budget()?;
+        }
         match (&self.presence, presence) {
             (Some(hub), true) => {
                 let (user, info) = member_of(sub.channel_data.as_deref().unwrap_or(""))?;
                 let hub = hub.clone();
-                if !again {
+                if again {
+                    let held = self.members.iter().find(|(c, _)| &**c == channel);
+                    if held.is_some_and(|(_, u)| **u != *user) {
+                        return Err(SubError::new(
+                            "AuthError",
+                            "this connection is a member of the channel under another user_id; unsubscribe first",
+                            403,
+                        ));
+                    }
+                } else {
                     self.subscriptions.push(channel.into());
                     self.members.push((channel.into(), user.as_str().into()));
                 }
-                self.join(&hub, conn, channel, &user, info);
+                self.join(&hub, conn, channel, &user, info, again);
             }
             _ => {
                 if !again {
@@ -249,16 +295,9 @@ impl PusherSession {
     fn authorize(
         &self,
         channel: &str,
-        auth: Option<&str>,
+        auth: &str,
         channel_data: Option<&str>,
     ) -> Result<(), SubError> {
-        let auth = auth.filter(|a| !a.is_empty()).ok_or_else(|| {
-            SubError::new(
-                "AuthError",
-                "this channel needs auth (key:signature) from your auth endpoint",
-                401,
-            )
-        })?;
         let snapshot = self.shard.keys().load();
         let secrets = snapshot
             .token_keys(self.project.index)
@@ -297,8 +336,17 @@ impl PusherSession {
     }
 
     /// Join a presence channel through the node's hub; its answer registers the
-    /// subscription and sends `subscription_succeeded` with the member hash.
-    fn join(&self, hub: &Hub, conn: &Rc<WsConn>, channel: &str, user: &str, info: Option<String>) {
+    /// subscription and sends `subscription_succeeded` with the member hash. `again`:
+    /// the channel is held already (a refused answer then leaves it held).
+    fn join(
+        &self,
+        hub: &Hub,
+        conn: &Rc<WsConn>,
+        channel: &str,
+        user: &str,
+        info: Option<String>,
+        again: bool,
+    ) {
         let project = self.project.index;
         let (c, refused) = (conn.clone(), self.refused.clone());
         let ch: Box<str> = channel.into();
@@ -324,6 +372,19 @@ impl PusherSession {
                     &ch,
                     "LimitReached",
                     "the presence channel has as many members as it may hold",
+                    403,
+                ));
+            }
+            PresenceAnswer::OtherUser => {
+                // The hub's own guard (the session refuses this first).
+                if !again {
+                    refused.borrow_mut().push(ch.clone());
+                    shard.unsubscribe(project, &ch, c.id);
+                }
+                c.send(pusher_frame::subscription_error(
+                    &ch,
+                    "AuthError",
+                    "this connection is a member of the channel under another user_id",
                     403,
                 ));
             }
@@ -383,9 +444,7 @@ impl PusherSession {
         if !events::allowed(&self.project) {
             return Err(Refusal::Off);
         }
-        if !needs_token(channel) || channel.starts_with("private-encrypted-") {
-            return Err(Refusal::NotPrivate);
-        }
+        events::check_channel(channel)?;
         if !self.holds(channel) {
             return Err(Refusal::NotSubscribed);
         }

@@ -10,8 +10,12 @@
 //! place: the payload buffer is ours and mutable.
 //!
 //! Private channels (`client::private`): a subscribe to one is verified (its `token`)
-//! before anything else and refused with `forbidden` and no subscription; `refresh`
-//! moves a held grant's expiry. The grants live beside `subscriptions`; one the
+//! before it subscribes and refused with `forbidden` and no subscription; `refresh`
+//! moves a held grant's expiry.
+//!
+//! Subscribes and refreshes that would do work take one unit of the connection's budget
+//! (`client::admit`) after every check that refuses for another reason and before any
+//! token is verified; over it they are answered `rate_limited` and do nothing. The grants live beside `subscriptions`; one the
 //! worker's expiry timer ended is pruned from both when the next frame arrives.
 
 use std::rc::Rc;
@@ -29,6 +33,7 @@ use crate::shard::Shard;
 use crate::ws::conn::{Session, WsConn};
 use crate::ws::frame::Opcode;
 
+use super::admit::{Admission, Budget};
 use super::events::{self, ClientEvent, EventContext, RateLog, Refusal};
 use super::frames::{
     channel_error_frame, error_frame, refreshed_frame, reply, subscribed, subscribed_presence, PONG,
@@ -49,9 +54,8 @@ pub(crate) struct ClientSession {
     shard: Rc<Shard>,
     /// The project whose channels this connection sees (from its key).
     project: Arc<ProjectState>,
-    /// Most channels one connection may hold (`max_subscriptions_per_connection`).
-    max_subscriptions: usize,
-    /// Channels this connection is subscribed to (bounded by `max_subscriptions`).
+    /// Channels this connection is subscribed to (bounded by
+    /// `max_subscriptions_per_connection`, which `admission` holds).
     subscriptions: Vec<Box<str>>,
     /// The worker's expiry timer of private subscriptions.
     expiry: Rc<Expiry>,
@@ -66,22 +70,25 @@ pub(crate) struct ClientSession {
     /// The id the client was given in its `connected` frame (a client event webhook's
     /// `socket_id`).
     connection_id: SocketIdText,
+    /// The worker's subscribe admission (rate, verified tokens).
+    admission: Rc<Admission>,
+    /// This connection's subscribe budget.
+    budget: Budget,
 }
 
 impl ClientSession {
     pub(crate) fn new(
         shard: Rc<Shard>,
         project: Arc<ProjectState>,
-        max_subscriptions: usize,
         expiry: Rc<Expiry>,
         events: Rc<EventContext>,
         presence: Option<Arc<Hub>>,
         connection_id: SocketIdText,
+        admission: Rc<Admission>,
     ) -> ClientSession {
         ClientSession {
             shard,
             project,
-            max_subscriptions,
             subscriptions: Vec::new(),
             expiry,
             grants: Vec::new(),
@@ -89,12 +96,41 @@ impl ClientSession {
             event_log: None,
             presence,
             connection_id,
+            admission,
+            budget: Budget::default(),
         }
+    }
+
+    /// Take one subscribe or refresh from this connection's budget; over it, answer
+    /// `rate_limited` (the frame then does nothing).
+    fn within_budget(&mut self, conn: &Rc<WsConn>, channel: &str) -> bool {
+        if self
+            .admission
+            .take(&mut self.budget, crate::quota::now_ns())
+        {
+            return true;
+        }
+        conn.send(channel_error_frame(
+            "rate_limited",
+            channel,
+            &self.admission.refusal(),
+        ));
+        false
+    }
+
+    /// A subscribe to a public channel: free when the channel is held already (answered
+    /// again) or refused for the subscription limit, charged otherwise.
+    fn subscribe_public(&mut self, conn: &Rc<WsConn>, channel: &str, since: Option<Since<'_>>) {
+        let held = self.subscriptions.iter().any(|c| &**c == channel);
+        if !held && (!self.room_for_one_more(conn) || !self.within_budget(conn, channel)) {
+            return;
+        }
+        self.subscribe(conn, channel, since);
     }
 
     /// Whether this connection may take one more channel; answers the client if not.
     fn room_for_one_more(&self, conn: &Rc<WsConn>) -> bool {
-        if self.subscriptions.len() >= self.max_subscriptions {
+        if self.subscriptions.len() >= self.admission.max_subscriptions() {
             conn.send(error_frame(
                 "too_many_subscriptions",
                 "this connection has reached its subscription limit",
@@ -260,7 +296,8 @@ impl ClientSession {
             .history_subscribe(conn.id, project, channel, since, spec, budget, done)
     }
 
-    /// Subscribe to a private channel: the token first, then as any subscribe.
+    /// Subscribe to a private channel: the checks that need no token, the budget, the
+    /// token, then as any subscribe.
     fn subscribe_private(
         &mut self,
         conn: &Rc<WsConn>,
@@ -268,11 +305,22 @@ impl ClientSession {
         token: Option<&str>,
         since: Option<Since<'_>>,
     ) {
+        let Some(token) = token else {
+            return forbidden(conn, channel, TokenRefusal::Missing);
+        };
+        let held = self.grant(channel);
+        if held.is_none() && !self.room_for_one_more(conn) {
+            return;
+        }
+        // A held channel's token is checked too (it acts as a refresh): charged.
+        if !self.within_budget(conn, channel) {
+            return;
+        }
         let granted = match self.verify(channel, token) {
             Ok(g) => g,
             Err(refusal) => return forbidden(conn, channel, refusal),
         };
-        if let Some(held) = self.grant(channel) {
+        if let Some(held) = held {
             // Subscribed already: a fresh token acts as a refresh; `subscribe` answers
             // as for any repeated subscribe.
             if held.sub.as_deref() != granted.sub.as_deref() {
@@ -282,7 +330,7 @@ impl ClientSession {
             if let (Some(hub), Some(user)) = (&self.presence, held.sub.clone()) {
                 if is_presence(channel) {
                     // Answered with the member list again; membership is unchanged.
-                    return self.join_presence(hub, conn, &held, &user, granted.info);
+                    return self.join_presence(hub, conn, &held, &user, granted.info, true);
                 }
             }
             return self.subscribe(conn, channel, since);
@@ -328,12 +376,13 @@ impl ClientSession {
         );
         self.expiry.arm(&grant, granted.exp);
         self.grants.push(grant.clone());
-        self.join_presence(hub, conn, &grant, &user, granted.info);
+        self.join_presence(hub, conn, &grant, &user, granted.info, false);
     }
 
     /// Ask the hub to add this connection to the channel's members; the answer arrives
     /// in this worker's mailbox and registers the subscription there (see
-    /// `presence`'s ordering invariant).
+    /// `presence`'s ordering invariant). `again`: the channel is held already (a
+    /// refused answer then leaves the held membership alone).
     fn join_presence(
         &self,
         hub: &Hub,
@@ -341,6 +390,7 @@ impl ClientSession {
         grant: &Rc<Grant>,
         user: &str,
         info: Option<String>,
+        again: bool,
     ) {
         let project = self.project.index;
         let channel = grant.channel.clone();
@@ -358,6 +408,14 @@ impl ClientSession {
                     &ch,
                     "the presence channel has as many members as it may hold",
                 ));
+            }
+            PresenceAnswer::OtherUser => {
+                // The hub holds this connection under another user (the session
+                // refuses that first; this is the hub's own guard).
+                if !again {
+                    expiry.end(&g);
+                }
+                forbidden(&c, &ch, TokenRefusal::SubjectChanged);
             }
         });
         let ticket = self.shard.presence_wait(conn.id, project, &channel, done);
@@ -378,6 +436,12 @@ impl ClientSession {
         let Some(held) = self.grant(channel) else {
             return forbidden(conn, channel, TokenRefusal::NotSubscribed);
         };
+        let Some(token) = token else {
+            return forbidden(conn, channel, TokenRefusal::Missing);
+        };
+        if !self.within_budget(conn, channel) {
+            return;
+        }
         match self.verify(channel, token) {
             Err(refusal) => forbidden(conn, channel, refusal),
             Ok(g) if g.sub.as_deref() != held.sub.as_deref() => {
@@ -390,14 +454,12 @@ impl ClientSession {
         }
     }
 
-    /// Check a token for `channel` against the project's token keys, now.
-    fn verify(&self, channel: &str, token: Option<&str>) -> Result<TokenGrant, TokenRefusal> {
-        let token = token.ok_or(TokenRefusal::Missing)?;
+    /// Check a token for `channel` against the project's token keys, now (through the
+    /// worker's cache of verified tokens). Callers took it from the budget first.
+    fn verify(&self, channel: &str, token: &str) -> Result<TokenGrant, TokenRefusal> {
         let snapshot = self.shard.keys().load();
-        let keys = snapshot
-            .token_keys(self.project.index)
-            .ok_or(TokenRefusal::NoSecret)?;
-        keys.verify(token, channel, unix_now())
+        self.admission
+            .verify(&snapshot, self.project.index, token, channel, unix_now())
     }
 
     fn grant(&self, channel: &str) -> Option<Rc<Grant>> {
@@ -448,9 +510,7 @@ impl ClientSession {
         if !events::allowed(&self.project) {
             return Err(Refusal::Off);
         }
-        if !needs_token(channel) {
-            return Err(Refusal::NotPrivate);
-        }
+        events::check_channel(channel)?;
         // Private channels always hold a grant; one the expiry timer ended was pruned.
         let grant = self.grant(channel).ok_or(Refusal::NotSubscribed)?;
         let log = self.event_log.get_or_insert_with(Box::default);
@@ -601,7 +661,7 @@ impl Session for ClientSession {
                         let token = value.get("token").and_then(|t| t.as_str());
                         self.subscribe_private(conn, channel, token, since);
                     } else {
-                        self.subscribe(conn, channel, since);
+                        self.subscribe_public(conn, channel, since);
                     }
                 } else if kind == "refresh" {
                     let token = value.get("token").and_then(|t| t.as_str());
@@ -722,11 +782,11 @@ mod tests {
             ClientSession::new(
                 shard.clone(),
                 project,
-                max,
                 Expiry::new(shard.clone()),
                 events,
                 None,
                 crate::ids::SocketId::local(0, 1).text(),
+                crate::client::Admission::new(1_000_000_000, max),
             ),
             conn,
             shard,
@@ -814,11 +874,12 @@ mod tests {
         let session = ClientSession::new(
             shard.clone(),
             project,
-            2,
             expiry.clone(),
             events,
             None,
             crate::ids::SocketId::local(0, 1).text(),
+            // 2 channels; unthrottled (a burst of 2 would refuse this test's frames).
+            crate::client::Admission::new(1_000_000_000, 2),
         );
         (session, conn, shard, expiry)
     }

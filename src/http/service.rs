@@ -9,7 +9,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use crate::client::{EventContext, Expiry};
+use crate::client::{Admission, EventContext, Expiry};
 use crate::config::Config;
 use crate::ids::IdGen;
 use crate::node::Node;
@@ -25,6 +25,9 @@ pub(crate) struct Service {
     pub expiry: Rc<Expiry>,
     /// What the worker's sessions need to relay client events.
     pub events: Rc<EventContext>,
+    /// The worker's subscribe admission: the per-connection rate and the cache of
+    /// verified tokens.
+    pub admission: Rc<Admission>,
 }
 
 impl Service {
@@ -39,6 +42,10 @@ impl Service {
         );
         Service {
             events,
+            admission: Admission::new(
+                node.config.subscribe_rate_per_connection,
+                node.config.max_subscriptions_per_connection,
+            ),
             node,
             expiry: Expiry::new(shard.clone()),
             shard,

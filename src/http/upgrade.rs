@@ -160,11 +160,11 @@ pub(crate) fn start<S: Transport>(
             let session = ClientSession::new(
                 shard.clone(),
                 upgrade.project,
-                cfg.max_subscriptions_per_connection,
                 svc.expiry.clone(),
                 svc.events.clone(),
                 Some(svc.node.presence.clone()),
                 connection_id,
+                svc.admission.clone(),
             );
             monoio::spawn(reader_task(rd, conn, session, limits, shard, pending, held));
         }
@@ -172,10 +172,10 @@ pub(crate) fn start<S: Transport>(
             let session = PusherSession::new(
                 shard.clone(),
                 upgrade.project,
-                cfg.max_subscriptions_per_connection,
                 svc.events.clone(),
                 Some(svc.node.presence.clone()),
                 connection_id,
+                svc.admission.clone(),
             );
             monoio::spawn(reader_task(rd, conn, session, limits, shard, pending, held));
         }

@@ -19,6 +19,9 @@
 //!   member's.
 //! - At most `max_presence_members` distinct users per channel; another user is
 //!   answered `Full` and nothing changes.
+//! - A connection is at most one member of a channel: a join by a connection already
+//!   held under another user id is answered `OtherUser` and nothing changes (else the
+//!   first user would be orphaned: never left, never announced as removed).
 //! - A joiner's answer is queued on its worker after the join frame went to every
 //!   worker, and every later join or leave frame is queued after the answer, so the
 //!   member list in its `subscribed` and the frames that follow never disagree.
@@ -251,6 +254,7 @@ fn run_local(rx: Receiver<Op>, mut local: Local, fx: Effects) {
 fn join_here(local: &mut Local, fx: &Effects, j: &Join, hook: bool) -> PresenceAnswer {
     match local.join(j, true) {
         Joined::Full => PresenceAnswer::Full,
+        Joined::OtherUser => PresenceAnswer::OtherUser,
         Joined::Again => PresenceAnswer::Joined(local.object(j.project, &j.channel).into()),
         Joined::Added => {
             let frame = presence_frame(&j.channel, "join", &j.user_id, j.info.as_deref());
@@ -344,6 +348,8 @@ enum Joined {
     Again,
     /// Over the member limit; nothing changed.
     Full,
+    /// The connection is a member under another user id; nothing changed.
+    OtherUser,
 }
 
 /// This node's own subscribers and members (the whole truth on a single node; this
@@ -404,6 +410,9 @@ impl Local {
     /// Record a join (the limit is checked only when `limit`: in cluster mode Redis
     /// checks it for the whole cluster). The caller tidies after a `Full`.
     fn join(&mut self, j: &Join, limit: bool) -> Joined {
+        if self.held_as_other(j) {
+            return Joined::OtherUser;
+        }
         let max = self.max_members;
         let ch = self.channel_mut(j.project, &j.channel);
         let key = (j.worker, j.conn);
@@ -426,6 +435,13 @@ impl Local {
         );
         ch.by_conn.insert(key, j.user_id.clone());
         Joined::Added
+    }
+
+    /// Whether the joining connection is a member of the channel under another user id.
+    fn held_as_other(&self, j: &Join) -> bool {
+        self.channel(j.project, &j.channel)
+            .and_then(|c| c.by_conn.get(&(j.worker, j.conn)))
+            .is_some_and(|user| *user != j.user_id)
     }
 
     /// Forget a connection's membership: its user, and whether that was the user's
@@ -687,6 +703,7 @@ mod tests {
                 Envelope::PresenceReady { ticket, answer } => match answer {
                     PresenceAnswer::Joined(o) => format!("ready {ticket} {o}"),
                     PresenceAnswer::Full => format!("full {ticket}"),
+                    PresenceAnswer::OtherUser => format!("other-user {ticket}"),
                 },
                 other => format!("{other:?}"),
             });
@@ -730,6 +747,11 @@ mod tests {
         drain(&m, 1);
         s.apply(join("u3", 1, 9, 13));
         assert_eq!(drain(&m, 1), ["full 13"]);
+        // A connection of u1 cannot join again as u9: refused, no frame, u1 stays.
+        s.apply(join("u9", 0, 1, 14));
+        assert_eq!(drain(&m, 0), ["other-user 14"]);
+        assert!(drain(&m, 1).is_empty());
+        assert_eq!(s.0.object(1, "presence-room").matches("user_id").count(), 2);
         // Leaving: only the last connection of u1 makes a leave.
         s.apply(leave(0, 1));
         assert!(drain(&m, 0).is_empty());

@@ -403,6 +403,11 @@ impl Remote {
     }
 
     fn join(&mut self, local: &mut Local, fx: &Effects, j: Join) {
+        // A connection is one member (see the hub's invariants): refused before Redis.
+        if local.held_as_other(&j) {
+            fx.answer(j.worker, j.ticket, PresenceAnswer::OtherUser);
+            return;
+        }
         let max = local.max_members;
         let asked = self.redis_join(&j, max);
         let answer = match asked {

@@ -141,6 +141,9 @@ pub enum PresenceAnswer {
     Joined(Box<str>),
     /// The channel has `max_presence_members` users and this one is not among them.
     Full,
+    /// The connection is a member of the channel already, under another user id: a
+    /// connection's user never changes (nothing changed).
+    OtherUser,
 }
 
 /// What a cluster-mode subscribe to a history channel learnt from Redis.
