@@ -168,6 +168,8 @@ pub(crate) struct ReadRequest {
 pub(crate) enum Request {
     Publish(PublishRequest),
     Read(ReadRequest),
+    /// A publish with an `Idempotency-Key` (its own script: `super::idempotency`).
+    Keyed(super::idempotency::KeyedRequest),
 }
 
 /// One kept message as read back.
@@ -339,7 +341,7 @@ fn publish_cmd(node: u64, req: &PublishRequest) -> redis::Cmd {
     cmd
 }
 
-fn parse_positions(v: Value, n: usize) -> Option<Vec<Position>> {
+pub(crate) fn parse_positions(v: Value, n: usize) -> Option<Vec<Position>> {
     let Value::Array(parts) = v else {
         return None;
     };
@@ -403,6 +405,7 @@ fn serve(
             .iter()
             .map(|r| match r {
                 Request::Publish(p) => publish_cmd(node, p),
+                Request::Keyed(k) => super::idempotency::cmd(node, k),
                 Request::Read(r) => read_cmd(
                     &r.project_id,
                     &r.channel,
@@ -442,6 +445,11 @@ fn serve(
                 Request::Read(r) => {
                     let got = parse_read(v, r.since, r.limit);
                     r.reply.send(got.ok_or(Unreachable));
+                }
+                Request::Keyed(k) => {
+                    if !super::idempotency::answer(k, v) {
+                        cluster.stats.history_errors.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
             }
         }
