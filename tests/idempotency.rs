@@ -389,3 +389,30 @@ fn over_the_per_project_bound_the_oldest_keys_are_forgotten_and_counted() {
     );
     expect_next_is_marker(&s, &p.secret, &mut ws, "m");
 }
+
+#[test]
+fn the_publish_cli_sends_the_key_and_a_rerun_publishes_nothing() {
+    let s = Server::start();
+    let p = s.project("cli", "1000/s");
+    let mut ws = s.ws(&p.public);
+    subscribe(&mut ws, "cli");
+    let base = s.url("");
+    let run = || {
+        std::process::Command::new(bin())
+            .arg("publish")
+            .args(["--url", &base, "--key", &p.secret, "--idempotency-key", "cli-1"])
+            .args(["cli", "e", "{\"n\":1}"])
+            .env_remove("RINGCAST_KEY")
+            .output()
+            .unwrap()
+    };
+    let first = run();
+    assert!(first.status.success(), "{first:?}");
+    let again = run();
+    assert!(again.status.success(), "{again:?}");
+    assert_eq!(again.stdout, first.stdout, "the same answer printed");
+    assert!(String::from_utf8_lossy(&again.stderr).contains("Idempotent-Replayed"));
+    let v: Value = serde_json::from_slice(&first.stdout).unwrap();
+    assert_eq!(next_json(&mut ws)["id"], v["id"]);
+    expect_next_is_marker(&s, &p.secret, &mut ws, "cli");
+}
