@@ -221,8 +221,8 @@ impl Drop for Proxy {
     }
 }
 
-/// A node whose Redis is at `port` (the proxy).
-fn node_via(redis: &Redis, port: u16) -> Node {
+/// A node whose Redis is at `port` (the proxy, or Redis itself), with `env` added.
+fn node_via(redis: &Redis, port: u16, env: &[(&str, &str)]) -> Node {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let mut child = Command::new(common::bin())
@@ -232,6 +232,7 @@ fn node_via(redis: &Redis, port: u16) -> Node {
         .env("RINGCAST_MASTER_KEY_FILE", redis.master_key_file())
         .args(["serve", "--listen", "127.0.0.1:0", "--workers", "2"])
         .env("RUST_LOG", "error")
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -248,7 +249,7 @@ fn node_via(redis: &Redis, port: u16) -> Node {
 fn a_history_publish_whose_redis_answer_was_lost_is_delivered_once_and_the_retry_answers_its_offset() {
     let Some(redis) = Redis::start() else { return };
     let proxy = Proxy::start(redis.port);
-    let a = node_via(&redis, proxy.port);
+    let a = node_via(&redis, proxy.port, &[]);
     let b = Node::start(&redis);
     let p = project(&redis, "lost", Some("100/600s"), &[&a, &b]);
     let mut wb = b.ws(&p.public);
@@ -287,4 +288,34 @@ fn a_history_publish_whose_redis_answer_was_lost_is_delivered_once_and_the_retry
     assert_eq!(st, 202, "{v}");
     let f = next_json(&mut wb);
     assert_eq!((f["data"].clone(), f["offset"].clone()), (json!("marker"), json!(3)), "{f}");
+}
+
+#[test]
+fn over_the_per_project_bound_redis_forgets_the_oldest_keys() {
+    let Some(redis) = Redis::start() else { return };
+    let bound = [("RINGCAST_IDEMPOTENCY_MAX_KEYS_PER_PROJECT", "3")];
+    let a = node_via(&redis, redis.port, &bound);
+    let p = project(&redis, "bound", None, &[&a]);
+    let body = one("b", "x");
+    let mut first = Vec::new();
+    for i in 0..6 {
+        let (st, head, v) = post(&a, "/api/v1/publish", &p.secret, &format!("k{i}"), &body);
+        assert_eq!((st, replayed(&head)), (202, false), "{v}");
+        first.push(v);
+    }
+    let mut c = redis.conn().unwrap();
+    let order = format!("ringcast:idemz:{{{}}}", p.id);
+    let kept: u64 = redis::cmd("ZCARD").arg(&order).query(&mut c).unwrap();
+    assert_eq!(kept, 3, "at most the bound is kept");
+    let oldest: u64 = redis::cmd("EXISTS")
+        .arg(format!("ringcast:idem:{{{}}}:k0", p.id))
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(oldest, 0, "the oldest key is forgotten");
+    // The newest still replays; the oldest publishes again.
+    let (st, head, v) = post(&a, "/api/v1/publish", &p.secret, "k5", &body);
+    assert_eq!((st, replayed(&head), &v), (202, true, &first[5]));
+    let (st, head, v) = post(&a, "/api/v1/publish", &p.secret, "k0", &body);
+    assert_eq!((st, replayed(&head)), (202, false));
+    assert_ne!(v, first[0]);
 }

@@ -7,6 +7,11 @@
 //! its body, living `idempotency_window_s` (`PX`). The `{<project id>}` hash tag keeps
 //! every key of a project in one slot should Redis ever be sharded.
 //!
+//! Memory: a sorted set `ringcast:idemz:{<project id>}` holds the project's keys by
+//! claim time (Redis' clock); each new key drops the expired ones from it and, over
+//! `idempotency_max_keys_per_project`, forgets the oldest keys (counted in
+//! `ringcast_idempotency_keys_evicted_total` by the node that stored the new one).
+//!
 //! The script, in one step (Redis runs scripts one at a time, so there is no "in
 //! flight" state to see from another node):
 //! - the key exists with the same body hash: return the stored answer (a replay;
@@ -34,13 +39,15 @@ use crate::history::{Epoch, Position};
 
 /// Prefix of an idempotency key in Redis.
 pub(crate) const KEY_PREFIX: &str = "ringcast:idem:";
+/// Prefix of a project's sorted set of its keys by claim time (the bound).
+pub(crate) const ORDER_PREFIX: &str = "ringcast:idemz:";
 
-/// The script (see the module docs). KEYS: the idempotency key, then (history) the
-/// history publish script's keys. ARGV: body hash, window (ms), status, answer head,
-/// answer tail, '1' when the first frame's position goes between them, mode ('h'
-/// history, 'p' plain), then the history script's ARGV, or per frame its pub/sub
-/// channel and payload. Returns {0, offsets and epochs} (published), {1, status ..
-/// body} (replay) or {2} (reused).
+/// The script (see the module docs). KEYS: the idempotency key, the project's order
+/// set, then (history) the history publish script's keys. ARGV: body hash, window (ms),
+/// status, answer head, answer tail, '1' when the first frame's position goes between
+/// them, mode ('h' history, 'p' plain), the most keys per project, then the history
+/// script's ARGV, or per frame its pub/sub channel and payload. Returns {0, offsets
+/// and epochs, keys evicted} (published), {1, status .. body} (replay) or {2} (reused).
 pub(crate) fn script() -> &'static str {
     static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     TEXT.get_or_init(|| {
@@ -59,11 +66,11 @@ local head, tail, positioned, mode = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local out = {}
 if mode == 'h' then
   local k, a = {}, {}
-  for i = 2, #KEYS do k[#k + 1] = KEYS[i] end
-  for i = 8, #ARGV do a[#a + 1] = ARGV[i] end
+  for i = 3, #KEYS do k[#k + 1] = KEYS[i] end
+  for i = 9, #ARGV do a[#a + 1] = ARGV[i] end
   out = publish(k, a)
 else
-  for i = 8, #ARGV, 2 do
+  for i = 9, #ARGV, 2 do
     redis.call('PUBLISH', ARGV[i], ARGV[i + 1])
   end
 end
@@ -73,10 +80,31 @@ if positioned == '1' then
 end
 body = body .. tail
 redis.call('SET', idem, hash .. status .. body, 'PX', window)
-return {0, out}
+-- The project's keys by claim time: expired ones leave, and over the bound the
+-- oldest are forgotten (and counted).
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local zset = KEYS[2]
+redis.call('ZREMRANGEBYSCORE', zset, '-inf', now - tonumber(window))
+redis.call('ZADD', zset, now, idem)
+local evicted = 0
+local over = redis.call('ZCARD', zset) - tonumber(ARGV[8])
+if over > 0 then
+  local old = redis.call('ZPOPMIN', zset, over)
+  for i = 1, #old, 2 do
+    evicted = evicted + redis.call('DEL', old[i])
+  end
+end
+redis.call('PEXPIRE', zset, window)
+return {0, out, evicted}
 "#
         )
     })
+}
+
+/// The sorted set of project `project_id`'s keys by claim time.
+pub(crate) fn order_key(project_id: &str) -> String {
+    format!("{ORDER_PREFIX}{{{project_id}}}")
 }
 
 /// The Redis key of `key` of project `project_id`.
@@ -114,6 +142,8 @@ pub(crate) struct KeyedRequest {
     pub key: Box<[u8]>,
     pub body_hash: [u8; 32],
     pub window_ms: u64,
+    /// `idempotency_max_keys_per_project`.
+    pub max_keys: usize,
     pub answer: Template,
     pub publish: Publish,
     pub reply: ReplyTx<Keyed>,
@@ -122,8 +152,9 @@ pub(crate) struct KeyedRequest {
 /// What Redis decided for a keyed publish.
 #[derive(Debug)]
 pub(crate) enum Keyed {
-    /// Published now; the positions of a history publish's frames, in order.
-    Published(Vec<Position>),
+    /// Published now; the positions of a history publish's frames, in order, and how
+    /// many older keys of the project were forgotten to stay within the bound.
+    Published(Vec<Position>, u64),
     /// Accepted before with the same body: its answer.
     Replay { status: u16, body: Bytes },
     /// Known with another body.
@@ -148,8 +179,9 @@ pub(crate) fn cmd(node: u64, req: &KeyedRequest) -> redis::Cmd {
         Publish::History { items, .. } => 2 * items.len(),
         Publish::Plain(_) => 0,
     };
-    cmd.arg(1 + history_keys)
-        .arg(redis_key(&req.project_id, &req.key));
+    cmd.arg(2 + history_keys)
+        .arg(redis_key(&req.project_id, &req.key))
+        .arg(order_key(&req.project_id));
     if let Publish::History { items, .. } = &req.publish {
         for item in items {
             cmd.arg(meta_key(&req.project_id, &item.channel))
@@ -163,6 +195,11 @@ pub(crate) fn cmd(node: u64, req: &KeyedRequest) -> redis::Cmd {
         .arg(&t.head[..])
         .arg(t.tail)
         .arg(if t.positioned { "1" } else { "0" });
+    let mode = match &req.publish {
+        Publish::History { .. } => "h",
+        Publish::Plain(_) => "p",
+    };
+    cmd.arg(mode).arg(req.max_keys.max(1));
     match &req.publish {
         Publish::History {
             size,
@@ -170,8 +207,7 @@ pub(crate) fn cmd(node: u64, req: &KeyedRequest) -> redis::Cmd {
             items,
         } => {
             // The history publish script's ARGV, exactly as `history::publish_cmd`.
-            cmd.arg("h")
-                .arg(&wire::history_header(node)[..])
+            cmd.arg(&wire::history_header(node)[..])
                 .arg(Epoch::random().as_str())
                 .arg(*size)
                 .arg((*ttl_s).max(1))
@@ -187,7 +223,6 @@ pub(crate) fn cmd(node: u64, req: &KeyedRequest) -> redis::Cmd {
             }
         }
         Publish::Plain(frames) => {
-            cmd.arg("p");
             for (channel, payload) in frames {
                 cmd.arg(channel.as_str()).arg(&payload[..]);
             }
@@ -205,10 +240,15 @@ pub(crate) fn parse(v: Value, frames: usize) -> Option<Keyed> {
     match parts.next()? {
         Value::Int(0) => {
             let out = parts.next()?;
-            if frames == 0 {
-                return Some(Keyed::Published(Vec::new()));
-            }
-            super::history::parse_positions(out, frames).map(Keyed::Published)
+            let evicted = match parts.next() {
+                Some(Value::Int(n)) => u64::try_from(n).unwrap_or(0),
+                _ => 0,
+            };
+            let positions = match frames {
+                0 => Vec::new(),
+                n => super::history::parse_positions(out, n)?,
+            };
+            Some(Keyed::Published(positions, evicted))
         }
         Value::Int(1) => {
             let Value::BulkString(stored) = parts.next()? else {
@@ -248,6 +288,7 @@ mod tests {
             redis_key("prj_ab", b"order-1"),
             b"ringcast:idem:{prj_ab}:order-1".to_vec()
         );
+        assert_eq!(order_key("prj_ab"), "ringcast:idemz:{prj_ab}");
     }
 
     #[test]
@@ -278,14 +319,15 @@ mod tests {
         let published = Value::Array(vec![
             Value::Int(0),
             Value::Array(vec![Value::Int(7), Value::BulkString(b"0a0b0c0d".to_vec())]),
+            Value::Int(2),
         ]);
         match parse(published, 1) {
-            Some(Keyed::Published(p)) => assert_eq!(p[0].offset, 7),
+            Some(Keyed::Published(p, evicted)) => assert_eq!((p[0].offset, evicted), (7, 2)),
             other => panic!("{other:?}"),
         }
         assert!(matches!(
-            parse(Value::Array(vec![Value::Int(0), Value::Array(vec![])]), 0),
-            Some(Keyed::Published(p)) if p.is_empty()
+            parse(Value::Array(vec![Value::Int(0), Value::Array(vec![]), Value::Int(0)]), 0),
+            Some(Keyed::Published(p, 0)) if p.is_empty()
         ));
         assert!(parse(Value::Nil, 0).is_none());
     }

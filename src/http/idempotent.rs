@@ -51,6 +51,7 @@ where
             key,
             hash,
             window_ms: cfg.idempotency_window_s.saturating_mul(1000),
+            max_keys: cfg.idempotency_max_keys_per_project,
             pusher: api == Api::Pusher,
         };
         return run(svc, body, Some(&keyed), out);

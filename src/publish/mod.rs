@@ -58,6 +58,8 @@ pub(crate) struct Keyed<'a> {
     /// [`idempotency::body_hash`] of the request body.
     pub hash: [u8; 32],
     pub window_ms: u64,
+    /// `idempotency_max_keys_per_project`.
+    pub max_keys: usize,
     /// Pusher's API (answer 200 `{}`), or native (202 with the ids).
     pub pusher: bool,
 }
@@ -139,7 +141,12 @@ impl Later {
         let got = match self.reply {
             Waiting::Positions(r) => r.wait().await,
             Waiting::Keyed(r) => match r.wait().await {
-                Ok(K::Published(positions)) => Ok(positions),
+                Ok(K::Published(positions, evicted)) => {
+                    if evicted > 0 {
+                        crate::metrics::with(|m| m.idempotency_keys_evicted(evicted));
+                    }
+                    Ok(positions)
+                }
                 Ok(K::Replay { status, body }) => {
                     // Answered before: nothing published, nothing spent.
                     self.project.quota.refund_n(self.units);
@@ -354,6 +361,7 @@ fn keyed_publish(
         key: keyed.key.into(),
         body_hash: keyed.hash,
         window_ms: keyed.window_ms,
+        max_keys: keyed.max_keys,
         answer,
         publish,
         reply: tx,
