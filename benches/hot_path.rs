@@ -240,7 +240,10 @@ fn idempotent(c: &mut Criterion) {
     };
     let plain = head("");
     let keyed = head("Idempotency-Key: 7c9e6679-7425-40de-944b-e07fc1f90ae7\r\n");
-    for (name, req) in [("parse_head/no_key", &plain), ("parse_head/with_key", &keyed)] {
+    for (name, req) in [
+        ("parse_head/no_key", &plain),
+        ("parse_head/with_key", &keyed),
+    ] {
         group.bench_function(name, |b| {
             b.iter(|| {
                 let h = parse_head(req, 8192, 64).expect("valid").expect("complete");
@@ -251,13 +254,20 @@ fn idempotent(c: &mut Criterion) {
     // 200k distinct UUID-length keys against a bound of 100k on one worker: every claim
     // is fresh and, once full, evicts the oldest (the worst steady state).
     let keys: Vec<String> = (0..200_000u64)
-        .map(|i| format!("{:08x}-7425-40de-944b-{:012x}", i, i.wrapping_mul(0x9e37_79b9)))
+        .map(|i| {
+            format!(
+                "{:08x}-7425-40de-944b-{:012x}",
+                i,
+                i.wrapping_mul(0x9e37_79b9)
+            )
+        })
         .collect();
     let mut i = 0usize;
     group.bench_function("claim_complete_100B_body", |b| {
         b.iter(|| {
             i = (i + 1) % keys.len();
-            let fresh = ringcast::bench::idempotency_cycle(7, keys[i].as_bytes(), &body, 300, 100_000);
+            let fresh =
+                ringcast::bench::idempotency_cycle(7, keys[i].as_bytes(), &body, 300, 100_000);
             std::hint::black_box(fresh)
         })
     });

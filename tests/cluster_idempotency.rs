@@ -99,7 +99,10 @@ fn a_retry_on_another_node_is_answered_from_redis_and_delivered_once() {
             assert_eq!(first.get("offset").is_some(), history.is_some(), "{first}");
             let (st, head, again) = post(&b, "/api/v1/publish", &p.secret, &key, &body);
             assert_eq!((st, replayed(&head)), (202, true), "{again}");
-            assert_eq!(again, first, "the same id (and offset, epoch) on the other node");
+            assert_eq!(
+                again, first,
+                "the same id (and offset, epoch) on the other node"
+            );
             // And on the first node again.
             let (_, head, third) = post(&a, "/api/v1/publish", &p.secret, &key, &body);
             assert!(replayed(&head) && third == first);
@@ -151,7 +154,10 @@ fn racing_duplicates_on_two_nodes_are_delivered_once() {
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    let fresh = answers.iter().filter(|(st, h, _)| *st == 202 && !replayed(h)).count();
+    let fresh = answers
+        .iter()
+        .filter(|(st, h, _)| *st == 202 && !replayed(h))
+        .count();
     assert_eq!(fresh, 1, "{answers:?}");
     let id = &answers.iter().find(|a| a.0 == 202).unwrap().2["id"];
     for (st, _, v) in &answers {
@@ -187,31 +193,36 @@ impl Proxy {
                 let Ok(server) = TcpStream::connect(("127.0.0.1", redis_port)) else {
                     continue;
                 };
-                let pipe = |mut from: TcpStream, mut to: TcpStream, drop_if: Option<Arc<AtomicBool>>| {
-                    let mut buf = [0u8; 16 * 1024];
-                    loop {
-                        match from.read(&mut buf) {
-                            Ok(0) | Err(_) => break,
-                            Ok(n) => {
-                                if drop_if.as_ref().is_some_and(|s| s.load(Ordering::Relaxed)) {
-                                    continue;
-                                }
-                                if to.write_all(&buf[..n]).is_err() {
-                                    break;
+                let pipe =
+                    |mut from: TcpStream, mut to: TcpStream, drop_if: Option<Arc<AtomicBool>>| {
+                        let mut buf = [0u8; 16 * 1024];
+                        loop {
+                            match from.read(&mut buf) {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => {
+                                    if drop_if.as_ref().is_some_and(|s| s.load(Ordering::Relaxed)) {
+                                        continue;
+                                    }
+                                    if to.write_all(&buf[..n]).is_err() {
+                                        break;
+                                    }
                                 }
                             }
                         }
-                    }
-                    let _ = to.shutdown(std::net::Shutdown::Both);
-                    let _ = from.shutdown(std::net::Shutdown::Both);
-                };
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                        let _ = from.shutdown(std::net::Shutdown::Both);
+                    };
                 let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
                 std::thread::spawn(move || pipe(client, server, None));
                 let sw = sw.clone();
                 std::thread::spawn(move || pipe(s2, c2, Some(sw)));
             }
         });
-        Proxy { port, swallow, stop }
+        Proxy {
+            port,
+            swallow,
+            stop,
+        }
     }
 }
 
@@ -246,7 +257,8 @@ fn node_via(redis: &Redis, port: u16, env: &[(&str, &str)]) -> Node {
 }
 
 #[test]
-fn a_history_publish_whose_redis_answer_was_lost_is_delivered_once_and_the_retry_answers_its_offset() {
+fn a_history_publish_whose_redis_answer_was_lost_is_delivered_once_and_the_retry_answers_its_offset(
+) {
     let Some(redis) = Redis::start() else { return };
     let proxy = Proxy::start(redis.port);
     let a = node_via(&redis, proxy.port, &[]);
@@ -265,7 +277,10 @@ fn a_history_publish_whose_redis_answer_was_lost_is_delivered_once_and_the_retry
     let (st, _, v) = post(&a, "/api/v1/publish", &p.secret, "lost-1", &body);
     assert_eq!(st, 503, "{v}");
     let delivered = next_json(&mut wb);
-    assert_eq!(delivered["data"], "lost answer", "the script did run: {delivered}");
+    assert_eq!(
+        delivered["data"], "lost answer",
+        "the script did run: {delivered}"
+    );
     assert_eq!(delivered["offset"], 2);
     proxy.swallow.store(false, Ordering::Relaxed);
 
@@ -287,7 +302,11 @@ fn a_history_publish_whose_redis_answer_was_lost_is_delivered_once_and_the_retry
     let (st, _, v) = b.publish(&p.secret, "h", json!("marker"));
     assert_eq!(st, 202, "{v}");
     let f = next_json(&mut wb);
-    assert_eq!((f["data"].clone(), f["offset"].clone()), (json!("marker"), json!(3)), "{f}");
+    assert_eq!(
+        (f["data"].clone(), f["offset"].clone()),
+        (json!("marker"), json!(3)),
+        "{f}"
+    );
 }
 
 #[test]

@@ -62,7 +62,8 @@ fn the_same_key_and_body_twice_is_delivered_once_with_the_same_answer() {
         assert!(replayed(&head2), "the retry says it is a replay: {head2}");
         // A replay spends no quota: as much remains as after the first request (or
         // more: the bucket refills).
-        let remaining = |h: &str| -> u64 { header(h, "RateLimit-Remaining").unwrap().parse().unwrap() };
+        let remaining =
+            |h: &str| -> u64 { header(h, "RateLimit-Remaining").unwrap().parse().unwrap() };
         assert!(remaining(&head2) >= remaining(&head), "{head} / {head2}");
         let f = next_json(&mut ws);
         assert_eq!(f["id"], first["id"], "{f}");
@@ -84,7 +85,10 @@ fn after_the_window_the_same_key_publishes_again() {
     let (st, _, first) = post(&s, "/api/v1/publish", &p.secret, Some("k"), &body);
     assert_eq!(st, 202);
     let (_, head, again) = post(&s, "/api/v1/publish", &p.secret, Some("k"), &body);
-    assert!(replayed(&head) && again == first, "within the window: a replay");
+    assert!(
+        replayed(&head) && again == first,
+        "within the window: a replay"
+    );
     assert_eq!(next_json(&mut ws)["id"], first["id"]);
     // Poll until the key is forgotten: that request is processed as a new one.
     let mut second = Value::Null;
@@ -107,10 +111,22 @@ fn the_same_key_with_another_body_is_422_and_publishes_nothing() {
     subscribe(&mut ws, "r");
     for i in 0..4 {
         let key = format!("k{i}");
-        let (st, _, first) = post(&s, "/api/v1/publish", &p.secret, Some(&key), &one("r", json!("1")));
+        let (st, _, first) = post(
+            &s,
+            "/api/v1/publish",
+            &p.secret,
+            Some(&key),
+            &one("r", json!("1")),
+        );
         assert_eq!(st, 202);
         assert_eq!(next_json(&mut ws)["id"], first["id"]);
-        let (st, head, v) = post(&s, "/api/v1/publish", &p.secret, Some(&key), &one("r", json!("2")));
+        let (st, head, v) = post(
+            &s,
+            "/api/v1/publish",
+            &p.secret,
+            Some(&key),
+            &one("r", json!("2")),
+        );
         assert_eq!(st, 422, "{v}");
         assert_eq!(v["error"]["code"], "idempotency_key_reused");
         assert!(!replayed(&head));
@@ -119,7 +135,13 @@ fn the_same_key_with_another_body_is_422_and_publishes_nothing() {
         let (st, _, _) = post(&s, "/api/v1/publish", &p.secret, Some(&key), &spaced);
         assert_eq!(st, 422);
         // The key still answers its first request.
-        let (st, head, v) = post(&s, "/api/v1/publish", &p.secret, Some(&key), &one("r", json!("1")));
+        let (st, head, v) = post(
+            &s,
+            "/api/v1/publish",
+            &p.secret,
+            Some(&key),
+            &one("r", json!("1")),
+        );
         assert_eq!((st, replayed(&head)), (202, true));
         assert_eq!(v, first);
     }
@@ -184,11 +206,19 @@ fn a_refused_request_leaves_the_key_free() {
     let bad = json!({"channel": "f", "data": "no event"}).to_string();
     let (st, _, v) = post(&s, "/api/v1/publish", &p.secret, Some("k400"), &bad);
     assert_eq!(st, 400, "{v}");
-    let (st, head, v) = post(&s, "/api/v1/publish", &p.secret, Some("k400"), &one("f", json!("1")));
+    let (st, head, v) = post(
+        &s,
+        "/api/v1/publish",
+        &p.secret,
+        Some("k400"),
+        &one("f", json!("1")),
+    );
     assert_eq!((st, replayed(&head)), (202, false), "{v}");
     assert_eq!(next_json(&mut ws)["id"], v["id"]);
     // 429 first, then a request the quota affords, with the same key: processed.
-    let msgs: Vec<Value> = (0..4).map(|i| json!({"channel": "f", "event": "e", "data": i.to_string()})).collect();
+    let msgs: Vec<Value> = (0..4)
+        .map(|i| json!({"channel": "f", "event": "e", "data": i.to_string()}))
+        .collect();
     let big = json!({ "messages": msgs }).to_string();
     let (st, _, v) = post(&s, "/api/v1/publish/batch", &p.secret, Some("k429"), &big);
     assert_eq!(st, 429, "{v}");
@@ -202,11 +232,23 @@ fn a_refused_request_leaves_the_key_free() {
     });
     assert_eq!(next_json(&mut ws)["id"], answer["ids"][0]);
     // 401 (a wrong key) leaves it free as well.
-    let (st, _, _) = post(&s, "/api/v1/publish", "sk_wrong", Some("k401"), &one("f", json!("3")));
+    let (st, _, _) = post(
+        &s,
+        "/api/v1/publish",
+        "sk_wrong",
+        Some("k401"),
+        &one("f", json!("3")),
+    );
     assert_eq!(st, 401);
     let mut answer = Value::Null;
     wait_for(Duration::from_secs(5), "the quota to refill", || {
-        let (st, head, v) = post(&s, "/api/v1/publish", &p.secret, Some("k401"), &one("f", json!("3")));
+        let (st, head, v) = post(
+            &s,
+            "/api/v1/publish",
+            &p.secret,
+            Some("k401"),
+            &one("f", json!("3")),
+        );
         assert!(!replayed(&head));
         answer = v;
         st == 202
@@ -228,7 +270,10 @@ fn invalid_keys_are_refused_with_400_and_nothing_published() {
         assert_eq!(v["error"]["code"], "invalid_idempotency_key");
     }
     // Empty, and given twice.
-    for extra in ["Idempotency-Key:\r\n", "Idempotency-Key: a\r\nIdempotency-Key: a\r\n"] {
+    for extra in [
+        "Idempotency-Key:\r\n",
+        "Idempotency-Key: a\r\nIdempotency-Key: a\r\n",
+    ] {
         let req = format!(
             "POST /api/v1/publish HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\nConnection: close\r\nX-Api-Key: {}\r\n{extra}Content-Type: application/json\r\n\r\n{body}",
             body.len(),
@@ -257,9 +302,21 @@ fn one_key_covers_a_whole_batch_and_a_multi_channel_publish() {
         .map(|i| json!({"channel": if i == 1 { "b" } else { "a" }, "event": "e", "data": i.to_string()}))
         .collect();
     let body = json!({ "messages": msgs }).to_string();
-    let (st, _, first) = post(&s, "/api/v1/publish/batch", &p.secret, Some("batch-1"), &body);
+    let (st, _, first) = post(
+        &s,
+        "/api/v1/publish/batch",
+        &p.secret,
+        Some("batch-1"),
+        &body,
+    );
     assert_eq!(st, 202, "{first}");
-    let (st, head, again) = post(&s, "/api/v1/publish/batch", &p.secret, Some("batch-1"), &body);
+    let (st, head, again) = post(
+        &s,
+        "/api/v1/publish/batch",
+        &p.secret,
+        Some("batch-1"),
+        &body,
+    );
     assert_eq!((st, replayed(&head)), (202, true));
     assert_eq!(again, first, "the same ids, in order");
     for i in 0..3 {
@@ -280,12 +337,21 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// A signed Pusher REST POST with `Idempotency-Key: idem`.
-fn pusher_post(s: &Server, app: &Value, path: &str, idem: &str, body: &str) -> (u16, String, Value) {
+fn pusher_post(
+    s: &Server,
+    app: &Value,
+    path: &str,
+    idem: &str,
+    body: &str,
+) -> (u16, String, Value) {
     let app_id = app["project"]["pusher_app_id"].as_str().unwrap();
     let key = app["public_key"].as_str().unwrap();
     let secret = app["token_secret"].as_str().unwrap();
     let path = format!("/apps/{app_id}{path}");
-    let ts = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+    let ts = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
     let query = format!(
         "auth_key={key}&auth_timestamp={ts}&auth_version=1.0&body_md5={}",
         hex(&Md5::digest(body.as_bytes()))
@@ -303,7 +369,10 @@ fn pusher_post(s: &Server, app: &Value, path: &str, idem: &str, body: &str) -> (
 #[test]
 fn pusher_events_and_batch_events_take_a_key_too() {
     let s = Server::start();
-    let app = cli(&s.data_dir, &["project", "create", "pusher", "--rate-limit", "1000/s"]);
+    let app = cli(
+        &s.data_dir,
+        &["project", "create", "pusher", "--rate-limit", "1000/s"],
+    );
     let secret = app["secret_key"].as_str().unwrap().to_string();
     s.wait_key(&secret);
     let mut ws = s.ws(app["public_key"].as_str().unwrap());
@@ -362,7 +431,13 @@ fn over_the_per_project_bound_the_oldest_keys_are_forgotten_and_counted() {
     subscribe(&mut ws, "m");
     let body = one("m", json!("same body, twenty keys"));
     for i in 0..20 {
-        let (st, _, v) = post(&s, "/api/v1/publish", &p.secret, Some(&format!("key-{i}")), &body);
+        let (st, _, v) = post(
+            &s,
+            "/api/v1/publish",
+            &p.secret,
+            Some(&format!("key-{i}")),
+            &body,
+        );
         assert_eq!(st, 202);
         assert_eq!(next_json(&mut ws)["id"], v["id"]);
     }
@@ -377,7 +452,13 @@ fn over_the_per_project_bound_the_oldest_keys_are_forgotten_and_counted() {
     assert_eq!((st, replayed(&head)), (202, false));
     assert_eq!(next_json(&mut ws)["id"], v["id"]);
     // 422 and replays are counted too.
-    let (st, _, _) = post(&s, "/api/v1/publish", &p.secret, Some("key-0"), &one("m", json!("0")));
+    let (st, _, _) = post(
+        &s,
+        "/api/v1/publish",
+        &p.secret,
+        Some("key-0"),
+        &one("m", json!("0")),
+    );
     assert_eq!(st, 422);
     let m = scrape(&s);
     assert_eq!(m["ringcast_idempotent_replays_total"], 1.0);
@@ -400,7 +481,14 @@ fn the_publish_cli_sends_the_key_and_a_rerun_publishes_nothing() {
     let run = || {
         std::process::Command::new(bin())
             .arg("publish")
-            .args(["--url", &base, "--key", &p.secret, "--idempotency-key", "cli-1"])
+            .args([
+                "--url",
+                &base,
+                "--key",
+                &p.secret,
+                "--idempotency-key",
+                "cli-1",
+            ])
             .args(["cli", "e", "{\"n\":1}"])
             .env_remove("RINGCAST_KEY")
             .output()

@@ -168,8 +168,19 @@ pub(crate) struct ReadRequest {
 pub(crate) enum Request {
     Publish(PublishRequest),
     Read(ReadRequest),
-    /// A publish with an `Idempotency-Key` (its own script: `super::idempotency`).
-    Keyed(super::idempotency::KeyedRequest),
+    /// A request with its own script call that answers itself (a publish with an
+    /// `Idempotency-Key`: `cluster::idempotency`).
+    Scripted(Box<dyn Scripted>),
+}
+
+/// A request that brings its own script call and decodes its own reply; it rides this
+/// thread's queue and pipeline like a publish.
+pub(crate) trait Scripted: Send {
+    /// The call, for node `node`.
+    fn cmd(&self, node: u64) -> redis::Cmd;
+    /// Answer the waiting worker from Redis' reply; `false` when the reply did not
+    /// decode (counted as a history error).
+    fn answer(self: Box<Self>, v: Value) -> bool;
 }
 
 /// One kept message as read back.
@@ -405,7 +416,7 @@ fn serve(
             .iter()
             .map(|r| match r {
                 Request::Publish(p) => publish_cmd(node, p),
-                Request::Keyed(k) => super::idempotency::cmd(node, k),
+                Request::Scripted(k) => k.cmd(node),
                 Request::Read(r) => read_cmd(
                     &r.project_id,
                     &r.channel,
@@ -446,8 +457,8 @@ fn serve(
                     let got = parse_read(v, r.since, r.limit);
                     r.reply.send(got.ok_or(Unreachable));
                 }
-                Request::Keyed(k) => {
-                    if !super::idempotency::answer(k, v) {
+                Request::Scripted(k) => {
+                    if !k.answer(v) {
                         cluster.stats.history_errors.fetch_add(1, Ordering::Relaxed);
                     }
                 }

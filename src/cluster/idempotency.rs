@@ -130,7 +130,11 @@ pub(crate) struct Template {
 /// What a keyed request publishes.
 pub(crate) enum Publish {
     /// A history project's frames (as `history::PublishRequest`'s).
-    History { size: u32, ttl_s: u32, items: Vec<Item> },
+    History {
+        size: u32,
+        ttl_s: u32,
+        items: Vec<Item>,
+    },
     /// A project without history: per frame, its pub/sub channel and payload
     /// (`wire::encode_payload` with origin 0).
     Plain(Vec<(String, Vec<u8>)>),
@@ -201,11 +205,7 @@ pub(crate) fn cmd(node: u64, req: &KeyedRequest) -> redis::Cmd {
     };
     cmd.arg(mode).arg(req.max_keys.max(1));
     match &req.publish {
-        Publish::History {
-            size,
-            ttl_s,
-            items,
-        } => {
+        Publish::History { size, ttl_s, items } => {
             // The history publish script's ARGV, exactly as `history::publish_cmd`.
             cmd.arg(&wire::history_header(node)[..])
                 .arg(Epoch::random().as_str())
@@ -265,17 +265,23 @@ pub(crate) fn parse(v: Value, frames: usize) -> Option<Keyed> {
     }
 }
 
-/// Answer one request from its script reply (a reply that does not decode is
-/// `Unreachable`: 503, and a retry is answered from Redis if the script ran).
-pub(crate) fn answer(req: KeyedRequest, v: Value) -> bool {
-    let frames = match &req.publish {
-        Publish::History { items, .. } => items.len(),
-        Publish::Plain(_) => 0,
-    };
-    let got = parse(v, frames);
-    let ok = got.is_some();
-    req.reply.send(got.ok_or(crate::reply::Unreachable));
-    ok
+impl super::history::Scripted for KeyedRequest {
+    fn cmd(&self, node: u64) -> redis::Cmd {
+        cmd(node, self)
+    }
+
+    /// A reply that does not decode is `Unreachable`: 503, and a retry is answered from
+    /// Redis if the script ran.
+    fn answer(self: Box<Self>, v: Value) -> bool {
+        let frames = match &self.publish {
+            Publish::History { items, .. } => items.len(),
+            Publish::Plain(_) => 0,
+        };
+        let got = parse(v, frames);
+        let ok = got.is_some();
+        self.reply.send(got.ok_or(crate::reply::Unreachable));
+        ok
+    }
 }
 
 #[cfg(test)]

@@ -154,7 +154,10 @@ fn settle(ticket: Ticket, response: &[u8]) {
 
 /// The status and body of one response written by `response::write_json`.
 fn split_response(response: &[u8]) -> Option<(u16, &[u8])> {
-    let status = std::str::from_utf8(response.get(9..12)?).ok()?.parse().ok()?;
+    let status = std::str::from_utf8(response.get(9..12)?)
+        .ok()?
+        .parse()
+        .ok()?;
     let end = response.windows(4).position(|w| w == b"\r\n\r\n")?;
     Some((status, &response[end + 4..]))
 }

@@ -23,8 +23,8 @@ use crate::error::Unavailable;
 use crate::metrics::Api;
 use crate::publish::parse::BatchLimits;
 use crate::publish::{Accepted, Answer, Decided, Keyed};
-use std::sync::Arc;
 use crate::quota::{now_ns, Decision};
+use std::sync::Arc;
 
 /// Which publish endpoint a request is for.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -85,9 +85,10 @@ pub(crate) fn handle(
         // A keyed request: claimed first (single node) or published by Redis' idempotent
         // script (cluster mode). Without the header, nothing of this is paid.
         let owned = Arc::clone(project);
-        let run = move |svc: &Rc<Service>, body: &[u8], keyed: Option<&Keyed<'_>>, out: &mut Vec<u8>| {
-            publish_body(svc, &owned, body, endpoint, started, keyed, out)
-        };
+        let run =
+            move |svc: &Rc<Service>, body: &[u8], keyed: Option<&Keyed<'_>>, out: &mut Vec<u8>| {
+                publish_body(svc, &owned, body, endpoint, started, keyed, out)
+            };
         let key = &req[key.clone()];
         return super::idempotent::guard(svc, project, key, body, Api::Native, out, run);
     }

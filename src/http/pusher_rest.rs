@@ -208,12 +208,13 @@ pub(crate) fn handle(
     if let (true, Some(key)) = (publish, &head.idempotency_key) {
         let batch = matches!(endpoint, Endpoint::Batch);
         let owned = Arc::clone(&project);
-        let run = move |svc: &Rc<Service>, body: &[u8], keyed: Option<&Keyed<'_>>, out: &mut Vec<u8>| {
-            match batch {
-                true => batch_events(svc, &owned, body, out, started, keyed),
-                false => events(svc, &owned, body, out, started, keyed),
-            }
-        };
+        let run =
+            move |svc: &Rc<Service>, body: &[u8], keyed: Option<&Keyed<'_>>, out: &mut Vec<u8>| {
+                match batch {
+                    true => batch_events(svc, &owned, body, out, started, keyed),
+                    false => events(svc, &owned, body, out, started, keyed),
+                }
+            };
         let key = &req[key.clone()];
         return super::idempotent::guard(svc, &project, key, body, Api::Pusher, out, run);
     }

@@ -483,7 +483,10 @@ mod tests {
         let h = body_hash(b"b");
         for i in 0..5u64 {
             let key = format!("k{i}");
-            assert_eq!(s.claim(1, key.as_bytes(), h, i, t0, limits(3)), Claim::Fresh);
+            assert_eq!(
+                s.claim(1, key.as_bytes(), h, i, t0, limits(3)),
+                Claim::Fresh
+            );
             s.complete(1, key.as_bytes(), i, stored("x"));
         }
         assert_eq!(s.len(1), 3);
@@ -510,8 +513,9 @@ mod tests {
     fn owners_spread_and_agree() {
         let a = owner(3, b"key-1", 4);
         assert_eq!(a, owner(3, b"key-1", 4));
-        let seen: std::collections::HashSet<usize> =
-            (0..64).map(|i| owner(3, format!("k{i}").as_bytes(), 4)).collect();
+        let seen: std::collections::HashSet<usize> = (0..64)
+            .map(|i| owner(3, format!("k{i}").as_bytes(), 4))
+            .collect();
         assert_eq!(seen.len(), 4);
         assert_eq!(owner(3, b"x", 1), 0);
     }

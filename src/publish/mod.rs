@@ -356,7 +356,7 @@ fn keyed_publish(
     };
     let (tx, reply) = crate::cluster::history::reply();
     // A full queue drops the request, and with it `tx`: the reply answers 503 at once.
-    cluster.history(Request::Keyed(KeyedRequest {
+    cluster.history(Request::Scripted(Box::new(KeyedRequest {
         project_id: project.id.as_str().into(),
         key: keyed.key.into(),
         body_hash: keyed.hash,
@@ -365,7 +365,7 @@ fn keyed_publish(
         answer,
         publish,
         reply: tx,
-    }));
+    })));
     Later {
         reply: Waiting::Keyed(reply),
         project: Arc::clone(project),
