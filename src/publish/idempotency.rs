@@ -157,7 +157,9 @@ impl Keys {
 #[derive(Debug, Default)]
 pub(crate) struct Store {
     projects: HashMap<u32, Keys>,
-    /// Round-robin position of the idle-project sweep.
+    /// The projects of `projects`, for the round-robin sweep (no map walk).
+    ring: Vec<u32>,
+    /// Round-robin position of the idle-project sweep in `ring`.
     sweep: usize,
 }
 
@@ -173,7 +175,13 @@ impl Store {
         limits: Limits,
     ) -> Claim {
         self.sweep_one(project, now, limits.window);
-        let keys = self.projects.entry(project).or_default();
+        let keys = match self.projects.entry(project) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                self.ring.push(project);
+                e.insert(Keys::default())
+            }
+        };
         keys.expire(now, limits.window);
         if let Some(slot) = keys.map.get(key) {
             return if slot.hash != hash {
@@ -224,24 +232,23 @@ impl Store {
     }
 
     /// Expire one project other than `skip` in turn (projects with nothing left are
-    /// dropped), so idle projects give their memory back without a full scan.
+    /// dropped), so idle projects give their memory back without a scan.
     fn sweep_one(&mut self, skip: u32, now: Instant, window: Duration) {
-        let n = self.projects.len();
-        if n < 2 {
+        if self.ring.len() < 2 {
             return;
         }
-        self.sweep = (self.sweep + 1) % n;
-        let Some(&project) = self.projects.keys().nth(self.sweep) else {
-            return;
-        };
+        self.sweep = (self.sweep + 1) % self.ring.len();
+        let project = self.ring[self.sweep];
         if project == skip {
             return;
         }
-        if let Some(keys) = self.projects.get_mut(&project) {
+        let empty = self.projects.get_mut(&project).is_none_or(|keys| {
             keys.expire(now, window);
-            if keys.map.is_empty() {
-                self.projects.remove(&project);
-            }
+            keys.map.is_empty()
+        });
+        if empty {
+            self.projects.remove(&project);
+            self.ring.swap_remove(self.sweep);
         }
     }
 
