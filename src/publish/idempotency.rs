@@ -25,14 +25,18 @@
 //! claimed project and one other project in turn). A worker keeps at most its share of
 //! `idempotency_max_keys_per_project` per project (the bound split evenly over the
 //! workers, at least 1): over it the oldest entry goes first, counted in
-//! `ringcast_idempotency_keys_evicted_total`. An entry holds the key, a SHA-256 of the
-//! body (never the body) and the answer's body (an id or a list of ids).
+//! `ringcast_idempotency_keys_evicted_total`. An entry holds a 128-bit keyed hash of
+//! (project, key) ([`KeyId`]: two SipHash-1-3 values under keys drawn once per process;
+//! two different keys collide with probability about 2^-128), a SHA-256 of the body
+//! (never the body, nor the key) and the answer's body (an id or a list of ids). The
+//! same hash picks the owner worker, so the key is hashed once per request.
 
 use std::cell::RefCell;
+use std::collections::hash_map::{Entry, RandomState};
 use std::collections::{HashMap, VecDeque};
-use std::hash::{Hash, Hasher};
-use std::rc::Rc;
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -54,6 +58,50 @@ pub(crate) fn valid_key(key: &[u8]) -> bool {
 pub(crate) fn body_hash(body: &[u8]) -> [u8; 32] {
     Sha256::digest(body).into()
 }
+
+/// Who a key is: a 128-bit keyed hash of (project, key).
+pub(crate) type KeyId = u128;
+
+/// The [`KeyId`] of `key` of project `project`: the same on every worker of the process.
+pub(crate) fn key_id(project: u32, key: &[u8]) -> KeyId {
+    static SEEDS: OnceLock<(RandomState, RandomState)> = OnceLock::new();
+    let (a, b) = SEEDS.get_or_init(|| (RandomState::new(), RandomState::new()));
+    let hash = |s: &RandomState| {
+        let mut h = s.build_hasher();
+        h.write_u32(project);
+        h.write(key);
+        h.finish()
+    };
+    (u128::from(hash(a)) << 64) | u128::from(hash(b))
+}
+
+/// The worker that owns key `id`.
+pub(crate) fn owner(id: KeyId, workers: usize) -> usize {
+    ((id >> 64) as u64 % workers.max(1) as u64) as usize
+}
+
+/// A [`KeyId`] is already a uniform hash: the map uses its low bits as they are.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u128` is used; fold anything else in.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u128(&mut self, v: u128) {
+        self.0 = v as u64;
+    }
+}
+
+type IdMap<V> = HashMap<KeyId, V, BuildHasherDefault<IdHasher>>;
 
 /// A remembered answer: its status and body, exactly as first written.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,24 +157,33 @@ struct Slot {
 /// One project's keys on one worker.
 #[derive(Debug, Default)]
 struct Keys {
-    map: HashMap<Rc<[u8]>, Slot>,
+    map: IdMap<Slot>,
     /// Claim time, key, token; oldest first. An entry whose token no longer matches
     /// the map's (released, or claimed again) is skipped when it reaches the front.
-    order: VecDeque<(Instant, Rc<[u8]>, u64)>,
+    order: VecDeque<(Instant, KeyId, u64)>,
 }
 
 impl Keys {
-    /// Pop the front while it is expired or stale. Returns entries removed from the map.
+    /// Pop the front while it is expired (a stale front, released before, waits for its
+    /// expiry or an eviction: no map lookup while the front is young).
     fn expire(&mut self, now: Instant, window: Duration) {
-        while let Some((at, key, token)) = self.order.front() {
-            let live = self.map.get(key).is_some_and(|s| s.token == *token);
-            if live && now.saturating_duration_since(*at) < window {
+        while let Some(&(at, id, token)) = self.order.front() {
+            if now.saturating_duration_since(at) < window {
                 break;
             }
-            if live {
-                self.map.remove(key);
-            }
+            self.remove_if(id, token);
             self.order.pop_front();
+        }
+    }
+
+    /// Remove `id`'s entry if it is still claim `token`'s; whether it was.
+    fn remove_if(&mut self, id: KeyId, token: u64) -> bool {
+        match self.map.entry(id) {
+            Entry::Occupied(e) if e.get().token == token => {
+                e.remove();
+                true
+            }
+            _ => false,
         }
     }
 
@@ -134,20 +191,17 @@ impl Keys {
     fn evict(&mut self, share: usize) -> u64 {
         let mut evicted = 0;
         while self.map.len() > share {
-            let Some((_, key, token)) = self.order.pop_front() else {
+            let Some((_, id, token)) = self.order.pop_front() else {
                 break;
             };
-            if self.map.get(&key).is_some_and(|s| s.token == token) {
-                self.map.remove(&key);
-                evicted += 1;
-            }
+            evicted += u64::from(self.remove_if(id, token));
         }
         // Stale FIFO entries (released claims) are dropped at the front; a flood of
         // refused keyed requests could leave many behind a live one: compact then.
         if self.order.len() > 2 * share + 16 {
             let map = &self.map;
             self.order
-                .retain(|(_, k, t)| map.get(k).is_some_and(|s| s.token == *t));
+                .retain(|(_, id, t)| map.get(id).is_some_and(|s| s.token == *t));
         }
         evicted
     }
@@ -164,11 +218,11 @@ pub(crate) struct Store {
 }
 
 impl Store {
-    /// Claim `key` of `project` for a request whose body hashes to `hash`.
+    /// Claim key `id` of `project` for a request whose body hashes to `hash`.
     pub(crate) fn claim(
         &mut self,
         project: u32,
-        key: &[u8],
+        id: KeyId,
         hash: [u8; 32],
         token: u64,
         now: Instant,
@@ -183,26 +237,27 @@ impl Store {
             }
         };
         keys.expire(now, limits.window);
-        if let Some(slot) = keys.map.get(key) {
-            return if slot.hash != hash {
-                Claim::Reused
-            } else {
-                match &slot.state {
-                    State::InFlight => Claim::InProgress,
-                    State::Done(stored) => Claim::Replay(stored.clone()),
-                }
-            };
+        match keys.map.entry(id) {
+            Entry::Occupied(e) => {
+                let slot = e.get();
+                return if slot.hash != hash {
+                    Claim::Reused
+                } else {
+                    match &slot.state {
+                        State::InFlight => Claim::InProgress,
+                        State::Done(stored) => Claim::Replay(stored.clone()),
+                    }
+                };
+            }
+            Entry::Vacant(e) => {
+                e.insert(Slot {
+                    token,
+                    hash,
+                    state: State::InFlight,
+                });
+            }
         }
-        let key: Rc<[u8]> = Rc::from(key);
-        keys.map.insert(
-            Rc::clone(&key),
-            Slot {
-                token,
-                hash,
-                state: State::InFlight,
-            },
-        );
-        keys.order.push_back((now, key, token));
+        keys.order.push_back((now, id, token));
         let evicted = keys.evict(limits.share);
         if evicted > 0 {
             crate::metrics::with(|m| m.idempotency_keys_evicted(evicted));
@@ -211,24 +266,21 @@ impl Store {
     }
 
     /// The claim `token` was accepted: remember its answer.
-    pub(crate) fn complete(&mut self, project: u32, key: &[u8], token: u64, stored: Stored) {
-        if let Some(slot) = self.slot(project, key, token) {
+    pub(crate) fn complete(&mut self, project: u32, id: KeyId, token: u64, stored: Stored) {
+        let slot = self
+            .projects
+            .get_mut(&project)
+            .and_then(|k| k.map.get_mut(&id));
+        if let Some(slot) = slot.filter(|s| s.token == token) {
             slot.state = State::Done(stored);
         }
     }
 
     /// The claim `token` was refused: forget it, the key is free.
-    pub(crate) fn release(&mut self, project: u32, key: &[u8], token: u64) {
+    pub(crate) fn release(&mut self, project: u32, id: KeyId, token: u64) {
         if let Some(keys) = self.projects.get_mut(&project) {
-            if keys.map.get(key).is_some_and(|s| s.token == token) {
-                keys.map.remove(key);
-            }
+            keys.remove_if(id, token);
         }
-    }
-
-    fn slot(&mut self, project: u32, key: &[u8], token: u64) -> Option<&mut Slot> {
-        let slot = self.projects.get_mut(&project)?.map.get_mut(key)?;
-        (slot.token == token).then_some(slot)
     }
 
     /// Expire one project other than `skip` in turn (projects with nothing left are
@@ -276,15 +328,6 @@ fn next_token(worker: usize) -> u64 {
     ((worker as u64) << 48) | (NEXT.fetch_add(1, Ordering::Relaxed) & ((1 << 48) - 1))
 }
 
-/// The worker that owns `key` of `project`.
-pub(crate) fn owner(project: u32, key: &[u8], workers: usize) -> usize {
-    // A fixed hasher: every worker must pick the same owner.
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    project.hash(&mut h);
-    key.hash(&mut h);
-    (h.finish() % workers.max(1) as u64) as usize
-}
-
 /// A claim made by one request: how to complete or release it on its owner. Dropped
 /// without either (the connection went away while the claim was being answered), it
 /// releases the key.
@@ -293,7 +336,7 @@ pub(crate) struct Ticket {
     here: usize,
     owner: usize,
     project: u32,
-    key: Box<[u8]>,
+    id: KeyId,
     token: u64,
     done: bool,
 }
@@ -312,8 +355,8 @@ impl Ticket {
     /// The request was accepted with this answer.
     pub(crate) fn complete(mut self, stored: Stored) {
         self.done = true;
-        let (project, key, token) = (self.project, std::mem::take(&mut self.key), self.token);
-        self.on_owner(move |s| s.complete(project, &key, token, stored));
+        let (project, id, token) = (self.project, self.id, self.token);
+        self.on_owner(move |s| s.complete(project, id, token, stored));
     }
 
     /// The claim did not take the key (a replay, 409 or 422): nothing to undo.
@@ -328,8 +371,8 @@ impl Ticket {
     }
 
     fn release_now(&mut self) {
-        let (project, key, token) = (self.project, std::mem::take(&mut self.key), self.token);
-        self.on_owner(move |s| s.release(project, &key, token));
+        let (project, id, token) = (self.project, self.id, self.token);
+        self.on_owner(move |s| s.release(project, id, token));
     }
 }
 
@@ -367,26 +410,26 @@ pub(crate) fn claim(
     key: &[u8],
     hash: [u8; 32],
 ) -> Pending {
-    let owner = owner(project, key, mailboxes.workers());
+    let id = key_id(project, key);
+    let owner = owner(id, mailboxes.workers());
     let token = next_token(here);
     let ticket = Ticket {
         mailboxes: mailboxes.clone(),
         here,
         owner,
         project,
-        key: key.into(),
+        id,
         token,
         done: false,
     };
     let now = Instant::now();
     if owner == here {
-        let c = with_store(|s| s.claim(project, key, hash, token, now, limits));
+        let c = with_store(|s| s.claim(project, id, hash, token, now, limits));
         return Pending::Now(c, ticket);
     }
     let (tx, rx) = reply();
-    let owned: Box<[u8]> = key.into();
     let task = Task(Box::new(move || {
-        let c = with_store(|s| s.claim(project, &owned, hash, token, now, limits));
+        let c = with_store(|s| s.claim(project, id, hash, token, now, limits));
         tx.send(Ok(c));
     }));
     mailboxes.control_to(owner, Envelope::Run(task));
@@ -399,11 +442,12 @@ pub fn bench_cycle(project: u32, key: &[u8], body: &[u8], window_s: u64, max: us
     let limits = Limits::new(window_s, max, 1);
     let token = next_token(0);
     let hash = body_hash(body);
+    let id = key_id(project, key);
     with_store(|s| {
-        let fresh = s.claim(project, key, hash, token, Instant::now(), limits) == Claim::Fresh;
+        let fresh = s.claim(project, id, hash, token, Instant::now(), limits) == Claim::Fresh;
         s.complete(
             project,
-            key,
+            id,
             token,
             Stored {
                 status: 202,
@@ -449,22 +493,40 @@ mod tests {
         let mut s = Store::default();
         let t0 = Instant::now();
         let (h1, h2) = (body_hash(b"one"), body_hash(b"two"));
-        assert_eq!(s.claim(1, b"k", h1, 1, t0, limits(10)), Claim::Fresh);
-        assert_eq!(s.claim(1, b"k", h1, 2, t0, limits(10)), Claim::InProgress);
-        assert_eq!(s.claim(1, b"k", h2, 3, t0, limits(10)), Claim::Reused);
-        // Another project's key of the same name is another key.
-        assert_eq!(s.claim(2, b"k", h2, 4, t0, limits(10)), Claim::Fresh);
-        // A late message of another claim changes nothing.
-        s.complete(1, b"k", 2, stored("wrong"));
-        s.complete(1, b"k", 1, stored("{\"id\":\"a\"}"));
         assert_eq!(
-            s.claim(1, b"k", h1, 5, t0, limits(10)),
+            s.claim(1, key_id(1, b"k"), h1, 1, t0, limits(10)),
+            Claim::Fresh
+        );
+        assert_eq!(
+            s.claim(1, key_id(1, b"k"), h1, 2, t0, limits(10)),
+            Claim::InProgress
+        );
+        assert_eq!(
+            s.claim(1, key_id(1, b"k"), h2, 3, t0, limits(10)),
+            Claim::Reused
+        );
+        // Another project's key of the same name is another key.
+        assert_eq!(
+            s.claim(2, key_id(2, b"k"), h2, 4, t0, limits(10)),
+            Claim::Fresh
+        );
+        // A late message of another claim changes nothing.
+        s.complete(1, key_id(1, b"k"), 2, stored("wrong"));
+        s.complete(1, key_id(1, b"k"), 1, stored("{\"id\":\"a\"}"));
+        assert_eq!(
+            s.claim(1, key_id(1, b"k"), h1, 5, t0, limits(10)),
             Claim::Replay(stored("{\"id\":\"a\"}"))
         );
-        s.release(2, b"k", 99);
-        assert_eq!(s.claim(2, b"k", h2, 6, t0, limits(10)), Claim::InProgress);
-        s.release(2, b"k", 4);
-        assert_eq!(s.claim(2, b"k", h1, 7, t0, limits(10)), Claim::Fresh);
+        s.release(2, key_id(2, b"k"), 99);
+        assert_eq!(
+            s.claim(2, key_id(2, b"k"), h2, 6, t0, limits(10)),
+            Claim::InProgress
+        );
+        s.release(2, key_id(2, b"k"), 4);
+        assert_eq!(
+            s.claim(2, key_id(2, b"k"), h1, 7, t0, limits(10)),
+            Claim::Fresh
+        );
     }
 
     #[test]
@@ -472,14 +534,26 @@ mod tests {
         let mut s = Store::default();
         let t0 = Instant::now();
         let h = body_hash(b"b");
-        assert_eq!(s.claim(1, b"a", h, 1, t0, limits(10)), Claim::Fresh);
-        s.complete(1, b"a", 1, stored("x"));
+        assert_eq!(
+            s.claim(1, key_id(1, b"a"), h, 1, t0, limits(10)),
+            Claim::Fresh
+        );
+        s.complete(1, key_id(1, b"a"), 1, stored("x"));
         let later = t0 + Duration::from_secs(5);
-        assert_eq!(s.claim(1, b"b", h, 2, later, limits(10)), Claim::Fresh);
+        assert_eq!(
+            s.claim(1, key_id(1, b"b"), h, 2, later, limits(10)),
+            Claim::Fresh
+        );
         let after = t0 + Duration::from_secs(10);
         // `a` is past its window, `b` is not.
-        assert_eq!(s.claim(1, b"a", h, 3, after, limits(10)), Claim::Fresh);
-        assert_eq!(s.claim(1, b"b", h, 4, after, limits(10)), Claim::InProgress);
+        assert_eq!(
+            s.claim(1, key_id(1, b"a"), h, 3, after, limits(10)),
+            Claim::Fresh
+        );
+        assert_eq!(
+            s.claim(1, key_id(1, b"b"), h, 4, after, limits(10)),
+            Claim::InProgress
+        );
         assert_eq!(s.len(1), 2);
     }
 
@@ -491,15 +565,18 @@ mod tests {
         for i in 0..5u64 {
             let key = format!("k{i}");
             assert_eq!(
-                s.claim(1, key.as_bytes(), h, i, t0, limits(3)),
+                s.claim(1, key_id(1, key.as_bytes()), h, i, t0, limits(3)),
                 Claim::Fresh
             );
-            s.complete(1, key.as_bytes(), i, stored("x"));
+            s.complete(1, key_id(1, key.as_bytes()), i, stored("x"));
         }
         assert_eq!(s.len(1), 3);
-        assert_eq!(s.claim(1, b"k0", h, 10, t0, limits(3)), Claim::Fresh);
+        assert_eq!(
+            s.claim(1, key_id(1, b"k0"), h, 10, t0, limits(3)),
+            Claim::Fresh
+        );
         assert!(matches!(
-            s.claim(1, b"k4", h, 11, t0, limits(3)),
+            s.claim(1, key_id(1, b"k4"), h, 11, t0, limits(3)),
             Claim::Replay(_)
         ));
     }
@@ -510,21 +587,25 @@ mod tests {
         let t0 = Instant::now();
         let h = body_hash(b"b");
         for i in 0..10_000u64 {
-            assert_eq!(s.claim(1, b"same", h, i, t0, limits(4)), Claim::Fresh);
-            s.release(1, b"same", i);
+            assert_eq!(
+                s.claim(1, key_id(1, b"same"), h, i, t0, limits(4)),
+                Claim::Fresh
+            );
+            s.release(1, key_id(1, b"same"), i);
         }
         assert!(s.projects[&1].order.len() <= 2 * 4 + 16 + 1);
     }
 
     #[test]
     fn owners_spread_and_agree() {
-        let a = owner(3, b"key-1", 4);
-        assert_eq!(a, owner(3, b"key-1", 4));
+        let a = owner(key_id(3, b"key-1"), 4);
+        assert_eq!(a, owner(key_id(3, b"key-1"), 4));
         let seen: std::collections::HashSet<usize> = (0..64)
-            .map(|i| owner(3, format!("k{i}").as_bytes(), 4))
+            .map(|i| owner(key_id(3, format!("k{i}").as_bytes()), 4))
             .collect();
         assert_eq!(seen.len(), 4);
-        assert_eq!(owner(3, b"x", 1), 0);
+        assert_eq!(owner(key_id(3, b"x"), 1), 0);
+        assert_ne!(key_id(3, b"x"), key_id(4, b"x"), "keys are per project");
     }
 
     #[test]
@@ -532,10 +613,20 @@ mod tests {
         let mut s = Store::default();
         let t0 = Instant::now();
         let h = body_hash(b"b");
-        assert_eq!(s.claim(1, b"a", h, 1, t0, limits(10)), Claim::Fresh);
+        assert_eq!(
+            s.claim(1, key_id(1, b"a"), h, 1, t0, limits(10)),
+            Claim::Fresh
+        );
         let after = t0 + Duration::from_secs(11);
         for i in 0..4 {
-            s.claim(2, format!("k{i}").as_bytes(), h, 10 + i, after, limits(10));
+            s.claim(
+                2,
+                key_id(2, format!("k{i}").as_bytes()),
+                h,
+                10 + i,
+                after,
+                limits(10),
+            );
         }
         assert!(!s.projects.contains_key(&1));
     }
