@@ -176,6 +176,8 @@ pub(crate) enum Request {
 /// A request that brings its own script call and decodes its own reply; it rides this
 /// thread's queue and pipeline like a publish.
 pub(crate) trait Scripted: Send {
+    /// The script its call runs by SHA1 (`EVALSHA`), loaded here on a NOSCRIPT answer.
+    fn script(&self) -> &'static str;
     /// The call, for node `node`.
     fn cmd(&self, node: u64) -> redis::Cmd;
     /// Answer the waiting worker from Redis' reply; `false` when the reply did not
@@ -236,12 +238,17 @@ pub(crate) fn read_cmd(
 /// Load the scripts on `conn` (after a connect, or a NOSCRIPT answer).
 pub(crate) fn load_scripts(conn: &mut redis::Connection) -> redis::RedisResult<()> {
     for code in [PUBLISH_SCRIPT, READ_SCRIPT] {
-        redis::cmd("SCRIPT")
-            .arg("LOAD")
-            .arg(code)
-            .query::<String>(conn)?;
+        load_script(conn, code)?;
     }
     Ok(())
+}
+
+fn load_script(conn: &mut redis::Connection, code: &str) -> redis::RedisResult<()> {
+    redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(code)
+        .query::<String>(conn)
+        .map(drop)
 }
 
 /// Whether a reply is Redis' "no such script".
@@ -438,6 +445,16 @@ fn serve(
             let again: Vec<usize> = (0..replies.len())
                 .filter(|&i| is_noscript(&replies[i]))
                 .collect();
+            // Scripted requests bring their own script: loaded on first use.
+            let mut loaded: Vec<&'static str> = Vec::new();
+            for &i in &again {
+                if let Request::Scripted(k) = &batch[i] {
+                    if !loaded.contains(&k.script()) {
+                        load_script(conn, k.script())?;
+                        loaded.push(k.script());
+                    }
+                }
+            }
             let retry: Vec<redis::Cmd> = again.iter().map(|&i| cmds[i].clone()).collect();
             for (i, v) in again.into_iter().zip(query_all(conn, &retry)?) {
                 replies[i] = v;

@@ -27,7 +27,8 @@
 //!   the script gave.
 //!
 //! Requests ride the history thread's queue and pipeline ([`super::history`]): one
-//! round trip per batch of requests. Redis away, or its answer lost: the request is
+//! round trip per batch of requests, by `EVALSHA` (the script is loaded on its first
+//! NOSCRIPT answer). Redis away, or its answer lost: the request is
 //! answered 503 (`Unreachable`); a retry is then answered from Redis if the script ran.
 
 use bytes::Bytes;
@@ -174,11 +175,17 @@ fn hex(bytes: &[u8; 32]) -> String {
     out
 }
 
-/// The script call of one request (`EVAL`: no script to load, no NOSCRIPT; Redis
-/// keeps the compiled script by its hash).
+/// The SHA1 of [`script`], computed once.
+fn script_sha() -> &'static str {
+    static SHA: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SHA.get_or_init(|| redis::Script::new(script()).get_hash().to_string())
+}
+
+/// The script call of one request (`EVALSHA`; the history thread loads the script on
+/// the NOSCRIPT answer of its first use on a connection, and runs the call again).
 pub(crate) fn cmd(node: u64, req: &KeyedRequest) -> redis::Cmd {
-    let mut cmd = redis::cmd("EVAL");
-    cmd.arg(script());
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script_sha());
     let history_keys = match &req.publish {
         Publish::History { items, .. } => 2 * items.len(),
         Publish::Plain(_) => 0,
@@ -266,6 +273,10 @@ pub(crate) fn parse(v: Value, frames: usize) -> Option<Keyed> {
 }
 
 impl super::history::Scripted for KeyedRequest {
+    fn script(&self) -> &'static str {
+        script()
+    }
+
     fn cmd(&self, node: u64) -> redis::Cmd {
         cmd(node, self)
     }
