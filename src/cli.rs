@@ -111,6 +111,11 @@ pub struct PublishArgs {
     pub event: String,
     /// The message's data: JSON text (an object, or a string in quotes).
     pub data: String,
+    /// Send `Idempotency-Key: KEY` (1 to 255 printable ASCII characters): running the
+    /// same command again within the server's `idempotency_window_s` prints the same
+    /// answer and publishes nothing again.
+    #[arg(long, value_name = "KEY")]
+    pub idempotency_key: Option<String>,
 }
 
 #[derive(Debug, Args, Clone)]

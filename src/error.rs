@@ -97,6 +97,14 @@ pub enum ApiError {
     PusherUnauthorized(RestAuthError),
     /// 403 (Pusher REST only).
     Forbidden(Forbidden),
+    /// An `Idempotency-Key` that is empty, longer than 255 characters, not printable
+    /// ASCII, or given twice.
+    IdempotencyKeyInvalid,
+    /// A remembered `Idempotency-Key` sent with another body (422).
+    IdempotencyKeyReused,
+    /// The first request with this `Idempotency-Key` is still being processed (409,
+    /// `Retry-After: 1`).
+    IdempotencyKeyInProgress,
 }
 
 impl ApiError {
@@ -109,16 +117,18 @@ impl ApiError {
             | ApiError::FieldTooLong(_)
             | ApiError::BadRequest(_)
             | ApiError::InvalidQuery(_)
-            | ApiError::InvalidInfo(_) => 400,
+            | ApiError::InvalidInfo(_)
+            | ApiError::IdempotencyKeyInvalid => 400,
             ApiError::Unauthorized(_) | ApiError::PusherUnauthorized(_) => 401,
             ApiError::Forbidden(_) => 403,
             ApiError::NotFound | ApiError::HistoryOff => 404,
             ApiError::MethodNotAllowed(_) => 405,
             ApiError::RequestTimeout => 408,
-            ApiError::EpochMismatch => 409,
+            ApiError::EpochMismatch | ApiError::IdempotencyKeyInProgress => 409,
             ApiError::LengthRequired => 411,
             ApiError::PayloadTooLarge => 413,
             ApiError::UnsupportedMediaType => 415,
+            ApiError::IdempotencyKeyReused => 422,
             ApiError::RateLimited | ApiError::OverBurst | ApiError::ConnectRateLimited => 429,
             ApiError::HeadersTooLarge => 431,
             ApiError::Unavailable(_) | ApiError::TooManyConnections => 503,
@@ -151,6 +161,9 @@ impl ApiError {
             ApiError::RequestTimeout => "request_timeout",
             ApiError::HistoryOff => "history_off",
             ApiError::EpochMismatch => "epoch_mismatch",
+            ApiError::IdempotencyKeyInvalid => "invalid_idempotency_key",
+            ApiError::IdempotencyKeyReused => "idempotency_key_reused",
+            ApiError::IdempotencyKeyInProgress => "idempotency_key_in_progress",
         }
     }
 
@@ -204,6 +217,18 @@ impl ApiError {
                 "the channel's history has another epoch: positions of the old one are gone"
             ),
             ApiError::InvalidQuery(why) | ApiError::InvalidInfo(why) => write!(out, "{why}"),
+            ApiError::IdempotencyKeyInvalid => write!(
+                out,
+                "Idempotency-Key must be given once, as 1 to 255 printable ASCII characters"
+            ),
+            ApiError::IdempotencyKeyReused => write!(
+                out,
+                "this Idempotency-Key was used with another request body within the idempotency window"
+            ),
+            ApiError::IdempotencyKeyInProgress => write!(
+                out,
+                "the first request with this Idempotency-Key is still being processed; retry shortly"
+            ),
             ApiError::PusherUnauthorized(why) => write!(out, "{why}"),
             ApiError::Forbidden(Forbidden::PusherDisabled) => write!(
                 out,

@@ -133,6 +133,7 @@ pub use ws::message::{Assembler, Incoming};
 #[cfg(feature = "bench")]
 pub mod bench {
     pub use crate::close::Dialect;
+    pub use crate::publish::idempotency::bench_cycle as idempotency_cycle;
     pub use crate::shard::fan_out;
     pub use crate::shard::interest::channel_hash;
     pub use crate::shard::mailbox::{Broadcast, BroadcastBatch, Mailboxes};

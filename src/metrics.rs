@@ -23,8 +23,8 @@ use std::time::Duration;
 
 /// Statuses the publish APIs answer with, each with its own counter slot; anything
 /// else lands in the last slot, rendered as `status="other"`.
-const STATUSES: [u16; 16] = [
-    200, 202, 400, 401, 403, 404, 405, 408, 409, 411, 413, 415, 429, 431, 500, 503,
+const STATUSES: [u16; 17] = [
+    200, 202, 400, 401, 403, 404, 405, 408, 409, 411, 413, 415, 422, 429, 431, 500, 503,
 ];
 const STATUS_SLOTS: usize = STATUSES.len() + 1;
 
@@ -121,6 +121,10 @@ pub(crate) struct WorkerMetrics {
     duration_buckets: [Cell64; BUCKET_NS.len()],
     duration_sum_ns: Cell64,
     duration_count: Cell64,
+    idempotent_replays: Cell64,
+    idempotency_in_progress: Cell64,
+    idempotency_key_reused: Cell64,
+    idempotency_keys_evicted: Cell64,
 }
 
 impl WorkerMetrics {
@@ -164,6 +168,27 @@ impl WorkerMetrics {
     /// This worker's (connection, channel) subscriptions now.
     pub(crate) fn set_subscriptions(&self, n: usize) {
         self.subscriptions.set(n as u64);
+    }
+
+    /// A keyed publish answered from the remembered answer (`Idempotent-Replayed`).
+    pub(crate) fn idempotent_replay(&self) {
+        self.idempotent_replays.add(1);
+    }
+
+    /// A keyed publish answered 409 `idempotency_key_in_progress`.
+    pub(crate) fn idempotency_in_progress(&self) {
+        self.idempotency_in_progress.add(1);
+    }
+
+    /// A keyed publish answered 422 `idempotency_key_reused`.
+    pub(crate) fn idempotency_key_reused(&self) {
+        self.idempotency_key_reused.add(1);
+    }
+
+    /// Idempotency keys this worker forgot before their window ended (over
+    /// `idempotency_max_keys_per_project`).
+    pub(crate) fn idempotency_keys_evicted(&self, n: u64) {
+        self.idempotency_keys_evicted.add(n);
     }
 
     /// Time from a publish request complete to its message handed to every mailbox.
@@ -268,7 +293,7 @@ impl Metrics {
             env!("CARGO_PKG_VERSION")
         );
 
-        let simple: [Family; 7] = [
+        let simple: [Family; 11] = [
             (
                 "ringcast_connections",
                 "gauge",
@@ -310,6 +335,30 @@ impl Metrics {
                 "counter",
                 "Client events accepted from connections and relayed to the channel's other subscribers.",
                 |w| w.client_events.get(),
+            ),
+            (
+                "ringcast_idempotent_replays_total",
+                "counter",
+                "Publishes with an Idempotency-Key answered again from the first answer (Idempotent-Replayed: true); nothing was published.",
+                |w| w.idempotent_replays.get(),
+            ),
+            (
+                "ringcast_idempotency_in_progress_total",
+                "counter",
+                "Publishes answered 409 idempotency_key_in_progress (the first request with the key was still being processed).",
+                |w| w.idempotency_in_progress.get(),
+            ),
+            (
+                "ringcast_idempotency_key_reused_total",
+                "counter",
+                "Publishes answered 422 idempotency_key_reused (a remembered key with another body).",
+                |w| w.idempotency_key_reused.get(),
+            ),
+            (
+                "ringcast_idempotency_keys_evicted_total",
+                "counter",
+                "Idempotency keys forgotten before their window ended because the project had idempotency_max_keys_per_project keys (single node).",
+                |w| w.idempotency_keys_evicted.get(),
             ),
         ];
         for (name, kind, help, get) in simple {

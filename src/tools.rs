@@ -128,11 +128,11 @@ pub fn publish(args: &PublishArgs) -> Result<(), ToolError> {
         .build()
         .into();
     let url = format!("{}/api/v1/publish", args.remote.url.trim_end_matches('/'));
-    let mut resp = agent
-        .post(&url)
-        .header("X-Api-Key", key)
-        .content_type("application/json")
-        .send(body)?;
+    let mut req = agent.post(&url).header("X-Api-Key", key);
+    if let Some(idem) = &args.idempotency_key {
+        req = req.header("Idempotency-Key", idem);
+    }
+    let mut resp = req.content_type("application/json").send(body)?;
     let status = resp.status().as_u16();
     if resp.status().is_redirection() {
         let location = resp
@@ -143,9 +143,16 @@ pub fn publish(args: &PublishArgs) -> Result<(), ToolError> {
             .to_string();
         return Err(ToolError::Redirect { status, location });
     }
+    let replayed = resp
+        .headers()
+        .get("idempotent-replayed")
+        .is_some_and(|v| v.as_bytes() == b"true");
     let text = resp.body_mut().read_to_string().unwrap_or_default();
     if status != 202 {
         return Err(ToolError::Refused { status, body: text });
+    }
+    if replayed {
+        eprintln!("ringcast: Idempotent-Replayed: true (the first answer for this key; nothing was published again)");
     }
     let mut out = std::io::stdout().lock();
     writeln!(out, "{text}")

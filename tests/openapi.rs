@@ -207,6 +207,15 @@ fn schemathesis_finds_nothing() {
     let examples = std::env::var("RINGCAST_ST_EXAMPLES").unwrap_or_else(|_| "100".into());
     // schemathesis writes a `.schemathesis/` cache into its working directory.
     let work = tempfile::tempdir().unwrap();
+    // A schema-valid publish may also be refused for state a schema cannot express: an
+    // `Idempotency-Key` the run already used with another body is 422
+    // `idempotency_key_reused` (409, in progress, is among the defaults already).
+    std::fs::write(
+        work.path().join("schemathesis.toml"),
+        "[checks.positive_data_acceptance]\n\
+         expected-statuses = [\"2xx\", \"3xx\", \"401\", \"403\", \"404\", \"409\", \"422\", \"429\", \"5xx\"]\n",
+    )
+    .unwrap();
     let mut cmd = Command::new(&st);
     cmd.current_dir(work.path())
         .args(["run", SPEC, "--url"])

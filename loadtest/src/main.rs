@@ -110,6 +110,10 @@ pub struct Common {
     /// The key (`auth_key`, and the `/app/{key}` of subscribers) is --public-key.
     #[arg(long, env = "LOADTEST_APP_SECRET", default_value = "", global = true)]
     pub app_secret: String,
+    /// Send a fresh `Idempotency-Key` with every publish (ringcast, issue 22): what a
+    /// keyed publish costs beside an unkeyed one.
+    #[arg(long, global = true)]
+    pub idempotency_keys: bool,
 }
 
 #[derive(Subcommand)]
@@ -219,5 +223,6 @@ fn make_target(c: &Common) -> Result<Target, String> {
         publish,
         app_id: c.app_id.clone(),
         app_secret: c.app_secret.clone(),
+        idempotency_keys: c.idempotency_keys,
     })
 }

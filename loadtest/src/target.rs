@@ -99,6 +99,8 @@ pub struct Target {
     pub app_id: String,
     /// Pusher REST: the app secret that signs each request (`auth_key` is `public_key`).
     pub app_secret: String,
+    /// Every publish carries a fresh `Idempotency-Key` (`<tag>-<n>`).
+    pub idempotency_keys: bool,
 }
 
 /// What a text frame from the server means to the harness.
@@ -307,6 +309,11 @@ impl Target {
         if self.publish == PublishApi::Native {
             let _ = write!(out, "X-Api-Key: {}\r\n", self.secret_key);
         }
+        if self.idempotency_keys {
+            static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let _ = write!(out, "Idempotency-Key: {}-{n}\r\n", self.tag);
+        }
         let _ = write!(
             out,
             "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
@@ -495,6 +502,7 @@ mod tests {
             publish: PublishApi::default_for(kind),
             app_id: "1000001".into(),
             app_secret: "ts_z".into(),
+            idempotency_keys: false,
         }
     }
 
@@ -744,6 +752,25 @@ mod tests {
             (Some(9), Some(8))
         );
         assert_eq!(v["event"], "lt");
+    }
+
+    #[test]
+    fn idempotency_keys_are_fresh_per_publish_when_asked() {
+        let mut t = target(Kind::Ringcast);
+        let key_of = |out: &[u8]| {
+            let text = String::from_utf8_lossy(out).to_string();
+            text.lines()
+                .find_map(|l| l.strip_prefix("Idempotency-Key: ").map(str::to_string))
+        };
+        let mut out = Vec::new();
+        t.write_publish(&mut out, 1, 9, 8, 0);
+        assert_eq!(key_of(&out), None, "off by default");
+        t.idempotency_keys = true;
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        t.write_publish(&mut a, 1, 9, 8, 0);
+        t.write_publish(&mut b, 1, 9, 8, 0);
+        let (ka, kb) = (key_of(&a).unwrap(), key_of(&b).unwrap());
+        assert!(ka.starts_with("ab-") && ka != kb, "{ka} {kb}");
     }
 
     #[test]

@@ -218,6 +218,21 @@ pub(crate) struct ReadRequest {
 pub(crate) enum Request {
     Publish(PublishRequest),
     Read(ReadRequest),
+    /// A request with its own script call that answers itself (a publish with an
+    /// `Idempotency-Key`: `cluster::idempotency`).
+    Scripted(Box<dyn Scripted>),
+}
+
+/// A request that brings its own script call and decodes its own reply; it rides this
+/// thread's queue and pipeline like a publish.
+pub(crate) trait Scripted: Send {
+    /// The script its call runs by SHA1 (`EVALSHA`), loaded here on a NOSCRIPT answer.
+    fn script(&self) -> &'static str;
+    /// The call, for node `node`.
+    fn cmd(&self, node: u64) -> redis::Cmd;
+    /// Answer the waiting worker from Redis' reply; `false` when the reply did not
+    /// decode (counted as a history error).
+    fn answer(self: Box<Self>, v: Value) -> bool;
 }
 
 /// One kept message as read back.
@@ -273,12 +288,17 @@ pub(crate) fn read_cmd(
 /// Load the scripts on `conn` (after a connect, or a NOSCRIPT answer).
 pub(crate) fn load_scripts(conn: &mut redis::Connection) -> redis::RedisResult<()> {
     for code in [PUBLISH_SCRIPT, READ_SCRIPT] {
-        redis::cmd("SCRIPT")
-            .arg("LOAD")
-            .arg(code)
-            .query::<String>(conn)?;
+        load_script(conn, code)?;
     }
     Ok(())
+}
+
+fn load_script(conn: &mut redis::Connection, code: &str) -> redis::RedisResult<()> {
+    redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(code)
+        .query::<String>(conn)
+        .map(drop)
 }
 
 /// Whether a reply is Redis' "no such script".
@@ -389,7 +409,7 @@ fn publish_cmd(node: u64, req: &PublishRequest) -> redis::Cmd {
     cmd
 }
 
-fn parse_positions(v: Value, n: usize) -> Option<Vec<Position>> {
+pub(crate) fn parse_positions(v: Value, n: usize) -> Option<Vec<Position>> {
     let Value::Array(parts) = v else {
         return None;
     };
@@ -453,6 +473,7 @@ fn serve(
             .iter()
             .map(|r| match r {
                 Request::Publish(p) => publish_cmd(node, p),
+                Request::Scripted(k) => k.cmd(node),
                 Request::Read(r) => read_cmd(
                     &r.project_id,
                     &r.channel,
@@ -474,6 +495,16 @@ fn serve(
             let again: Vec<usize> = (0..replies.len())
                 .filter(|&i| is_noscript(&replies[i]))
                 .collect();
+            // Scripted requests bring their own script: loaded on first use.
+            let mut loaded: Vec<&'static str> = Vec::new();
+            for &i in &again {
+                if let Request::Scripted(k) = &batch[i] {
+                    if !loaded.contains(&k.script()) {
+                        load_script(conn, k.script())?;
+                        loaded.push(k.script());
+                    }
+                }
+            }
             let retry: Vec<redis::Cmd> = again.iter().map(|&i| cmds[i].clone()).collect();
             for (i, v) in again.into_iter().zip(query_all(conn, &retry)?) {
                 replies[i] = v;
@@ -492,6 +523,11 @@ fn serve(
                 Request::Read(r) => {
                     let got = parse_read(v, r.since, r.limit);
                     r.reply.send(got.ok_or(Unreachable));
+                }
+                Request::Scripted(k) => {
+                    if !k.answer(v) {
+                        cluster.stats.history_errors.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
             }
         }

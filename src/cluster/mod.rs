@@ -43,6 +43,7 @@
 //! them in publish order per channel.
 
 pub(crate) mod history;
+pub(crate) mod idempotency;
 pub(crate) mod inbound;
 pub(crate) mod leases;
 pub(crate) mod outbound;

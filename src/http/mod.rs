@@ -6,6 +6,7 @@
 //! - [`route`]: the routing table, answering with an [`outcome::Outcome`]; [`publish`], [`history`], [`health`] and [`upgrade`] are its
 //!   endpoints, [`pusher_ws`] and [`pusher_rest`] the Pusher protocol's; [`response`] writes every answer from the one error table
 //!   ([`crate::error`]).
+//! - [`idempotent`]: the `Idempotency-Key` header around the publish endpoints.
 //! - [`transport`]: plain TCP or TLS under the same loop; [`service`]: what one worker's
 //!   HTTP side holds (the node, its shard, the publish parser, id generator).
 //!
@@ -22,6 +23,7 @@ pub(crate) mod conn;
 pub(crate) mod console;
 pub(crate) mod health;
 pub(crate) mod history;
+pub(crate) mod idempotent;
 pub(crate) mod outcome;
 pub(crate) mod parse;
 pub(crate) mod publish;

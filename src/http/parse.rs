@@ -42,6 +42,9 @@ pub struct RequestHead {
     pub content_length: Option<usize>,
     pub content_type: Option<Range<usize>>,
     pub api_key: Option<Range<usize>>,
+    /// `Idempotency-Key` (publish endpoints). Given twice, an empty range: the publish
+    /// refuses it as invalid (400 `invalid_idempotency_key`), not as a framing error.
+    pub idempotency_key: Option<Range<usize>>,
     pub connection_close: bool,
     pub connection_upgrade: bool,
     pub upgrade_websocket: bool,
@@ -183,6 +186,11 @@ pub fn parse_head(
         } else if name.eq_ignore_ascii_case("x-api-key") {
             first_time(&mut seen, once::API_KEY, "duplicate X-Api-Key header")?;
             head.api_key = Some(range_of(value));
+        } else if name.eq_ignore_ascii_case("idempotency-key") {
+            head.idempotency_key = match head.idempotency_key {
+                None => Some(range_of(value)),
+                Some(_) => Some(0..0),
+            };
         } else if name.eq_ignore_ascii_case("connection") {
             for token in value.split(|&b| b == b',') {
                 let token = trim(token);

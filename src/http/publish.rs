@@ -22,8 +22,9 @@ use crate::auth::ProjectState;
 use crate::error::Unavailable;
 use crate::metrics::Api;
 use crate::publish::parse::BatchLimits;
-use crate::publish::{Accepted, Answer, Decided};
+use crate::publish::{Accepted, Answer, Decided, Keyed};
 use crate::quota::{now_ns, Decision};
+use std::sync::Arc;
 
 /// Which publish endpoint a request is for.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -80,16 +81,51 @@ pub(crate) fn handle(
     // reads per publish, only while metrics are served.
     let started = node.metrics_timing.then(Instant::now);
     let body = &req[head.head_len..head.head_len + length];
+    if let Some(key) = &head.idempotency_key {
+        // A keyed request: claimed first (single node) or published by Redis' idempotent
+        // script (cluster mode). Without the header, nothing of this is paid.
+        let owned = Arc::clone(project);
+        let run =
+            move |svc: &Rc<Service>, body: &[u8], keyed: Option<&Keyed<'_>>, out: &mut Vec<u8>| {
+                publish_body(svc, &owned, body, endpoint, started, keyed, out)
+            };
+        let key = &req[key.clone()];
+        return super::idempotent::guard(svc, project, key, body, Api::Native, out, run);
+    }
+    publish_body(svc, project, body, endpoint, started, None, out)
+}
+
+/// Parse, validate and publish a complete body; write (or defer) the answer.
+fn publish_body(
+    svc: &Rc<Service>,
+    project: &Arc<ProjectState>,
+    body: &[u8],
+    endpoint: Endpoint,
+    started: Option<Instant>,
+    keyed: Option<&Keyed<'_>>,
+    out: &mut Vec<u8>,
+) -> Outcome {
+    let node = &svc.node;
     let decided = {
         let mut parser = svc.parser.borrow_mut();
         match endpoint {
-            Endpoint::One => crate::publish::accept(project, body, &mut parser, &svc.ids, &**node),
+            Endpoint::One => {
+                crate::publish::accept(project, body, &mut parser, &svc.ids, &**node, keyed)
+            }
             Endpoint::Batch => {
                 let limits = BatchLimits {
                     max_messages: node.config.max_batch_messages,
                     max_message_bytes: node.config.max_body_bytes,
                 };
-                crate::publish::accept_batch(project, body, limits, &mut parser, &svc.ids, &**node)
+                crate::publish::accept_batch(
+                    project,
+                    body,
+                    limits,
+                    &mut parser,
+                    &svc.ids,
+                    &**node,
+                    keyed,
+                )
             }
         }
     };
@@ -98,7 +134,8 @@ pub(crate) fn handle(
             finish(out, &answer, started);
             Outcome::Answered { close: false }
         }
-        // Cluster mode, a history project: answered once Redis gave the positions.
+        // Cluster mode, a history project or a keyed request: answered once Redis
+        // answered.
         Decided::Later(later) => Outcome::Deferred(Box::pin(async move {
             let answer = later.wait().await;
             let mut out = Vec::new();
@@ -124,6 +161,8 @@ pub(crate) fn record_accepted(answer: &Answer, started: Option<Instant>) {
 /// Count an answer and write it.
 fn finish(out: &mut Vec<u8>, answer: &Answer, started: Option<Instant>) {
     let status = match &answer.outcome {
+        // Counted as a replay where Redis' answer was decoded.
+        Ok(Accepted::Replayed(stored)) => stored.status,
         Ok(_) => {
             record_accepted(answer, started);
             202
@@ -149,39 +188,16 @@ fn refuse_known(out: &mut Vec<u8>, project: &ProjectState, err: ApiError) -> Out
 }
 
 fn write_answer(out: &mut Vec<u8>, answer: &Answer) {
-    let extra = Extra {
+    let mut extra = Extra {
         rate: Some(rate_headers(&answer.rate)),
         retry_after_s: answer.retry_after_s,
-        close: false,
         error_index: answer.index,
+        ..Extra::default()
     };
     match &answer.outcome {
-        Ok(Accepted::Many(ids)) => {
-            // `{"ids":["<20 hex>",...]}`: ids are hex, so no escaping.
-            let mut body = Vec::with_capacity(9 + ids.len() * 23);
-            body.extend_from_slice(b"{\"ids\":[");
-            for (i, id) in ids.iter().enumerate() {
-                if i > 0 {
-                    body.push(b',');
-                }
-                body.push(b'"');
-                body.extend_from_slice(id.as_str().as_bytes());
-                body.push(b'"');
-            }
-            body.extend_from_slice(b"]}");
-            write_json(out, 202, &body, extra);
-        }
-        Ok(Accepted::One(id, Some(pos))) => {
-            // A single-channel publish of a history project: its position too.
-            let mut body = Vec::with_capacity(80);
-            body.extend_from_slice(b"{\"id\":\"");
-            body.extend_from_slice(id.as_str().as_bytes());
-            body.extend_from_slice(b"\",\"offset\":");
-            body.extend_from_slice(pos.offset.to_string().as_bytes());
-            body.extend_from_slice(b",\"epoch\":\"");
-            body.extend_from_slice(pos.epoch.as_str().as_bytes());
-            body.extend_from_slice(b"\"}");
-            write_json(out, 202, &body, extra);
+        Ok(Accepted::Replayed(stored)) => {
+            extra.replayed = true;
+            write_json(out, stored.status, &stored.body, extra);
         }
         Ok(Accepted::One(id, None)) => {
             // `{"id":"<20 hex>"}` without a formatter: this is every accepted publish.
@@ -193,6 +209,11 @@ fn write_answer(out: &mut Vec<u8>, answer: &Answer) {
             body[prefix.len()..end].copy_from_slice(idb);
             body[end..end + 2].copy_from_slice(b"\"}");
             write_json(out, 202, &body[..end + 2], extra);
+        }
+        // A batch, or a single-channel publish of a history project (its position too).
+        Ok(accepted) => {
+            let body = crate::publish::answer_body(accepted).unwrap_or_default();
+            write_json(out, 202, &body, extra);
         }
         Err(err) => write_error(out, *err, extra),
     }

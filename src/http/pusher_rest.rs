@@ -56,7 +56,7 @@ use crate::metrics::Api;
 use crate::presence::{ChannelInfo, Hub, Query as HubQuery, MAX_LISTED};
 use crate::publish::parse::{validate_name, BatchLimits};
 use crate::publish::pusher::Info;
-use crate::publish::{Answer, Decided};
+use crate::publish::{Accepted, Answer, Decided, Keyed};
 use crate::quota::{now_ns, Decision};
 use crate::reply::reply;
 
@@ -211,12 +211,25 @@ pub(crate) fn handle(
         );
     }
 
-    // 12. The endpoint.
+    // 12. The endpoint (a keyed publish under its key: `super::idempotent`).
     let project = Arc::clone(project);
     drop(keys);
+    if let (true, Some(key)) = (publish, &head.idempotency_key) {
+        let batch = matches!(endpoint, Endpoint::Batch);
+        let owned = Arc::clone(&project);
+        let run =
+            move |svc: &Rc<Service>, body: &[u8], keyed: Option<&Keyed<'_>>, out: &mut Vec<u8>| {
+                match batch {
+                    true => batch_events(svc, &owned, body, out, started, keyed),
+                    false => events(svc, &owned, body, out, started, keyed),
+                }
+            };
+        let key = &req[key.clone()];
+        return super::idempotent::guard(svc, &project, key, body, Api::Pusher, out, run);
+    }
     match endpoint {
-        Endpoint::Events => events(svc, &project, body, out, started),
-        Endpoint::Batch => batch_events(svc, &project, body, out, started),
+        Endpoint::Events => events(svc, &project, body, out, started, None),
+        Endpoint::Batch => batch_events(svc, &project, body, out, started, None),
         Endpoint::Channels => channels(svc, project.index, &q, out),
         Endpoint::Channel(raw) => channel(svc, project.index, raw, &q, out),
         Endpoint::Users(raw) => users(svc, project.index, raw, &q, out),
@@ -273,6 +286,7 @@ fn events(
     body: &[u8],
     out: &mut Vec<u8>,
     started: Option<Instant>,
+    keyed: Option<&Keyed<'_>>,
 ) -> Outcome {
     let (decided, asked) = {
         let mut parser = svc.parser.borrow_mut();
@@ -284,7 +298,7 @@ fn events(
             let names = event.msg.channels.as_slice().iter();
             Asked::Channels(info, names.map(|&c| c.into()).collect())
         });
-        let decided = crate::publish::publish_one(project, &event.msg, &svc.ids, &*svc.node);
+        let decided = crate::publish::publish_one(project, &event.msg, &svc.ids, &*svc.node, keyed);
         (decided, asked)
     };
     finish(svc, project.index, decided, asked, out, started)
@@ -297,6 +311,7 @@ fn batch_events(
     body: &[u8],
     out: &mut Vec<u8>,
     started: Option<Instant>,
+    keyed: Option<&Keyed<'_>>,
 ) -> Outcome {
     let cfg = svc.config();
     let limits = BatchLimits {
@@ -316,7 +331,7 @@ fn batch_events(
             Asked::Batch(per_event.collect())
         });
         let msgs: Vec<_> = events.into_iter().map(|e| e.msg).collect();
-        let decided = crate::publish::publish_batch(project, &msgs, &svc.ids, &*svc.node);
+        let decided = crate::publish::publish_batch(project, &msgs, &svc.ids, &*svc.node, keyed);
         (decided, asked)
     };
     finish(svc, project.index, decided, asked, out, started)
@@ -376,7 +391,8 @@ fn finish(
         Decided::Later(later) => Outcome::Deferred(Box::pin(async move {
             let answer = later.wait().await;
             record(&answer, started);
-            let body = match asked.filter(|_| answer.outcome.is_ok()) {
+            let fresh = matches!(answer.outcome, Ok(Accepted::One(..) | Accepted::Many(_)));
+            let body = match asked.filter(|_| fresh) {
                 None => b"{}".to_vec(),
                 Some(asked) => counts_body(&hub, project, asked).await,
             };
@@ -401,6 +417,8 @@ fn pusher_error(err: ApiError) -> ApiError {
 /// metrics are served) its duration up to the hand-over (not the count queries).
 fn record(answer: &Answer, started: Option<Instant>) {
     let status = match &answer.outcome {
+        // A keyed request answered from Redis (cluster mode): nothing was published.
+        Ok(Accepted::Replayed(stored)) => stored.status,
         Ok(_) => {
             super::publish::record_accepted(answer, started);
             200
@@ -411,13 +429,17 @@ fn record(answer: &Answer, started: Option<Instant>) {
 }
 
 fn write_answer(out: &mut Vec<u8>, answer: &Answer, ok_body: &[u8]) {
-    let extra = Extra {
+    let mut extra = Extra {
         rate: Some(rate_headers(&answer.rate)),
         retry_after_s: answer.retry_after_s,
-        close: false,
         error_index: answer.index,
+        ..Extra::default()
     };
     match &answer.outcome {
+        Ok(Accepted::Replayed(stored)) => {
+            extra.replayed = true;
+            write_json(out, stored.status, &stored.body, extra)
+        }
         Ok(_) => write_json(out, 200, ok_body, extra),
         Err(err) => write_error(out, pusher_error(*err), extra),
     }

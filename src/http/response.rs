@@ -24,6 +24,8 @@ pub struct Extra {
     pub close: bool,
     /// A refused batch: `"index"` of the first invalid message in the error object.
     pub error_index: Option<usize>,
+    /// The answer is a keyed publish's remembered one: `Idempotent-Replayed: true`.
+    pub replayed: bool,
 }
 
 fn reason(status: u16) -> &'static str {
@@ -41,6 +43,7 @@ fn reason(status: u16) -> &'static str {
         411 => "Length Required",
         413 => "Payload Too Large",
         415 => "Unsupported Media Type",
+        422 => "Unprocessable Content",
         426 => "Upgrade Required",
         429 => "Too Many Requests",
         431 => "Request Header Fields Too Large",
@@ -104,6 +107,9 @@ fn write_head(out: &mut Vec<u8>, status: u16, len: usize, extra: Extra, allow: O
     if let Some(secs) = extra.retry_after_s {
         let _ = write!(out, "Retry-After: {secs}\r\n");
     }
+    if extra.replayed {
+        out.extend_from_slice(b"Idempotent-Replayed: true\r\n");
+    }
     if let Some(methods) = allow {
         let _ = write!(out, "Allow: {methods}\r\n");
     }
@@ -118,7 +124,10 @@ pub fn write_error(out: &mut Vec<u8>, err: ApiError, mut extra: Extra) {
     extra.close |= err.closes_connection();
     if matches!(
         err,
-        ApiError::Unavailable(_) | ApiError::TooManyConnections | ApiError::ConnectRateLimited
+        ApiError::Unavailable(_)
+            | ApiError::TooManyConnections
+            | ApiError::ConnectRateLimited
+            | ApiError::IdempotencyKeyInProgress
     ) {
         extra.retry_after_s.get_or_insert(1);
     }

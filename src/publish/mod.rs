@@ -15,8 +15,14 @@
 //! then publish) and Pusher's REST API, whose bodies [`pusher`] validates into the same
 //! [`parse::Publish`] messages before [`publish_one`] / [`publish_batch`] take them, so
 //! quota, encoding, history and hand-over are one code path for both.
+//!
+//! Idempotent publish ([`idempotency`]): on a single node the HTTP layer claims a keyed
+//! request's key before it comes here and never passes a [`Keyed`]; in cluster mode it
+//! passes one, and the request is published by Redis' idempotent script
+//! ([`keyed_publish`]), which answers a retry from what it stored.
 
 pub(crate) mod encode;
+pub(crate) mod idempotency;
 pub(crate) mod parse;
 pub(crate) mod pusher;
 
@@ -41,6 +47,21 @@ use parse::{BatchError, BatchLimits, Publish};
 pub(crate) enum Accepted {
     One(Id, Option<Position>),
     Many(Vec<Id>),
+    /// Cluster mode: a keyed request accepted before (on any node); its answer as
+    /// Redis stored it. Nothing was published.
+    Replayed(idempotency::Stored),
+}
+
+/// Cluster mode: the `Idempotency-Key` of a request and what its answer is made of.
+pub(crate) struct Keyed<'a> {
+    pub key: &'a [u8],
+    /// [`idempotency::body_hash`] of the request body.
+    pub hash: [u8; 32],
+    pub window_ms: u64,
+    /// `idempotency_max_keys_per_project`.
+    pub max_keys: usize,
+    /// Pusher's API (answer 200 `{}`), or native (202 with the ids).
+    pub pusher: bool,
 }
 
 /// The outcome of one publish, for the caller to write.
@@ -94,9 +115,17 @@ pub(crate) enum Decided {
     Later(Later),
 }
 
-/// A publish waiting for Redis (see [`cluster_publish`]).
+/// What a publish waits for from Redis.
+enum Waiting {
+    /// A history publish's positions ([`cluster_publish`]).
+    Positions(Reply<Result<Vec<Position>, Unreachable>>),
+    /// A keyed publish's decision ([`keyed_publish`]).
+    Keyed(Reply<Result<crate::cluster::idempotency::Keyed, Unreachable>>),
+}
+
+/// A publish waiting for Redis (see [`cluster_publish`], [`keyed_publish`]).
 pub(crate) struct Later {
-    reply: Reply<Result<Vec<Position>, Unreachable>>,
+    reply: Waiting,
     project: Arc<ProjectState>,
     accepted: Accepted,
     /// Whether the answer carries the position (one message, one channel).
@@ -108,7 +137,39 @@ pub(crate) struct Later {
 impl Later {
     /// Wait for Redis (the worker serves others meanwhile) and give the answer.
     pub(crate) async fn wait(self) -> Answer {
-        match self.reply.wait().await {
+        use crate::cluster::idempotency::Keyed as K;
+        let got = match self.reply {
+            Waiting::Positions(r) => r.wait().await,
+            Waiting::Keyed(r) => match r.wait().await {
+                Ok(K::Published(positions, evicted)) => {
+                    if evicted > 0 {
+                        crate::metrics::with(|m| m.idempotency_keys_evicted(evicted));
+                    }
+                    Ok(positions)
+                }
+                Ok(K::Replay { status, body }) => {
+                    // Answered before: nothing published, nothing spent.
+                    self.project.quota.refund_n(self.units);
+                    crate::metrics::with(|m| m.idempotent_replay());
+                    let stored = idempotency::Stored { status, body };
+                    return Answer {
+                        outcome: Ok(Accepted::Replayed(stored)),
+                        index: None,
+                        rate: self.project.quota.peek(now_ns()),
+                        retry_after_s: None,
+                        units: 0,
+                    };
+                }
+                Ok(K::Reused) => {
+                    self.project.quota.refund_n(self.units);
+                    crate::metrics::with(|m| m.idempotency_key_reused());
+                    let rate = self.project.quota.peek(now_ns());
+                    return Answer::refused(ApiError::IdempotencyKeyReused, None, rate);
+                }
+                Err(e) => Err(e),
+            },
+        };
+        match got {
             Ok(positions) => {
                 let accepted = match self.accepted {
                     Accepted::One(id, _) => {
@@ -146,12 +207,39 @@ fn cluster_publish(
     rate: Decision,
     units: u32,
 ) -> Later {
-    let ids: Vec<&str> = match &accepted {
+    let items = history_items(msgs, &accepted, units);
+    let (tx, reply) = crate::cluster::history::reply();
+    // A full queue drops the request, and with it `tx`: the reply answers 503 at once.
+    cluster.history(Request::Publish(PublishRequest {
+        project_id: project.id.as_str().into(),
+        size: spec.size,
+        ttl_s: spec.ttl_s,
+        items,
+        reply: tx,
+    }));
+    Later {
+        reply: Waiting::Positions(reply),
+        project: Arc::clone(project),
+        single: msgs.len() == 1 && msgs[0].channels.is_single(),
+        accepted,
+        rate,
+        units,
+    }
+}
+
+/// The ids of an accepted request, in message order.
+fn id_strs(accepted: &Accepted) -> Vec<&str> {
+    match accepted {
         Accepted::One(id, _) => vec![id.as_str()],
         Accepted::Many(ids) => ids.iter().map(|i| i.as_str()).collect(),
-    };
+        Accepted::Replayed(_) => Vec::new(),
+    }
+}
+
+/// Cluster mode, a history project: each frame's body for Redis' publish script.
+fn history_items(msgs: &[Publish<'_>], accepted: &Accepted, units: u32) -> Vec<Item> {
     let mut items = Vec::with_capacity(units as usize);
-    for (msg, id) in msgs.iter().zip(ids) {
+    for (msg, id) in msgs.iter().zip(id_strs(accepted)) {
         for &channel in msg.channels.as_slice() {
             let (body, data_start) =
                 crate::cluster::wire::message_body(channel, msg.event, msg.data, id);
@@ -163,19 +251,125 @@ fn cluster_publish(
             });
         }
     }
+    items
+}
+
+/// The body of an accepted native answer: `{"id":...}` (with `offset`/`epoch` for a
+/// single-channel history publish) or `{"ids":[...]}`. `None` for a replay, whose
+/// body is the stored one.
+pub(crate) fn answer_body(accepted: &Accepted) -> Option<Vec<u8>> {
+    let (mut body, tail) = answer_head(accepted)?;
+    if let Accepted::One(_, Some(pos)) = accepted {
+        body.extend_from_slice(b",\"offset\":");
+        body.extend_from_slice(pos.offset.to_string().as_bytes());
+        body.extend_from_slice(b",\"epoch\":\"");
+        body.extend_from_slice(pos.epoch.as_str().as_bytes());
+        body.push(b'"');
+    }
+    body.extend_from_slice(tail);
+    Some(body)
+}
+
+/// A native answer's body before its position, and what closes it. Ids are hex: no
+/// escaping.
+fn answer_head(accepted: &Accepted) -> Option<(Vec<u8>, &'static [u8])> {
+    match accepted {
+        Accepted::One(id, _) => {
+            let mut body = Vec::with_capacity(80);
+            body.extend_from_slice(b"{\"id\":\"");
+            body.extend_from_slice(id.as_str().as_bytes());
+            body.push(b'"');
+            Some((body, b"}"))
+        }
+        Accepted::Many(ids) => {
+            let mut body = Vec::with_capacity(9 + ids.len() * 23);
+            body.extend_from_slice(b"{\"ids\":[");
+            for (i, id) in ids.iter().enumerate() {
+                if i > 0 {
+                    body.push(b',');
+                }
+                body.push(b'"');
+                body.extend_from_slice(id.as_str().as_bytes());
+                body.push(b'"');
+            }
+            body.push(b']');
+            Some((body, b"}"))
+        }
+        Accepted::Replayed(_) => None,
+    }
+}
+
+/// Cluster mode, a request with an `Idempotency-Key`: Redis' idempotent script claims
+/// the key, publishes (through history's script for a history project; by PUBLISH
+/// to every node, this one included, otherwise) and stores the answer, or answers
+/// the stored one (see `cluster::idempotency`). Redis away: 503, nothing published.
+#[allow(clippy::too_many_arguments)]
+fn keyed_publish(
+    cluster: &Cluster,
+    project: &Arc<ProjectState>,
+    spec: HistorySpec,
+    msgs: &[Publish<'_>],
+    accepted: Accepted,
+    rate: Decision,
+    units: u32,
+    keyed: &Keyed<'_>,
+) -> Later {
+    use crate::cluster::idempotency::{self as idem, KeyedRequest, Template};
+    let single = msgs.len() == 1 && msgs[0].channels.is_single();
+    let answer = if keyed.pusher {
+        Template {
+            status: 200,
+            head: b"{".to_vec(),
+            tail: b"}",
+            positioned: false,
+        }
+    } else {
+        let (head, tail) = answer_head(&accepted).unwrap_or_default();
+        Template {
+            status: 202,
+            head,
+            tail,
+            positioned: spec.is_on() && single,
+        }
+    };
+    let publish = if spec.is_on() {
+        idem::Publish::History {
+            size: spec.size,
+            ttl_s: spec.ttl_s,
+            items: history_items(msgs, &accepted, units),
+        }
+    } else {
+        let mut frames = Vec::with_capacity(units as usize);
+        for (msg, id) in msgs.iter().zip(id_strs(&accepted)) {
+            for &channel in msg.channels.as_slice() {
+                let frame = encode::message_frame(channel, msg.event, msg.data, id);
+                // Origin 0: every node delivers it, this one included.
+                let payload = match msg.except {
+                    Some(e) => crate::cluster::wire::encode_payload_except(0, e, &frame),
+                    None => crate::cluster::wire::encode_payload(0, &frame),
+                };
+                let name = crate::cluster::wire::redis_channel(project.id.as_str(), channel);
+                frames.push((name, payload));
+            }
+        }
+        idem::Publish::Plain(frames)
+    };
     let (tx, reply) = crate::cluster::history::reply();
     // A full queue drops the request, and with it `tx`: the reply answers 503 at once.
-    cluster.history(Request::Publish(PublishRequest {
+    cluster.history(Request::Scripted(Box::new(KeyedRequest {
         project_id: project.id.as_str().into(),
-        size: spec.size,
-        ttl_s: spec.ttl_s,
-        items,
+        key: keyed.key.into(),
+        body_hash: keyed.hash,
+        window_ms: keyed.window_ms,
+        max_keys: keyed.max_keys,
+        answer,
+        publish,
         reply: tx,
-    }));
+    })));
     Later {
-        reply,
+        reply: Waiting::Keyed(reply),
         project: Arc::clone(project),
-        single: msgs.len() == 1 && msgs[0].channels.is_single(),
+        single: single && !keyed.pusher,
         accepted,
         rate,
         units,
@@ -317,6 +511,7 @@ pub(crate) fn accept(
     parser: &mut PublishParser,
     ids: &IdGen,
     fanout: &dyn Fanout,
+    keyed: Option<&Keyed<'_>>,
 ) -> Decided {
     let msg = match parser.parse(body) {
         Ok(msg) => msg,
@@ -324,7 +519,7 @@ pub(crate) fn accept(
             return Decided::Now(Answer::refused(error, None, project.quota.peek(now_ns())))
         }
     };
-    publish_one(project, &msg, ids, fanout)
+    publish_one(project, &msg, ids, fanout, keyed)
 }
 
 /// Publish one validated message to its channel or channels: quota (one unit per
@@ -336,6 +531,7 @@ pub(crate) fn publish_one(
     msg: &Publish<'_>,
     ids: &IdGen,
     fanout: &dyn Fanout,
+    keyed: Option<&Keyed<'_>>,
 ) -> Decided {
     let spent = units(std::slice::from_ref(msg));
     let decision = match reserve(project, spent) {
@@ -348,6 +544,13 @@ pub(crate) fn publish_one(
     }
     let id = ids.next_id();
     let spec = project.history.get();
+    if let (Some(keyed), Some(cluster)) = (keyed, fanout.cluster()) {
+        let accepted = Accepted::One(id, None);
+        let msgs = std::slice::from_ref(msg);
+        return Decided::Later(keyed_publish(
+            cluster, project, spec, msgs, accepted, decision, spent, keyed,
+        ));
+    }
     if let (true, Some(cluster)) = (spec.is_on(), fanout.cluster()) {
         let accepted = Accepted::One(id, None);
         let msgs = std::slice::from_ref(msg);
@@ -423,6 +626,7 @@ pub(crate) fn accept_batch(
     parser: &mut PublishParser,
     ids: &IdGen,
     fanout: &dyn Fanout,
+    keyed: Option<&Keyed<'_>>,
 ) -> Decided {
     let msgs = match parser.parse_batch(body, limits) {
         Ok(msgs) => msgs,
@@ -430,7 +634,7 @@ pub(crate) fn accept_batch(
             return Decided::Now(Answer::refused(error, index, project.quota.peek(now_ns())))
         }
     };
-    publish_batch(project, &msgs, ids, fanout)
+    publish_batch(project, &msgs, ids, fanout, keyed)
 }
 
 /// Publish validated messages all or nothing: the quota of all of them in one step, one
@@ -442,6 +646,7 @@ pub(crate) fn publish_batch(
     msgs: &[Publish<'_>],
     ids: &IdGen,
     fanout: &dyn Fanout,
+    keyed: Option<&Keyed<'_>>,
 ) -> Decided {
     let units = units(msgs);
     let decision = match reserve(project, units) {
@@ -453,6 +658,12 @@ pub(crate) fn publish_batch(
     }
     let id_list: Vec<Id> = msgs.iter().map(|_| ids.next_id()).collect();
     let spec = project.history.get();
+    if let (Some(keyed), Some(cluster)) = (keyed, fanout.cluster()) {
+        let accepted = Accepted::Many(id_list);
+        return Decided::Later(keyed_publish(
+            cluster, project, spec, msgs, accepted, decision, units, keyed,
+        ));
+    }
     if let (true, Some(cluster)) = (spec.is_on(), fanout.cluster()) {
         let accepted = Accepted::Many(id_list);
         return Decided::Later(cluster_publish(

@@ -131,6 +131,19 @@ pub enum Envelope {
         ticket: u64,
         answer: PresenceAnswer,
     },
+    /// Work another worker hands to this one because this one owns the state it
+    /// touches (an idempotency key's entry: `publish::idempotency`). A control
+    /// envelope: one per keyed publish that lands on another worker than its key's.
+    Run(Task),
+}
+
+/// A job for [`Envelope::Run`], run on the receiving worker's thread.
+pub struct Task(pub Box<dyn FnOnce() + Send>);
+
+impl std::fmt::Debug for Task {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Task")
+    }
 }
 
 /// What the presence hub answered a join.
@@ -209,7 +222,8 @@ impl Mailbox {
             | Envelope::InterestReady { .. }
             | Envelope::HistoryReady { .. }
             | Envelope::Presence(_)
-            | Envelope::PresenceReady { .. } => 0,
+            | Envelope::PresenceReady { .. }
+            | Envelope::Run(_) => 0,
         }
     }
 
@@ -381,6 +395,11 @@ impl Mailboxes {
             }
             None => false,
         }
+    }
+
+    /// How many workers (mailboxes) there are.
+    pub fn workers(&self) -> usize {
+        self.boxes.len()
     }
 
     /// The fullest mailbox's length.

@@ -679,6 +679,7 @@ impl Shard {
                 self.deliver(&self.registry.borrow(), &msg);
             }
             Envelope::PresenceReady { ticket, answer } => self.presence_ready(ticket, answer),
+            Envelope::Run(task) => (task.0)(),
         }
     }
 
