@@ -118,6 +118,28 @@ pub use http::parse::parse_head;
 pub use publish::encode::message_frame;
 pub use publish::parse::PublishParser;
 
+/// Private-channel token verification on its own (the `jwt_token` fuzz target): the
+/// one entry point a `subscribe`/`refresh` token goes through, [`token::TokenKeys::verify`]
+/// (header and claims decoding, the key and algorithm rules, the claim checks).
+pub mod token {
+    pub use crate::auth::token::{Grant, TokenKeys, TokenRefusal};
+
+    /// The keys of a project with one token secret (`secret`: the bytes of the whole
+    /// `ts_...` string) and the given public keys (`(kid, PEM)`, P-256 or Ed25519; a
+    /// PEM that does not parse is skipped).
+    pub fn keys(secret: &[u8], public_keys: &[(&str, &str)]) -> TokenKeys {
+        let mut keys = TokenKeys::default();
+        keys.add_secret(secret, None);
+        keys.finish();
+        for (kid, pem) in public_keys {
+            if let Ok((alg, pem)) = crate::auth::token::parse_public_key(pem.as_bytes()) {
+                keys.add_key(kid, alg, &pem);
+            }
+        }
+        keys
+    }
+}
+
 // The WebSocket transport on its own: the Autobahn echo example runs exactly the
 // server's frame codec, reassembly, reader and writer under an echo session.
 pub use close::{code as close_code, Disconnect};
