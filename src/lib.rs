@@ -158,4 +158,39 @@ pub mod bench {
     pub use crate::shard::interest::channel_hash;
     pub use crate::shard::mailbox::{Broadcast, BroadcastBatch, Mailboxes};
     pub use crate::shard::registry::Registry;
+
+    /// A node's channel history on its own: what a history publish does under its lock.
+    pub struct HistoryBench(crate::history::History);
+
+    impl HistoryBench {
+        /// A single node's history with a budget of `max_bytes`.
+        pub fn new(max_bytes: usize) -> HistoryBench {
+            HistoryBench(crate::history::History::new(
+                max_bytes,
+                crate::history::Recoveries::Allowed,
+            ))
+        }
+
+        /// Record one message of `channel` (project `project`, history `spec`) as a
+        /// publish does: take the next position, append, enforce the byte budget.
+        /// Returns the offset it got.
+        pub fn append(
+            &self,
+            project: u32,
+            channel: &str,
+            spec: crate::HistorySpec,
+            frame: bytes::Bytes,
+        ) -> u64 {
+            let mut h = self.0.lock();
+            let p = h.position(project, channel, spec);
+            let at = crate::history::Position {
+                offset: p.offset + 1,
+                epoch: p.epoch,
+            };
+            let entry = crate::history::Entry::new(at.offset, frame.clone(), "e", frame, "id");
+            h.push(project, channel, spec, at, entry);
+            h.enforce_budget();
+            at.offset
+        }
+    }
 }

@@ -24,7 +24,6 @@ use hmac::{Hmac, Mac};
 use libfuzzer_sys::fuzz_target;
 use ringcast::token::{self, TokenKeys};
 use serde_json::{json, Value};
-use std::sync::OnceLock;
 
 const SECRET: &str = "ts_0123456789abcdef0123456789abcdef0123456789ab";
 const CHANNEL: &str = "private-orders";
@@ -38,9 +37,14 @@ MCowBQYDK2VwAyEAM+M1svaR5r/h+4PNsTOQzgnGpg00cIGO19k+gX42j9o=
 -----END PUBLIC KEY-----
 ";
 
-fn keys() -> &'static TokenKeys {
-    static KEYS: OnceLock<TokenKeys> = OnceLock::new();
-    KEYS.get_or_init(|| token::keys(SECRET.as_bytes(), &[("ec", EC_PEM), ("ed", ED_PEM)]))
+thread_local! {
+    /// Built once (a thread-local, so nothing is asked of `TokenKeys` but `verify`).
+    static KEYS: TokenKeys = {
+        let keys = token::keys(SECRET.as_bytes(), &[("ec", EC_PEM), ("ed", ED_PEM)]);
+        let shown = format!("{keys:?}");
+        assert!(shown.contains("\"ec\"") && shown.contains("\"ed\""), "{shown}");
+        keys
+    };
 }
 
 fn now() -> u64 {
@@ -155,7 +159,7 @@ fuzz_target!(|input: &[u8]| {
         (format!("{signing_input}.{}", hs256(&signing_input)), expect)
     };
 
-    let verdict = keys().verify(&token, CHANNEL, now);
+    let verdict = KEYS.with(|k| k.verify(&token, CHANNEL, now));
     if let Some(expect) = expect_ok {
         assert_eq!(verdict.is_ok(), expect, "{verdict:?} for {token}");
     }
