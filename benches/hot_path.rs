@@ -15,9 +15,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use ringcast::bench::{
     channel_hash, fan_out, Broadcast, Dialect, HistoryBench, Mailboxes, Registry,
 };
-use ringcast::{
-    message_frame, Assembler, HistorySpec, Incoming, Opcode, PublishParser, WsConn,
-};
+use ringcast::{message_frame, Assembler, HistorySpec, Incoming, Opcode, PublishParser, WsConn};
 
 fn body_of(size: usize) -> Vec<u8> {
     let head = r#"{"channel":"orders","event":"order.created","data":{"pad":""#;

@@ -510,7 +510,10 @@ fn one_projects_flood_leaves_another_projects_share_alone() {
     for i in 0..2 {
         s.publish(&b.secret, "orders", "e", json!({"i": i, "pad": pad}));
     }
-    assert_eq!(offsets_of(&[next_json(&mut ws), next_json(&mut ws)]), [1, 2]);
+    assert_eq!(
+        offsets_of(&[next_json(&mut ws), next_json(&mut ws)]),
+        [1, 2]
+    );
     drop(ws);
     for i in 2..12 {
         s.publish(&b.secret, "orders", "e", json!({"i": i, "pad": pad}));

@@ -171,7 +171,10 @@ fuzz_target!(|input: &[u8]| {
     assert_eq!(parts.len(), 3, "a verified token of {} parts", parts.len());
     let header = decode_json(parts[0]).expect("verified header is base64url JSON");
     assert_eq!(header.get("alg"), Some(&json!("HS256")));
-    assert!(header.get("kid").is_none_or(Value::is_null), "a kid verified under HS256");
+    assert!(
+        header.get("kid").is_none_or(Value::is_null),
+        "a kid verified under HS256"
+    );
     assert_eq!(
         hs256(&format!("{}.{}", parts[0], parts[1])),
         parts[2],

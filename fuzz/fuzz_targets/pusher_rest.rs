@@ -55,8 +55,10 @@ fn encode(pairs: &[(String, String)]) -> String {
 
 /// Pusher's string to sign, written here from the protocol's description.
 fn canonical(method: &str, path: &str, pairs: &[(String, String)]) -> String {
-    let mut signed: Vec<&(String, String)> =
-        pairs.iter().filter(|(k, _)| k != "auth_signature").collect();
+    let mut signed: Vec<&(String, String)> = pairs
+        .iter()
+        .filter(|(k, _)| k != "auth_signature")
+        .collect();
     signed.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
     let joined: Vec<String> = signed.iter().map(|(k, v)| format!("{k}={v}")).collect();
     format!("{method}\n{path}\n{}", joined.join("&"))
@@ -64,7 +66,12 @@ fn canonical(method: &str, path: &str, pairs: &[(String, String)]) -> String {
 
 /// Whether the oracle accepts the request (`pairs` as parsed, `body` as sent).
 fn oracle_accepts(method: &str, path: &str, pairs: &[(String, String)], body: &[u8]) -> bool {
-    let get = |key: &str| pairs.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
+    let get = |key: &str| {
+        pairs
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    };
     let (Some(_), Some(ts), Some("1.0"), Some(sig)) = (
         get("auth_key"),
         get("auth_timestamp"),
@@ -87,7 +94,9 @@ fn oracle_accepts(method: &str, path: &str, pairs: &[(String, String)], body: &[
 }
 
 fn pairs_of(q: &PusherQuery) -> Vec<(String, String)> {
-    q.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    q.iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }
 
 fn set(pairs: &mut Vec<(String, String)>, key: &str, value: String) {
@@ -140,7 +149,11 @@ fuzz_target!(|input: &[u8]| {
     match (flags >> 3) & 3 {
         0 => set(&mut pairs, "body_md5", hex(&Md5::digest(body))),
         1 => pairs.retain(|(k, _)| k != "body_md5"),
-        2 => set(&mut pairs, "body_md5", hex(&Md5::digest(body)).to_uppercase()),
+        2 => set(
+            &mut pairs,
+            "body_md5",
+            hex(&Md5::digest(body)).to_uppercase(),
+        ),
         _ => {}
     }
     pairs.retain(|(k, _)| k != "auth_signature");
@@ -164,7 +177,9 @@ fuzz_target!(|input: &[u8]| {
     if expected {
         let other = if method == "GET" { "POST" } else { "GET" };
         assert!(pusher_check_rest(method, PATH, &q, body, NOW, &["ts_other"]).is_err());
-        assert!(pusher_check_rest(method, "/apps/1000001/events", &q, body, NOW, &[SECRET]).is_err());
+        assert!(
+            pusher_check_rest(method, "/apps/1000001/events", &q, body, NOW, &[SECRET]).is_err()
+        );
         assert!(pusher_check_rest(other, PATH, &q, body, NOW, &[SECRET]).is_err());
         assert!(pusher_check_rest(method, PATH, &q, body, NOW + 601 + 1270, &[SECRET]).is_err());
     }

@@ -911,7 +911,11 @@ mod tests {
         check_accounts(&h);
         assert!(h.bytes() <= 32 * 1024, "{}", h.bytes());
         let (pos, kept) = h.read(2, "orders", s, None, 100);
-        assert_eq!((pos.offset, kept.len()), (10, 10), "project 2 kept everything");
+        assert_eq!(
+            (pos.offset, kept.len()),
+            (10, 10),
+            "project 2 kept everything"
+        );
         assert_eq!(
             h.recover(2, "orders", s, 0, &e, usize::MAX)
                 .frames
