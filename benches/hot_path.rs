@@ -2,8 +2,9 @@
 //! publish parse+validate (100 B, 1 KiB, 16 KiB bodies), frame encoding, one frame
 //! fanned out to 1/100/10k local subscribers, a mailbox push+drain across threads, and
 //! the reassembly of a 16 KiB client text message, whole and in 64 fragments (the CPU
-//! per received byte of a fragmented message should stay within 2× of a whole one).
-//! Key lookup and the quota check are in `control_plane.rs`. Idempotent publish (issue
+//! per received byte of a fragmented message should stay within 2× of a whole one), and
+//! one history append (position, record, byte budget) with the budget full, so every
+//! append evicts. Key lookup and the quota check are in `control_plane.rs`. Idempotent publish (issue
 //! 22): a publish request head parsed with and without `Idempotency-Key` (what an
 //! unkeyed publish pays for the feature is the header compare), and the keyed path's
 //! own work on the owner worker: SHA-256 of the body, claim and complete in the store,
@@ -15,8 +16,12 @@ use std::sync::Arc;
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
-use ringcast::bench::{channel_hash, fan_out, Broadcast, Dialect, Mailboxes, Registry};
-use ringcast::{message_frame, parse_head, Assembler, Incoming, Opcode, PublishParser, WsConn};
+use ringcast::bench::{
+    channel_hash, fan_out, Broadcast, Dialect, HistoryBench, Mailboxes, Registry,
+};
+use ringcast::{
+    message_frame, parse_head, Assembler, HistorySpec, Incoming, Opcode, PublishParser, WsConn,
+};
 
 fn body_of(size: usize) -> Vec<u8> {
     let head = r#"{"channel":"orders","event":"order.created","data":{"pad":""#;
@@ -307,6 +312,34 @@ fn idempotent(c: &mut Criterion) {
     group.finish();
 }
 
+/// One history append of a 200-byte frame with the node's budget (4 MiB) full, so each
+/// append also evicts: `one_project`: 1 project writing round-robin to 10,000 channels;
+/// `100_projects`: 100 projects of 100 channels each, the same total. Per append: the
+/// position, the record, and the budget (the project order, then the channel order).
+fn history_append(c: &mut Criterion) {
+    let mut group = c.benchmark_group("history_append_budget_full");
+    let spec = HistorySpec::parse("100/600s").expect("valid spec");
+    let frame = Bytes::from(vec![b'x'; 200]);
+    for (label, projects) in [("one_project", 1u32), ("100_projects", 100)] {
+        let per_project = 10_000 / projects;
+        let names: Vec<String> = (0..per_project).map(|i| format!("ch-{i:05}")).collect();
+        let history = HistoryBench::new(4 * 1024 * 1024);
+        let mut n = 0u64;
+        let mut next = |history: &HistoryBench| {
+            let project = (n % u64::from(projects)) as u32;
+            let channel = &names[((n / u64::from(projects)) % u64::from(per_project)) as usize];
+            n += 1;
+            history.append(project, channel, spec, frame.clone())
+        };
+        // Fill the budget first: 4 MiB of ~400-byte entries.
+        for _ in 0..20_000 {
+            next(&history);
+        }
+        group.bench_function(label, |b| b.iter(|| next(&history)));
+    }
+    group.finish();
+}
+
 criterion_group!(
     benches,
     idempotent,
@@ -315,6 +348,7 @@ criterion_group!(
     fanout,
     fanout_dialects,
     mailbox,
-    reassembly
+    reassembly,
+    history_append
 );
 criterion_main!(benches);

@@ -18,7 +18,7 @@ target="${1:?usage: fuzz/run.sh TARGET|all SECONDS [libFuzzer flags]}"
 secs="${2:?seconds}"
 shift 2
 if [ "$target" = all ]; then
-  for t in http_head publish_body ws_frames; do "$0" "$t" "$secs" "$@"; done
+  for t in http_head publish_body ws_frames pusher_rest jwt_token; do "$0" "$t" "$secs" "$@"; done
   exit 0
 fi
 triple="$(rustc -vV | sed -n 's/^host: //p')"

@@ -145,8 +145,9 @@ pub struct Config {
     /// Time allowed for graceful shutdown, milliseconds. Default 4000.
     pub shutdown_grace_ms: u64,
     /// Bytes of channel history this node keeps across all channels of all projects.
-    /// Default 67108864 (64 MiB). Over it, the oldest entries of the largest channels
-    /// are dropped first.
+    /// Default 67108864 (64 MiB). Each project's share is this divided by the projects
+    /// holding history on the node; over the budget, the oldest entries of the largest
+    /// channels of the project furthest over its share are dropped first.
     pub history_max_bytes: usize,
     /// Serve the live console page at `GET /console`. Default false; `serve --dev`
     /// turns it on. Off: 404.

@@ -119,6 +119,28 @@ pub use http::parse::parse_head;
 pub use publish::encode::message_frame;
 pub use publish::parse::PublishParser;
 
+/// Private-channel token verification on its own (the `jwt_token` fuzz target): the
+/// one entry point a `subscribe`/`refresh` token goes through, [`token::TokenKeys::verify`]
+/// (header and claims decoding, the key and algorithm rules, the claim checks).
+pub mod token {
+    pub use crate::auth::token::{Grant, TokenKeys, TokenRefusal};
+
+    /// The keys of a project with one token secret (`secret`: the bytes of the whole
+    /// `ts_...` string) and the given public keys (`(kid, PEM)`, P-256 or Ed25519; a
+    /// PEM that does not parse is skipped).
+    pub fn keys(secret: &[u8], public_keys: &[(&str, &str)]) -> TokenKeys {
+        let mut keys = TokenKeys::default();
+        keys.add_secret(secret, None);
+        keys.finish();
+        for (kid, pem) in public_keys {
+            if let Ok((alg, pem)) = crate::auth::token::parse_public_key(pem.as_bytes()) {
+                keys.add_key(kid, alg, &pem);
+            }
+        }
+        keys
+    }
+}
+
 // The WebSocket transport on its own: the Autobahn echo example runs exactly the
 // server's frame codec, reassembly, reader and writer under an echo session.
 pub use close::{code as close_code, Disconnect};
@@ -138,4 +160,39 @@ pub mod bench {
     pub use crate::shard::interest::channel_hash;
     pub use crate::shard::mailbox::{Broadcast, BroadcastBatch, Mailboxes};
     pub use crate::shard::registry::Registry;
+
+    /// A node's channel history on its own: what a history publish does under its lock.
+    pub struct HistoryBench(crate::history::History);
+
+    impl HistoryBench {
+        /// A single node's history with a budget of `max_bytes`.
+        pub fn new(max_bytes: usize) -> HistoryBench {
+            HistoryBench(crate::history::History::new(
+                max_bytes,
+                crate::history::Recoveries::Allowed,
+            ))
+        }
+
+        /// Record one message of `channel` (project `project`, history `spec`) as a
+        /// publish does: take the next position, append, enforce the byte budget.
+        /// Returns the offset it got.
+        pub fn append(
+            &self,
+            project: u32,
+            channel: &str,
+            spec: crate::HistorySpec,
+            frame: bytes::Bytes,
+        ) -> u64 {
+            let mut h = self.0.lock();
+            let p = h.position(project, channel, spec);
+            let at = crate::history::Position {
+                offset: p.offset + 1,
+                epoch: p.epoch,
+            };
+            let entry = crate::history::Entry::new(at.offset, frame.clone(), "e", frame, "id");
+            h.push(project, channel, spec, at, entry);
+            h.enforce_budget();
+            at.offset
+        }
+    }
 }

@@ -269,7 +269,13 @@ fn a_history_publish_whose_redis_answer_was_lost_is_delivered_once_and_the_retry
     redis.wait_numsub(&p.id, "h", 1);
     // A keyed publish first: Redis then knows the script (a node calls it by its SHA1
     // and loads it on the first NOSCRIPT, which would be the answer swallowed below).
-    let (st, _, v) = post(&a, "/api/v1/publish", &p.secret, "warm", &one("h", "before"));
+    let (st, _, v) = post(
+        &a,
+        "/api/v1/publish",
+        &p.secret,
+        "warm",
+        &one("h", "before"),
+    );
     assert_eq!(st, 202, "{v}");
     assert_eq!(next_json(&mut wb)["offset"], 1);
 

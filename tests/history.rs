@@ -455,6 +455,98 @@ fn the_byte_budget_drops_the_oldest_of_the_largest_channel_first() {
     assert_eq!(large["offset"], 60);
 }
 
+/// Publish a batch of `messages` (each `{"channel", "event", "data"}`) on one connection.
+fn publish_batch(s: &Server, key: &str, messages: Vec<Value>) {
+    let body = json!({ "messages": messages }).to_string();
+    let req = format!(
+        "POST /api/v1/publish/batch HTTP/1.1\r\nHost: t\r\nX-Api-Key: {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let (st, _, v) = parse_response(&s.raw(req.as_bytes()));
+    assert_eq!(st, 202, "{v}");
+}
+
+/// Issue 20, finding 7 (contract 1.3): each project gets an equal share of
+/// `history_max_bytes`. A flood from one project, spread over many small channels (each
+/// smaller than the other project's one channel), evicted the other project's kept
+/// messages (its channel was the largest) and its recovery answered `recovered: false`.
+/// Now the flooding project, furthest over its share, loses its own oldest messages; and
+/// alone it may use the whole budget.
+#[test]
+fn one_projects_flood_leaves_another_projects_share_alone() {
+    let s = Server::start_with(Options {
+        config: "history_max_bytes = 40000\n".into(),
+        ..Options::default()
+    });
+    let a = history_project(&s, "flood", "1000/600s");
+    let b = history_project(&s, "calm", "1000/600s");
+    let pad = "p".repeat(300);
+
+    // A alone: about 30 KB of 40 KB (far beyond half), all of it kept.
+    for round in 0..5 {
+        let messages = (0..10)
+            .map(|i| json!({"channel": format!("c-{:04}", round * 10 + i), "event": "e", "data": {"pad": pad}}))
+            .collect();
+        publish_batch(&s, &a.secret, messages);
+    }
+    for round in 0..5 {
+        for i in 0..10 {
+            let (_, v) = get(&s, &a.secret, &format!("channel=c-{:04}", round * 10 + i));
+            assert_eq!(
+                offsets_of(v["messages"].as_array().unwrap()),
+                [1],
+                "A alone lost a message: {v}"
+            );
+        }
+    }
+
+    // B: one channel of 12 messages (about 8 KB, within its 20 KB share), a subscriber
+    // that saw the first 2.
+    let mut ws = s.ws(&b.public);
+    let epoch = sub(&mut ws, "orders", None)["epoch"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for i in 0..2 {
+        s.publish(&b.secret, "orders", "e", json!({"i": i, "pad": pad}));
+    }
+    assert_eq!(
+        offsets_of(&[next_json(&mut ws), next_json(&mut ws)]),
+        [1, 2]
+    );
+    drop(ws);
+    for i in 2..12 {
+        s.publish(&b.secret, "orders", "e", json!({"i": i, "pad": pad}));
+    }
+
+    // A floods 400 more channels, one message each (about 250 KB), each channel
+    // smaller than B's.
+    for round in 0..4 {
+        let messages = (0..100)
+            .map(|i| json!({"channel": format!("c-{:04}", 50 + round * 100 + i), "event": "e", "data": {"pad": pad}}))
+            .collect();
+        publish_batch(&s, &a.secret, messages);
+    }
+
+    // B's messages are all kept, and B's client recovers.
+    let (_, v) = get(&s, &b.secret, "channel=orders&limit=100");
+    assert_eq!(
+        offsets_of(v["messages"].as_array().unwrap()),
+        (1..=12).collect::<Vec<u64>>(),
+        "B lost kept messages to A's flood"
+    );
+    let mut ws = s.ws(&b.public);
+    let r = sub(&mut ws, "orders", Some((2, &epoch)));
+    assert_eq!(r["recovered"], true, "{r}");
+    let replay: Vec<Value> = (0..10).map(|_| next_json(&mut ws)).collect();
+    assert_eq!(offsets_of(&replay), (3..=12).collect::<Vec<u64>>());
+    // A paid for its flood: its newest channel is kept, its oldest are gone.
+    let (_, v) = get(&s, &a.secret, "channel=c-0449");
+    assert_eq!(offsets_of(v["messages"].as_array().unwrap()), [1], "{v}");
+    let (_, v) = get(&s, &a.secret, "channel=c-0000");
+    assert_eq!(v["messages"], json!([]), "{v}");
+}
+
 #[test]
 fn a_restart_changes_the_epoch() {
     let mut s = Server::start();

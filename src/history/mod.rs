@@ -28,10 +28,18 @@
 //!
 //! Memory: each channel keeps at most `size` entries, none older than `ttl` (dropped
 //! lazily on every append and read, and by [`History::sweep`] once a second for idle
-//! channels, which also forgets channels with nothing kept and idle for twice the TTL). Across all channels the node
-//! keeps at most `history_max_bytes`; above it, the oldest entries of the largest
-//! channels go first, after logs that keep no entry (which go first of all). An entry
-//! counts its frame, its event name and a fixed overhead.
+//! channels, which also forgets channels with nothing kept and idle for twice the TTL).
+//! Across all channels of all projects the node keeps at most `history_max_bytes`. Each
+//! project's share of it is `history_max_bytes / P`, P the number of projects holding at
+//! least one channel log on this node (with kept entries or not); a project may hold more
+//! while the node is under the budget (alone, it may use all of it). Above the budget,
+//! eviction takes from the project holding the most bytes, which is the one furthest
+//! over its share (the share is the same for all, and when the total is over the budget
+//! the largest project is over its share, so a project within its share loses nothing
+//! while another is over); within that project, logs that keep no entry go first, then
+//! the oldest entries of its largest channels. Bookkeeping per append: two ordered-set
+//! updates (the channel in its project's order, the project in the node's order), O(log
+//! n); no scan. An entry counts its frame, its event name and a fixed overhead.
 //!
 //! Epochs: 8 hex characters, a keyed hash of the channel under a seed drawn at random at
 //! start and again whenever any log is dropped. A channel forgotten (nothing kept for
@@ -43,6 +51,7 @@ pub(crate) mod spec;
 
 pub(crate) use spec::{HistoryCell, HistorySpec, HistorySpecError};
 
+use std::cmp::Reverse;
 use std::collections::hash_map::RandomState;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::hash::BuildHasher;
@@ -148,7 +157,7 @@ impl Entry {
 
 /// One channel's log.
 struct Log {
-    /// Key in [`Inner::by_size`] and [`Inner::names`].
+    /// Key in [`Tenant::by_size`] and [`Inner::names`].
     id: u64,
     epoch: Epoch,
     last: u64,
@@ -179,7 +188,7 @@ impl Log {
         freed
     }
 
-    /// Its key in [`Inner::by_size`]: its bytes, above every log with entries when it
+    /// Its key in [`Tenant::by_size`]: its bytes, above every log with entries when it
     /// keeps none, so the budget drops logs that hold no message before any message.
     fn rank(&self) -> usize {
         if self.entries.is_empty() {
@@ -227,13 +236,28 @@ pub(crate) enum Recoveries {
     Refused,
 }
 
+/// One project's logs on this node and what they cost.
+#[derive(Default)]
+struct Tenant {
+    logs: HashMap<Box<str>, Log>,
+    /// (rank, id) of each of its channels, for "empty logs, then the largest" eviction
+    /// within the project; of two logs of the same rank, the older one (lower id) goes
+    /// first, so a flood of equal channels loses its oldest messages, not its newest.
+    by_size: BTreeSet<(usize, Reverse<u64>)>,
+    /// Counted bytes of all its logs; its key in [`Inner::by_bytes`].
+    bytes: usize,
+}
+
 /// Everything behind the lock.
 pub(crate) struct Inner {
-    channels: HashMap<u32, HashMap<Box<str>, Log>>,
-    /// (rank, id) of every channel, for "empty logs, then the largest" eviction.
-    by_size: BTreeSet<(usize, u64)>,
+    /// Every project holding at least one log (never an empty [`Tenant`]).
+    projects: HashMap<u32, Tenant>,
+    /// (bytes, project) of every project in `projects`: the budget evicts from the last.
+    by_bytes: BTreeSet<(usize, u32)>,
+    /// A log's id → its channel name (project, for [`Tenant::by_size`]'s ids).
     names: HashMap<u64, (u32, Box<str>)>,
     next_id: u64,
+    /// Counted bytes of all logs (the sum of the projects').
     bytes: usize,
     max_bytes: usize,
     recoveries: Recoveries,
@@ -249,8 +273,8 @@ impl History {
     pub(crate) fn new(max_bytes: usize, recoveries: Recoveries) -> History {
         History {
             inner: Mutex::new(Inner {
-                channels: HashMap::new(),
-                by_size: BTreeSet::new(),
+                projects: HashMap::new(),
+                by_bytes: BTreeSet::new(),
                 names: HashMap::new(),
                 next_id: 0,
                 bytes: 0,
@@ -283,9 +307,28 @@ impl Inner {
         self.bytes
     }
 
-    fn resize(&mut self, id: u64, old: usize, new: usize) {
-        self.by_size.remove(&(old, id));
-        self.by_size.insert((new, id));
+    /// Bytes one project counts now (0 when it holds no log).
+    #[cfg(test)]
+    fn project_bytes(&self, project: u32) -> usize {
+        self.projects.get(&project).map_or(0, |t| t.bytes)
+    }
+
+    /// Log `id` of `project` went from rank `before` to `after` and its bytes by `grown`:
+    /// move it in its project's order, and the project in the node's order.
+    fn adjust(&mut self, project: u32, id: u64, before: usize, after: usize, grown: isize) {
+        let Some(t) = self.projects.get_mut(&project) else {
+            return;
+        };
+        if before != after {
+            t.by_size.remove(&(before, Reverse(id)));
+            t.by_size.insert((after, Reverse(id)));
+        }
+        if grown != 0 {
+            self.by_bytes.remove(&(t.bytes, project));
+            t.bytes = t.bytes.wrapping_add_signed(grown);
+            self.by_bytes.insert((t.bytes, project));
+            self.bytes = self.bytes.wrapping_add_signed(grown);
+        }
     }
 
     /// The channel's log when this node keeps one, with its settings following the
@@ -298,7 +341,7 @@ impl Inner {
         spec: HistorySpec,
         now: Instant,
     ) -> Option<&mut Log> {
-        let stale = self.channels.get(&project)?.get(channel)?.generation != spec.generation;
+        let stale = self.projects.get(&project)?.logs.get(channel)?.generation != spec.generation;
         if stale {
             // History was turned off (and on again) since this log was made: messages
             // published meanwhile are not in it, so its epoch must not be recovered.
@@ -306,7 +349,7 @@ impl Inner {
             return None;
         }
         let (freed, id, before, after) = {
-            let log = self.channels.get_mut(&project)?.get_mut(channel)?;
+            let log = self.projects.get_mut(&project)?.logs.get_mut(channel)?;
             log.size = spec.size as usize;
             log.ttl = Duration::from_secs(u64::from(spec.ttl_s));
             log.used = now;
@@ -321,10 +364,9 @@ impl Inner {
             (freed, log.id, before, log.rank())
         };
         if freed > 0 {
-            self.bytes -= freed;
-            self.resize(id, before, after);
+            self.adjust(project, id, before, after, -(freed as isize));
         }
-        self.channels.get_mut(&project)?.get_mut(channel)
+        self.projects.get_mut(&project)?.logs.get_mut(channel)
     }
 
     /// The channel's position now: offset 0 under the node's fresh epoch when no log
@@ -357,10 +399,14 @@ impl Inner {
             let id = self.next_id;
             self.next_id += 1;
             let bytes = channel.len() + CHANNEL_OVERHEAD;
-            self.bytes += bytes;
-            self.by_size.insert((EMPTY_FIRST + bytes, id));
             self.names.insert(id, (project, channel.into()));
-            self.channels.entry(project).or_default().insert(
+            let t = self.projects.entry(project).or_default();
+            self.by_bytes.remove(&(t.bytes, project));
+            t.bytes += bytes;
+            self.by_bytes.insert((t.bytes, project));
+            self.bytes += bytes;
+            t.by_size.insert((EMPTY_FIRST + bytes, Reverse(id)));
+            t.logs.insert(
                 channel.into(),
                 Log {
                     id,
@@ -392,59 +438,74 @@ impl Inner {
             }
         }
         let (id, after) = (log.id, log.rank());
-        self.bytes = (self.bytes as isize + grown) as usize;
-        self.resize(id, before, after);
+        self.adjust(project, id, before, after, grown);
     }
 
     /// Forget a channel's log (its name, epoch and last offset) and draw a new fresh
     /// epoch, so the channel's next log cannot be mistaken for this one.
     fn drop_log(&mut self, project: u32, name: &str) {
-        let Some(logs) = self.channels.get_mut(&project) else {
+        let Some(t) = self.projects.get_mut(&project) else {
             return;
         };
-        let Some(log) = logs.remove(name) else {
+        let Some(log) = t.logs.remove(name) else {
             return;
         };
-        if logs.is_empty() {
-            self.channels.remove(&project);
+        t.by_size.remove(&(log.rank(), Reverse(log.id)));
+        self.by_bytes.remove(&(t.bytes, project));
+        t.bytes -= log.bytes;
+        if t.logs.is_empty() {
+            self.projects.remove(&project);
+        } else {
+            self.by_bytes.insert((t.bytes, project));
         }
-        self.by_size.remove(&(log.rank(), log.id));
         self.names.remove(&log.id);
         self.bytes -= log.bytes;
         self.fresh = RandomState::new();
     }
 
-    /// Above the budget: drop the oldest entries of the largest channels, and logs
-    /// that keep nothing (largest first) when only those are left: a budget full of
-    /// empty logs never stops a publish from being recorded.
+    /// Above the budget: take from the project holding the most bytes (the one furthest
+    /// over its equal share, see the module docs) its logs that keep nothing (largest
+    /// first), then the oldest entries of its largest channels: a budget full of empty
+    /// logs never stops a publish from being recorded. Amortised O(log n) per entry
+    /// dropped.
     pub(crate) fn enforce_budget(&mut self) {
         while self.bytes > self.max_bytes {
-            let Some(&(rank, id)) = self.by_size.iter().next_back() else {
+            let Some(&(bytes, project)) = self.by_bytes.iter().next_back() else {
                 return;
             };
-            let Some((project, name)) = self.names.get(&id).cloned() else {
-                self.by_size.remove(&(rank, id));
+            // Over the budget, the largest project is over its share: bytes × P > budget.
+            debug_assert!(bytes.saturating_mul(self.by_bytes.len()) > self.max_bytes);
+            let Some(t) = self.projects.get_mut(&project) else {
+                self.by_bytes.remove(&(bytes, project));
+                continue;
+            };
+            let Some(&(rank, Reverse(id))) = t.by_size.iter().next_back() else {
+                // Cannot happen (a project is kept only while it has logs): forget it.
+                self.by_bytes.remove(&(bytes, project));
+                self.bytes -= t.bytes;
+                self.projects.remove(&project);
                 continue;
             };
             let Some(log) = self
-                .channels
-                .get_mut(&project)
-                .and_then(|m| m.get_mut(&*name))
+                .names
+                .get(&id)
+                .and_then(|(_, name)| t.logs.get_mut(name))
             else {
-                self.by_size.remove(&(rank, id));
+                t.by_size.remove(&(rank, Reverse(id)));
                 self.names.remove(&id);
                 continue;
             };
             let before = log.rank();
             let Some(e) = log.entries.pop_front() else {
                 // A log that keeps nothing (ranked first): forget it and go on.
-                self.drop_log(project, &name);
+                if let Some((_, name)) = self.names.get(&id).cloned() {
+                    self.drop_log(project, &name);
+                }
                 continue;
             };
             log.bytes -= e.bytes();
             let after = log.rank();
-            self.bytes -= e.bytes();
-            self.resize(id, before, after);
+            self.adjust(project, id, before, after, -(e.bytes() as isize));
         }
     }
 
@@ -530,12 +591,12 @@ impl Inner {
     fn sweep(&mut self, now: Instant) {
         let mut forget = Vec::new();
         let mut changes = Vec::new();
-        for (&project, logs) in self.channels.iter_mut() {
-            for (name, log) in logs.iter_mut() {
+        for (&project, t) in self.projects.iter_mut() {
+            for (name, log) in t.logs.iter_mut() {
                 let before = log.rank();
                 let freed = log.expire(now);
                 if freed > 0 {
-                    changes.push((log.id, before, log.rank(), freed));
+                    changes.push((project, log.id, before, log.rank(), freed));
                 }
                 if log.entries.is_empty() && now.saturating_duration_since(log.used) >= 2 * log.ttl
                 {
@@ -543,9 +604,8 @@ impl Inner {
                 }
             }
         }
-        for (id, before, after, freed) in changes {
-            self.bytes -= freed;
-            self.resize(id, before, after);
+        for (project, id, before, after, freed) in changes {
+            self.adjust(project, id, before, after, -(freed as isize));
         }
         for (project, name) in forget {
             self.drop_log(project, &name);
@@ -562,14 +622,18 @@ mod tests {
     }
 
     fn add(h: &mut Inner, ch: &str, spec: HistorySpec, body: &str) -> u64 {
-        let p = h.position(1, ch, spec);
+        add_to(h, 1, ch, spec, body)
+    }
+
+    fn add_to(h: &mut Inner, project: u32, ch: &str, spec: HistorySpec, body: &str) -> u64 {
+        let p = h.position(project, ch, spec);
         let at = Position {
             offset: p.offset + 1,
             epoch: p.epoch,
         };
         let frame = Bytes::from(body.to_string());
         h.push(
-            1,
+            project,
             ch,
             spec,
             at,
@@ -806,5 +870,124 @@ mod tests {
             "empty logs went before the newest message"
         );
         assert!(h.bytes() <= 2048, "{}", h.bytes());
+    }
+
+    /// The sums the budget relies on: the node's bytes are the projects' bytes, each the
+    /// sum of its logs', and the ordered sets hold exactly the live logs and projects.
+    fn check_accounts(h: &Inner) {
+        let mut total = 0;
+        for (&project, t) in &h.projects {
+            assert!(!t.logs.is_empty(), "project {project} kept without logs");
+            let sum: usize = t.logs.values().map(|l| l.bytes).sum();
+            assert_eq!(t.bytes, sum, "project {project}");
+            assert!(h.by_bytes.contains(&(t.bytes, project)));
+            assert_eq!(t.by_size.len(), t.logs.len());
+            for log in t.logs.values() {
+                assert!(t.by_size.contains(&(log.rank(), Reverse(log.id))));
+            }
+            total += t.bytes;
+        }
+        assert_eq!(h.by_bytes.len(), h.projects.len());
+        assert_eq!(h.bytes, total);
+    }
+
+    #[test]
+    fn a_flood_over_many_channels_evicts_its_own_project_first() {
+        let s = spec("1000/600s");
+        let h = History::new(32 * 1024, Recoveries::Allowed);
+        let mut h = h.lock();
+        // Project 2 keeps one channel of 10 messages of 1 KB: about 11 KB, within its
+        // share (16 KB of two projects) and larger than any one channel of project 1.
+        let kilo = "k".repeat(1000);
+        for _ in 0..10 {
+            add_to(&mut h, 2, "orders", s, &kilo);
+        }
+        let e = h.position(2, "orders", s).epoch.as_str().to_string();
+        // Project 1 floods 2,000 channels, one 500-byte message each (~1 MB).
+        let half = "f".repeat(500);
+        for i in 0..2000 {
+            add_to(&mut h, 1, &format!("flood-{i:04}"), s, &half);
+        }
+        check_accounts(&h);
+        assert!(h.bytes() <= 32 * 1024, "{}", h.bytes());
+        let (pos, kept) = h.read(2, "orders", s, None, 100);
+        assert_eq!(
+            (pos.offset, kept.len()),
+            (10, 10),
+            "project 2 kept everything"
+        );
+        assert_eq!(
+            h.recover(2, "orders", s, 0, &e, usize::MAX)
+                .frames
+                .map(|f| f.len()),
+            Some(10)
+        );
+        // Project 1 holds the rest, its newest channels.
+        assert!(h.project_bytes(1) >= 32 * 1024 - h.project_bytes(2) - 1024);
+        assert_eq!(h.read(1, "flood-1999", s, None, 10).1.len(), 1);
+        assert_eq!(h.read(1, "flood-0000", s, None, 10).1.len(), 0);
+    }
+
+    #[test]
+    fn a_project_alone_uses_the_whole_budget_and_shrinks_to_its_share() {
+        let s = spec("1000/600s");
+        let h = History::new(32 * 1024, Recoveries::Allowed);
+        let mut h = h.lock();
+        let body = "a".repeat(1000);
+        for _ in 0..28 {
+            add_to(&mut h, 1, "c", s, &body);
+        }
+        // ~30 KB: far beyond half the budget, and nothing was evicted.
+        assert_eq!(h.read(1, "c", s, None, 100).1.len(), 28);
+        assert!(h.project_bytes(1) > 24 * 1024);
+        // A second project needs room: it is taken from the first, which keeps about
+        // the rest; the second keeps all it wrote (it stays within its share).
+        for _ in 0..12 {
+            add_to(&mut h, 2, "d", s, &body);
+        }
+        check_accounts(&h);
+        assert!(h.bytes() <= 32 * 1024);
+        assert_eq!(h.read(2, "d", s, None, 100).1.len(), 12);
+        let kept = h.read(1, "c", s, None, 100).1.len();
+        assert!((17..28).contains(&kept), "{kept}");
+        // Both over their share cannot be; both floods: each ends near half.
+        for _ in 0..100 {
+            add_to(&mut h, 2, "d", s, &body);
+            add_to(&mut h, 1, "c", s, &body);
+        }
+        check_accounts(&h);
+        let (a, b) = (h.project_bytes(1), h.project_bytes(2));
+        assert!(a.abs_diff(b) <= 2 * 1200, "{a} {b}");
+        // The second stops: once its history is dropped, the first may grow again.
+        h.sweep(Instant::now() + Duration::from_secs(1300));
+        check_accounts(&h);
+        assert_eq!(h.bytes(), 0);
+        for _ in 0..28 {
+            add_to(&mut h, 1, "c", s, &body);
+        }
+        assert_eq!(h.read(1, "c", s, None, 100).1.len(), 28);
+    }
+
+    #[test]
+    fn accounts_stay_exact_through_trims_expiry_drops_and_eviction() {
+        let h = History::new(16 * 1024, Recoveries::Allowed);
+        let mut h = h.lock();
+        let long = spec("5/600s");
+        let short = spec("3/1s");
+        for i in 0..300u32 {
+            let project = i % 3;
+            let body = "x".repeat(50 + (i as usize * 37) % 700);
+            let s = if i % 2 == 0 { long } else { short };
+            add_to(&mut h, project, &format!("c{}", i % 17), s, &body);
+            check_accounts(&h);
+            if i % 50 == 49 {
+                h.sweep(Instant::now() + Duration::from_secs(2));
+                check_accounts(&h);
+            }
+        }
+        h.sweep(Instant::now() + Duration::from_secs(5000));
+        check_accounts(&h);
+        assert_eq!(h.bytes(), 0);
+        assert!(h.projects.is_empty() && h.names.is_empty());
     }
 }
