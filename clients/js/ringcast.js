@@ -605,7 +605,17 @@ export class Ringcast extends Emitter {
       return;
     }
     err.channel = sub.channel;
-    if (sub.state === "subscribing" && SUBSCRIBE_ERRORS.has(code)) {
+    if (sub.state === "subscribing" && code === "rate_limited") {
+      // Over the connection's subscribe budget (subscribe_rate_per_connection): nothing
+      // was refused for good, so the subscribe is sent again on this connection after
+      // 1 to 2 s (the budget refills at 20 per second by default).
+      this._settle(sub.channel);
+      const ws = this._ws;
+      this._setTimeout(() => {
+        if (ws !== this._ws || this._subs.get(sub.channel) !== sub) return;
+        if (sub.state === "subscribing") this._sendSubscribe(sub);
+      }, 1000 + Math.round(this._random() * 1000));
+    } else if (sub.state === "subscribing" && SUBSCRIBE_ERRORS.has(code)) {
       // The subscribe was refused: the channel is no longer held, and is not retried in a
       // loop. The application may subscribe again (e.g. after fixing its token endpoint).
       this._settle(sub.channel);

@@ -435,6 +435,25 @@ test("forbidden reaches the subscription once and is not retried in a loop", asy
   assert.equal(subscribes.length, 1);
 });
 
+test("a subscribe over the connection's budget (rate_limited) is sent again 1 to 2 s later", () => {
+  const { clock, Socket, client } = setup();
+  const sub = client.subscribe("news", () => {});
+  const subErrors = [];
+  sub.on("error", (e) => subErrors.push(e.code));
+  client.connect();
+  Socket.last.accept();
+  assert.equal(Socket.last.sentOf("subscribe").length, 1);
+  Socket.last.frame({ type: "error", code: "rate_limited", channel: "news", message: "over budget" });
+  assert.deepEqual(subErrors, ["rate_limited"]);
+  assert.equal(sub.state, "subscribing");
+  clock.advance(999);
+  assert.equal(Socket.last.sentOf("subscribe").length, 1);
+  clock.advance(1001);
+  assert.equal(Socket.last.sentOf("subscribe").length, 2);
+  Socket.last.frame({ type: "subscribed", channel: "news" });
+  assert.equal(sub.state, "subscribed");
+});
+
 test("getToken missing or failing: the subscription's error, no frame, no loop", async () => {
   const { clock, Socket, client, errors } = setup();
   client.subscribe("private-a", () => {});
