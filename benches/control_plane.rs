@@ -19,6 +19,10 @@ use ringcast::{
 const KEYS: usize = 10_000;
 const PROJECTS: usize = 100;
 
+#[path = "support/cpu.rs"]
+mod cpu;
+use cpu::cpu_iters;
+
 /// A cache holding `KEYS` active keys spread over `PROJECTS` projects; returns the keys.
 fn populated_cache() -> (Arc<KeyCache>, Vec<String>) {
     let projects: Vec<ProjectRecord> = (0..PROJECTS)
@@ -127,28 +131,6 @@ fn quota_check(c: &mut Criterion) {
         })
     });
     group.finish();
-}
-
-/// The calling thread's CPU time: the token benches time with it (`iter_custom`), so
-/// the figures hold on a machine shared with other work, where wall time does not.
-fn thread_cpu() -> std::time::Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec for the call to fill.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
-    std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
-
-/// Run `f` `iters` times; the thread CPU time it took.
-fn cpu_iters(iters: u64, mut f: impl FnMut()) -> std::time::Duration {
-    let start = thread_cpu();
-    for _ in 0..iters {
-        f();
-    }
-    thread_cpu() - start
 }
 
 /// One signature check per iteration, as `jsonwebtoken::decode` makes it: the verifier

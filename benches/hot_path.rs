@@ -16,6 +16,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
+#[path = "support/cpu.rs"]
+mod cpu;
+use cpu::cpu_iters;
+
 use ringcast::bench::{
     channel_hash, fan_out, Broadcast, Dialect, HistoryBench, Mailboxes, Registry,
 };
@@ -232,27 +236,6 @@ fn reassembly(c: &mut Criterion) {
         })
     });
     group.finish();
-}
-
-/// This thread's CPU time: what a routine costs even when the machine is shared (the
-/// idempotency figures use it instead of wall time; other helpers compiled alongside).
-fn thread_cpu() -> std::time::Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid pointer to a timespec; CLOCK_THREAD_CPUTIME_ID is always there.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
-
-/// `f` run `iters` times, measured in thread CPU time.
-fn cpu_iters(iters: u64, mut f: impl FnMut()) -> std::time::Duration {
-    let start = thread_cpu();
-    for _ in 0..iters {
-        f();
-    }
-    thread_cpu() - start
 }
 
 fn idempotent(c: &mut Criterion) {
