@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use monoio::io::AsyncReadRent;
 
 use super::outcome::{answer, Outcome, Upgrade};
 use super::parse::{query_param, Method, RequestHead};
@@ -26,7 +25,7 @@ use crate::error::Unavailable;
 use crate::ids::SocketId;
 use crate::pusher_frame;
 use crate::shard::{ConnGuard, ProjectSlot, Shard};
-use crate::ws::conn::{read_loop, write_loop, ReadLimits, Session, WsConn};
+use crate::ws::conn::{read_loop, write_loop, ReadLimits, Session, WsConn, WsRead};
 use crate::ws::handshake::write_switching;
 
 /// Check the upgrade request (RFC 6455 §4.2.1); returns the `Sec-WebSocket-Key` value.
@@ -184,7 +183,7 @@ pub(crate) fn start<S: Transport>(
 
 /// The reader's task. Kept apart from the upgrade so that the task that lives as long
 /// as the socket holds only the reader's small state (an idle connection's cost).
-async fn reader_task<R: AsyncReadRent, S: Session>(
+async fn reader_task<R: WsRead, S: Session>(
     rd: R,
     conn: Rc<WsConn>,
     mut session: S,

@@ -11,17 +11,28 @@
 //!   for TLS existing.
 //! - The queue is bounded in bytes (`send_backlog_bytes`): a push past the bound drops
 //!   the backlog, queues a 4008 close frame and never slows the caller (the fan-out).
-//! - The reader owns the read half. An io_uring read is never raced in a `select!`
-//!   (that could lose data); to stop a reader, [`WsConn::abort`] shuts the socket down,
-//!   which completes the pending read with EOF.
-//! - An idle connection holds no queue allocation and one small read buffer.
+//! - The reader owns the read half ([`WsRead`]). While no frame is partial, plaintext
+//!   reads by readiness: it waits with `readable(false)` (a poll: no buffer parked, and
+//!   dropping it is safe, it consumes nothing), then `recv(MSG_DONTWAIT)`s into the
+//!   worker's scratch buffer and processes the bytes there; `EAGAIN` (an epoll false
+//!   positive) waits again. A partial frame's tail, and frames held back by
+//!   back-pressure, are copied into the connection's pending buffer (its only buffer,
+//!   freed when empty), never left in the scratch buffer, which is lent to one reader
+//!   between a `recv` and the end of its synchronous processing. While a frame is
+//!   partial, the reader does a monoio read into the pending path; TLS always reads
+//!   that way (rustls hands out plaintext by copy). A `readable()` may be dropped (or
+//!   raced in a `select!`); a read may not (that could lose data): to stop a reader,
+//!   [`WsConn::abort`] shuts the socket down, which completes a pending poll or read.
+//!   monoio's `async-cancel` feature (a default, kept) makes a dropped poll cancel
+//!   itself in the kernel.
+//! - An idle plaintext connection holds no queue allocation and no read buffer.
 //! - Every server-initiated close is bounded in time: after `CLOSE_GRACE` the socket is
 //!   shut down whether or not the peer answered.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
@@ -29,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use monoio::buf::IoVecBuf;
-use monoio::io::{AsyncReadRent, AsyncWriteRent, OwnedWriteHalf};
+use monoio::io::{AsyncReadRent, AsyncWriteRent, OwnedReadHalf, OwnedWriteHalf};
 use monoio::net::TcpStream;
 use monoio::BufResult;
 
@@ -44,9 +55,10 @@ pub(crate) const CLOSE_GRACE: Duration = Duration::from_secs(2);
 /// behind them, so it gets longer before the socket is cut (its backlog is already
 /// freed; only the kernel's bounded socket buffer remains).
 pub(crate) const SLOW_CLOSE_GRACE: Duration = Duration::from_secs(10);
-/// Read size while idle: client-to-server traffic is small control JSON, and the
-/// buffer stays parked in the pending read of every idle connection.
-const IDLE_READ: usize = 128;
+/// Read size while idle on TLS: client-to-server traffic is small control JSON, and the
+/// buffer stays parked in the pending read of every idle TLS connection (plaintext
+/// parks none: it reads by readiness into the worker's scratch buffer).
+pub(crate) const IDLE_READ: usize = 128;
 /// Read size while a larger frame is being assembled.
 const BULK_READ: usize = 8192;
 /// What one queued frame costs beyond its bytes (its queue slot and the shared buffer's
@@ -630,9 +642,95 @@ pub struct ReadLimits {
     pub pause_backlog: usize,
 }
 
+/// What the reader got while no frame was partial ([`WsRead::read_idle`]).
+pub enum Chunk {
+    /// The first `n` bytes of the worker's scratch buffer (plaintext): processed in
+    /// place, then handed back with [`WsRead::recycle`] before the reader awaits again.
+    Scratch(Box<[u8]>, usize),
+    /// A buffer of the connection's own (TLS: rustls hands out plaintext by copy).
+    Owned(Vec<u8>),
+}
+
+impl Chunk {
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            Chunk::Scratch(buf, n) => &mut buf[..*n],
+            Chunk::Owned(buf) => buf.as_mut_slice(),
+        }
+    }
+}
+
+/// The read side of a WebSocket connection, as the reader task needs it: today's
+/// [`AsyncReadRent`] read while a frame is partial (into the connection's pending
+/// buffer), and [`WsRead::read_idle`] while none is. Monomorphised per transport.
+pub trait WsRead: AsyncReadRent {
+    /// Wait for bytes while no frame is partial. An empty chunk is the end of the
+    /// stream. Plaintext parks no buffer while it waits (see the module's invariants).
+    fn read_idle(&mut self) -> impl Future<Output = std::io::Result<Chunk>>;
+
+    /// Take back the chunk [`WsRead::read_idle`] returned, once processed.
+    fn recycle(&mut self, chunk: Chunk) {
+        if let Chunk::Scratch(buf, _) = chunk {
+            put_scratch(buf);
+        }
+    }
+}
+
+/// The worker's scratch buffer for readiness reads: one per thread, lent to one reader
+/// at a time and only between a `recv` and the end of its (synchronous) processing.
+const SCRATCH: usize = 16 * 1024;
+
+thread_local! {
+    static SCRATCH_BUF: Cell<Option<Box<[u8]>>> = const { Cell::new(None) };
+}
+
+/// Borrow the worker's scratch buffer (made on first use; should a reader ever find it
+/// lent out, it gets a fresh one rather than waiting or panicking).
+fn take_scratch() -> Box<[u8]> {
+    SCRATCH_BUF
+        .with(Cell::take)
+        .unwrap_or_else(|| vec![0u8; SCRATCH].into_boxed_slice())
+}
+
+fn put_scratch(buf: Box<[u8]>) {
+    SCRATCH_BUF.with(|s| s.set(Some(buf)));
+}
+
+/// Plaintext: wait for readiness (a poll, which holds no buffer and may be dropped
+/// safely), then `recv` without blocking into the worker's scratch buffer.
+impl WsRead for OwnedReadHalf<TcpStream> {
+    async fn read_idle(&mut self) -> std::io::Result<Chunk> {
+        // SAFETY: the stream is shared with the write half only, in the same thread;
+        // `readable` and `as_raw_fd` read the descriptor and touch no state the
+        // writer's operations change (monoio's own split halves share it the same way).
+        let stream = unsafe { &*self.0.get() };
+        let fd = stream.as_raw_fd();
+        loop {
+            // Not relaxed: the legacy driver confirms readiness with a poll(2), so a
+            // stale edge-triggered readiness bit (our recv bypasses monoio) re-waits.
+            stream.readable(false).await?;
+            let mut buf = take_scratch();
+            // SAFETY: `buf` is a live allocation of `buf.len()` bytes we own; `fd` is
+            // this open stream's socket (the half keeps it open).
+            let n =
+                unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+            if n >= 0 {
+                return Ok(Chunk::Scratch(buf, n as usize));
+            }
+            let err = std::io::Error::last_os_error();
+            put_scratch(buf);
+            match err.kind() {
+                // A false positive (epoll) or a signal: wait again.
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => continue,
+                _ => return Err(err),
+            }
+        }
+    }
+}
+
 /// The reader task: decode frames, run the session, answer pings and closes. Returns
 /// when the connection is over; the socket is shut down by then.
-pub async fn read_loop<S: Session, R: AsyncReadRent>(
+pub async fn read_loop<S: Session, R: WsRead>(
     mut rd: R,
     conn: Rc<WsConn>,
     session: &mut S,
@@ -641,9 +739,8 @@ pub async fn read_loop<S: Session, R: AsyncReadRent>(
     mut pending: Vec<u8>,
 ) {
     let mut asm = Assembler::new(limits.max_fragments);
-    let mut idle_buf: Vec<u8> = Vec::with_capacity(IDLE_READ);
     // Bytes that arrived with the upgrade request are processed first.
-    let mut peer_closed = !process(&conn, session, &mut asm, &mut pending, limits);
+    let mut peer_closed = !process_vec(&conn, session, &mut asm, &mut pending, limits);
     while !peer_closed && conn.state.get() != State::Done {
         // `process` stops early only for back-pressure: then the queue is over the
         // limit, or was when it stopped (frames already read wait in `pending`).
@@ -653,45 +750,52 @@ pub async fn read_loop<S: Session, R: AsyncReadRent>(
             // drained below the limit.
             conn.wait_drained(limits.pause_backlog).await;
             if conn.is_open() && !pending.is_empty() {
-                peer_closed = !process(&conn, session, &mut asm, &mut pending, limits);
+                peer_closed = !process_vec(&conn, session, &mut asm, &mut pending, limits);
                 if pending.is_empty() && pending.capacity() > 0 {
                     pending = Vec::new();
                 }
                 continue;
             }
         }
-        let buf = if pending.is_empty() {
-            std::mem::take(&mut idle_buf)
-        } else {
-            Vec::with_capacity(BULK_READ)
-        };
-        let (res, mut buf) = rd.read(buf).await;
-        match res {
-            Ok(n) if n > 0 => {}
-            _ => break,
-        }
-        conn.touch(clock());
-        if conn.state.get() != State::Open {
-            // Closing: only the peer's close frame matters now.
-            peer_closed = contains_close(&mut buf, limits);
-            if buf.capacity() == IDLE_READ {
-                idle_buf = buf;
-            }
-            continue;
-        }
         if pending.is_empty() {
-            peer_closed = !process(&conn, session, &mut asm, &mut buf, limits);
-            pending.extend_from_slice(&buf);
-            buf.clear();
-            if buf.capacity() == IDLE_READ {
-                idle_buf = buf;
+            // No frame is partial: read by readiness, nothing parked per connection.
+            let mut chunk = match rd.read_idle().await {
+                Ok(c) => c,
+                Err(_) => break,
+            };
+            // From here to `recycle` nothing awaits: the scratch buffer is lent only
+            // for this synchronous pass.
+            let data = chunk.bytes_mut();
+            if data.is_empty() {
+                rd.recycle(chunk);
+                break;
             }
+            conn.touch(clock());
+            if conn.state.get() != State::Open {
+                // Closing: only the peer's close frame matters now.
+                peer_closed = contains_close(data, limits);
+            } else {
+                let (used, keep) = process(&conn, session, &mut asm, data, limits);
+                peer_closed = !keep;
+                // A partial frame, or frames held back by back-pressure: they move to
+                // the connection's own buffer, never wait in the shared scratch.
+                pending.extend_from_slice(&data[used..]);
+            }
+            rd.recycle(chunk);
         } else {
+            let (res, mut buf) = rd.read(Vec::with_capacity(BULK_READ)).await;
+            match res {
+                Ok(n) if n > 0 => {}
+                _ => break,
+            }
+            conn.touch(clock());
+            if conn.state.get() != State::Open {
+                peer_closed = contains_close(&mut buf, limits);
+                continue;
+            }
             pending.extend_from_slice(&buf);
-            peer_closed = !process(&conn, session, &mut asm, &mut pending, limits);
-        }
-        if idle_buf.capacity() == 0 {
-            idle_buf = Vec::with_capacity(IDLE_READ);
+            drop(buf);
+            peer_closed = !process_vec(&conn, session, &mut asm, &mut pending, limits);
         }
         if pending.is_empty() && pending.capacity() > 0 {
             pending = Vec::new();
@@ -707,15 +811,29 @@ pub async fn read_loop<S: Session, R: AsyncReadRent>(
     drop(rd);
 }
 
-/// Decode and handle every complete frame in `buf`, leaving the incomplete tail in it.
-/// Returns `false` when the reader should stop reading (peer closed or protocol error).
-fn process<S: Session>(
+/// [`process`] on a buffer of the connection's own, leaving the unprocessed tail in it.
+fn process_vec<S: Session>(
     conn: &Rc<WsConn>,
     session: &mut S,
     asm: &mut Assembler,
     buf: &mut Vec<u8>,
     limits: ReadLimits,
 ) -> bool {
+    let (used, keep) = process(conn, session, asm, buf, limits);
+    buf.drain(..used);
+    keep
+}
+
+/// Decode and handle every complete frame in `buf`. Returns how many bytes were used
+/// (the rest is an incomplete frame or held back by back-pressure) and `false` when the
+/// reader should stop reading (peer closed or protocol error).
+fn process<S: Session>(
+    conn: &Rc<WsConn>,
+    session: &mut S,
+    asm: &mut Assembler,
+    buf: &mut [u8],
+    limits: ReadLimits,
+) -> (usize, bool) {
     let mut off = 0;
     let mut keep_reading = true;
     while off < buf.len() {
@@ -774,8 +892,7 @@ fn process<S: Session>(
             break;
         }
     }
-    buf.drain(..off);
-    keep_reading
+    (off, keep_reading)
 }
 
 /// Whether `buf` starts with a whole frame (its header says how long it is). Cheap: reads
