@@ -1,11 +1,24 @@
 //! One WebSocket connection: the shared state ([`WsConn`]), its reader task
-//! ([`read_loop`]) and its writer task ([`write_loop`]).
+//! ([`read_loop`]) and its writer task ([`write_loop`]), which on plaintext exists only
+//! while the connection has a backlog.
 //!
 //! Invariants:
-//! - The writer owns the write half and is the only task that writes to the socket. It
-//!   drains a bounded local queue of shared `Bytes` frames; frames waiting together leave
-//!   in one write (coalescing), never one syscall each: one `writev` on plaintext
-//!   ([`FrameWrite`] for a TCP write half), one batch of TLS records on TLS (`crate::tls`).
+//! - Plaintext sends directly: [`WsConn::enqueue`] (the fan-out, replies) hands a frame
+//!   to the kernel with `send(MSG_DONTWAIT | MSG_NOSIGNAL)` when the queue is empty, no
+//!   write is in flight, the connection is open and the coalescing window has passed.
+//!   A whole frame sent costs no queue slot, no wake and no task. The rest of a partial
+//!   send, or a frame that met `EAGAIN`, is queued and the writer task started (or
+//!   woken); `EPIPE`/`ECONNRESET` aborts the connection.
+//! - The writer task owns the write half while it runs and is then the only one writing
+//!   to the socket (the direct path needs an empty queue and no write in flight, so the
+//!   two never write at once and frames leave in queue order). It drains the bounded
+//!   queue of shared `Bytes` frames; frames waiting together leave in one write
+//!   (coalescing), never one syscall each: one `writev` on plaintext ([`FrameWrite`] for
+//!   a TCP write half), one batch of TLS records on TLS (`crate::tls`). A plaintext
+//!   writer is spawned on demand (the preamble, the first backlog, a close frame) and,
+//!   once its queue is empty and one coalescing window has passed (so a hot connection
+//!   does not respawn it per burst), parks the write half back in the [`WsConn`] and
+//!   ends. A TLS writer is resident (rustls' state lives in it): TLS has no direct path.
 //! - Both tasks are generic over the stream ([`AsyncReadRent`] for the reader,
 //!   [`FrameWrite`] for the writer), monomorphised per transport: plaintext pays nothing
 //!   for TLS existing.
@@ -25,7 +38,8 @@
 //!   [`WsConn::abort`] shuts the socket down, which completes a pending poll or read.
 //!   monoio's `async-cancel` feature (a default, kept) makes a dropped poll cancel
 //!   itself in the kernel.
-//! - An idle plaintext connection holds no queue allocation and no read buffer.
+//! - An idle plaintext connection holds no queue allocation, no read buffer and no
+//!   writer task.
 //! - Every server-initiated close is bounded in time: after `CLOSE_GRACE` the socket is
 //!   shut down whether or not the peer answered.
 
@@ -42,6 +56,7 @@ use bytes::Bytes;
 use monoio::buf::IoVecBuf;
 use monoio::io::{AsyncReadRent, AsyncWriteRent, OwnedReadHalf, OwnedWriteHalf};
 use monoio::net::TcpStream;
+use monoio::time::Sleep;
 use monoio::BufResult;
 
 use super::frame::{self, decode_frame, Opcode};
@@ -67,6 +82,50 @@ const BULK_READ: usize = 8192;
 const QUEUE_SLOT_COST: usize = 64;
 /// Most frames handed to one `writev`.
 const MAX_BATCH: usize = 64;
+
+/// What a direct send did.
+enum Sent {
+    All,
+    /// Only this many bytes (the rest is queued).
+    Part(usize),
+    /// The socket buffer is full: queue the frame.
+    WouldBlock,
+    /// The peer is gone (`EPIPE`, `ECONNRESET`, ...).
+    Failed,
+}
+
+/// Why the writer's wait ended.
+enum Wake {
+    Frames,
+    /// The connection is closing with nothing left to write, or done.
+    Stop,
+    /// An on-demand writer with nothing to do: park the write half and end.
+    Idle,
+}
+
+/// Milliseconds on this thread's clock (never 0): the coalescing window's clock, kept in
+/// a `u32` per connection (it wraps after 49 days; a wrap costs at most one window).
+fn now_ms() -> u32 {
+    thread_local! {
+        static EPOCH: Instant = Instant::now();
+    }
+    let ms = EPOCH.with(|e| e.elapsed().as_millis()) as u32;
+    ms.max(1)
+}
+
+/// Set `timer` to `deadline`, made on first use (boxed so an idle writer's task stays
+/// small, reused so a hot connection does not allocate per batch).
+fn arm(timer: &mut Option<Pin<Box<Sleep>>>, deadline: monoio::time::Instant) -> Pin<&mut Sleep> {
+    match timer {
+        Some(t) => {
+            t.as_mut().reset(deadline);
+            t.as_mut()
+        }
+        None => timer
+            .insert(Box::pin(monoio::time::sleep_until(deadline)))
+            .as_mut(),
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -96,6 +155,18 @@ pub struct WsConn {
     close_code: Cell<u16>,
     writer: Cell<Option<Waker>>,
     waiter: Cell<Option<Waker>>,
+    /// Plaintext: the write half while no writer task runs; `None` while the writer has
+    /// it, on TLS (resident writer) and once the connection is done.
+    parked: Cell<Option<OwnedWriteHalf<TcpStream>>>,
+    /// A writer task exists (plaintext: while there is a backlog; TLS: always).
+    writer_live: Cell<bool>,
+    /// The writer holds frames taken from the queue that are not all in the kernel yet
+    /// (the direct path waits for it: frames leave in queue order).
+    writing: Cell<bool>,
+    /// Frames may be sent directly from [`WsConn::enqueue`] (plaintext, writer started).
+    direct: Cell<bool>,
+    /// [`now_ms`] of the last write that ended (0 = none yet): the coalescing clock.
+    last_write_ms: Cell<u32>,
     /// Worker-clock second of the last frame from the client.
     last_seen: Cell<u32>,
     /// Write coalescing window in milliseconds (0 = off), see [`WsConn::set_write_coalesce`].
@@ -120,6 +191,11 @@ impl WsConn {
             close_code: Cell::new(0),
             writer: Cell::new(None),
             waiter: Cell::new(None),
+            parked: Cell::new(None),
+            writer_live: Cell::new(false),
+            writing: Cell::new(false),
+            direct: Cell::new(false),
+            last_write_ms: Cell::new(0),
             last_seen: Cell::new(now_s),
             coalesce_ms: Cell::new(0),
             dialect: Dialect::Native,
@@ -202,22 +278,51 @@ impl WsConn {
         self.enqueue(frame, false)
     }
 
-    fn enqueue(self: &Rc<Self>, frame: Bytes, own: bool) -> bool {
+    fn enqueue(self: &Rc<Self>, mut frame: Bytes, own: bool) -> bool {
         if self.state.get() != State::Open {
             return false;
         }
-        let cost = frame.len() + QUEUE_SLOT_COST;
-        let total = self.queued_bytes.get() + cost;
-        if total > self.backlog_limit {
+        if self.queued_bytes.get() + frame.len() + QUEUE_SLOT_COST > self.backlog_limit {
             self.close(Disconnect::SLOW_CONSUMER);
             crate::metrics::with(|m| m.slow_consumer_close());
             return false;
         }
+        if self.direct.get()
+            && !self.writing.get()
+            && self.fd_open.get()
+            && self.queue.borrow().is_empty()
+        {
+            let window = u32::from(self.coalesce_ms.get());
+            let now = if window == 0 { 0 } else { now_ms() };
+            if self.window_passed(now, window) {
+                match self.send_now(&frame) {
+                    Sent::All => {
+                        if window != 0 {
+                            self.last_write_ms.set(now);
+                        }
+                        return true;
+                    }
+                    Sent::Part(n) => {
+                        if window != 0 {
+                            self.last_write_ms.set(now);
+                        }
+                        frame = frame.slice(n..);
+                    }
+                    Sent::WouldBlock => {}
+                    Sent::Failed => {
+                        self.abort();
+                        return false;
+                    }
+                }
+            }
+        }
+        let cost = frame.len() + QUEUE_SLOT_COST;
+        let total = self.queued_bytes.get() + cost;
         let mut q = self.queue.borrow_mut();
         let was_empty = q.is_empty();
         if q.capacity() == 0 {
-            // Most connections never hold more than one frame: start with room for
-            // one instead of the default four (idle connections keep this capacity).
+            // A connection with a backlog mostly holds one frame: start with room for
+            // one instead of the default four.
             q.reserve_exact(1);
         }
         q.push_back((frame, own));
@@ -225,9 +330,73 @@ impl WsConn {
         drop(q);
         self.charge(if own { cost } else { QUEUE_SLOT_COST });
         if was_empty {
-            self.wake_writer();
+            self.ensure_writer();
         }
         true
+    }
+
+    /// Whether a write now (`now`, from [`now_ms`]; unused when `window` is 0) is at least
+    /// `window` ms after the last one.
+    fn window_passed(&self, now: u32, window: u32) -> bool {
+        let last = self.last_write_ms.get();
+        window == 0 || last == 0 || now.wrapping_sub(last) >= window
+    }
+
+    /// One non-blocking `send` of `frame` on the socket (the direct path).
+    fn send_now(&self, frame: &[u8]) -> Sent {
+        loop {
+            // SAFETY: `fd_open` was checked by the caller: the reader still holds its
+            // half, so the descriptor is open and ours; the slice is valid for the call.
+            let n = unsafe {
+                libc::send(
+                    self.fd,
+                    frame.as_ptr().cast(),
+                    frame.len(),
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                )
+            };
+            if n > 0 {
+                let n = n as usize;
+                crate::metrics::with(|m| m.bytes_sent(n as u64));
+                return if n == frame.len() {
+                    Sent::All
+                } else {
+                    Sent::Part(n)
+                };
+            }
+            if n == 0 {
+                return Sent::WouldBlock;
+            }
+            match std::io::Error::last_os_error().kind() {
+                std::io::ErrorKind::Interrupted => continue,
+                std::io::ErrorKind::WouldBlock => return Sent::WouldBlock,
+                // EPIPE, ECONNRESET, ...: the peer is gone.
+                _ => return Sent::Failed,
+            }
+        }
+    }
+
+    /// Start the writer task, or wake it if it runs (frames were queued, or closing).
+    fn ensure_writer(self: &Rc<Self>) {
+        if self.writer_live.get() {
+            self.wake_writer();
+        } else if let Some(wr) = self.parked.take() {
+            self.writer_live.set(true);
+            monoio::spawn(write_loop(wr, self.clone(), Bytes::new()));
+        }
+    }
+
+    /// Start the connection's writer: it writes `preamble` (may be empty: the HTTP
+    /// answers that precede the upgrade, the 101 last), then the queue. It is not
+    /// charged to the backlog (the HTTP layer bounded it), and the connection is already
+    /// registered while it is written, so a close decided meanwhile (revocation,
+    /// shutdown) follows it. Plaintext writers end when idle and frames then go
+    /// directly ([`FrameWrite::ON_DEMAND`]); TLS writers stay.
+    pub fn start_writer<W: FrameWrite + 'static>(self: &Rc<Self>, wr: W, preamble: Bytes) {
+        self.direct.set(W::ON_DEMAND);
+        self.writer_live.set(true);
+        self.writing.set(!preamble.is_empty());
+        monoio::spawn(write_loop(wr, self.clone(), preamble));
     }
 
     /// What this connection holds against the worker's budget.
@@ -284,7 +453,7 @@ impl WsConn {
         drop(q);
         self.close_code.set(why.code);
         self.state.set(State::Closing);
-        self.wake_writer();
+        self.ensure_writer();
         let conn = self.clone();
         let grace = if code == SLOW_CONSUMER {
             SLOW_CLOSE_GRACE
@@ -312,6 +481,8 @@ impl WsConn {
 
     fn finish(&self) {
         self.state.set(State::Done);
+        // A parked write half is no longer needed (dropping it shuts the sending side).
+        drop(self.parked.take());
         self.wake_writer();
         if let Some(w) = self.waiter.take() {
             w.wake();
@@ -334,14 +505,40 @@ impl WsConn {
             .set(window.as_millis().min(u128::from(u16::MAX)) as u16);
     }
 
-    /// Wait until a frame is queued (`true`), or the writer should stop (`false`).
-    async fn wait_frames(&self) -> bool {
+    /// Wait until a frame is queued, the writer should stop, or (an on-demand writer)
+    /// it has been idle for one coalescing window since its last write.
+    async fn wait_frames(&self, on_demand: bool, timer: &mut Option<Pin<Box<Sleep>>>) -> Wake {
+        let mut linger = false;
+        if on_demand && self.queue.borrow().is_empty() {
+            let window = u32::from(self.coalesce_ms.get());
+            let last = self.last_write_ms.get();
+            let since = if window == 0 || last == 0 {
+                window
+            } else {
+                now_ms().wrapping_sub(last)
+            };
+            if since < window {
+                let deadline =
+                    monoio::time::Instant::now() + Duration::from_millis(u64::from(window - since));
+                arm(timer, deadline);
+                linger = true;
+            }
+        }
         poll_fn(|cx| {
             if !self.queue.borrow().is_empty() {
-                return Poll::Ready(true);
+                return Poll::Ready(Wake::Frames);
             }
             if self.state.get() != State::Open {
-                return Poll::Ready(false);
+                return Poll::Ready(Wake::Stop);
+            }
+            if on_demand {
+                let idle = match timer.as_mut() {
+                    Some(t) if linger => t.as_mut().poll(cx).is_ready(),
+                    _ => true,
+                };
+                if idle {
+                    return Poll::Ready(Wake::Idle);
+                }
             }
             self.writer.set(Some(cx.waker().clone()));
             Poll::Pending
@@ -512,7 +709,14 @@ unsafe impl IoVecBuf for FrameBatch {
 /// were taken (a partial write is fine: the writer advances and calls again). It must
 /// take at least one byte of a non-empty batch or fail. `close_write` ends the sending side
 /// after the close frame (TLS: close_notify first).
-pub trait FrameWrite {
+pub trait FrameWrite: Sized {
+    /// The writer task runs only while there is a backlog; frames otherwise go by direct
+    /// send (plaintext). `false`: a resident writer (TLS: rustls' state lives in it).
+    const ON_DEMAND: bool = false;
+    /// An on-demand writer going idle hands its half back to the connection.
+    fn park(self, conn: &WsConn) {
+        let _ = conn;
+    }
     fn write_frames(
         &mut self,
         batch: FrameBatch,
@@ -520,8 +724,16 @@ pub trait FrameWrite {
     fn close_write(&mut self) -> impl Future<Output = std::io::Result<()>>;
 }
 
-/// Plaintext: one `writev` per batch, straight from the shared frames (no copy).
+/// Plaintext: one `writev` per batch, straight from the shared frames (no copy); the
+/// writer exists only while there is a backlog.
 impl FrameWrite for OwnedWriteHalf<TcpStream> {
+    const ON_DEMAND: bool = true;
+
+    fn park(self, conn: &WsConn) {
+        // Not dropped: dropping a monoio write half shuts the socket's sending side.
+        conn.parked.set(Some(self));
+    }
+
     async fn write_frames(&mut self, mut batch: FrameBatch) -> BufResult<usize, FrameBatch> {
         if batch.bufs.len() == 1 {
             // One frame (the usual fan-out case): a plain send, no iovec to build or
@@ -539,15 +751,14 @@ impl FrameWrite for OwnedWriteHalf<TcpStream> {
     }
 }
 
-/// The writer task: drain the queue into the socket until closed.
-///
-/// `preamble` (may be empty) goes out first: the HTTP answers that precede the upgrade,
-/// the 101 last. It is not charged to the backlog (the HTTP layer bounded it), and the
-/// connection is already registered while it is written, so a close decided meanwhile
-/// (revocation, shutdown) follows it.
+/// The writer task: drain the queue into the socket; on plaintext until the queue has
+/// been empty for one coalescing window (then the half is parked in the connection), on
+/// TLS until closed. Started by [`WsConn::start_writer`] and, on plaintext, again by the
+/// next backlog or close. `preamble` (may be empty) goes out first.
 pub async fn write_loop<W: FrameWrite>(mut wr: W, conn: Rc<WsConn>, preamble: Bytes) {
     let mut batch = FrameBatch::default();
     if !preamble.is_empty() {
+        conn.writing.set(true);
         batch.bufs.push(preamble);
         while !batch.bufs.is_empty() {
             let (res, b) = Box::pin(wr.write_frames(batch)).await;
@@ -555,35 +766,42 @@ pub async fn write_loop<W: FrameWrite>(mut wr: W, conn: Rc<WsConn>, preamble: By
             match res {
                 Ok(n) if n > 0 => batch.advance(n),
                 _ => {
+                    conn.writing.set(false);
+                    conn.writer_live.set(false);
                     conn.abort();
                     return;
                 }
             }
         }
+        conn.writing.set(false);
         batch = FrameBatch::default();
     }
-    let mut last_write: Option<Instant> = None;
-    // Made on the first coalescing delay and re-armed after: boxed so an idle writer's
-    // task stays small, reused so a hot connection does not allocate per batch.
-    let mut timer: Option<Pin<Box<monoio::time::Sleep>>> = None;
+    // Made on the first coalescing delay or linger and re-armed after.
+    let mut timer: Option<Pin<Box<Sleep>>> = None;
     loop {
-        if !conn.wait_frames().await {
-            break;
-        }
-        let window = Duration::from_millis(u64::from(conn.coalesce_ms.get()));
-        if let Some(since) = last_write.map(|t| t.elapsed()) {
-            if since < window && conn.is_open() {
-                let deadline = monoio::time::Instant::now() + (window - since);
-                let sleep = match timer.as_mut() {
-                    Some(t) => {
-                        t.as_mut().reset(deadline);
-                        t
-                    }
-                    None => timer.insert(Box::pin(monoio::time::sleep_until(deadline))),
-                };
-                sleep.as_mut().await;
+        match conn.wait_frames(W::ON_DEMAND, &mut timer).await {
+            Wake::Frames => {}
+            Wake::Stop => break,
+            Wake::Idle => {
+                // Nothing queued, nothing in flight, connection open: from now on the
+                // fan-out sends directly, and the next backlog starts a new writer.
+                drop(conn.writer.take());
+                conn.writer_live.set(false);
+                wr.park(&conn);
+                return;
             }
         }
+        let window = u32::from(conn.coalesce_ms.get());
+        let last = conn.last_write_ms.get();
+        if window != 0 && last != 0 && conn.is_open() {
+            let since = now_ms().wrapping_sub(last);
+            if since < window {
+                let deadline =
+                    monoio::time::Instant::now() + Duration::from_millis(u64::from(window - since));
+                arm(&mut timer, deadline).await;
+            }
+        }
+        conn.writing.set(true);
         let ends_with_close = conn.take_batch(&mut batch);
         while !batch.bufs.is_empty() {
             let (res, b) = wr.write_frames(batch).await;
@@ -595,24 +813,28 @@ pub async fn write_loop<W: FrameWrite>(mut wr: W, conn: Rc<WsConn>, preamble: By
                 }
                 _ => {
                     batch.bufs.clear();
+                    conn.writing.set(false);
+                    conn.writer_live.set(false);
                     conn.abort();
                     return;
                 }
             }
         }
-        if !window.is_zero() {
-            last_write = Some(Instant::now());
+        conn.writing.set(false);
+        if window != 0 {
+            conn.last_write_ms.set(now_ms());
         }
         if batch.bufs.capacity() > 8 {
-            // A burst grew the batch; an idle connection should not keep it.
+            // A burst grew the batch; a connection that stays should not keep it.
             batch = FrameBatch::default();
         }
         if ends_with_close {
-            // Boxed: a rare path whose future would otherwise enlarge every idle writer.
+            // Boxed: a rare path whose future would otherwise enlarge every writer.
             let _ = Box::pin(wr.close_write()).await;
             break;
         }
     }
+    conn.writer_live.set(false);
     conn.finish();
 }
 
