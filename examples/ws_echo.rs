@@ -21,8 +21,8 @@ use std::time::Instant;
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt, Splitable};
 use monoio::net::{TcpListener, TcpStream};
 use ringcast::{
-    frame, parse_head, read_loop, validate_upgrade, write_error, write_loop, write_switching,
-    Disconnect, Extra, Opcode, ReadLimits, Session, WsConn,
+    frame, parse_head, read_loop, validate_upgrade, write_error, write_switching, Disconnect,
+    Extra, Opcode, ReadLimits, Session, WsConn,
 };
 
 /// Largest message echoed: group 9 sends up to 16 MiB; headroom for reassembly.
@@ -139,7 +139,8 @@ async fn serve(mut stream: TcpStream, id: u64, started: Instant) {
     let leftover = buf.split_off(head.head_len);
     let conn = Rc::new(WsConn::new(id, stream.as_raw_fd(), SEND_BACKLOG, 0));
     let (rd, wr) = stream.into_split();
-    monoio::spawn(write_loop(wr, conn.clone(), bytes::Bytes::new()));
+    // As the server does: replies go by direct send, a writer task only with a backlog.
+    conn.start_writer(wr, bytes::Bytes::new());
     let limits = ReadLimits {
         max_message: MAX_MESSAGE,
         max_fragments: MAX_FRAGMENTS,

@@ -7,7 +7,8 @@
 # tests) and Debian's chromium (browser tests; a browser is never downloaded by npm),
 # the npm packages of tests/browser (and clients/js if it ever has any), and Python's
 # requests (examples/publish.py), PyJWT (examples/token_endpoint.py) and pusher (the
-# Pusher server SDK, tests/pusher_sdk.rs). Then: cargo test --workspace, a build of the binary the
+# Pusher server SDK, tests/pusher_sdk.rs). Then: cargo test --workspace (on the default
+# io_uring driver, then again on the legacy epoll driver), a build of the binary the
 # browser tests start, the JavaScript client's unit tests, and the browser tests.
 #
 # Environment: RINGCAST_BIN (binary for the browser tests; default target/debug/ringcast,
@@ -76,6 +77,11 @@ fi
 if [ "${SKIP_CARGO_TEST:-0}" != 1 ]; then
   step "cargo test --workspace"
   cargo test --workspace
+  # The whole suite again on the legacy (epoll) driver: every server the tests start
+  # inherits the variable (src/server/mod.rs reads it at start-up). Reads by readiness
+  # and direct sends (src/ws/conn.rs) have a legacy path of their own; this run covers it.
+  step "cargo test --workspace on the epoll driver (RINGCAST_FORCE_EPOLL=1)"
+  RINGCAST_FORCE_EPOLL=1 cargo test --workspace
   # The churn test again against an optimised build: the release binary is what users
   # run, and a leak once showed only there (see src/shard/stop.rs).
   step "churn test against the release binary"

@@ -41,7 +41,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::{ServerConfig, ServerConnection};
 
-use crate::ws::conn::{FrameBatch, FrameWrite};
+use crate::ws::conn::{Chunk, FrameBatch, FrameWrite, WsRead, IDLE_READ};
 
 /// The one application protocol offered: HTTP/1.1 (WebSocket upgrades ride on it).
 pub(crate) const ALPN_HTTP11: &[u8] = b"http/1.1";
@@ -327,6 +327,7 @@ impl TlsStream {
             TlsReader {
                 tcp: rd,
                 session: self.session.clone(),
+                idle: Vec::new(),
             },
             TlsWriter {
                 tcp: wr,
@@ -409,6 +410,30 @@ impl AsyncWriteRent for TlsStream {
 pub(crate) struct TlsReader {
     tcp: OwnedReadHalf<TcpStream>,
     session: Rc<RefCell<Session>>,
+    /// The small buffer an idle TLS connection's read waits with (rustls hands out
+    /// plaintext by copy, so TLS keeps a read of its own: no readiness path here).
+    idle: Vec<u8>,
+}
+
+/// TLS keeps its read path: a read of `IDLE_READ` bytes of plaintext, reused.
+impl WsRead for TlsReader {
+    async fn read_idle(&mut self) -> io::Result<Chunk> {
+        let mut buf = std::mem::take(&mut self.idle);
+        if buf.capacity() == 0 {
+            buf.reserve_exact(IDLE_READ);
+        }
+        let (res, buf) = self.read(buf).await;
+        res.map(|_| Chunk::Owned(buf))
+    }
+
+    fn recycle(&mut self, chunk: Chunk) {
+        if let Chunk::Owned(mut buf) = chunk {
+            if buf.capacity() == IDLE_READ {
+                buf.clear();
+                self.idle = buf;
+            }
+        }
+    }
 }
 
 impl AsyncReadRent for TlsReader {

@@ -10,12 +10,12 @@ use monoio::io::{AsyncReadRent, AsyncWriteRent, OwnedReadHalf, OwnedWriteHalf, S
 use monoio::net::TcpStream;
 
 use crate::tls::{TlsReader, TlsStream, TlsWriter};
-use crate::ws::conn::FrameWrite;
+use crate::ws::conn::{FrameWrite, WsRead};
 
 /// A connected byte stream the HTTP loop can serve, and how it becomes a WebSocket.
 pub(crate) trait Transport: AsyncReadRent + AsyncWriteRent + 'static {
     /// The reader task's half.
-    type Reader: AsyncReadRent + 'static;
+    type Reader: WsRead + 'static;
     /// The writer task's half.
     type Writer: FrameWrite + 'static;
     /// Split after an upgrade; the descriptor is the TCP socket, for `WsConn::abort`.

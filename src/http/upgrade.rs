@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use monoio::io::AsyncReadRent;
 
 use super::outcome::{answer, Outcome, Upgrade};
 use super::parse::{query_param, Method, RequestHead};
@@ -26,7 +25,7 @@ use crate::error::Unavailable;
 use crate::ids::SocketId;
 use crate::pusher_frame;
 use crate::shard::{ConnGuard, ProjectSlot, Shard};
-use crate::ws::conn::{read_loop, write_loop, ReadLimits, Session, WsConn};
+use crate::ws::conn::{read_loop, ReadLimits, Session, WsConn, WsRead};
 use crate::ws::handshake::write_switching;
 
 /// Check the upgrade request (RFC 6455 §4.2.1); returns the `Sec-WebSocket-Key` value.
@@ -108,8 +107,9 @@ pub(crate) fn handle(
 
 /// Run an upgraded connection: the pending HTTP answers (the 101 last) are its first
 /// queued bytes, then the `connected` frame; it is registered with the shard before
-/// anything is written (so revocation reaches it wherever it is); writer task spawned,
-/// reader in a task of its own holding the session.
+/// anything is written (so revocation reaches it wherever it is); writer task started
+/// (on plaintext it lasts only while there is something to write), reader in a task of
+/// its own holding the session.
 pub(crate) fn start<S: Transport>(
     svc: Rc<Service>,
     stream: S,
@@ -146,7 +146,9 @@ pub(crate) fn start<S: Transport>(
     };
     let pusher = (upgrade.dialect == Dialect::Pusher).then(|| upgrade.project.clone());
     shard.register(conn.clone(), upgrade.key_id, pusher);
-    monoio::spawn(write_loop(wr, conn.clone(), Bytes::from(answers)));
+    // The writer sends the answers, then the `connected` frame queued above; on
+    // plaintext it ends once idle and later frames go by direct send.
+    conn.start_writer(wr, Bytes::from(answers));
     // An empty leftover still owns the 4 KiB HTTP read buffer: free it now, not when
     // the connection ends (it would be most of an idle connection's memory).
     let pending = if leftover.is_empty() {
@@ -184,7 +186,7 @@ pub(crate) fn start<S: Transport>(
 
 /// The reader's task. Kept apart from the upgrade so that the task that lives as long
 /// as the socket holds only the reader's small state (an idle connection's cost).
-async fn reader_task<R: AsyncReadRent, S: Session>(
+async fn reader_task<R: WsRead, S: Session>(
     rd: R,
     conn: Rc<WsConn>,
     mut session: S,

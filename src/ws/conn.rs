@@ -1,27 +1,52 @@
 //! One WebSocket connection: the shared state ([`WsConn`]), its reader task
-//! ([`read_loop`]) and its writer task ([`write_loop`]).
+//! ([`read_loop`]) and its writer task ([`write_loop`]), which on plaintext exists only
+//! while the connection has a backlog.
 //!
 //! Invariants:
-//! - The writer owns the write half and is the only task that writes to the socket. It
-//!   drains a bounded local queue of shared `Bytes` frames; frames waiting together leave
-//!   in one write (coalescing), never one syscall each: one `writev` on plaintext
-//!   ([`FrameWrite`] for a TCP write half), one batch of TLS records on TLS (`crate::tls`).
+//! - Plaintext sends directly: [`WsConn::enqueue`] (the fan-out, replies) hands a frame
+//!   to the kernel with `send(MSG_DONTWAIT | MSG_NOSIGNAL)` when the queue is empty, no
+//!   write is in flight, the connection is open and the coalescing window has passed.
+//!   A whole frame sent costs no queue slot, no wake and no task. The rest of a partial
+//!   send, or a frame that met `EAGAIN`, is queued and the writer task started (or
+//!   woken); `EPIPE`/`ECONNRESET` aborts the connection.
+//! - The writer task owns the write half while it runs and is then the only one writing
+//!   to the socket (the direct path needs an empty queue and no write in flight, so the
+//!   two never write at once and frames leave in queue order). It drains the bounded
+//!   queue of shared `Bytes` frames; frames waiting together leave in one write
+//!   (coalescing), never one syscall each: one `writev` on plaintext ([`FrameWrite`] for
+//!   a TCP write half), one batch of TLS records on TLS (`crate::tls`). A plaintext
+//!   writer is spawned on demand (the preamble, the first backlog, a close frame) and,
+//!   once its queue is empty and one coalescing window has passed (so a hot connection
+//!   does not respawn it per burst), parks the write half back in the [`WsConn`] and
+//!   ends. A TLS writer is resident (rustls' state lives in it): TLS has no direct path.
 //! - Both tasks are generic over the stream ([`AsyncReadRent`] for the reader,
 //!   [`FrameWrite`] for the writer), monomorphised per transport: plaintext pays nothing
 //!   for TLS existing.
 //! - The queue is bounded in bytes (`send_backlog_bytes`): a push past the bound drops
 //!   the backlog, queues a 4008 close frame and never slows the caller (the fan-out).
-//! - The reader owns the read half. An io_uring read is never raced in a `select!`
-//!   (that could lose data); to stop a reader, [`WsConn::abort`] shuts the socket down,
-//!   which completes the pending read with EOF.
-//! - An idle connection holds no queue allocation and one small read buffer.
+//! - The reader owns the read half ([`WsRead`]). While no frame is partial, plaintext
+//!   reads by readiness: it waits with `readable(false)` (a poll: no buffer parked, and
+//!   dropping it is safe, it consumes nothing), then `recv(MSG_DONTWAIT)`s into the
+//!   worker's scratch buffer and processes the bytes there; `EAGAIN` (an epoll false
+//!   positive) waits again. A partial frame's tail, and frames held back by
+//!   back-pressure, are copied into the connection's pending buffer (its only buffer,
+//!   freed when empty), never left in the scratch buffer, which is lent to one reader
+//!   between a `recv` and the end of its synchronous processing. While a frame is
+//!   partial, the reader does a monoio read into the pending path; TLS always reads
+//!   that way (rustls hands out plaintext by copy). A `readable()` may be dropped (or
+//!   raced in a `select!`); a read may not (that could lose data): to stop a reader,
+//!   [`WsConn::abort`] shuts the socket down, which completes a pending poll or read.
+//!   monoio's `async-cancel` feature (a default, kept) makes a dropped poll cancel
+//!   itself in the kernel.
+//! - An idle plaintext connection holds no queue allocation, no read buffer and no
+//!   writer task.
 //! - Every server-initiated close is bounded in time: after `CLOSE_GRACE` the socket is
 //!   shut down whether or not the peer answered.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
@@ -29,8 +54,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use monoio::buf::IoVecBuf;
-use monoio::io::{AsyncReadRent, AsyncWriteRent, OwnedWriteHalf};
+use monoio::io::{AsyncReadRent, AsyncWriteRent, OwnedReadHalf, OwnedWriteHalf};
 use monoio::net::TcpStream;
+use monoio::time::Sleep;
 use monoio::BufResult;
 
 use super::frame::{self, decode_frame, Opcode};
@@ -44,9 +70,10 @@ pub(crate) const CLOSE_GRACE: Duration = Duration::from_secs(2);
 /// behind them, so it gets longer before the socket is cut (its backlog is already
 /// freed; only the kernel's bounded socket buffer remains).
 pub(crate) const SLOW_CLOSE_GRACE: Duration = Duration::from_secs(10);
-/// Read size while idle: client-to-server traffic is small control JSON, and the
-/// buffer stays parked in the pending read of every idle connection.
-const IDLE_READ: usize = 128;
+/// Read size while idle on TLS: client-to-server traffic is small control JSON, and the
+/// buffer stays parked in the pending read of every idle TLS connection (plaintext
+/// parks none: it reads by readiness into the worker's scratch buffer).
+pub(crate) const IDLE_READ: usize = 128;
 /// Read size while a larger frame is being assembled.
 const BULK_READ: usize = 8192;
 /// What one queued frame costs beyond its bytes (its queue slot and the shared buffer's
@@ -55,6 +82,50 @@ const BULK_READ: usize = 8192;
 const QUEUE_SLOT_COST: usize = 64;
 /// Most frames handed to one `writev`.
 const MAX_BATCH: usize = 64;
+
+/// What a direct send did.
+enum Sent {
+    All,
+    /// Only this many bytes (the rest is queued).
+    Part(usize),
+    /// The socket buffer is full: queue the frame.
+    WouldBlock,
+    /// The peer is gone (`EPIPE`, `ECONNRESET`, ...).
+    Failed,
+}
+
+/// Why the writer's wait ended.
+enum Wake {
+    Frames,
+    /// The connection is closing with nothing left to write, or done.
+    Stop,
+    /// An on-demand writer with nothing to do: park the write half and end.
+    Idle,
+}
+
+/// Milliseconds on this thread's clock (never 0): the coalescing window's clock, kept in
+/// a `u32` per connection (it wraps after 49 days; a wrap costs at most one window).
+fn now_ms() -> u32 {
+    thread_local! {
+        static EPOCH: Instant = Instant::now();
+    }
+    let ms = EPOCH.with(|e| e.elapsed().as_millis()) as u32;
+    ms.max(1)
+}
+
+/// Set `timer` to `deadline`, made on first use (boxed so an idle writer's task stays
+/// small, reused so a hot connection does not allocate per batch).
+fn arm(timer: &mut Option<Pin<Box<Sleep>>>, deadline: monoio::time::Instant) -> Pin<&mut Sleep> {
+    match timer {
+        Some(t) => {
+            t.as_mut().reset(deadline);
+            t.as_mut()
+        }
+        None => timer
+            .insert(Box::pin(monoio::time::sleep_until(deadline)))
+            .as_mut(),
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -84,6 +155,18 @@ pub struct WsConn {
     close_code: Cell<u16>,
     writer: Cell<Option<Waker>>,
     waiter: Cell<Option<Waker>>,
+    /// Plaintext: the write half while no writer task runs; `None` while the writer has
+    /// it, on TLS (resident writer) and once the connection is done.
+    parked: Cell<Option<OwnedWriteHalf<TcpStream>>>,
+    /// A writer task exists (plaintext: while there is a backlog; TLS: always).
+    writer_live: Cell<bool>,
+    /// The writer holds frames taken from the queue that are not all in the kernel yet
+    /// (the direct path waits for it: frames leave in queue order).
+    writing: Cell<bool>,
+    /// Frames may be sent directly from [`WsConn::enqueue`] (plaintext, writer started).
+    direct: Cell<bool>,
+    /// [`now_ms`] of the last write that ended (0 = none yet): the coalescing clock.
+    last_write_ms: Cell<u32>,
     /// Worker-clock second of the last frame from the client.
     last_seen: Cell<u32>,
     /// Write coalescing window in milliseconds (0 = off), see [`WsConn::set_write_coalesce`].
@@ -108,6 +191,11 @@ impl WsConn {
             close_code: Cell::new(0),
             writer: Cell::new(None),
             waiter: Cell::new(None),
+            parked: Cell::new(None),
+            writer_live: Cell::new(false),
+            writing: Cell::new(false),
+            direct: Cell::new(false),
+            last_write_ms: Cell::new(0),
             last_seen: Cell::new(now_s),
             coalesce_ms: Cell::new(0),
             dialect: Dialect::Native,
@@ -190,22 +278,51 @@ impl WsConn {
         self.enqueue(frame, false)
     }
 
-    fn enqueue(self: &Rc<Self>, frame: Bytes, own: bool) -> bool {
+    fn enqueue(self: &Rc<Self>, mut frame: Bytes, own: bool) -> bool {
         if self.state.get() != State::Open {
             return false;
         }
-        let cost = frame.len() + QUEUE_SLOT_COST;
-        let total = self.queued_bytes.get() + cost;
-        if total > self.backlog_limit {
+        if self.queued_bytes.get() + frame.len() + QUEUE_SLOT_COST > self.backlog_limit {
             self.close(Disconnect::SLOW_CONSUMER);
             crate::metrics::with(|m| m.slow_consumer_close());
             return false;
         }
+        if self.direct.get()
+            && !self.writing.get()
+            && self.fd_open.get()
+            && self.queue.borrow().is_empty()
+        {
+            let window = u32::from(self.coalesce_ms.get());
+            let now = if window == 0 { 0 } else { now_ms() };
+            if self.window_passed(now, window) {
+                match self.send_now(&frame) {
+                    Sent::All => {
+                        if window != 0 {
+                            self.last_write_ms.set(now);
+                        }
+                        return true;
+                    }
+                    Sent::Part(n) => {
+                        if window != 0 {
+                            self.last_write_ms.set(now);
+                        }
+                        frame = frame.slice(n..);
+                    }
+                    Sent::WouldBlock => {}
+                    Sent::Failed => {
+                        self.abort();
+                        return false;
+                    }
+                }
+            }
+        }
+        let cost = frame.len() + QUEUE_SLOT_COST;
+        let total = self.queued_bytes.get() + cost;
         let mut q = self.queue.borrow_mut();
         let was_empty = q.is_empty();
         if q.capacity() == 0 {
-            // Most connections never hold more than one frame: start with room for
-            // one instead of the default four (idle connections keep this capacity).
+            // A connection with a backlog mostly holds one frame: start with room for
+            // one instead of the default four.
             q.reserve_exact(1);
         }
         q.push_back((frame, own));
@@ -213,9 +330,73 @@ impl WsConn {
         drop(q);
         self.charge(if own { cost } else { QUEUE_SLOT_COST });
         if was_empty {
-            self.wake_writer();
+            self.ensure_writer();
         }
         true
+    }
+
+    /// Whether a write now (`now`, from [`now_ms`]; unused when `window` is 0) is at least
+    /// `window` ms after the last one.
+    fn window_passed(&self, now: u32, window: u32) -> bool {
+        let last = self.last_write_ms.get();
+        window == 0 || last == 0 || now.wrapping_sub(last) >= window
+    }
+
+    /// One non-blocking `send` of `frame` on the socket (the direct path).
+    fn send_now(&self, frame: &[u8]) -> Sent {
+        loop {
+            // SAFETY: `fd_open` was checked by the caller: the reader still holds its
+            // half, so the descriptor is open and ours; the slice is valid for the call.
+            let n = unsafe {
+                libc::send(
+                    self.fd,
+                    frame.as_ptr().cast(),
+                    frame.len(),
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                )
+            };
+            if n > 0 {
+                let n = n as usize;
+                crate::metrics::with(|m| m.bytes_sent(n as u64));
+                return if n == frame.len() {
+                    Sent::All
+                } else {
+                    Sent::Part(n)
+                };
+            }
+            if n == 0 {
+                return Sent::WouldBlock;
+            }
+            match std::io::Error::last_os_error().kind() {
+                std::io::ErrorKind::Interrupted => continue,
+                std::io::ErrorKind::WouldBlock => return Sent::WouldBlock,
+                // EPIPE, ECONNRESET, ...: the peer is gone.
+                _ => return Sent::Failed,
+            }
+        }
+    }
+
+    /// Start the writer task, or wake it if it runs (frames were queued, or closing).
+    fn ensure_writer(self: &Rc<Self>) {
+        if self.writer_live.get() {
+            self.wake_writer();
+        } else if let Some(wr) = self.parked.take() {
+            self.writer_live.set(true);
+            monoio::spawn(write_loop(wr, self.clone(), Bytes::new()));
+        }
+    }
+
+    /// Start the connection's writer: it writes `preamble` (may be empty: the HTTP
+    /// answers that precede the upgrade, the 101 last), then the queue. It is not
+    /// charged to the backlog (the HTTP layer bounded it), and the connection is already
+    /// registered while it is written, so a close decided meanwhile (revocation,
+    /// shutdown) follows it. Plaintext writers end when idle and frames then go
+    /// directly ([`FrameWrite::ON_DEMAND`]); TLS writers stay.
+    pub fn start_writer<W: FrameWrite + 'static>(self: &Rc<Self>, wr: W, preamble: Bytes) {
+        self.direct.set(W::ON_DEMAND);
+        self.writer_live.set(true);
+        self.writing.set(!preamble.is_empty());
+        monoio::spawn(write_loop(wr, self.clone(), preamble));
     }
 
     /// What this connection holds against the worker's budget.
@@ -272,7 +453,7 @@ impl WsConn {
         drop(q);
         self.close_code.set(why.code);
         self.state.set(State::Closing);
-        self.wake_writer();
+        self.ensure_writer();
         let conn = self.clone();
         let grace = if code == SLOW_CONSUMER {
             SLOW_CLOSE_GRACE
@@ -300,6 +481,8 @@ impl WsConn {
 
     fn finish(&self) {
         self.state.set(State::Done);
+        // A parked write half is no longer needed (dropping it shuts the sending side).
+        drop(self.parked.take());
         self.wake_writer();
         if let Some(w) = self.waiter.take() {
             w.wake();
@@ -322,14 +505,40 @@ impl WsConn {
             .set(window.as_millis().min(u128::from(u16::MAX)) as u16);
     }
 
-    /// Wait until a frame is queued (`true`), or the writer should stop (`false`).
-    async fn wait_frames(&self) -> bool {
+    /// Wait until a frame is queued, the writer should stop, or (an on-demand writer)
+    /// it has been idle for one coalescing window since its last write.
+    async fn wait_frames(&self, on_demand: bool, timer: &mut Option<Pin<Box<Sleep>>>) -> Wake {
+        let mut linger = false;
+        if on_demand && self.queue.borrow().is_empty() {
+            let window = u32::from(self.coalesce_ms.get());
+            let last = self.last_write_ms.get();
+            let since = if window == 0 || last == 0 {
+                window
+            } else {
+                now_ms().wrapping_sub(last)
+            };
+            if since < window {
+                let deadline =
+                    monoio::time::Instant::now() + Duration::from_millis(u64::from(window - since));
+                arm(timer, deadline);
+                linger = true;
+            }
+        }
         poll_fn(|cx| {
             if !self.queue.borrow().is_empty() {
-                return Poll::Ready(true);
+                return Poll::Ready(Wake::Frames);
             }
             if self.state.get() != State::Open {
-                return Poll::Ready(false);
+                return Poll::Ready(Wake::Stop);
+            }
+            if on_demand {
+                let idle = match timer.as_mut() {
+                    Some(t) if linger => t.as_mut().poll(cx).is_ready(),
+                    _ => true,
+                };
+                if idle {
+                    return Poll::Ready(Wake::Idle);
+                }
             }
             self.writer.set(Some(cx.waker().clone()));
             Poll::Pending
@@ -500,7 +709,14 @@ unsafe impl IoVecBuf for FrameBatch {
 /// were taken (a partial write is fine: the writer advances and calls again). It must
 /// take at least one byte of a non-empty batch or fail. `close_write` ends the sending side
 /// after the close frame (TLS: close_notify first).
-pub trait FrameWrite {
+pub trait FrameWrite: Sized {
+    /// The writer task runs only while there is a backlog; frames otherwise go by direct
+    /// send (plaintext). `false`: a resident writer (TLS: rustls' state lives in it).
+    const ON_DEMAND: bool = false;
+    /// An on-demand writer going idle hands its half back to the connection.
+    fn park(self, conn: &WsConn) {
+        let _ = conn;
+    }
     fn write_frames(
         &mut self,
         batch: FrameBatch,
@@ -508,8 +724,16 @@ pub trait FrameWrite {
     fn close_write(&mut self) -> impl Future<Output = std::io::Result<()>>;
 }
 
-/// Plaintext: one `writev` per batch, straight from the shared frames (no copy).
+/// Plaintext: one `writev` per batch, straight from the shared frames (no copy); the
+/// writer exists only while there is a backlog.
 impl FrameWrite for OwnedWriteHalf<TcpStream> {
+    const ON_DEMAND: bool = true;
+
+    fn park(self, conn: &WsConn) {
+        // Not dropped: dropping a monoio write half shuts the socket's sending side.
+        conn.parked.set(Some(self));
+    }
+
     async fn write_frames(&mut self, mut batch: FrameBatch) -> BufResult<usize, FrameBatch> {
         if batch.bufs.len() == 1 {
             // One frame (the usual fan-out case): a plain send, no iovec to build or
@@ -527,15 +751,14 @@ impl FrameWrite for OwnedWriteHalf<TcpStream> {
     }
 }
 
-/// The writer task: drain the queue into the socket until closed.
-///
-/// `preamble` (may be empty) goes out first: the HTTP answers that precede the upgrade,
-/// the 101 last. It is not charged to the backlog (the HTTP layer bounded it), and the
-/// connection is already registered while it is written, so a close decided meanwhile
-/// (revocation, shutdown) follows it.
+/// The writer task: drain the queue into the socket; on plaintext until the queue has
+/// been empty for one coalescing window (then the half is parked in the connection), on
+/// TLS until closed. Started by [`WsConn::start_writer`] and, on plaintext, again by the
+/// next backlog or close. `preamble` (may be empty) goes out first.
 pub async fn write_loop<W: FrameWrite>(mut wr: W, conn: Rc<WsConn>, preamble: Bytes) {
     let mut batch = FrameBatch::default();
     if !preamble.is_empty() {
+        conn.writing.set(true);
         batch.bufs.push(preamble);
         while !batch.bufs.is_empty() {
             let (res, b) = Box::pin(wr.write_frames(batch)).await;
@@ -543,35 +766,42 @@ pub async fn write_loop<W: FrameWrite>(mut wr: W, conn: Rc<WsConn>, preamble: By
             match res {
                 Ok(n) if n > 0 => batch.advance(n),
                 _ => {
+                    conn.writing.set(false);
+                    conn.writer_live.set(false);
                     conn.abort();
                     return;
                 }
             }
         }
+        conn.writing.set(false);
         batch = FrameBatch::default();
     }
-    let mut last_write: Option<Instant> = None;
-    // Made on the first coalescing delay and re-armed after: boxed so an idle writer's
-    // task stays small, reused so a hot connection does not allocate per batch.
-    let mut timer: Option<Pin<Box<monoio::time::Sleep>>> = None;
+    // Made on the first coalescing delay or linger and re-armed after.
+    let mut timer: Option<Pin<Box<Sleep>>> = None;
     loop {
-        if !conn.wait_frames().await {
-            break;
-        }
-        let window = Duration::from_millis(u64::from(conn.coalesce_ms.get()));
-        if let Some(since) = last_write.map(|t| t.elapsed()) {
-            if since < window && conn.is_open() {
-                let deadline = monoio::time::Instant::now() + (window - since);
-                let sleep = match timer.as_mut() {
-                    Some(t) => {
-                        t.as_mut().reset(deadline);
-                        t
-                    }
-                    None => timer.insert(Box::pin(monoio::time::sleep_until(deadline))),
-                };
-                sleep.as_mut().await;
+        match conn.wait_frames(W::ON_DEMAND, &mut timer).await {
+            Wake::Frames => {}
+            Wake::Stop => break,
+            Wake::Idle => {
+                // Nothing queued, nothing in flight, connection open: from now on the
+                // fan-out sends directly, and the next backlog starts a new writer.
+                drop(conn.writer.take());
+                conn.writer_live.set(false);
+                wr.park(&conn);
+                return;
             }
         }
+        let window = u32::from(conn.coalesce_ms.get());
+        let last = conn.last_write_ms.get();
+        if window != 0 && last != 0 && conn.is_open() {
+            let since = now_ms().wrapping_sub(last);
+            if since < window {
+                let deadline =
+                    monoio::time::Instant::now() + Duration::from_millis(u64::from(window - since));
+                arm(&mut timer, deadline).await;
+            }
+        }
+        conn.writing.set(true);
         let ends_with_close = conn.take_batch(&mut batch);
         while !batch.bufs.is_empty() {
             let (res, b) = wr.write_frames(batch).await;
@@ -583,24 +813,28 @@ pub async fn write_loop<W: FrameWrite>(mut wr: W, conn: Rc<WsConn>, preamble: By
                 }
                 _ => {
                     batch.bufs.clear();
+                    conn.writing.set(false);
+                    conn.writer_live.set(false);
                     conn.abort();
                     return;
                 }
             }
         }
-        if !window.is_zero() {
-            last_write = Some(Instant::now());
+        conn.writing.set(false);
+        if window != 0 {
+            conn.last_write_ms.set(now_ms());
         }
         if batch.bufs.capacity() > 8 {
-            // A burst grew the batch; an idle connection should not keep it.
+            // A burst grew the batch; a connection that stays should not keep it.
             batch = FrameBatch::default();
         }
         if ends_with_close {
-            // Boxed: a rare path whose future would otherwise enlarge every idle writer.
+            // Boxed: a rare path whose future would otherwise enlarge every writer.
             let _ = Box::pin(wr.close_write()).await;
             break;
         }
     }
+    conn.writer_live.set(false);
     conn.finish();
 }
 
@@ -630,9 +864,95 @@ pub struct ReadLimits {
     pub pause_backlog: usize,
 }
 
+/// What the reader got while no frame was partial ([`WsRead::read_idle`]).
+pub enum Chunk {
+    /// The first `n` bytes of the worker's scratch buffer (plaintext): processed in
+    /// place, then handed back with [`WsRead::recycle`] before the reader awaits again.
+    Scratch(Box<[u8]>, usize),
+    /// A buffer of the connection's own (TLS: rustls hands out plaintext by copy).
+    Owned(Vec<u8>),
+}
+
+impl Chunk {
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            Chunk::Scratch(buf, n) => &mut buf[..*n],
+            Chunk::Owned(buf) => buf.as_mut_slice(),
+        }
+    }
+}
+
+/// The read side of a WebSocket connection, as the reader task needs it: today's
+/// [`AsyncReadRent`] read while a frame is partial (into the connection's pending
+/// buffer), and [`WsRead::read_idle`] while none is. Monomorphised per transport.
+pub trait WsRead: AsyncReadRent {
+    /// Wait for bytes while no frame is partial. An empty chunk is the end of the
+    /// stream. Plaintext parks no buffer while it waits (see the module's invariants).
+    fn read_idle(&mut self) -> impl Future<Output = std::io::Result<Chunk>>;
+
+    /// Take back the chunk [`WsRead::read_idle`] returned, once processed.
+    fn recycle(&mut self, chunk: Chunk) {
+        if let Chunk::Scratch(buf, _) = chunk {
+            put_scratch(buf);
+        }
+    }
+}
+
+/// The worker's scratch buffer for readiness reads: one per thread, lent to one reader
+/// at a time and only between a `recv` and the end of its (synchronous) processing.
+const SCRATCH: usize = 16 * 1024;
+
+thread_local! {
+    static SCRATCH_BUF: Cell<Option<Box<[u8]>>> = const { Cell::new(None) };
+}
+
+/// Borrow the worker's scratch buffer (made on first use; should a reader ever find it
+/// lent out, it gets a fresh one rather than waiting or panicking).
+fn take_scratch() -> Box<[u8]> {
+    SCRATCH_BUF
+        .with(Cell::take)
+        .unwrap_or_else(|| vec![0u8; SCRATCH].into_boxed_slice())
+}
+
+fn put_scratch(buf: Box<[u8]>) {
+    SCRATCH_BUF.with(|s| s.set(Some(buf)));
+}
+
+/// Plaintext: wait for readiness (a poll, which holds no buffer and may be dropped
+/// safely), then `recv` without blocking into the worker's scratch buffer.
+impl WsRead for OwnedReadHalf<TcpStream> {
+    async fn read_idle(&mut self) -> std::io::Result<Chunk> {
+        // SAFETY: the stream is shared with the write half only, in the same thread;
+        // `readable` and `as_raw_fd` read the descriptor and touch no state the
+        // writer's operations change (monoio's own split halves share it the same way).
+        let stream = unsafe { &*self.0.get() };
+        let fd = stream.as_raw_fd();
+        loop {
+            // Not relaxed: the legacy driver confirms readiness with a poll(2), so a
+            // stale edge-triggered readiness bit (our recv bypasses monoio) re-waits.
+            stream.readable(false).await?;
+            let mut buf = take_scratch();
+            // SAFETY: `buf` is a live allocation of `buf.len()` bytes we own; `fd` is
+            // this open stream's socket (the half keeps it open).
+            let n =
+                unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+            if n >= 0 {
+                return Ok(Chunk::Scratch(buf, n as usize));
+            }
+            let err = std::io::Error::last_os_error();
+            put_scratch(buf);
+            match err.kind() {
+                // A false positive (epoll) or a signal: wait again.
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => continue,
+                _ => return Err(err),
+            }
+        }
+    }
+}
+
 /// The reader task: decode frames, run the session, answer pings and closes. Returns
 /// when the connection is over; the socket is shut down by then.
-pub async fn read_loop<S: Session, R: AsyncReadRent>(
+pub async fn read_loop<S: Session, R: WsRead>(
     mut rd: R,
     conn: Rc<WsConn>,
     session: &mut S,
@@ -641,9 +961,8 @@ pub async fn read_loop<S: Session, R: AsyncReadRent>(
     mut pending: Vec<u8>,
 ) {
     let mut asm = Assembler::new(limits.max_fragments);
-    let mut idle_buf: Vec<u8> = Vec::with_capacity(IDLE_READ);
     // Bytes that arrived with the upgrade request are processed first.
-    let mut peer_closed = !process(&conn, session, &mut asm, &mut pending, limits);
+    let mut peer_closed = !process_vec(&conn, session, &mut asm, &mut pending, limits);
     while !peer_closed && conn.state.get() != State::Done {
         // `process` stops early only for back-pressure: then the queue is over the
         // limit, or was when it stopped (frames already read wait in `pending`).
@@ -653,45 +972,52 @@ pub async fn read_loop<S: Session, R: AsyncReadRent>(
             // drained below the limit.
             conn.wait_drained(limits.pause_backlog).await;
             if conn.is_open() && !pending.is_empty() {
-                peer_closed = !process(&conn, session, &mut asm, &mut pending, limits);
+                peer_closed = !process_vec(&conn, session, &mut asm, &mut pending, limits);
                 if pending.is_empty() && pending.capacity() > 0 {
                     pending = Vec::new();
                 }
                 continue;
             }
         }
-        let buf = if pending.is_empty() {
-            std::mem::take(&mut idle_buf)
-        } else {
-            Vec::with_capacity(BULK_READ)
-        };
-        let (res, mut buf) = rd.read(buf).await;
-        match res {
-            Ok(n) if n > 0 => {}
-            _ => break,
-        }
-        conn.touch(clock());
-        if conn.state.get() != State::Open {
-            // Closing: only the peer's close frame matters now.
-            peer_closed = contains_close(&mut buf, limits);
-            if buf.capacity() == IDLE_READ {
-                idle_buf = buf;
-            }
-            continue;
-        }
         if pending.is_empty() {
-            peer_closed = !process(&conn, session, &mut asm, &mut buf, limits);
-            pending.extend_from_slice(&buf);
-            buf.clear();
-            if buf.capacity() == IDLE_READ {
-                idle_buf = buf;
+            // No frame is partial: read by readiness, nothing parked per connection.
+            let mut chunk = match rd.read_idle().await {
+                Ok(c) => c,
+                Err(_) => break,
+            };
+            // From here to `recycle` nothing awaits: the scratch buffer is lent only
+            // for this synchronous pass.
+            let data = chunk.bytes_mut();
+            if data.is_empty() {
+                rd.recycle(chunk);
+                break;
             }
+            conn.touch(clock());
+            if conn.state.get() != State::Open {
+                // Closing: only the peer's close frame matters now.
+                peer_closed = contains_close(data, limits);
+            } else {
+                let (used, keep) = process(&conn, session, &mut asm, data, limits);
+                peer_closed = !keep;
+                // A partial frame, or frames held back by back-pressure: they move to
+                // the connection's own buffer, never wait in the shared scratch.
+                pending.extend_from_slice(&data[used..]);
+            }
+            rd.recycle(chunk);
         } else {
+            let (res, mut buf) = rd.read(Vec::with_capacity(BULK_READ)).await;
+            match res {
+                Ok(n) if n > 0 => {}
+                _ => break,
+            }
+            conn.touch(clock());
+            if conn.state.get() != State::Open {
+                peer_closed = contains_close(&mut buf, limits);
+                continue;
+            }
             pending.extend_from_slice(&buf);
-            peer_closed = !process(&conn, session, &mut asm, &mut pending, limits);
-        }
-        if idle_buf.capacity() == 0 {
-            idle_buf = Vec::with_capacity(IDLE_READ);
+            drop(buf);
+            peer_closed = !process_vec(&conn, session, &mut asm, &mut pending, limits);
         }
         if pending.is_empty() && pending.capacity() > 0 {
             pending = Vec::new();
@@ -707,15 +1033,29 @@ pub async fn read_loop<S: Session, R: AsyncReadRent>(
     drop(rd);
 }
 
-/// Decode and handle every complete frame in `buf`, leaving the incomplete tail in it.
-/// Returns `false` when the reader should stop reading (peer closed or protocol error).
-fn process<S: Session>(
+/// [`process`] on a buffer of the connection's own, leaving the unprocessed tail in it.
+fn process_vec<S: Session>(
     conn: &Rc<WsConn>,
     session: &mut S,
     asm: &mut Assembler,
     buf: &mut Vec<u8>,
     limits: ReadLimits,
 ) -> bool {
+    let (used, keep) = process(conn, session, asm, buf, limits);
+    buf.drain(..used);
+    keep
+}
+
+/// Decode and handle every complete frame in `buf`. Returns how many bytes were used
+/// (the rest is an incomplete frame or held back by back-pressure) and `false` when the
+/// reader should stop reading (peer closed or protocol error).
+fn process<S: Session>(
+    conn: &Rc<WsConn>,
+    session: &mut S,
+    asm: &mut Assembler,
+    buf: &mut [u8],
+    limits: ReadLimits,
+) -> (usize, bool) {
     let mut off = 0;
     let mut keep_reading = true;
     while off < buf.len() {
@@ -774,8 +1114,7 @@ fn process<S: Session>(
             break;
         }
     }
-    buf.drain(..off);
-    keep_reading
+    (off, keep_reading)
 }
 
 /// Whether `buf` starts with a whole frame (its header says how long it is). Cheap: reads
