@@ -205,6 +205,9 @@ async fn reader_task<R: AsyncReadRent, S: Session>(
 }
 
 #[cfg(test)]
+mod sizes;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::http::parse::parse_head;

@@ -160,6 +160,10 @@ struct Member {
     pusher: Option<Arc<ProjectState>>,
 }
 
+/// `size_of::<Member>()`, for the per-connection budget (`http::upgrade::sizes`).
+#[cfg(test)]
+pub(crate) const MEMBER_SIZE: usize = std::mem::size_of::<Member>();
+
 /// What a shard needs from the node at start.
 pub(crate) struct ShardSetup {
     pub index: usize,
