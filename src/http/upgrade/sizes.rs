@@ -155,6 +155,12 @@ fn research_sizes() {
     record_row("RcBox<UnsafeCell<TcpStream>>", size_of::<TcpStream>() + 16);
     record_row("shard::Member", crate::shard::MEMBER_SIZE);
     record_row("queue slot (Bytes, bool)", size_of::<(Bytes, bool)>());
+    // The writer's coalescing timer (`write_loop`): boxed, made on the first write
+    // that follows another within `write_coalesce_ms`, kept for the connection's life.
+    record_row(
+        "monoio::time::Sleep (boxed in write_loop)",
+        size_of::<monoio::time::Sleep>(),
+    );
     record_row("TlsReader", size_of::<TlsReader>());
     record_row("TlsWriter", size_of::<TlsWriter>());
     let classes: Vec<usize> = (1..=2048)
