@@ -15,7 +15,10 @@
 //!
 //! Subscribes and refreshes that would do work take one unit of the connection's budget
 //! (`client::admit`) after every check that refuses for another reason and before any
-//! token is verified; over it they are answered `rate_limited` and do nothing. The grants live beside `subscriptions`; one the
+//! token is verified; over it they are answered `rate_limited` and do nothing.
+//!
+//! The grants live beside `subscriptions`, in the session's extras (made on the first
+//! private subscribe or client event; most connections never make one); one the
 //! worker's expiry timer ended is pruned from both when the next frame arrives.
 
 use std::rc::Rc;
