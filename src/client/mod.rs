@@ -12,13 +12,16 @@
 //! connection belongs to; the transport does not.
 
 pub(crate) mod admit;
+pub(crate) mod ctx;
 pub(crate) mod events;
 pub(crate) mod frames;
 pub(crate) mod private;
 pub(crate) mod pusher;
 pub(crate) mod session;
+pub(crate) mod subs;
 
 pub(crate) use admit::Admission;
+pub(crate) use ctx::SessionCtx;
 pub(crate) use events::{EventContext, EventRelay};
 pub(crate) use frames::connected_frame;
 pub(crate) use private::Expiry;

@@ -38,18 +38,20 @@ use crate::auth::pusher::{check_channel_auth, ChannelAuthError};
 use crate::auth::token::MAX_INFO_BYTES;
 use crate::auth::ProjectState;
 use crate::close::Disconnect;
-use crate::ids::SocketIdText;
+use crate::ids::{SocketId, SocketIdText};
 use crate::presence::{Hub, Join};
 use crate::pusher_frame;
 use crate::shard::mailbox::PresenceAnswer;
-use crate::shard::{is_presence, PresenceDone, Shard};
+use crate::shard::{is_presence, PresenceDone};
 use crate::ws::conn::{Session, WsConn};
 use crate::ws::frame::Opcode;
 
-use super::admit::{Admission, Budget};
-use super::events::{self, ClientEvent, EventContext, RateLog, Refusal};
+use super::admit::Budget;
+use super::ctx::SessionCtx;
+use super::events::{self, ClientEvent, RateLog, Refusal};
 use super::private::{needs_token, unix_now};
 use super::session::{nesting_depth, MAX_CLIENT_JSON_DEPTH};
+use super::subs::Subs;
 
 /// Channel prefixes of Pusher features ringcast does not offer.
 const CACHE_PREFIXES: [&str; 4] = [
@@ -100,83 +102,96 @@ impl SubError {
     }
 }
 
-/// One Pusher client's protocol state, owned by its reader task.
+/// One Pusher client's protocol state, owned by its reader task. Kept small as
+/// [`super::ClientSession`] is: the worker-wide parts are one shared [`SessionCtx`], the
+/// socket id is computed on use, and presence and client-event state exist only once
+/// used.
 pub(crate) struct PusherSession {
-    shard: Rc<Shard>,
+    ctx: Rc<SessionCtx>,
     project: Arc<ProjectState>,
     /// Channels held, answered or waiting for the presence hub.
-    subscriptions: Vec<Box<str>>,
+    subscriptions: Subs,
+    /// Presence members and the client-event log: `None` until the first presence
+    /// subscribe or client event.
+    extras: Option<Box<Extras>>,
+    /// This connection's subscribe budget.
+    budget: Budget,
+}
+
+/// A Pusher session's rarely used state.
+#[derive(Default)]
+struct Extras {
     /// (presence channel, the member's user id) for each presence channel held.
     members: Vec<(Box<str>, Box<str>)>,
     /// Presence channels the hub refused (`presence_full`) since the last frame: the
     /// hub's answer runs outside the session, so it leaves the name here.
     refused: Rc<RefCell<Vec<Box<str>>>>,
-    events: Rc<EventContext>,
     event_log: Option<Box<RateLog>>,
-    presence: Option<Arc<Hub>>,
-    socket_id: SocketIdText,
-    /// The worker's subscribe admission (rate, verified tokens).
-    admission: Rc<Admission>,
-    /// This connection's subscribe budget.
-    budget: Budget,
 }
 
 impl PusherSession {
-    pub(crate) fn new(
-        shard: Rc<Shard>,
-        project: Arc<ProjectState>,
-        events: Rc<EventContext>,
-        presence: Option<Arc<Hub>>,
-        socket_id: SocketIdText,
-        admission: Rc<Admission>,
-    ) -> PusherSession {
+    pub(crate) fn new(ctx: Rc<SessionCtx>, project: Arc<ProjectState>) -> PusherSession {
         PusherSession {
-            shard,
+            ctx,
             project,
-            subscriptions: Vec::new(),
-            members: Vec::new(),
-            refused: Rc::default(),
-            events,
-            event_log: None,
-            presence,
-            socket_id,
-            admission,
+            subscriptions: Subs::None,
+            extras: None,
             budget: Budget::default(),
         }
+    }
+
+    /// The extras, made on first use.
+    fn extras(&mut self) -> &mut Extras {
+        self.extras.get_or_insert_with(Box::default)
+    }
+
+    /// The presence members held (none without extras).
+    fn members(&self) -> &[(Box<str>, Box<str>)] {
+        self.extras.as_ref().map_or(&[], |x| &x.members)
+    }
+
+    /// The socket id the client was given (`upgrade::start`), for Pusher's auth string
+    /// and client events.
+    fn socket_id(&self, conn: &WsConn) -> SocketIdText {
+        SocketId::local(self.ctx.shard.index(), conn.id).text()
     }
 
     /// Take one subscribe from this connection's budget, or say why not.
     fn within_budget(&mut self) -> Result<(), SubError> {
         if self
+            .ctx
             .admission
             .take(&mut self.budget, crate::quota::now_ns())
         {
             return Ok(());
         }
-        Err(SubError::new("LimitReached", self.admission.refusal(), 429))
+        Err(SubError::new(
+            "LimitReached",
+            self.ctx.admission.refusal(),
+            429,
+        ))
     }
 
     fn holds(&self, channel: &str) -> bool {
-        self.subscriptions.iter().any(|c| &**c == channel)
+        self.subscriptions.contains(channel)
     }
 
     /// Forget the presence channels the hub refused (they were never registered).
     fn prune_refused(&mut self) {
-        let refused = std::mem::take(&mut *self.refused.borrow_mut());
+        let Some(extras) = self.extras.as_ref() else {
+            return;
+        };
+        let refused = std::mem::take(&mut *extras.refused.borrow_mut());
         for channel in refused {
             self.forget(&channel);
         }
     }
 
     fn forget(&mut self, channel: &str) -> bool {
-        self.members.retain(|(c, _)| &**c != channel);
-        match self.subscriptions.iter().position(|c| &**c == channel) {
-            Some(pos) => {
-                self.subscriptions.swap_remove(pos);
-                true
-            }
-            None => false,
+        if let Some(extras) = self.extras.as_mut() {
+            extras.members.retain(|(c, _)| &**c != channel);
         }
+        self.subscriptions.remove(channel)
     }
 
     fn subscribe(&mut self, conn: &Rc<WsConn>, data: Option<&RawValue>) {
@@ -214,14 +229,14 @@ impl PusherSession {
         let presence = is_presence(channel);
         let again = self.holds(channel);
         if !again {
-            if self.subscriptions.len() >= self.admission.max_subscriptions() {
+            if self.subscriptions.len() >= self.ctx.admission.max_subscriptions() {
                 return Err(SubError::new(
                     "LimitReached",
                     "this connection has reached its subscription limit",
                     429,
                 ));
             }
-            if self.shard.subscriptions_full() {
+            if self.ctx.shard.subscriptions_full() {
                 return Err(SubError::new(
                     "LimitReached",
                     "the server holds as many subscriptions as it may; try again later",
@@ -250,16 +265,16 @@ impl PusherSession {
                 })?;
             // A held channel's auth is checked again: charged like a new subscribe.
             self.within_budget()?;
-            self.authorize(channel, auth, channel_data)?;
+            self.authorize(conn, channel, auth, channel_data)?;
         } else if !again {
             self.within_budget()?;
         }
-        match (&self.presence, presence) {
+        match (&self.ctx.presence, presence) {
             (Some(hub), true) => {
                 let (user, info) = member_of(sub.channel_data.as_deref().unwrap_or(""))?;
                 let hub = hub.clone();
                 if again {
-                    let held = self.members.iter().find(|(c, _)| &**c == channel);
+                    let held = self.members().iter().find(|(c, _)| &**c == channel);
                     if held.is_some_and(|(_, u)| **u != *user) {
                         return Err(SubError::new(
                             "AuthError",
@@ -268,17 +283,19 @@ impl PusherSession {
                         ));
                     }
                 } else {
-                    self.subscriptions.push(channel.into());
-                    self.members.push((channel.into(), user.as_str().into()));
+                    self.subscriptions.push(channel);
+                    self.extras()
+                        .members
+                        .push((channel.into(), user.as_str().into()));
                 }
                 self.join(&hub, conn, channel, &user, info, again);
             }
             _ => {
                 if !again {
-                    self.shard.subscribe(self.project.index, channel, conn);
-                    self.subscriptions.push(channel.into());
+                    self.ctx.shard.subscribe(self.project.index, channel, conn);
+                    self.subscriptions.push(channel);
                 }
-                self.shard.reply_when_live(
+                self.ctx.shard.reply_when_live(
                     self.project.index,
                     channel,
                     conn,
@@ -294,18 +311,19 @@ impl PusherSession {
     /// in force, `<key>` an active public key of this project.
     fn authorize(
         &self,
+        conn: &WsConn,
         channel: &str,
         auth: &str,
         channel_data: Option<&str>,
     ) -> Result<(), SubError> {
-        let snapshot = self.shard.keys().load();
+        let snapshot = self.ctx.shard.keys().load();
         let secrets = snapshot
             .token_keys(self.project.index)
             .map(|k| k.secrets_at(unix_now()))
             .unwrap_or_default();
         let key = check_channel_auth(
             auth,
-            self.socket_id.as_str(),
+            self.socket_id(conn).as_str(),
             channel,
             channel_data,
             &secrets,
@@ -339,7 +357,7 @@ impl PusherSession {
     /// subscription and sends `subscription_succeeded` with the member hash. `again`:
     /// the channel is held already (a refused answer then leaves it held).
     fn join(
-        &self,
+        &mut self,
         hub: &Hub,
         conn: &Rc<WsConn>,
         channel: &str,
@@ -348,7 +366,7 @@ impl PusherSession {
         again: bool,
     ) {
         let project = self.project.index;
-        let (c, refused) = (conn.clone(), self.refused.clone());
+        let (c, refused) = (conn.clone(), self.extras().refused.clone());
         let ch: Box<str> = channel.into();
         let done: PresenceDone = Box::new(move |shard, answer| match answer {
             PresenceAnswer::Joined(object) => {
@@ -389,13 +407,16 @@ impl PusherSession {
                 ));
             }
         });
-        let ticket = self.shard.presence_wait(conn.id, project, channel, done);
+        let ticket = self
+            .ctx
+            .shard
+            .presence_wait(conn.id, project, channel, done);
         hub.join(Join {
             project,
             channel: channel.into(),
             user_id: user.into(),
             info: info.map(String::into_boxed_str),
-            worker: self.shard.index(),
+            worker: self.ctx.shard.index(),
             conn: conn.id,
             ticket,
         });
@@ -411,7 +432,8 @@ impl PusherSession {
         };
         // Pusher answers nothing, even for a channel not held.
         if self.forget(&sub.channel) {
-            self.shard
+            self.ctx
+                .shard
                 .unsubscribe(self.project.index, &sub.channel, conn.id);
         }
     }
@@ -448,12 +470,13 @@ impl PusherSession {
         if !self.holds(channel) {
             return Err(Refusal::NotSubscribed);
         }
-        let log = self.event_log.get_or_insert_with(Box::default);
+        let log = self.extras().event_log.get_or_insert_with(Box::default);
         if !log.admit(crate::quota::now_ns()) {
             return Err(Refusal::ConnectionRate);
         }
+        let socket_id = self.socket_id(conn);
         let user_id = self
-            .members
+            .members()
             .iter()
             .find(|(c, _)| &**c == channel)
             .map(|(_, u)| &**u);
@@ -462,9 +485,9 @@ impl PusherSession {
             event,
             data: &text,
             user_id,
-            socket_id: self.socket_id.as_str(),
+            socket_id: socket_id.as_str(),
         };
-        events::relay(&self.events, &self.project, conn.id, &ev)
+        events::relay(&self.ctx.events, &self.project, conn.id, &ev)
     }
 }
 
@@ -567,12 +590,13 @@ impl Session for PusherSession {
 
     fn on_end(&mut self, conn: &Rc<WsConn>) {
         self.prune_refused();
-        for channel in self.subscriptions.drain(..) {
-            self.shard
+        for channel in self.subscriptions.take_all() {
+            self.ctx
+                .shard
                 .unsubscribe(self.project.index, &channel, conn.id);
         }
-        self.members.clear();
-        self.shard.remove(conn.id);
+        self.extras = None;
+        self.ctx.shard.remove(conn.id);
     }
 }
 

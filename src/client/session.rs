@@ -15,7 +15,10 @@
 //!
 //! Subscribes and refreshes that would do work take one unit of the connection's budget
 //! (`client::admit`) after every check that refuses for another reason and before any
-//! token is verified; over it they are answered `rate_limited` and do nothing. The grants live beside `subscriptions`; one the
+//! token is verified; over it they are answered `rate_limited` and do nothing.
+//!
+//! The grants live beside `subscriptions`, in the session's extras (made on the first
+//! private subscribe or client event; most connections never make one); one the
 //! worker's expiry timer ended is pruned from both when the next frame arrives.
 
 use std::rc::Rc;
@@ -27,18 +30,19 @@ use simd_json::prelude::{ValueAsScalar, ValueObjectAccess};
 use crate::auth::token::{Grant as TokenGrant, TokenRefusal};
 use crate::auth::ProjectState;
 use crate::close::Disconnect;
-use crate::ids::SocketIdText;
+use crate::ids::SocketId;
 use crate::shard::registry::Subscribed;
-use crate::shard::Shard;
 use crate::ws::conn::{Session, WsConn};
 use crate::ws::frame::Opcode;
 
-use super::admit::{Admission, Budget};
-use super::events::{self, ClientEvent, EventContext, RateLog, Refusal};
+use super::admit::Budget;
+use super::ctx::SessionCtx;
+use super::events::{self, ClientEvent, RateLog, Refusal};
 use super::frames::{
     channel_error_frame, error_frame, refreshed_frame, reply, subscribed, subscribed_presence, PONG,
 };
-use super::private::{needs_token, unix_now, Expiry, Grant};
+use super::private::{needs_token, unix_now, Grant};
+use super::subs::Subs;
 use crate::presence::{Hub, Join};
 use crate::shard::mailbox::PresenceAnswer;
 use crate::shard::{is_presence, PresenceDone};
@@ -49,62 +53,59 @@ struct Since<'a> {
     epoch: &'a str,
 }
 
-/// One client's protocol state, owned by its reader task.
+/// One client's protocol state, owned by its reader task. Kept small (it is inline in
+/// every connection's reader): the worker-wide parts are one shared [`SessionCtx`], the
+/// connection id is computed when a client event needs it, one channel is held
+/// inline, and grants and the client-event log exist only once used.
 pub(crate) struct ClientSession {
-    shard: Rc<Shard>,
+    ctx: Rc<SessionCtx>,
     /// The project whose channels this connection sees (from its key).
     project: Arc<ProjectState>,
     /// Channels this connection is subscribed to (bounded by
-    /// `max_subscriptions_per_connection`, which `admission` holds).
-    subscriptions: Vec<Box<str>>,
-    /// The worker's expiry timer of private subscriptions.
-    expiry: Rc<Expiry>,
-    /// One grant per private channel in `subscriptions` (empty for most connections).
-    grants: Vec<Rc<Grant>>,
-    /// The worker's client-event relay and id source.
-    events: Rc<EventContext>,
-    /// This connection's recent client events (made on its first one).
-    event_log: Option<Box<RateLog>>,
-    /// The node's presence hub (joins of presence channels go to it).
-    presence: Option<Arc<Hub>>,
-    /// The id the client was given in its `connected` frame (a client event webhook's
-    /// `socket_id`).
-    connection_id: SocketIdText,
-    /// The worker's subscribe admission (rate, verified tokens).
-    admission: Rc<Admission>,
+    /// `max_subscriptions_per_connection`, which `ctx.admission` holds).
+    subscriptions: Subs,
+    /// Grants and the client-event log: `None` until the first private subscribe or
+    /// client event (most connections never make one).
+    extras: Option<Box<Extras>>,
     /// This connection's subscribe budget.
     budget: Budget,
 }
 
+/// A session's rarely used state.
+#[derive(Default)]
+struct Extras {
+    /// One grant per private channel in `subscriptions`.
+    grants: Vec<Rc<Grant>>,
+    /// This connection's recent client events (made on its first one).
+    event_log: Option<Box<RateLog>>,
+}
+
 impl ClientSession {
-    pub(crate) fn new(
-        shard: Rc<Shard>,
-        project: Arc<ProjectState>,
-        expiry: Rc<Expiry>,
-        events: Rc<EventContext>,
-        presence: Option<Arc<Hub>>,
-        connection_id: SocketIdText,
-        admission: Rc<Admission>,
-    ) -> ClientSession {
+    pub(crate) fn new(ctx: Rc<SessionCtx>, project: Arc<ProjectState>) -> ClientSession {
         ClientSession {
-            shard,
+            ctx,
             project,
-            subscriptions: Vec::new(),
-            expiry,
-            grants: Vec::new(),
-            events,
-            event_log: None,
-            presence,
-            connection_id,
-            admission,
+            subscriptions: Subs::None,
+            extras: None,
             budget: Budget::default(),
         }
+    }
+
+    /// The grants held (none without extras).
+    fn grants(&self) -> &[Rc<Grant>] {
+        self.extras.as_ref().map_or(&[], |x| &x.grants)
+    }
+
+    /// The extras, made on first use.
+    fn extras(&mut self) -> &mut Extras {
+        self.extras.get_or_insert_with(Box::default)
     }
 
     /// Take one subscribe or refresh from this connection's budget; over it, answer
     /// `rate_limited` (the frame then does nothing).
     fn within_budget(&mut self, conn: &Rc<WsConn>, channel: &str) -> bool {
         if self
+            .ctx
             .admission
             .take(&mut self.budget, crate::quota::now_ns())
         {
@@ -113,7 +114,7 @@ impl ClientSession {
         conn.send(channel_error_frame(
             "rate_limited",
             channel,
-            &self.admission.refusal(),
+            &self.ctx.admission.refusal(),
         ));
         false
     }
@@ -121,7 +122,7 @@ impl ClientSession {
     /// A subscribe to a public channel: free when the channel is held already (answered
     /// again) or refused for the subscription limit, charged otherwise.
     fn subscribe_public(&mut self, conn: &Rc<WsConn>, channel: &str, since: Option<Since<'_>>) {
-        let held = self.subscriptions.iter().any(|c| &**c == channel);
+        let held = self.subscriptions.contains(channel);
         if !held && (!self.room_for_one_more(conn) || !self.within_budget(conn, channel)) {
             return;
         }
@@ -130,14 +131,14 @@ impl ClientSession {
 
     /// Whether this connection may take one more channel; answers the client if not.
     fn room_for_one_more(&self, conn: &Rc<WsConn>) -> bool {
-        if self.subscriptions.len() >= self.admission.max_subscriptions() {
+        if self.subscriptions.len() >= self.ctx.admission.max_subscriptions() {
             conn.send(error_frame(
                 "too_many_subscriptions",
                 "this connection has reached its subscription limit",
             ));
             return false;
         }
-        if self.shard.subscriptions_full() {
+        if self.ctx.shard.subscriptions_full() {
             conn.send(error_frame(
                 "too_many_subscriptions",
                 "the server holds as many subscriptions as it may; try again later",
@@ -150,25 +151,26 @@ impl ClientSession {
     /// Channels this session holds.
     #[cfg(test)]
     pub(crate) fn subscriptions(&self) -> impl Iterator<Item = &str> {
-        self.subscriptions.iter().map(|c| &**c)
+        self.subscriptions.iter()
     }
 
     fn subscribe(&mut self, conn: &Rc<WsConn>, channel: &str, since: Option<Since<'_>>) {
         let spec = self.project.history.get();
-        if self.subscriptions.iter().any(|c| &**c == channel) {
+        if self.subscriptions.contains(channel) {
             // Already live on this channel: nothing to replay (it would duplicate).
             if spec.is_on() && self.ask_cluster(conn, channel, None, since.is_some(), true) {
                 return;
             }
             if spec.is_on() {
-                let pos = self
-                    .shard
-                    .history()
-                    .lock()
-                    .position(self.project.index, channel, spec);
+                let pos =
+                    self.ctx
+                        .shard
+                        .history()
+                        .lock()
+                        .position(self.project.index, channel, spec);
                 let recovered = since.map(|_| false);
                 // Behind the first `subscribed` if that one still waits for the cluster.
-                self.shard.reply_when_live(
+                self.ctx.shard.reply_when_live(
                     self.project.index,
                     channel,
                     conn,
@@ -176,7 +178,8 @@ impl ClientSession {
                 );
             } else {
                 let reply = subscribed(channel, None, since.map(|_| false));
-                self.shard
+                self.ctx
+                    .shard
                     .reply_when_live(self.project.index, channel, conn, reply);
             }
             return;
@@ -185,13 +188,14 @@ impl ClientSession {
             return;
         }
         if !spec.is_on() {
-            let t = self.shard.subscribe(self.project.index, channel, conn);
+            let t = self.ctx.shard.subscribe(self.project.index, channel, conn);
             debug_assert_ne!(t, Subscribed::Already, "the session and the registry agree");
-            self.subscriptions.push(channel.into());
+            self.subscriptions.push(channel);
             // `since` on a channel without history: nothing can be recovered. The shard
             // holds the answer until the subscription is live cluster-wide.
             let reply = subscribed(channel, None, since.map(|_| false));
-            self.shard
+            self.ctx
+                .shard
                 .reply_when_live(self.project.index, channel, conn, reply);
             return;
         }
@@ -200,7 +204,7 @@ impl ClientSession {
             .as_ref()
             .map(|s| (s.offset, Box::<str>::from(s.epoch)));
         if self.ask_cluster(conn, channel, wanted, since.is_some(), false) {
-            self.subscriptions.push(channel.into());
+            self.subscriptions.push(channel);
             return;
         }
         // A history channel. Under the history lock (no publish of the channel can get
@@ -217,9 +221,9 @@ impl ClientSession {
         // would reconnect with the same `since` forever.
         let budget = conn.backlog_limit() / 2;
         let (mail, position, replay) = {
-            let mut history = self.shard.history().lock();
-            let mail = self.shard.take_mail();
-            self.shard.hold_interest(self.project.index, channel);
+            let mut history = self.ctx.shard.history().lock();
+            let mail = self.ctx.shard.take_mail();
+            self.ctx.shard.hold_interest(self.project.index, channel);
             let (position, replay) = match &since {
                 None => (history.position(self.project.index, channel, spec), None),
                 Some(s) => {
@@ -237,12 +241,12 @@ impl ClientSession {
             (mail, position, replay)
         };
         for envelope in mail {
-            self.shard.handle(envelope);
+            self.ctx.shard.handle(envelope);
         }
-        let t = self.shard.subscribe(self.project.index, channel, conn);
+        let t = self.ctx.shard.subscribe(self.project.index, channel, conn);
         debug_assert_ne!(t, Subscribed::Already, "the session and the registry agree");
-        self.shard.release_interest(self.project.index, channel);
-        self.subscriptions.push(channel.into());
+        self.ctx.shard.release_interest(self.project.index, channel);
+        self.subscriptions.push(channel);
         let recovered = since.map(|_| replay.is_some());
         // `subscribed` and the replay leave once the subscription is live cluster-wide,
         // in this order (the shard holds them together while it waits).
@@ -251,16 +255,18 @@ impl ClientSession {
             Some((position.offset, position.epoch.as_str())),
             recovered,
         );
-        self.shard
+        self.ctx
+            .shard
             .reply_when_live(self.project.index, channel, conn, reply);
         // Replayed messages are deliveries too (counted once per recovery).
         let mut replayed = 0u64;
         for frame in replay.into_iter().flatten() {
-            replayed +=
-                u64::from(
-                    self.shard
-                        .reply_when_live(self.project.index, channel, conn, frame),
-                );
+            replayed += u64::from(self.ctx.shard.reply_when_live(
+                self.project.index,
+                channel,
+                conn,
+                frame,
+            ));
         }
         if replayed > 0 {
             crate::metrics::with(|m| m.deliveries(replayed));
@@ -292,7 +298,8 @@ impl ClientSession {
             }
             history_answer(&c, &ch, recovering, ready);
         });
-        self.shard
+        self.ctx
+            .shard
             .history_subscribe(conn.id, project, channel, since, spec, budget, done)
     }
 
@@ -326,8 +333,8 @@ impl ClientSession {
             if held.sub.as_deref() != granted.sub.as_deref() {
                 return forbidden(conn, channel, TokenRefusal::SubjectChanged);
             }
-            self.expiry.arm(&held, granted.exp);
-            if let (Some(hub), Some(user)) = (&self.presence, held.sub.clone()) {
+            self.ctx.expiry.arm(&held, granted.exp);
+            if let (Some(hub), Some(user)) = (&self.ctx.presence, held.sub.clone()) {
                 if is_presence(channel) {
                     // Answered with the member list again; membership is unchanged.
                     return self.join_presence(hub, conn, &held, &user, granted.info, true);
@@ -336,15 +343,15 @@ impl ClientSession {
             return self.subscribe(conn, channel, since);
         }
         if is_presence(channel) {
-            if let Some(hub) = self.presence.clone() {
+            if let Some(hub) = self.ctx.presence.clone() {
                 return self.subscribe_presence(&hub, conn, channel, granted);
             }
         }
         self.subscribe(conn, channel, since);
-        if self.subscriptions.iter().any(|c| &**c == channel) {
+        if self.subscriptions.contains(channel) {
             let grant = Grant::new(self.project.index, channel, conn, granted.sub, granted.exp);
-            self.expiry.arm(&grant, granted.exp);
-            self.grants.push(grant);
+            self.ctx.expiry.arm(&grant, granted.exp);
+            self.extras().grants.push(grant);
         }
     }
 
@@ -366,7 +373,7 @@ impl ClientSession {
         if !self.room_for_one_more(conn) {
             return;
         }
-        self.subscriptions.push(channel.into());
+        self.subscriptions.push(channel);
         let grant = Grant::new(
             self.project.index,
             channel,
@@ -374,8 +381,8 @@ impl ClientSession {
             Some(user.clone()),
             granted.exp,
         );
-        self.expiry.arm(&grant, granted.exp);
-        self.grants.push(grant.clone());
+        self.ctx.expiry.arm(&grant, granted.exp);
+        self.extras().grants.push(grant.clone());
         self.join_presence(hub, conn, &grant, &user, granted.info, false);
     }
 
@@ -394,7 +401,7 @@ impl ClientSession {
     ) {
         let project = self.project.index;
         let channel = grant.channel.clone();
-        let (c, g, expiry) = (conn.clone(), grant.clone(), self.expiry.clone());
+        let (c, g, expiry) = (conn.clone(), grant.clone(), self.ctx.expiry.clone());
         let ch = channel.clone();
         let done: PresenceDone = Box::new(move |shard, answer| match answer {
             PresenceAnswer::Joined(object) => {
@@ -418,13 +425,16 @@ impl ClientSession {
                 forbidden(&c, &ch, TokenRefusal::SubjectChanged);
             }
         });
-        let ticket = self.shard.presence_wait(conn.id, project, &channel, done);
+        let ticket = self
+            .ctx
+            .shard
+            .presence_wait(conn.id, project, &channel, done);
         hub.join(Join {
             project,
             channel,
             user_id: user.into(),
             info: info.map(String::into_boxed_str),
-            worker: self.shard.index(),
+            worker: self.ctx.shard.index(),
             conn: conn.id,
             ticket,
         });
@@ -448,7 +458,7 @@ impl ClientSession {
                 forbidden(conn, channel, TokenRefusal::SubjectChanged)
             }
             Ok(g) => {
-                self.expiry.arm(&held, g.exp);
+                self.ctx.expiry.arm(&held, g.exp);
                 conn.send(refreshed_frame(channel, held.exp()));
             }
         }
@@ -457,37 +467,45 @@ impl ClientSession {
     /// Check a token for `channel` against the project's token keys, now (through the
     /// worker's cache of verified tokens). Callers took it from the budget first.
     fn verify(&self, channel: &str, token: &str) -> Result<TokenGrant, TokenRefusal> {
-        let snapshot = self.shard.keys().load();
-        self.admission
+        let snapshot = self.ctx.shard.keys().load();
+        self.ctx
+            .admission
             .verify(&snapshot, self.project.index, token, channel, unix_now())
     }
 
     fn grant(&self, channel: &str) -> Option<Rc<Grant>> {
-        self.grants.iter().find(|g| &*g.channel == channel).cloned()
+        self.grants()
+            .iter()
+            .find(|g| &*g.channel == channel)
+            .cloned()
     }
 
     /// Forget the grant of a channel being left (its deadline too).
     fn drop_grant(&mut self, channel: &str) {
-        if let Some(pos) = self.grants.iter().position(|g| &*g.channel == channel) {
-            let grant = self.grants.swap_remove(pos);
-            self.expiry.disarm(&grant);
+        let Some(extras) = self.extras.as_mut() else {
+            return;
+        };
+        if let Some(pos) = extras.grants.iter().position(|g| &*g.channel == channel) {
+            let grant = extras.grants.swap_remove(pos);
+            self.ctx.expiry.disarm(&grant);
         }
     }
 
     /// Drop the channels whose grant the expiry timer ended (it already unsubscribed
     /// them from the registry and told the client).
     fn prune_ended(&mut self) {
-        if !self.grants.iter().any(|g| g.is_ended()) {
+        let Some(extras) = self.extras.as_mut() else {
+            return;
+        };
+        if !extras.grants.iter().any(|g| g.is_ended()) {
             return;
         }
         let subscriptions = &mut self.subscriptions;
-        self.grants.retain(|g| {
+        extras.grants.retain(|g| {
             if !g.is_ended() {
                 return true;
             }
-            if let Some(pos) = subscriptions.iter().position(|c| **c == *g.channel) {
-                subscriptions.swap_remove(pos);
-            }
+            subscriptions.remove(&g.channel);
             false
         });
     }
@@ -513,7 +531,7 @@ impl ClientSession {
         events::check_channel(channel)?;
         // Private channels always hold a grant; one the expiry timer ended was pruned.
         let grant = self.grant(channel).ok_or(Refusal::NotSubscribed)?;
-        let log = self.event_log.get_or_insert_with(Box::default);
+        let log = self.extras().event_log.get_or_insert_with(Box::default);
         if !log.admit(crate::quota::now_ns()) {
             return Err(Refusal::ConnectionRate);
         }
@@ -525,20 +543,23 @@ impl ClientSession {
         } else {
             None
         };
+        // The id the client was given in its `connected` frame (`upgrade::start`).
+        let socket_id = SocketId::local(self.ctx.shard.index(), conn.id).text();
         let ev = ClientEvent {
             channel,
             event,
             data: data.as_bytes(),
             user_id,
-            socket_id: self.connection_id.as_str(),
+            socket_id: socket_id.as_str(),
         };
-        events::relay(&self.events, &self.project, conn.id, &ev)
+        events::relay(&self.ctx.events, &self.project, conn.id, &ev)
     }
 
     fn unsubscribe(&mut self, conn: &Rc<WsConn>, channel: &str) {
-        if let Some(pos) = self.subscriptions.iter().position(|c| &**c == channel) {
-            self.subscriptions.swap_remove(pos);
-            self.shard.unsubscribe(self.project.index, channel, conn.id);
+        if self.subscriptions.remove(channel) {
+            self.ctx
+                .shard
+                .unsubscribe(self.project.index, channel, conn.id);
         }
         conn.send(reply("unsubscribed", channel));
     }
@@ -682,14 +703,17 @@ impl Session for ClientSession {
     }
 
     fn on_end(&mut self, conn: &Rc<WsConn>) {
-        for grant in self.grants.drain(..) {
-            self.expiry.disarm(&grant);
+        if let Some(extras) = self.extras.take() {
+            for grant in extras.grants {
+                self.ctx.expiry.disarm(&grant);
+            }
         }
-        for channel in self.subscriptions.drain(..) {
-            self.shard
+        for channel in self.subscriptions.take_all() {
+            self.ctx
+                .shard
                 .unsubscribe(self.project.index, &channel, conn.id);
         }
-        self.shard.remove(conn.id);
+        self.ctx.shard.remove(conn.id);
     }
 }
 
@@ -738,7 +762,9 @@ pub(crate) fn nesting_depth(text: &[u8]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::client::{EventContext, Expiry};
     use crate::shard::tests::{shard, Recorder};
+    use crate::shard::Shard;
     use std::sync::Arc;
 
     fn frames(conn: &WsConn) -> Vec<serde_json::Value> {
@@ -756,7 +782,7 @@ mod tests {
         let mut payload = text.as_bytes().to_vec();
         let result = session.on_message(conn, Opcode::Text, &mut payload);
         // The recorder confirms interest through the mailbox, as the cluster would.
-        session.shard.drain();
+        session.ctx.shard.drain();
         result
     }
 
@@ -780,13 +806,14 @@ mod tests {
         let events = test_events(mailboxes_of(&rec));
         (
             ClientSession::new(
-                shard.clone(),
+                SessionCtx::new(
+                    shard.clone(),
+                    Expiry::new(shard.clone()),
+                    events,
+                    None,
+                    crate::client::Admission::new(1_000_000_000, max),
+                ),
                 project,
-                Expiry::new(shard.clone()),
-                events,
-                None,
-                crate::ids::SocketId::local(0, 1).text(),
-                crate::client::Admission::new(1_000_000_000, max),
             ),
             conn,
             shard,
@@ -872,14 +899,15 @@ mod tests {
         let conn = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
         let events = test_events(mailboxes.clone());
         let session = ClientSession::new(
-            shard.clone(),
+            SessionCtx::new(
+                shard.clone(),
+                expiry.clone(),
+                events,
+                None,
+                // 2 channels; unthrottled (a burst of 2 would refuse this test's frames).
+                crate::client::Admission::new(1_000_000_000, 2),
+            ),
             project,
-            expiry.clone(),
-            events,
-            None,
-            crate::ids::SocketId::local(0, 1).text(),
-            // 2 channels; unthrottled (a burst of 2 would refuse this test's frames).
-            crate::client::Admission::new(1_000_000_000, 2),
         );
         (session, conn, shard, expiry)
     }

@@ -9,7 +9,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use crate::client::{Admission, EventContext, Expiry};
+use crate::client::{Admission, EventContext, Expiry, SessionCtx};
 use crate::config::Config;
 use crate::ids::IdGen;
 use crate::node::Node;
@@ -23,11 +23,10 @@ pub(crate) struct Service {
     pub ids: Rc<IdGen>,
     /// The worker's expiry timer of private subscriptions (its task runs in the worker).
     pub expiry: Rc<Expiry>,
-    /// What the worker's sessions need to relay client events.
-    pub events: Rc<EventContext>,
-    /// The worker's subscribe admission: the per-connection rate and the cache of
-    /// verified tokens.
-    pub admission: Rc<Admission>,
+    /// What every client session of the worker shares: the shard, the expiry timer,
+    /// the client-event relay, the presence hub, and the subscribe admission (the
+    /// per-connection rate and the cache of verified tokens).
+    pub sessions: Rc<SessionCtx>,
 }
 
 impl Service {
@@ -40,14 +39,22 @@ impl Service {
             node.config.max_body_bytes,
             Some(node.webhooks.clone()),
         );
-        Service {
+        let admission = Admission::new(
+            node.config.subscribe_rate_per_connection,
+            node.config.max_subscriptions_per_connection,
+        );
+        let expiry = Expiry::new(shard.clone());
+        let sessions = SessionCtx::new(
+            shard.clone(),
+            expiry.clone(),
             events,
-            admission: Admission::new(
-                node.config.subscribe_rate_per_connection,
-                node.config.max_subscriptions_per_connection,
-            ),
+            Some(node.presence.clone()),
+            admission,
+        );
+        Service {
+            sessions,
             node,
-            expiry: Expiry::new(shard.clone()),
+            expiry,
             shard,
             parser: RefCell::new(PublishParser::new()),
             ids,

@@ -159,26 +159,11 @@ pub(crate) fn start<S: Transport>(
     let held = (guard, upgrade.slot);
     match upgrade.dialect {
         Dialect::Native => {
-            let session = ClientSession::new(
-                shard.clone(),
-                upgrade.project,
-                svc.expiry.clone(),
-                svc.events.clone(),
-                Some(svc.node.presence.clone()),
-                connection_id,
-                svc.admission.clone(),
-            );
+            let session = ClientSession::new(svc.sessions.clone(), upgrade.project);
             monoio::spawn(reader_task(rd, conn, session, limits, shard, pending, held));
         }
         Dialect::Pusher => {
-            let session = PusherSession::new(
-                shard.clone(),
-                upgrade.project,
-                svc.events.clone(),
-                Some(svc.node.presence.clone()),
-                connection_id,
-                svc.admission.clone(),
-            );
+            let session = PusherSession::new(svc.sessions.clone(), upgrade.project);
             monoio::spawn(reader_task(rd, conn, session, limits, shard, pending, held));
         }
     }
@@ -205,6 +190,9 @@ async fn reader_task<R: WsRead, S: Session>(
     )
     .await;
 }
+
+#[cfg(test)]
+mod sizes;
 
 #[cfg(test)]
 mod tests {

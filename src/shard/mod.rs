@@ -26,7 +26,7 @@ pub(crate) mod registry;
 pub(crate) mod stop;
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -153,12 +153,17 @@ struct PendingHistory {
 /// A registered WebSocket and what the shard must know of it beyond the transport.
 struct Member {
     conn: Rc<WsConn>,
-    /// Id of the key it was opened with: revocation closes it.
-    key_id: Box<str>,
+    /// Id of the key it was opened with: revocation closes it. Interned per worker
+    /// (`Shard::key_ids`): thousands of connections of one key share one string.
+    key_id: Rc<str>,
     /// A Pusher-protocol connection's project: turning its Pusher switch off closes it
     /// like a revocation. `None` for native connections.
     pusher: Option<Arc<ProjectState>>,
 }
+
+/// `size_of::<Member>()`, for the per-connection budget (`http::upgrade::sizes`).
+#[cfg(test)]
+pub(crate) const MEMBER_SIZE: usize = std::mem::size_of::<Member>();
 
 /// What a shard needs from the node at start.
 pub(crate) struct ShardSetup {
@@ -186,6 +191,9 @@ pub(crate) struct Shard {
     sink: Option<Arc<dyn InterestSink>>,
     registry: RefCell<Registry>,
     members: RefCell<HashMap<u64, Member>>,
+    /// The key ids `members` hold, one string each (pruned at each revocation sweep of
+    /// the ids no member holds any more).
+    key_ids: RefCell<HashSet<Rc<str>>>,
     /// Channels whose first local subscriber waits for the cluster (few, short-lived:
     /// a linear scan is cheaper than hashing a channel name).
     awaiting: RefCell<Vec<Awaiting>>,
@@ -247,6 +255,7 @@ impl Shard {
             sink: setup.sink,
             registry: RefCell::new(Registry::new()),
             members: RefCell::new(HashMap::new()),
+            key_ids: RefCell::default(),
             awaiting: RefCell::new(Vec::new()),
             next_ticket: Cell::new(0),
             backlog: Rc::new(WorkerBacklog::new(setup.send_budget)),
@@ -436,6 +445,7 @@ impl Shard {
         {
             conn.close(Disconnect::KEY_REVOKED);
         }
+        let key_id = self.intern_key_id(&key_id);
         let mut members = self.members.borrow_mut();
         members.insert(
             conn.id,
@@ -447,6 +457,17 @@ impl Shard {
         );
         let open = members.len();
         crate::metrics::with(|m| m.set_connections(open));
+    }
+
+    /// The worker's one copy of `key_id`.
+    fn intern_key_id(&self, key_id: &str) -> Rc<str> {
+        let mut ids = self.key_ids.borrow_mut();
+        if let Some(id) = ids.get(key_id) {
+            return id.clone();
+        }
+        let id: Rc<str> = key_id.into();
+        ids.insert(id.clone());
+        id
     }
 
     /// Forget a WebSocket whose connection ended.
@@ -780,6 +801,11 @@ impl Shard {
     /// Close every local connection whose key is no longer active, and every Pusher
     /// connection of a project whose Pusher switch is now off.
     pub(crate) fn enforce_revocations(&self) {
+        // Key ids no member holds any more (their connections ended since the last
+        // sweep): forget them, so rotating keys does not grow the set.
+        self.key_ids
+            .borrow_mut()
+            .retain(|id| Rc::strong_count(id) > 1);
         let snapshot = self.keys.load();
         let revoked: Vec<_> = self
             .members

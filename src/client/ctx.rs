@@ -1,0 +1,45 @@
+//! What every session of one worker shares: the shard, the expiry timer of private
+//! subscriptions, the client-event relay, the presence hub and the subscribe
+//! admission. One `Rc` per worker, so a session carries 8 bytes for them instead of
+//! five handles (issue 21: an idle connection's bytes).
+
+use std::rc::Rc;
+use std::sync::Arc;
+
+use crate::presence::Hub;
+use crate::shard::Shard;
+
+use super::admit::Admission;
+use super::events::EventContext;
+use super::private::Expiry;
+
+/// The worker-wide parts of a client session (native and Pusher).
+pub(crate) struct SessionCtx {
+    pub(crate) shard: Rc<Shard>,
+    /// The worker's expiry timer of private subscriptions (native sessions only).
+    pub(crate) expiry: Rc<Expiry>,
+    /// The worker's client-event relay and id source.
+    pub(crate) events: Rc<EventContext>,
+    /// The node's presence hub (joins of presence channels go to it).
+    pub(crate) presence: Option<Arc<Hub>>,
+    /// The worker's subscribe admission (rate, verified tokens, subscription limit).
+    pub(crate) admission: Rc<Admission>,
+}
+
+impl SessionCtx {
+    pub(crate) fn new(
+        shard: Rc<Shard>,
+        expiry: Rc<Expiry>,
+        events: Rc<EventContext>,
+        presence: Option<Arc<Hub>>,
+        admission: Rc<Admission>,
+    ) -> Rc<SessionCtx> {
+        Rc::new(SessionCtx {
+            shard,
+            expiry,
+            events,
+            presence,
+            admission,
+        })
+    }
+}
