@@ -1,0 +1,263 @@
+//! Unit tests of `shard`.
+
+use super::*;
+use crate::ids::SocketId;
+use crate::shard::mailbox::Mailboxes;
+
+/// A shard on its own, with a mailbox and an optional recording interest sink.
+pub(crate) fn shard(sink: Option<Arc<dyn InterestSink>>) -> (Rc<Shard>, Mailboxes) {
+    let mailboxes = Mailboxes::new(1, 16);
+    let shard = Shard::new(ShardSetup {
+        index: 0,
+        keys: KeyCache::new(),
+        mailbox: mailboxes.get(0).expect("one mailbox"),
+        sink,
+        max_connections: 2,
+        history: Arc::new(History::new(1 << 20, crate::history::Recoveries::Allowed)),
+        send_budget: 1 << 30,
+        max_subscriptions: 1 << 20,
+        watch: None,
+    });
+    (Rc::new(shard), mailboxes)
+}
+
+/// Records interest changes; with `confirm` set, confirms each gain at once through
+/// the worker's mailbox, as the cluster bridge does once Redis answered.
+#[derive(Default)]
+pub(crate) struct Recorder(
+    pub std::sync::Mutex<Vec<(u32, String, bool)>>,
+    pub std::sync::Mutex<Option<Mailboxes>>,
+);
+impl InterestSink for Recorder {
+    fn interest(&self, worker: usize, project: u32, channel: &str, on: bool, ticket: u64) {
+        self.0
+            .lock()
+            .unwrap()
+            .push((project, channel.to_string(), on));
+        if let (true, Some(m)) = (on, &*self.1.lock().unwrap()) {
+            m.control_to(
+                worker,
+                Envelope::InterestReady {
+                    project,
+                    channel: channel.into(),
+                    ticket,
+                },
+            );
+        }
+    }
+}
+
+/// A sink standing for the cluster: records history subscribes.
+#[derive(Default)]
+struct HistorySink(std::sync::Mutex<Vec<(u64, bool)>>);
+impl InterestSink for HistorySink {
+    fn interest(&self, _worker: usize, _project: u32, _channel: &str, on: bool, _t: u64) {
+        self.0.lock().unwrap().push((0, on));
+    }
+    fn history_subscribe(&self, req: HistorySubscribe) -> bool {
+        self.0.lock().unwrap().push((req.ticket, true));
+        true
+    }
+}
+
+#[test]
+fn a_history_subscribe_holds_interest_until_its_answer_or_its_cancel() {
+    let sink = Arc::new(HistorySink::default());
+    let (shard, mailboxes) = shard(Some(sink.clone()));
+    let mb = mailboxes.get(0).unwrap();
+    let h = channel_hash(3, "news");
+    let a = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
+    let ran = Rc::new(Cell::new(false));
+    let (r, c) = (ran.clone(), a.clone());
+    let spec = crate::history::HistorySpec::parse("10/60s").unwrap();
+    let done: HistoryDone = Box::new(move |shard, _ready| {
+        shard.subscribe(3, "news", &c);
+        r.set(true);
+    });
+    assert!(shard.history_subscribe(1, 3, "news", None, spec, 1 << 16, done));
+    assert!(
+        mb.interest.may_want(h),
+        "messages reach the mailbox meanwhile"
+    );
+    assert_eq!(
+        shard.subscriber_count(3, "news"),
+        0,
+        "not live before the answer"
+    );
+    mailboxes.control_to(
+        0,
+        Envelope::HistoryReady {
+            ticket: 1,
+            ready: mailbox::HistoryReady::Unknown,
+        },
+    );
+    shard.drain();
+    assert!(ran.get());
+    assert_eq!(shard.subscriber_count(3, "news"), 1);
+    // The hold was given back: gain (the request), gain (first subscriber), loss.
+    let seen: Vec<bool> = sink.0.lock().unwrap().iter().map(|e| e.1).collect();
+    assert_eq!(seen, [true, true, false]);
+    assert!(
+        mb.interest.may_want(h),
+        "the subscriber's own count remains"
+    );
+    // Cancelled (unsubscribed before the answer): the answer does nothing.
+    let b = Rc::new(WsConn::new(2, -1, 1 << 20, 0));
+    let done: HistoryDone = Box::new(move |shard, _| {
+        shard.subscribe(3, "other", &b);
+    });
+    assert!(shard.history_subscribe(2, 3, "other", None, spec, 1 << 16, done));
+    shard.unsubscribe(3, "other", 2);
+    assert!(!mb.interest.may_want(channel_hash(3, "other")));
+    mailboxes.control_to(
+        0,
+        Envelope::HistoryReady {
+            ticket: 2,
+            ready: mailbox::HistoryReady::Unknown,
+        },
+    );
+    shard.drain();
+    assert_eq!(shard.subscriber_count(3, "other"), 0);
+}
+
+#[test]
+fn a_first_subscriber_is_answered_once_the_cluster_confirmed() {
+    let rec = Arc::new(Recorder::default());
+    let (shard, _mailboxes) = shard(Some(rec.clone()));
+    let a = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
+    let b = Rc::new(WsConn::new(2, -1, 1 << 20, 0));
+    let ok = Bytes::from_static(b"\x81\x02ok");
+    shard.subscribe(3, "news", &a);
+    shard.reply_when_live(3, "news", &a, ok.clone());
+    // A later subscriber on this core waits behind the first one.
+    shard.subscribe(3, "news", &b);
+    shard.reply_when_live(3, "news", &b, ok.clone());
+    assert_eq!(
+        a.queued_bytes() + b.queued_bytes(),
+        0,
+        "answered before Redis"
+    );
+    // A stale ticket releases nothing.
+    shard.interest_ready(3, "news", 99);
+    assert_eq!(a.queued_bytes(), 0);
+    shard.interest_ready(3, "news", 1);
+    assert_eq!(a.take_queued(), vec![ok.clone()]);
+    assert_eq!(b.take_queued(), vec![ok.clone()]);
+    // Confirmed: the next subscriber is answered at once.
+    let c = Rc::new(WsConn::new(3, -1, 1 << 20, 0));
+    shard.subscribe(3, "news", &c);
+    shard.reply_when_live(3, "news", &c, ok.clone());
+    assert_eq!(c.take_queued(), vec![ok.clone()]);
+    // Leaving before the confirmation still gets `subscribed` first.
+    shard.subscribe(3, "other", &a);
+    shard.reply_when_live(3, "other", &a, ok.clone());
+    shard.unsubscribe(3, "other", 1);
+    assert_eq!(a.take_queued(), vec![ok]);
+}
+
+#[test]
+fn a_broadcast_in_the_confirmation_window_waits_behind_subscribed() {
+    let rec = Arc::new(Recorder::default());
+    let (shard, mailboxes) = shard(Some(rec.clone()));
+    let a = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
+    let ok = Bytes::from_static(b"\x81\x02ok");
+    let frame = Bytes::from_static(b"\x81\x02{}");
+    shard.subscribe(3, "news", &a);
+    shard.reply_when_live(3, "news", &a, ok.clone());
+    // A local publish lands before Redis acknowledged the SUBSCRIBE.
+    assert!(mailboxes.broadcast(Arc::new(Broadcast::new(
+        3,
+        "news".into(),
+        frame.clone(),
+        None
+    ))));
+    assert_eq!(shard.drain(), 1);
+    assert_eq!(a.queued_bytes(), 0, "nothing may overtake `subscribed`");
+    shard.interest_ready(3, "news", 1);
+    assert_eq!(a.take_queued(), vec![ok.clone(), frame.clone()]);
+    // Leaving inside the window: `subscribed`, the message, then nothing more.
+    shard.subscribe(3, "other", &a);
+    shard.reply_when_live(3, "other", &a, ok.clone());
+    assert!(mailboxes.broadcast(Arc::new(Broadcast::new(
+        3,
+        "other".into(),
+        frame.clone(),
+        None
+    ))));
+    shard.drain();
+    shard.unsubscribe(3, "other", 1);
+    assert_eq!(a.take_queued(), vec![ok, frame]);
+}
+
+#[test]
+fn transitions_reach_the_filter_and_the_sink_once() {
+    let rec = Arc::new(Recorder::default());
+    let (shard, mailboxes) = shard(Some(rec.clone()));
+    let a = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
+    let b = Rc::new(WsConn::new(2, -1, 1 << 20, 0));
+    let h = channel_hash(3, "news");
+    assert_eq!(shard.subscribe(3, "news", &a), Subscribed::First);
+    assert_eq!(shard.subscribe(3, "news", &b), Subscribed::Added);
+    assert!(mailboxes.get(0).unwrap().interest.may_want(h));
+    assert_eq!(shard.unsubscribe(3, "news", 1), Unsubscribed::Removed);
+    assert_eq!(shard.unsubscribe(3, "news", 2), Unsubscribed::Last);
+    assert!(!mailboxes.get(0).unwrap().interest.may_want(h));
+    let log = rec.0.lock().unwrap().clone();
+    assert_eq!(
+        log,
+        vec![
+            (3, "news".to_string(), true),
+            (3, "news".to_string(), false)
+        ]
+    );
+}
+
+#[test]
+fn drain_delivers_one_shared_frame_to_each_subscriber() {
+    let (shard, mailboxes) = shard(None);
+    let a = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
+    let b = Rc::new(WsConn::new(2, -1, 1 << 20, 0));
+    shard.subscribe(3, "news", &a);
+    shard.subscribe(3, "news", &b);
+    let frame = bytes::Bytes::from_static(b"\x81\x02{}");
+    let msg = Arc::new(Broadcast::new(3, "news".into(), frame.clone(), None));
+    assert!(mailboxes.broadcast(msg));
+    assert_eq!(shard.drain(), 1);
+    assert_eq!(a.queued_bytes(), b.queued_bytes());
+    assert!(a.queued_bytes() > frame.len());
+    assert_eq!(shard.drain(), 0);
+}
+
+#[test]
+fn a_broadcast_skips_its_sender_only_on_the_senders_worker() {
+    let (shard, mailboxes) = shard(None);
+    let a = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
+    let b = Rc::new(WsConn::new(2, -1, 1 << 20, 0));
+    shard.subscribe(3, "private-x", &a);
+    shard.subscribe(3, "private-x", &b);
+    let send = |except| {
+        assert!(mailboxes.broadcast(Arc::new(Broadcast::new(
+            3,
+            "private-x".into(),
+            bytes::Bytes::from_static(b"\x81\x02{}"),
+            except
+        ))));
+        shard.drain();
+        (a.take_queued().len(), b.take_queued().len())
+    };
+    // This shard is worker 0: connection 1 of worker 0 is left out.
+    assert_eq!(send(Some(SocketId::local(0, 1))), (0, 1));
+    // The same connection id on another worker is another connection.
+    assert_eq!(send(Some(SocketId::local(1, 1))), (1, 1));
+    assert_eq!(send(None), (1, 1));
+}
+
+#[test]
+fn admission_is_bounded_and_released() {
+    let (shard, _m) = shard(None);
+    let g1 = shard.admit().expect("first");
+    let _g2 = shard.admit().expect("second");
+    assert!(shard.admit().is_none());
+    drop(g1);
+    assert!(shard.admit().is_some());
+}

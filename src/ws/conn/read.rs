@@ -1,0 +1,321 @@
+//! The reader half of a connection: what the protocol layer does with messages
+//! ([`Session`]), the reader's limits, the read side as the reader needs it ([`WsRead`]:
+//! by readiness into the worker's scratch buffer on plaintext, a parked read on TLS) and
+//! the reader task ([`read_loop`]). The invariants are the parent module's: a read is never
+//! raced or dropped, a `readable()` poll may be; nothing partial stays in the scratch buffer.
+
+use super::*;
+
+/// What the protocol layer does with complete messages.
+pub trait Session {
+    /// A complete data message: text (valid UTF-8) or binary.
+    fn on_message(
+        &mut self,
+        conn: &Rc<WsConn>,
+        opcode: Opcode,
+        payload: &mut [u8],
+    ) -> Result<(), Disconnect>;
+
+    /// The connection is over (called once, after the socket is shut down).
+    fn on_end(&mut self, conn: &Rc<WsConn>);
+}
+
+/// Reader-side knobs.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadLimits {
+    /// Largest message (one frame or a reassembled fragmented message), bytes.
+    pub max_message: usize,
+    /// Most frames one message may arrive in (empty continuations count), count.
+    pub max_fragments: usize,
+    /// Back-pressure: no more client frames are handled while more than this many bytes
+    /// wait in the connection's queue (`ws_read_pause_bytes`).
+    pub pause_backlog: usize,
+}
+
+/// What the reader got while no frame was partial ([`WsRead::read_idle`]).
+pub enum Chunk {
+    /// The first `n` bytes of the worker's scratch buffer (plaintext): processed in
+    /// place, then handed back with [`WsRead::recycle`] before the reader awaits again.
+    Scratch(Box<[u8]>, usize),
+    /// A buffer of the connection's own (TLS: rustls hands out plaintext by copy).
+    Owned(Vec<u8>),
+}
+
+impl Chunk {
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            Chunk::Scratch(buf, n) => &mut buf[..*n],
+            Chunk::Owned(buf) => buf.as_mut_slice(),
+        }
+    }
+}
+
+/// The read side of a WebSocket connection, as the reader task needs it: today's
+/// [`AsyncReadRent`] read while a frame is partial (into the connection's pending
+/// buffer), and [`WsRead::read_idle`] while none is. Monomorphised per transport.
+pub trait WsRead: AsyncReadRent {
+    /// Wait for bytes while no frame is partial. An empty chunk is the end of the
+    /// stream. Plaintext parks no buffer while it waits (see the module's invariants).
+    fn read_idle(&mut self) -> impl Future<Output = std::io::Result<Chunk>>;
+
+    /// Take back the chunk [`WsRead::read_idle`] returned, once processed.
+    fn recycle(&mut self, chunk: Chunk) {
+        if let Chunk::Scratch(buf, _) = chunk {
+            put_scratch(buf);
+        }
+    }
+}
+
+/// The worker's scratch buffer for readiness reads: one per thread, lent to one reader
+/// at a time and only between a `recv` and the end of its (synchronous) processing.
+const SCRATCH: usize = 16 * 1024;
+
+thread_local! {
+    static SCRATCH_BUF: Cell<Option<Box<[u8]>>> = const { Cell::new(None) };
+}
+
+/// Borrow the worker's scratch buffer (made on first use; should a reader ever find it
+/// lent out, it gets a fresh one rather than waiting or panicking).
+fn take_scratch() -> Box<[u8]> {
+    SCRATCH_BUF
+        .with(Cell::take)
+        .unwrap_or_else(|| vec![0u8; SCRATCH].into_boxed_slice())
+}
+
+fn put_scratch(buf: Box<[u8]>) {
+    SCRATCH_BUF.with(|s| s.set(Some(buf)));
+}
+
+/// Plaintext: wait for readiness (a poll, which holds no buffer and may be dropped
+/// safely), then `recv` without blocking into the worker's scratch buffer.
+impl WsRead for OwnedReadHalf<TcpStream> {
+    async fn read_idle(&mut self) -> std::io::Result<Chunk> {
+        // SAFETY: the stream is shared with the write half only, in the same thread;
+        // `readable` and `as_raw_fd` read the descriptor and touch no state the
+        // writer's operations change (monoio's own split halves share it the same way).
+        let stream = unsafe { &*self.0.get() };
+        let fd = stream.as_raw_fd();
+        loop {
+            // Not relaxed: the legacy driver confirms readiness with a poll(2), so a
+            // stale edge-triggered readiness bit (our recv bypasses monoio) re-waits.
+            stream.readable(false).await?;
+            let mut buf = take_scratch();
+            // SAFETY: `buf` is a live allocation of `buf.len()` bytes we own; `fd` is
+            // this open stream's socket (the half keeps it open).
+            let n =
+                unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+            if n >= 0 {
+                return Ok(Chunk::Scratch(buf, n as usize));
+            }
+            let err = std::io::Error::last_os_error();
+            put_scratch(buf);
+            match err.kind() {
+                // A false positive (epoll) or a signal: wait again.
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => continue,
+                _ => return Err(err),
+            }
+        }
+    }
+}
+
+/// The reader task: decode frames, run the session, answer pings and closes. Returns
+/// when the connection is over; the socket is shut down by then.
+pub async fn read_loop<S: Session, R: WsRead>(
+    mut rd: R,
+    conn: Rc<WsConn>,
+    session: &mut S,
+    limits: ReadLimits,
+    clock: impl Fn() -> u32,
+    mut pending: Vec<u8>,
+) {
+    let mut asm = Assembler::new(limits.max_fragments);
+    // Bytes that arrived with the upgrade request are processed first.
+    let mut peer_closed = !process_vec(&conn, session, &mut asm, &mut pending, limits);
+    while !peer_closed && conn.state.get() != State::Done {
+        // `process` stops early only for back-pressure: then the queue is over the
+        // limit, or was when it stopped (frames already read wait in `pending`).
+        let stalled = conn.is_open() && !pending.is_empty() && has_frame(&pending);
+        if conn.is_open() && (stalled || conn.queued_bytes() > limits.pause_backlog) {
+            // Back-pressure: handle nothing more from this client until its queue
+            // drained below the limit.
+            conn.wait_drained(limits.pause_backlog).await;
+            if conn.is_open() && !pending.is_empty() {
+                peer_closed = !process_vec(&conn, session, &mut asm, &mut pending, limits);
+                if pending.is_empty() && pending.capacity() > 0 {
+                    pending = Vec::new();
+                }
+                continue;
+            }
+        }
+        if pending.is_empty() {
+            // No frame is partial: read by readiness, nothing parked per connection.
+            let mut chunk = match rd.read_idle().await {
+                Ok(c) => c,
+                Err(_) => break,
+            };
+            // From here to `recycle` nothing awaits: the scratch buffer is lent only
+            // for this synchronous pass.
+            let data = chunk.bytes_mut();
+            if data.is_empty() {
+                rd.recycle(chunk);
+                break;
+            }
+            conn.touch(clock());
+            if conn.state.get() != State::Open {
+                // Closing: only the peer's close frame matters now.
+                peer_closed = contains_close(data, limits);
+            } else {
+                let (used, keep) = process(&conn, session, &mut asm, data, limits);
+                peer_closed = !keep;
+                // A partial frame, or frames held back by back-pressure: they move to
+                // the connection's own buffer, never wait in the shared scratch.
+                pending.extend_from_slice(&data[used..]);
+            }
+            rd.recycle(chunk);
+        } else {
+            let (res, mut buf) = rd.read(Vec::with_capacity(BULK_READ)).await;
+            match res {
+                Ok(n) if n > 0 => {}
+                _ => break,
+            }
+            conn.touch(clock());
+            if conn.state.get() != State::Open {
+                peer_closed = contains_close(&mut buf, limits);
+                continue;
+            }
+            pending.extend_from_slice(&buf);
+            drop(buf);
+            peer_closed = !process_vec(&conn, session, &mut asm, &mut pending, limits);
+        }
+        if pending.is_empty() && pending.capacity() > 0 {
+            pending = Vec::new();
+        }
+    }
+    // Let the close reply (ours or the echo of the peer's) leave before shutting down.
+    if conn.state.get() == State::Closing {
+        let _ = Box::pin(monoio::time::timeout(CLOSE_GRACE, conn.wait_done())).await;
+    }
+    conn.abort();
+    conn.fd_open.set(false);
+    session.on_end(&conn);
+    drop(rd);
+}
+
+/// [`process`] on a buffer of the connection's own, leaving the unprocessed tail in it.
+fn process_vec<S: Session>(
+    conn: &Rc<WsConn>,
+    session: &mut S,
+    asm: &mut Assembler,
+    buf: &mut Vec<u8>,
+    limits: ReadLimits,
+) -> bool {
+    let (used, keep) = process(conn, session, asm, buf, limits);
+    buf.drain(..used);
+    keep
+}
+
+/// Decode and handle every complete frame in `buf`. Returns how many bytes were used
+/// (the rest is an incomplete frame or held back by back-pressure) and `false` when the
+/// reader should stop reading (peer closed or protocol error).
+fn process<S: Session>(
+    conn: &Rc<WsConn>,
+    session: &mut S,
+    asm: &mut Assembler,
+    buf: &mut [u8],
+    limits: ReadLimits,
+) -> (usize, bool) {
+    let mut off = 0;
+    let mut keep_reading = true;
+    while off < buf.len() {
+        if conn.queued_bytes() > limits.pause_backlog && conn.is_open() {
+            // Back-pressure: the rest waits in the buffer (see `read_loop`).
+            break;
+        }
+        let view = match decode_frame(&mut buf[off..], limits.max_message) {
+            Ok(Some(v)) => v,
+            Ok(None) => break,
+            Err(reason) => {
+                conn.close(reason);
+                keep_reading = false;
+                off = buf.len();
+                break;
+            }
+        };
+        let start = off;
+        off += view.consumed;
+        let payload = &mut buf[start + view.payload.start..start + view.payload.end];
+        let incoming = match asm.push(view.opcode, view.fin, payload, limits.max_message) {
+            Ok(i) => i,
+            Err(reason) => {
+                conn.close(reason);
+                keep_reading = false;
+                off = buf.len();
+                break;
+            }
+        };
+        let outcome = match incoming {
+            Incoming::None => Ok(()),
+            Incoming::Ping(data) => {
+                conn.send(frame::frame(Opcode::Pong, data));
+                Ok(())
+            }
+            Incoming::Pong => Ok(()),
+            Incoming::Close(code) => {
+                conn.close(Disconnect::echo(code));
+                keep_reading = false;
+                off = buf.len();
+                break;
+            }
+            Incoming::Message(op, data) => {
+                if conn.is_open() {
+                    session.on_message(conn, op, data)
+                } else {
+                    Ok(())
+                }
+            }
+        };
+        asm.release();
+        if let Err(reason) = outcome {
+            conn.close(reason);
+            keep_reading = false;
+            off = buf.len();
+            break;
+        }
+    }
+    (off, keep_reading)
+}
+
+/// Whether `buf` starts with a whole frame (its header says how long it is). Cheap: reads
+/// at most the 14 header bytes; the payload is not looked at.
+fn has_frame(buf: &[u8]) -> bool {
+    if buf.len() < 2 {
+        return false;
+    }
+    let masked = buf[1] & 0x80 != 0;
+    let (len, header) = match buf[1] & 0x7f {
+        126 if buf.len() >= 4 => (u64::from(u16::from_be_bytes([buf[2], buf[3]])), 4),
+        127 if buf.len() >= 10 => {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&buf[2..10]);
+            (u64::from_be_bytes(b), 10)
+        }
+        126 | 127 => return false,
+        n => (u64::from(n), 2),
+    };
+    let need = header as u64 + if masked { 4 } else { 0 } + len;
+    buf.len() as u64 >= need
+}
+
+/// While closing: whether `buf` holds the peer's close frame (anything else is dropped).
+fn contains_close(buf: &mut [u8], limits: ReadLimits) -> bool {
+    let mut off = 0;
+    while off < buf.len() {
+        match decode_frame(&mut buf[off..], limits.max_message) {
+            Ok(Some(v)) if v.opcode == Opcode::Close => return true,
+            Ok(Some(v)) => off += v.consumed,
+            Ok(None) => return false,
+            Err(_) => return true,
+        }
+    }
+    false
+}

@@ -1,0 +1,195 @@
+//! The writer half of a connection: the batch of frames handed to the stream in one
+//! write ([`FrameBatch`]), the write side as the writer needs it ([`FrameWrite`], one impl
+//! per transport) and the writer task ([`write_loop`]). The invariants are the parent
+//! module's: only one of the direct path and the writer writes at a time, frames leave in
+//! queue order, frames waiting together leave in one write.
+
+use super::*;
+
+/// Frames handed to the stream in one write, with their iovecs (built only by the
+/// plaintext writer; TLS hands the frames to rustls as slices).
+#[derive(Default)]
+pub struct FrameBatch {
+    pub(super) bufs: Vec<Bytes>,
+    iov: Vec<libc::iovec>,
+}
+
+impl FrameBatch {
+    /// The frames still to write, oldest first (the first may be partly written already).
+    pub fn frames(&self) -> &[Bytes] {
+        &self.bufs
+    }
+
+    fn rebuild(&mut self) {
+        self.iov.clear();
+        // Sized to the batch: one frame (the common case) costs one iovec, not four.
+        self.iov.reserve_exact(self.bufs.len());
+        self.iov.extend(self.bufs.iter().map(|b| libc::iovec {
+            iov_base: b.as_ptr() as *mut libc::c_void,
+            iov_len: b.len(),
+        }));
+    }
+
+    /// Drop `n` written bytes from the front.
+    fn advance(&mut self, mut n: usize) {
+        let mut done = 0;
+        for b in self.bufs.iter_mut() {
+            if n >= b.len() {
+                n -= b.len();
+                done += 1;
+            } else {
+                *b = b.slice(n..);
+                break;
+            }
+        }
+        self.bufs.drain(..done);
+    }
+}
+
+// SAFETY: the iovecs point into the `Bytes` held in `bufs`, which are neither moved nor
+// mutated while the runtime owns the batch (the struct is only touched again after the
+// operation returns it), so every pointer stays valid for the operation's lifetime.
+unsafe impl IoVecBuf for FrameBatch {
+    fn read_iovec_ptr(&self) -> *const libc::iovec {
+        self.iov.as_ptr()
+    }
+
+    fn read_iovec_len(&self) -> usize {
+        self.iov.len()
+    }
+}
+
+/// The write side of a WebSocket connection, as the writer task needs it.
+///
+/// `write_frames` hands the front of the batch to the stream and returns how many bytes
+/// were taken (a partial write is fine: the writer advances and calls again). It must
+/// take at least one byte of a non-empty batch or fail. `close_write` ends the sending side
+/// after the close frame (TLS: close_notify first).
+pub trait FrameWrite: Sized {
+    /// The writer task runs only while there is a backlog; frames otherwise go by direct
+    /// send (plaintext). `false`: a resident writer (TLS: rustls' state lives in it).
+    const ON_DEMAND: bool = false;
+    /// An on-demand writer going idle hands its half back to the connection.
+    fn park(self, conn: &WsConn) {
+        let _ = conn;
+    }
+    fn write_frames(
+        &mut self,
+        batch: FrameBatch,
+    ) -> impl Future<Output = BufResult<usize, FrameBatch>>;
+    fn close_write(&mut self) -> impl Future<Output = std::io::Result<()>>;
+}
+
+/// Plaintext: one `writev` per batch, straight from the shared frames (no copy); the
+/// writer exists only while there is a backlog.
+impl FrameWrite for OwnedWriteHalf<TcpStream> {
+    const ON_DEMAND: bool = true;
+
+    fn park(self, conn: &WsConn) {
+        // Not dropped: dropping a monoio write half shuts the socket's sending side.
+        conn.parked.set(Some(self));
+    }
+
+    async fn write_frames(&mut self, mut batch: FrameBatch) -> BufResult<usize, FrameBatch> {
+        if batch.bufs.len() == 1 {
+            // One frame (the usual fan-out case): a plain send, no iovec to build or
+            // for the kernel to import. The clone is a reference count.
+            let frame = batch.bufs[0].clone();
+            let (res, _) = self.write(frame).await;
+            return (res, batch);
+        }
+        batch.rebuild();
+        self.writev(batch).await
+    }
+
+    async fn close_write(&mut self) -> std::io::Result<()> {
+        self.shutdown().await
+    }
+}
+
+/// The writer task: drain the queue into the socket; on plaintext until the queue has
+/// been empty for one coalescing window (then the half is parked in the connection), on
+/// TLS until closed. Started by [`WsConn::start_writer`] and, on plaintext, again by the
+/// next backlog or close. `preamble` (may be empty) goes out first.
+pub async fn write_loop<W: FrameWrite>(mut wr: W, conn: Rc<WsConn>, preamble: Bytes) {
+    let mut batch = FrameBatch::default();
+    if !preamble.is_empty() {
+        conn.writing.set(true);
+        batch.bufs.push(preamble);
+        while !batch.bufs.is_empty() {
+            let (res, b) = Box::pin(wr.write_frames(batch)).await;
+            batch = b;
+            match res {
+                Ok(n) if n > 0 => batch.advance(n),
+                _ => {
+                    conn.writing.set(false);
+                    conn.writer_live.set(false);
+                    conn.abort();
+                    return;
+                }
+            }
+        }
+        conn.writing.set(false);
+        batch = FrameBatch::default();
+    }
+    // Made on the first coalescing delay or linger and re-armed after.
+    let mut timer: Option<Pin<Box<Sleep>>> = None;
+    loop {
+        match conn.wait_frames(W::ON_DEMAND, &mut timer).await {
+            Wake::Frames => {}
+            Wake::Stop => break,
+            Wake::Idle => {
+                // Nothing queued, nothing in flight, connection open: from now on the
+                // fan-out sends directly, and the next backlog starts a new writer.
+                drop(conn.writer.take());
+                conn.writer_live.set(false);
+                wr.park(&conn);
+                return;
+            }
+        }
+        let window = u32::from(conn.coalesce_ms.get());
+        let last = conn.last_write_ms.get();
+        if window != 0 && last != 0 && conn.is_open() {
+            let since = now_ms().wrapping_sub(last);
+            if since < window {
+                let deadline =
+                    monoio::time::Instant::now() + Duration::from_millis(u64::from(window - since));
+                arm(&mut timer, deadline).await;
+            }
+        }
+        conn.writing.set(true);
+        let ends_with_close = conn.take_batch(&mut batch);
+        while !batch.bufs.is_empty() {
+            let (res, b) = wr.write_frames(batch).await;
+            batch = b;
+            match res {
+                Ok(n) if n > 0 => {
+                    crate::metrics::with(|m| m.bytes_sent(n as u64));
+                    batch.advance(n);
+                }
+                _ => {
+                    batch.bufs.clear();
+                    conn.writing.set(false);
+                    conn.writer_live.set(false);
+                    conn.abort();
+                    return;
+                }
+            }
+        }
+        conn.writing.set(false);
+        if window != 0 {
+            conn.last_write_ms.set(now_ms());
+        }
+        if batch.bufs.capacity() > 8 {
+            // A burst grew the batch; a connection that stays should not keep it.
+            batch = FrameBatch::default();
+        }
+        if ends_with_close {
+            // Boxed: a rare path whose future would otherwise enlarge every writer.
+            let _ = Box::pin(wr.close_write()).await;
+            break;
+        }
+    }
+    conn.writer_live.set(false);
+    conn.finish();
+}
