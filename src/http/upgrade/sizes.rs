@@ -78,7 +78,7 @@ fn record_row(name: &str, size: usize) {
 }
 
 #[test]
-#[ignore = "prints the per-connection budget; asserts nothing"]
+#[ignore = "a measurement, not a check: prints the per-connection budget (issue 21); cargo test --lib research_sizes -- --ignored --nocapture"]
 fn research_sizes() {
     use super::reader_task;
     use crate::shard::{ConnGuard, ProjectSlot, Shard};
