@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
-# run-suite.sh: the standard load-test suite of issue 4, ringcast and nginx+Nchan side
-# by side, or (--smoke) one short fan-out against ringcast that fails unless every
+# run-suite.sh: the standard load-test suite of issue 4, ringcast, nginx+Nchan and the
+# uWebSockets peer (issue 21) side by side, or (--smoke) one short fan-out against ringcast that fails unless every
 # expected message arrived exactly once, or (--cluster) cross-node fan-out on two
 # ringcast nodes sharing a local redis-server (issue 6).
 #
 # Usage:
-#   loadtest/run-suite.sh                 # full suite, 3 repetitions, both targets
+#   loadtest/run-suite.sh                 # full suite, 3 repetitions, every target
 #   loadtest/run-suite.sh --reps 1        # one repetition
-#   loadtest/run-suite.sh --only ringcast # or --only nchan
+#   loadtest/run-suite.sh --only ringcast # or --only nchan, --only uws, --only "ringcast uws"
+#   UWS_BIN=path/to/peer-uws loadtest/run-suite.sh --only uws   # the uWebSockets peer
+#                                         #   (ringcast's native protocol on uWS, 2 threads),
+#                                         #   built by hand outside this repository as
+#                                         #   ../shared/tools/peer-uws/README.md says (epoll
+#                                         #   build), never in CI; without UWS_BIN, uws is
+#                                         #   skipped with a note. Ringcast-only scenarios
+#                                         #   (batch, history, private, presence) skip it.
 #   loadtest/run-suite.sh --only-scenario ramp   # one scenario: floor idle-10k idle-19k
 #                                         #   publish fanout wide burst ramp batch history private presence
 #                                         #   (batch, history: ringcast only, issue 13)
@@ -41,9 +48,12 @@ SMOKE=0
 CLUSTER=0
 SCENARIO=""
 REPS=3
-TARGETS="ringcast nchan"
+TARGETS="ringcast nchan uws"
 RC_PORT="${RC_PORT:-28080}"
 NCHAN_PORT="${NCHAN_PORT:-28090}"
+UWS_PORT="${UWS_PORT:-28092}"
+# The uWebSockets peer's binary (third-party code: built by hand, outside the repository).
+UWS_BIN="${UWS_BIN:-}"
 RC2_PORT="${RC2_PORT:-28081}"     # --cluster: the second node
 REDIS_PORT="${REDIS_PORT:-28379}" # --cluster: its own redis-server
 METRICS_PORT="${METRICS_PORT:-28099}" # --metrics-ab: the metrics listener
@@ -77,8 +87,14 @@ want() { [ -z "$SCENARIO" ] || [ "$SCENARIO" = "$1" ]; }
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
 echo "== building release binaries" >&2
-# nice: the machine is shared; a build's speed changes no figure.
-nice -n 19 cargo build --release -p ringcast -p loadtest >&2
+# nice: the machine is shared; a build's speed changes no figure. ringcast is built only
+# when the run starts it (an nchan or uws run needs the generator alone).
+BUILD_PKGS="-p loadtest"
+if [ "$SMOKE$CLUSTER$METRICS_AB$PUSHER" != 0000 ] || echo " $TARGETS " | grep -q " ringcast "; then
+  BUILD_PKGS="-p ringcast $BUILD_PKGS"
+fi
+# shellcheck disable=SC2086
+nice -n 19 cargo build --release $BUILD_PKGS >&2
 LT="$ROOT/target/release/loadtest"
 # RC_BIN: another ringcast binary to measure (e.g. a build of main, for a same-run
 # comparison); default the one just built.
@@ -89,6 +105,7 @@ RC_PID=""
 RC2_PID=""
 REDIS_PID=""
 NGINX_MASTER=""
+UWS_PID=""
 
 stop_ringcast() {
   if [ -n "$RC_PID" ] && kill -0 "$RC_PID" 2>/dev/null; then
@@ -116,12 +133,18 @@ stop_pid() { # PID: TERM, bounded wait (10 s), then KILL
   fi
 }
 
+stop_uws() { # the peer has no graceful drain: SIGTERM ends it at once
+  stop_pid "$UWS_PID"
+  UWS_PID=""
+}
+
 cleanup() {
   stop_pid "$SCRAPER_PID"
   stop_pid "$SOCKUDO_PID"
   stop_pid "${GUARD_PID:-}"
   stop_ringcast
   stop_nchan
+  stop_uws
   stop_pid "$RC2_PID"
   stop_pid "$REDIS_PID"
   rm -rf "$TMP"
@@ -132,7 +155,7 @@ trap 'exit 130' INT TERM
 
 port_free() { # PORT: refuse to start on a port another process already serves
   if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then
-    echo "run-suite.sh: 127.0.0.1:$1 is already in use; set RC_PORT / RC2_PORT / NCHAN_PORT / REDIS_PORT" >&2
+    echo "run-suite.sh: 127.0.0.1:$1 is already in use; set RC_PORT / RC2_PORT / NCHAN_PORT / UWS_PORT / REDIS_PORT" >&2
     exit 1
   fi
 }
@@ -199,27 +222,64 @@ start_nchan() {
   NGINX_MASTER="$(cat "$dir/nginx.pid")"
 }
 
-# The --server-pid flags for a target: ringcast's one process; nginx master + workers.
-pid_flags() {
-  if [ "$1" = ringcast ]; then
-    echo "--server-pid $RC_PID"
-  else
-    local p flags="--server-pid $NGINX_MASTER"
-    for p in $(pgrep -P "$NGINX_MASTER"); do flags="$flags --server-pid $p"; done
-    echo "$flags"
+# The uWebSockets peer: UWS_BIN, or a note on how to build it. Returns 1 (uws skipped)
+# when there is no binary, so that the other targets run as without it.
+check_uws() {
+  if [ -n "$UWS_BIN" ] && [ -x "$UWS_BIN" ] && [ -f "$UWS_BIN" ]; then
+    echo "== uws: $UWS_BIN ($(tr '\n' ' ' 2>/dev/null <"$(dirname "$UWS_BIN")/BUILD_INFO" || echo 'no BUILD_INFO beside it'))" >&2
+    return 0
   fi
+  echo "run-suite.sh: uws SKIPPED: ${UWS_BIN:+$UWS_BIN is not an executable file; }UWS_BIN must name the" >&2
+  echo "  uWebSockets peer's binary. Build it by hand, outside this repository, as" >&2
+  echo "  ../shared/tools/peer-uws/README.md says (its build.sh writes" >&2
+  echo "  \$PEER_UWS_HOME/build/epoll/peer-uws), then: UWS_BIN=<that path> loadtest/run-suite.sh --only uws" >&2
+  return 1
+}
+
+# The peer with ringcast's thread count (2 workers on one SO_REUSEPORT port). Its keys
+# are fixed (loopback only); PEER_WS_KEY makes it check the upgrade's ?key= as ringcast
+# checks its public key.
+UWS_SK="sk_uws_bench"
+UWS_PK="pk_uws_bench"
+start_uws() {
+  stop_uws
+  port_free "$UWS_PORT"
+  PEER_API_KEY="$UWS_SK" PEER_WS_KEY="$UWS_PK" PEER_WORKERS=2 PEER_HOST=127.0.0.1 \
+    "$UWS_BIN" "$UWS_PORT" >>"$TMP/uws.log" 2>&1 &
+  UWS_PID=$!
+  wait_http "http://127.0.0.1:$UWS_PORT/health"
+  kill -0 "$UWS_PID" 2>/dev/null || { echo "run-suite.sh: uws exited:" >&2; tail -20 "$TMP/uws.log" >&2; exit 1; }
+}
+
+# The --server-pid flags for a target: ringcast's one process; nginx master + workers;
+# the peer's one process (its workers are threads).
+pid_flags() {
+  case "$1" in
+    ringcast) echo "--server-pid $RC_PID" ;;
+    uws) echo "--server-pid $UWS_PID" ;;
+    *)
+      local p flags="--server-pid $NGINX_MASTER"
+      for p in $(pgrep -P "$NGINX_MASTER"); do flags="$flags --server-pid $p"; done
+      echo "$flags"
+      ;;
+  esac
 }
 
 target_flags() {
-  if [ "$1" = ringcast ]; then
-    echo "--target ringcast --url http://127.0.0.1:$RC_PORT --secret-key $SK --public-key $PK"
-  else
-    echo "--target nchan --url http://127.0.0.1:$NCHAN_PORT"
-  fi
+  case "$1" in
+    ringcast) echo "--target ringcast --url http://127.0.0.1:$RC_PORT --secret-key $SK --public-key $PK" ;;
+    # ringcast's native protocol; the generator's `uws` kind only names it in the results.
+    uws) echo "--target uws --url http://127.0.0.1:$UWS_PORT --secret-key $UWS_SK --public-key $UWS_PK" ;;
+    *) echo "--target nchan --url http://127.0.0.1:$NCHAN_PORT" ;;
+  esac
 }
 
 restart() {
-  if [ "$1" = ringcast ]; then start_ringcast; else start_nchan; fi
+  case "$1" in
+    ringcast) start_ringcast ;;
+    uws) start_uws ;;
+    *) start_nchan ;;
+  esac
 }
 
 if [ "$SMOKE" = 1 ]; then
@@ -536,6 +596,7 @@ for t in $TARGETS; do
   case "$t" in
     ringcast) setup_ringcast_keys ;;
     nchan) ensure_nchan_installed ;;
+    uws) check_uws || TARGETS="$(echo " $TARGETS " | sed 's/ uws / /')" ;;
     *) echo "run-suite.sh: unknown target $t" >&2; exit 2 ;;
   esac
 done
@@ -626,6 +687,7 @@ for rep in $(seq 1 "$REPS"); do
 done
 stop_ringcast
 stop_nchan
+stop_uws
 
 echo "== done: $(wc -l <"$RESULTS") runs in $RESULTS" >&2
 # A compact summary, one line per run, from the JSON lines.

@@ -178,8 +178,10 @@ fn secs(s: f64) -> Duration {
 fn make_target(c: &Common) -> Result<Target, String> {
     let endpoint = net::parse_url(&c.url)?;
     let publish_endpoint = c.publish_url.as_deref().map(net::parse_url).transpose()?;
-    if c.target == Kind::Ringcast && (c.secret_key.is_empty() || c.public_key.is_empty()) {
-        return Err("ringcast needs --secret-key sk_... and --public-key pk_... (or LOADTEST_SECRET_KEY / LOADTEST_PUBLIC_KEY)".into());
+    if matches!(c.target, Kind::Ringcast | Kind::Uws)
+        && (c.secret_key.is_empty() || c.public_key.is_empty())
+    {
+        return Err("ringcast (and uws) needs --secret-key sk_... and --public-key pk_... (or LOADTEST_SECRET_KEY / LOADTEST_PUBLIC_KEY)".into());
     }
     let publish = c.publish.unwrap_or(PublishApi::default_for(c.target));
     match (c.target, publish) {

@@ -2,6 +2,10 @@
 //! nginx + Nchan and on any Pusher Channels server, so every scenario runs unchanged
 //! against each.
 //!
+//! - uws (the uWebSockets peer built by hand from `../shared/tools/peer-uws/`): speaks
+//!   ringcast's native protocol, so it is driven exactly like ringcast; a kind of its
+//!   own only so that every report names the server that was measured.
+//!
 //! - ringcast: one WebSocket at `/api/v1/ws?key=pk_..`, `subscribe` frames, publish by
 //!   `POST /api/v1/publish` with `{channel,event,data}`; a delivery is a
 //!   `{"type":"message",...,"data":{"t":..,"seq":..}}` frame.
@@ -31,6 +35,8 @@ pub enum Kind {
     Nchan,
     /// Any server of the Pusher Channels protocol 7 (ringcast's `/app/{key}`, Sockudo).
     Pusher,
+    /// The uWebSockets peer: ringcast's native protocol (same URL, frames, publish API).
+    Uws,
 }
 
 impl Kind {
@@ -39,6 +45,7 @@ impl Kind {
             Kind::Ringcast => "ringcast",
             Kind::Nchan => "nchan",
             Kind::Pusher => "pusher",
+            Kind::Uws => "uws",
         }
     }
 }
@@ -66,7 +73,7 @@ impl PublishApi {
     /// The API a target publishes with when `--publish` is not given.
     pub fn default_for(kind: Kind) -> Self {
         match kind {
-            Kind::Ringcast => PublishApi::Native,
+            Kind::Ringcast | Kind::Uws => PublishApi::Native,
             Kind::Nchan => PublishApi::Nchan,
             Kind::Pusher => PublishApi::Pusher,
         }
@@ -243,7 +250,7 @@ impl Target {
     /// The path of the WebSocket upgrade. For Nchan the channel is in the path.
     pub fn ws_path(&self, ch: u32) -> String {
         match self.kind {
-            Kind::Ringcast => format!("/api/v1/ws?key={}", self.public_key),
+            Kind::Ringcast | Kind::Uws => format!("/api/v1/ws?key={}", self.public_key),
             Kind::Nchan => format!("/sub/{}", self.channel_name(ch)),
             Kind::Pusher => format!(
                 "/app/{}?protocol=7&client=ringcast-loadtest&version=1",
@@ -427,7 +434,7 @@ impl Target {
                 Some((t, seq)) => Inbound::Message { t, seq },
                 None => Inbound::Other,
             },
-            Kind::Ringcast => {
+            Kind::Ringcast | Kind::Uws => {
                 // The server may order keys freely; look for the type value only.
                 if find(payload, b"\"type\":\"message\"").is_some() {
                     let data = find(payload, b"\"data\":").map_or(payload, |i| &payload[i..]);
@@ -518,6 +525,23 @@ mod tests {
         assert_eq!(v["channel"], "private-ltabc2");
         let v: serde_json::Value = serde_json::from_str(&t.subscribe_json(2, false)).unwrap();
         assert!(v.get("token").is_none());
+    }
+
+    #[test]
+    fn uws_is_driven_like_ringcast() {
+        let (r, u) = (target(Kind::Ringcast), target(Kind::Uws));
+        assert_eq!(u.ws_path(0), r.ws_path(0));
+        assert_eq!(u.publish, PublishApi::Native);
+        assert_eq!(u.subscribe_json(1, true), r.subscribe_json(1, true));
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        r.write_publish(&mut a, 3, 7, 1, 0);
+        u.write_publish(&mut b, 3, 7, 1, 0);
+        assert_eq!(a, b);
+        // The peer's frame, as it sends it.
+        let msg = br#"{"type":"message","channel":"ltabc3","event":"lt","data":{"t":7,"seq":1},"id":"0123456789abcdef0000"}"#;
+        assert_eq!(u.classify(msg), Inbound::Message { t: 7, seq: 1 });
+        assert_eq!(u.classify(br#"{"type":"subscribed","channel":"ltabc3"}"#), Inbound::Subscribed);
+        assert_eq!(u.kind.name(), "uws");
     }
 
     #[test]
