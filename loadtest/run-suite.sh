@@ -689,6 +689,11 @@ stop_ringcast
 stop_nchan
 stop_uws
 
+# Nothing ran (e.g. --only uws without UWS_BIN, or a ringcast-only scenario for nchan).
+if ! [ -s "$RESULTS" ]; then
+  echo "== done: no runs" >&2
+  exit 0
+fi
 echo "== done: $(wc -l <"$RESULTS") runs in $RESULTS" >&2
 # A compact summary, one line per run, from the JSON lines.
 python3 - "$RESULTS" <<'EOF' >&2 || true

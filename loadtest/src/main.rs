@@ -98,7 +98,7 @@ pub struct Common {
     pub token: Option<String>,
     /// The API publishers use: `native` (ringcast's /api/v1/publish, --secret-key),
     /// `pusher` (Pusher REST /apps/{id}/events, --app-id and --app-secret) or `nchan`.
-    /// Default: the target's own (ringcast: native, pusher: pusher, nchan: nchan).
+    /// Default: the target's own (ringcast and uws: native, pusher: pusher, nchan: nchan).
     /// `--target pusher --publish native`: Pusher subscribers on ringcast's /app/{key},
     /// publishes through ringcast's native API.
     #[arg(long, value_enum, global = true)]
