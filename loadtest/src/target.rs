@@ -540,7 +540,10 @@ mod tests {
         // The peer's frame, as it sends it.
         let msg = br#"{"type":"message","channel":"ltabc3","event":"lt","data":{"t":7,"seq":1},"id":"0123456789abcdef0000"}"#;
         assert_eq!(u.classify(msg), Inbound::Message { t: 7, seq: 1 });
-        assert_eq!(u.classify(br#"{"type":"subscribed","channel":"ltabc3"}"#), Inbound::Subscribed);
+        assert_eq!(
+            u.classify(br#"{"type":"subscribed","channel":"ltabc3"}"#),
+            Inbound::Subscribed
+        );
         assert_eq!(u.kind.name(), "uws");
     }
 
