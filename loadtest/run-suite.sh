@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # run-suite.sh: the standard load-test suite of issue 4, ringcast, nginx+Nchan and the
-# uWebSockets peer (issue 21) side by side, or (--smoke) one short fan-out against ringcast that fails unless every
-# expected message arrived exactly once, or (--cluster) cross-node fan-out on two
-# ringcast nodes sharing a local redis-server (issue 6).
+# uWebSockets peer (issue 21) side by side, or (--smoke) one short fan-out against
+# ringcast that fails unless every expected message arrived exactly once, or (--cluster)
+# cross-node fan-out on two ringcast nodes sharing a local redis-server (issue 6).
 #
 # Usage:
 #   loadtest/run-suite.sh                 # full suite, 3 repetitions, every target
@@ -71,7 +71,7 @@ while [ $# -gt 0 ]; do
     --cluster) CLUSTER=1 ;;
     --metrics-ab) METRICS_AB=1 ;;
     --pusher) PUSHER=1 ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 0 ;; # the header comment
     *) echo "run-suite.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
