@@ -29,6 +29,9 @@
 //!   state, fan-out.
 //! - [`ws`]: WebSocket as pure transport: handshake answer, frame codec, reassembly,
 //!   the connection's reader and writer. Knows no project, key or channel.
+//! - [`engine`]: leaf: one per worker, wakes parked idle connections by readiness
+//!   (a private epoll instance awaited through monoio) without a task per connection;
+//!   knows only its `Ready` records.
 //! - [`names`], [`json`], [`close`], [`ids`], [`reply`]: leaves: the channel/event name
 //!   rule, JSON string escaping, the table of close codes, message and connection ids,
 //!   one-shot answers from a control-plane thread to a worker's task.
@@ -72,6 +75,7 @@ mod client;
 mod close;
 mod cluster;
 mod config;
+mod engine;
 mod error;
 mod history;
 mod http;

@@ -15,6 +15,7 @@ use crate::ids::IdGen;
 use crate::node::Node;
 use crate::publish::PublishParser;
 use crate::shard::Shard;
+use crate::ws::conn::{ReadCtx, ReadLimits};
 
 pub(crate) struct Service {
     pub node: Arc<Node>,
@@ -27,6 +28,9 @@ pub(crate) struct Service {
     /// the client-event relay, the presence hub, and the subscribe admission (the
     /// per-connection rate and the cache of verified tokens).
     pub sessions: Rc<SessionCtx>,
+    /// What every plaintext WebSocket reader of the worker shares (its limits, the
+    /// worker's clock): held once here, not per connection.
+    pub read_ctx: Rc<ReadCtx>,
 }
 
 impl Service {
@@ -51,8 +55,18 @@ impl Service {
             Some(node.presence.clone()),
             admission,
         );
+        let clock_shard = shard.clone();
+        let read_ctx = Rc::new(ReadCtx {
+            limits: ReadLimits {
+                max_message: node.config.max_frame_bytes,
+                max_fragments: node.config.max_fragments_per_message,
+                pause_backlog: node.config.read_pause_bytes(),
+            },
+            clock: Box::new(move || clock_shard.clock()),
+        });
         Service {
             sessions,
+            read_ctx,
             node,
             expiry,
             shard,

@@ -21,11 +21,12 @@ use super::{ApiError, Service};
 use crate::apikey::KeyKind;
 use crate::client::{connected_frame, ClientSession, PusherSession};
 use crate::close::Dialect;
+use crate::engine;
 use crate::error::Unavailable;
 use crate::ids::SocketId;
 use crate::pusher_frame;
 use crate::shard::{ConnGuard, ProjectSlot, Shard};
-use crate::ws::conn::{read_loop, ReadLimits, Session, WsConn, WsRead};
+use crate::ws::conn::{read_loop, start_parked, ReadLimits, Session, WsConn, WsRead};
 use crate::ws::handshake::write_switching;
 
 /// Check the upgrade request (RFC 6455 §4.2.1); returns the `Sec-WebSocket-Key` value.
@@ -139,11 +140,6 @@ pub(crate) fn start<S: Transport>(
             u32::try_from(cfg.heartbeat_s).unwrap_or(u32::MAX),
         ),
     });
-    let limits = ReadLimits {
-        max_message: cfg.max_frame_bytes,
-        max_fragments: cfg.max_fragments_per_message,
-        pause_backlog: cfg.read_pause_bytes(),
-    };
     let pusher = (upgrade.dialect == Dialect::Pusher).then(|| upgrade.project.clone());
     shard.register(conn.clone(), upgrade.key_id, pusher);
     // The writer sends the answers, then the `connected` frame queued above; on
@@ -160,17 +156,50 @@ pub(crate) fn start<S: Transport>(
     match upgrade.dialect {
         Dialect::Native => {
             let session = ClientSession::new(svc.sessions.clone(), upgrade.project);
-            monoio::spawn(reader_task(rd, conn, session, limits, shard, pending, held));
+            read_side(&svc, rd, conn, session, pending, held);
         }
         Dialect::Pusher => {
             let session = PusherSession::new(svc.sessions.clone(), upgrade.project);
-            monoio::spawn(reader_task(rd, conn, session, limits, shard, pending, held));
+            read_side(&svc, rd, conn, session, pending, held);
         }
     }
 }
 
-/// The reader's task. Kept apart from the upgrade so that the task that lives as long
-/// as the socket holds only the reader's small state (an idle connection's cost).
+/// Start the read side: plaintext parks in the worker's engine (an idle connection is a
+/// record, no task); TLS (rustls reads into its own buffers) runs a reader task.
+fn read_side<R: WsRead + 'static, S: Session + 'static>(
+    svc: &Rc<Service>,
+    rd: R,
+    conn: Rc<WsConn>,
+    session: S,
+    pending: Vec<u8>,
+    held: (ConnGuard, ProjectSlot),
+) {
+    let rd = match engine::current() {
+        Some(engine) => match rd.into_plain() {
+            Ok(plain) => {
+                let ctx = svc.read_ctx.clone();
+                start_parked(&engine, plain, conn, session, ctx, pending, held);
+                return;
+            }
+            Err(rd) => rd,
+        },
+        None => rd,
+    };
+    let shard = svc.shard.clone();
+    monoio::spawn(reader_task(
+        rd,
+        conn,
+        session,
+        svc.read_ctx.limits,
+        shard,
+        pending,
+        held,
+    ));
+}
+
+/// The reader's task (TLS). Kept apart from the upgrade so that the task that lives as
+/// long as the socket holds only the reader's small state.
 async fn reader_task<R: WsRead, S: Session>(
     rd: R,
     conn: Rc<WsConn>,

@@ -157,6 +157,8 @@ pub(crate) fn run(setup: WorkerSetup) -> std::io::Result<()> {
             monoio::spawn(history_sweep(svc.node.history.clone()));
         }
         monoio::spawn(svc.expiry.clone().run());
+        // Idle plaintext WebSockets park here (no task each): see `crate::engine`.
+        crate::engine::install()?;
         if index == 0 && fault.in_worker().await {
             return Err(std::io::Error::other("fault injected: worker exit"));
         }

@@ -64,8 +64,11 @@ use super::message::{Assembler, Incoming};
 use crate::close::code::SLOW_CONSUMER;
 use crate::close::{Dialect, Disconnect};
 
+mod park;
 mod read;
 mod write;
+pub(crate) use park::{start_parked, ReadCtx};
+use read::{contains_close, has_frame, process, process_vec, put_scratch, take_scratch};
 pub use read::{read_loop, ReadLimits, Session};
 pub(crate) use read::{Chunk, WsRead};
 pub use write::write_loop;

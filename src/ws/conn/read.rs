@@ -58,6 +58,15 @@ pub trait WsRead: AsyncReadRent {
     /// stream. Plaintext parks no buffer while it waits (see the module's invariants).
     fn read_idle(&mut self) -> impl Future<Output = std::io::Result<Chunk>>;
 
+    /// The plaintext read half, for a reader parked in the worker's engine
+    /// (`park::start_parked`); a transport that cannot park (TLS) gives itself back.
+    fn into_plain(self) -> Result<OwnedReadHalf<TcpStream>, Self>
+    where
+        Self: Sized,
+    {
+        Err(self)
+    }
+
     /// Take back the chunk [`WsRead::read_idle`] returned, once processed.
     fn recycle(&mut self, chunk: Chunk) {
         if let Chunk::Scratch(buf, _) = chunk {
@@ -76,19 +85,23 @@ thread_local! {
 
 /// Borrow the worker's scratch buffer (made on first use; should a reader ever find it
 /// lent out, it gets a fresh one rather than waiting or panicking).
-fn take_scratch() -> Box<[u8]> {
+pub(super) fn take_scratch() -> Box<[u8]> {
     SCRATCH_BUF
         .with(Cell::take)
         .unwrap_or_else(|| vec![0u8; SCRATCH].into_boxed_slice())
 }
 
-fn put_scratch(buf: Box<[u8]>) {
+pub(super) fn put_scratch(buf: Box<[u8]>) {
     SCRATCH_BUF.with(|s| s.set(Some(buf)));
 }
 
 /// Plaintext: wait for readiness (a poll, which holds no buffer and may be dropped
 /// safely), then `recv` without blocking into the worker's scratch buffer.
 impl WsRead for OwnedReadHalf<TcpStream> {
+    fn into_plain(self) -> Result<OwnedReadHalf<TcpStream>, Self> {
+        Ok(self)
+    }
+
     async fn read_idle(&mut self) -> std::io::Result<Chunk> {
         // SAFETY: the stream is shared with the write half only, in the same thread;
         // `readable` and `as_raw_fd` read the descriptor and touch no state the
@@ -202,7 +215,7 @@ pub async fn read_loop<S: Session, R: WsRead>(
 }
 
 /// [`process`] on a buffer of the connection's own, leaving the unprocessed tail in it.
-fn process_vec<S: Session>(
+pub(super) fn process_vec<S: Session>(
     conn: &Rc<WsConn>,
     session: &mut S,
     asm: &mut Assembler,
@@ -217,7 +230,7 @@ fn process_vec<S: Session>(
 /// Decode and handle every complete frame in `buf`. Returns how many bytes were used
 /// (the rest is an incomplete frame or held back by back-pressure) and `false` when the
 /// reader should stop reading (peer closed or protocol error).
-fn process<S: Session>(
+pub(super) fn process<S: Session>(
     conn: &Rc<WsConn>,
     session: &mut S,
     asm: &mut Assembler,
@@ -287,7 +300,7 @@ fn process<S: Session>(
 
 /// Whether `buf` starts with a whole frame (its header says how long it is). Cheap: reads
 /// at most the 14 header bytes; the payload is not looked at.
-fn has_frame(buf: &[u8]) -> bool {
+pub(super) fn has_frame(buf: &[u8]) -> bool {
     if buf.len() < 2 {
         return false;
     }
@@ -307,7 +320,7 @@ fn has_frame(buf: &[u8]) -> bool {
 }
 
 /// While closing: whether `buf` holds the peer's close frame (anything else is dropped).
-fn contains_close(buf: &mut [u8], limits: ReadLimits) -> bool {
+pub(super) fn contains_close(buf: &mut [u8], limits: ReadLimits) -> bool {
     let mut off = 0;
     while off < buf.len() {
         match decode_frame(&mut buf[off..], limits.max_message) {

@@ -1,0 +1,294 @@
+//! The connection engine: one per worker, it wakes idle connections by readiness
+//! without a task per connection (issue 21).
+//!
+//! An idle plaintext WebSocket is a record parked here ([`Ready`], boxed, in a slot of
+//! the engine's slab) and a registration of its socket with the worker's private epoll
+//! instance. Nothing else runs or waits for it: no task, no future, no read buffer,
+//! no in-flight operation. One task per worker ([`run`]) waits for the epoll descriptor
+//! to become readable through monoio (one poll on monoio's io_uring, or one entry in
+//! the legacy driver's epoll), collects the ready descriptors without blocking and
+//! hands each parked record its turn ([`Ready::ready`]), synchronously, on the worker.
+//!
+//! Invariants:
+//! - A slot is keyed by a [`Token`]: index and generation. A slot is reused only after
+//!   [`Engine::release`], which bumps the generation, so a readiness reported for a
+//!   connection that has ended (its event was already collected) finds a stale token
+//!   and is dropped, never delivered to the next tenant of the slot.
+//! - A record is either in its slot (parked: its socket is armed, level-triggered) or
+//!   held by whoever took it out (the engine during its turn, or a task of its own while
+//!   it waits for something other than its socket: back-pressure, a close handshake).
+//!   Taking it out to a task disarms the socket ([`Engine::hold`]), so a socket with
+//!   unread bytes does not report itself in a loop; parking it again re-arms it.
+//! - Level-triggered: a record may read only part of what is waiting; the rest is
+//!   reported again on the next pass. Nothing is lost if a turn stops early.
+//! - A turn never blocks and never awaits: it runs inside the engine's pass. What must
+//!   wait is handed to a task by the record itself.
+//! - Why epoll and not io_uring multishot poll: monoio 0.2's public API cannot submit a
+//!   raw or multishot operation to its ring, and the legacy driver needs this backend
+//!   anyway (CI runs the whole suite on it). The cost per connection is the same (a
+//!   kernel registration, no user memory); the difference is one `epoll_ctl` per
+//!   connection's life instead of one SQE. See README, "Architecture".
+
+use std::cell::{Cell, RefCell};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::rc::Rc;
+
+/// A parked record: it gets its turn when its socket is readable (or hung up).
+pub(crate) trait Ready {
+    /// The socket is readable, or at end of stream, or in error. The record is out of
+    /// its slot for the call: it parks itself again ([`Engine::park`]), or hands itself
+    /// to a task ([`Engine::hold`] first), or ends ([`Engine::release`]).
+    fn ready(self: Box<Self>, engine: &Rc<Engine>);
+}
+
+/// A slot of the engine's slab: index (low 32 bits) and generation (high 32 bits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Token(u64);
+
+impl Token {
+    fn new(index: u32, gen: u32) -> Token {
+        Token(u64::from(gen) << 32 | u64::from(index))
+    }
+
+    fn index(self) -> usize {
+        (self.0 & 0xffff_ffff) as usize
+    }
+
+    fn gen(self) -> u32 {
+        (self.0 >> 32) as u32
+    }
+}
+
+/// One slot: 24 bytes per connection.
+struct Slot {
+    gen: u32,
+    /// The socket is registered with readiness on (a record that waits in a task is
+    /// registered with none).
+    armed: bool,
+    parked: Option<Box<dyn Ready>>,
+}
+
+/// Most readiness events collected per `epoll_wait`.
+const BATCH: usize = 256;
+
+/// One worker's engine (see the module doc).
+pub(crate) struct Engine {
+    epoll: OwnedFd,
+    slots: RefCell<Vec<Slot>>,
+    /// Indices of released slots, reused first (the slab does not grow past the
+    /// worker's peak of connections).
+    free: RefCell<Vec<u32>>,
+    live: Cell<usize>,
+}
+
+thread_local! {
+    static ENGINE: RefCell<Option<Rc<Engine>>> = const { RefCell::new(None) };
+}
+
+/// Make this worker's engine and start its task (inside the worker's runtime).
+pub(crate) fn install() -> io::Result<Rc<Engine>> {
+    // SAFETY: plain syscall; the result is checked before use.
+    let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just created and is owned by nothing else.
+    let epoll = unsafe { OwnedFd::from_raw_fd(fd) };
+    let engine = Rc::new(Engine {
+        epoll,
+        slots: RefCell::new(Vec::new()),
+        free: RefCell::new(Vec::new()),
+        live: Cell::new(0),
+    });
+    ENGINE.with(|e| *e.borrow_mut() = Some(engine.clone()));
+    monoio::spawn(run(engine.clone()));
+    Ok(engine)
+}
+
+/// This worker's engine, if installed.
+pub(crate) fn current() -> Option<Rc<Engine>> {
+    ENGINE.with(|e| e.borrow().clone())
+}
+
+impl Engine {
+    /// Register `fd` for readiness and reserve a slot for its record (not parked yet:
+    /// events before [`Engine::park`] find the slot empty and wait for the next pass).
+    pub(crate) fn register(&self, fd: RawFd) -> io::Result<Token> {
+        let mut slots = self.slots.borrow_mut();
+        let index = match self.free.borrow_mut().pop() {
+            Some(i) => i,
+            None => {
+                let i = u32::try_from(slots.len()).map_err(|_| io::Error::other("engine full"))?;
+                slots.push(Slot {
+                    gen: 0,
+                    armed: false,
+                    parked: None,
+                });
+                i
+            }
+        };
+        let slot = &mut slots[index as usize];
+        let token = Token::new(index, slot.gen);
+        if let Err(e) = self.ctl(libc::EPOLL_CTL_ADD, fd, READ, token) {
+            drop(slots);
+            self.free.borrow_mut().push(index);
+            return Err(e);
+        }
+        slot.armed = true;
+        self.live.set(self.live.get() + 1);
+        Ok(token)
+    }
+
+    /// Put a record back in its slot, its socket armed.
+    pub(crate) fn park(&self, token: Token, fd: RawFd, record: Box<dyn Ready>) {
+        let mut slots = self.slots.borrow_mut();
+        let Some(slot) = slots
+            .get_mut(token.index())
+            .filter(|s| s.gen == token.gen())
+        else {
+            return;
+        };
+        if !slot.armed {
+            // A failure leaves the record parked but deaf: it still ends when the
+            // connection is aborted (the socket is shut down by then... and reported
+            // only if armed), so say it loudly; it cannot happen for a live socket.
+            if let Err(e) = self.ctl(libc::EPOLL_CTL_MOD, fd, READ, token) {
+                tracing::warn!("engine: re-arming a connection failed: {e}");
+            }
+            slot.armed = true;
+        }
+        slot.parked = Some(record);
+    }
+
+    /// The record leaves for a task of its own: its socket is disarmed until it parks
+    /// again (it would otherwise be reported on every pass while it has unread bytes).
+    pub(crate) fn hold(&self, token: Token, fd: RawFd) {
+        let mut slots = self.slots.borrow_mut();
+        let Some(slot) = slots
+            .get_mut(token.index())
+            .filter(|s| s.gen == token.gen())
+        else {
+            return;
+        };
+        if slot.armed {
+            let _ = self.ctl(libc::EPOLL_CTL_MOD, fd, 0, token);
+            slot.armed = false;
+        }
+    }
+
+    /// The connection is over: unregister its socket (before it is closed) and free
+    /// the slot for reuse under a new generation.
+    pub(crate) fn release(&self, token: Token, fd: RawFd) {
+        let mut slots = self.slots.borrow_mut();
+        let Some(slot) = slots
+            .get_mut(token.index())
+            .filter(|s| s.gen == token.gen())
+        else {
+            return;
+        };
+        let _ = self.ctl(libc::EPOLL_CTL_DEL, fd, 0, token);
+        slot.gen = slot.gen.wrapping_add(1);
+        slot.armed = false;
+        let parked = slot.parked.take();
+        drop(slots);
+        // Dropped outside the borrow: a record's drop may touch the engine.
+        drop(parked);
+        self.free.borrow_mut().push(token.index() as u32);
+        self.live.set(self.live.get() - 1);
+    }
+
+    /// Connections registered now.
+    #[cfg(test)]
+    pub(crate) fn live(&self) -> usize {
+        self.live.get()
+    }
+
+    fn ctl(&self, op: libc::c_int, fd: RawFd, events: u32, token: Token) -> io::Result<()> {
+        let mut ev = libc::epoll_event {
+            events,
+            u64: token.0,
+        };
+        // SAFETY: `ev` is a valid event for the call; `fd` is the caller's open socket.
+        let rc = unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), op, fd, &mut ev) };
+        if rc < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Give each record whose socket is ready its turn; how many events there were.
+    fn pass(self: &Rc<Self>, events: &mut [libc::epoll_event]) -> usize {
+        // SAFETY: `events` is a valid buffer of `events.len()` entries; timeout 0 never
+        // blocks the worker.
+        let n = unsafe {
+            libc::epoll_wait(
+                self.epoll.as_raw_fd(),
+                events.as_mut_ptr(),
+                events.len() as libc::c_int,
+                0,
+            )
+        };
+        if n <= 0 {
+            return 0;
+        }
+        for ev in &events[..n as usize] {
+            let token = Token(ev.u64);
+            let record = {
+                let mut slots = self.slots.borrow_mut();
+                match slots.get_mut(token.index()) {
+                    Some(slot) if slot.gen == token.gen() => slot.parked.take(),
+                    _ => None,
+                }
+            };
+            // `None`: released since the event was collected, or in a task's hands.
+            if let Some(record) = record {
+                record.ready(self);
+            }
+        }
+        n as usize
+    }
+}
+
+/// Readiness a parked connection waits for: bytes, the peer's hang-up, errors (the
+/// last two are always reported).
+const READ: u32 = (libc::EPOLLIN | libc::EPOLLRDHUP) as u32;
+
+/// The engine's task: wait (through monoio) for the epoll descriptor, then run passes
+/// until no event is left, then wait again.
+async fn run(engine: Rc<Engine>) {
+    // monoio waits on a duplicate of the epoll descriptor (it owns and closes what it
+    // is given); both name the same epoll instance.
+    // SAFETY: plain syscall on our own open descriptor; the result is checked.
+    let dup = unsafe { libc::fcntl(engine.epoll.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+    if dup < 0 {
+        tracing::error!(
+            "engine: cannot watch the epoll descriptor: {}",
+            io::Error::last_os_error()
+        );
+        return;
+    }
+    // SAFETY: `dup` is a fresh descriptor owned by nothing else. monoio's `UnixStream`
+    // is only used to wait for readiness (its `readable`), never to read or write.
+    let std = unsafe { std::os::unix::net::UnixStream::from_raw_fd(dup) };
+    let waiter = match monoio::net::UnixStream::from_std(std) {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::error!("engine: cannot watch the epoll descriptor: {e}");
+            return;
+        }
+    };
+    let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; BATCH];
+    loop {
+        // Not relaxed: under the legacy driver, monoio confirms with poll(2).
+        if waiter.readable(false).await.is_err() {
+            tracing::error!("engine: waiting for readiness failed");
+            return;
+        }
+        while engine.pass(&mut events) == BATCH {}
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,254 @@
+//! The reader of a plaintext connection as a parked record ([`Parked`]) in the worker's
+//! engine (`crate::engine`), instead of a task: while the connection is idle it is this
+//! record and nothing else. When its socket is readable the engine gives it a turn
+//! ([`Ready::ready`]): one `recv(MSG_DONTWAIT)` into the worker's scratch buffer and the
+//! same frame processing as the task reader ([`process`]), synchronously, then it parks
+//! again. Only what must wait leaves the engine for a task of its own, which parks the
+//! record again when the wait is over: back-pressure (the client's own queue is over
+//! `ws_read_pause_bytes`) and the close handshake (waiting up to [`CLOSE_GRACE`] for
+//! the close frame to be flushed).
+//!
+//! Invariants (with the parent module's): nothing partial stays in the scratch buffer
+//! (a partial frame's tail moves to the record's `pending`, freed when empty); the
+//! record is released from the engine before its socket can close (it holds the read
+//! half, which keeps the descriptor open); `Session::on_end` runs exactly once.
+
+use super::*;
+use crate::engine::{Engine, Ready, Token};
+
+/// What the reader needs that is the same for every connection of a worker.
+pub(crate) struct ReadCtx {
+    pub limits: ReadLimits,
+    /// The worker's clock in seconds (`WsConn::touch`).
+    pub clock: Box<dyn Fn() -> u32>,
+}
+
+/// An idle plaintext reader: the whole state of a connection's read side.
+pub(crate) struct Parked<S: Session, H: 'static> {
+    /// Keeps the socket open (the descriptor is `conn`'s).
+    _rd: OwnedReadHalf<TcpStream>,
+    conn: Rc<WsConn>,
+    session: S,
+    asm: Assembler,
+    /// A partial frame, or frames held back by back-pressure (empty: no allocation).
+    pending: Vec<u8>,
+    ctx: Rc<ReadCtx>,
+    token: Token,
+    /// What lives exactly as long as the reader (admission and per-project slots).
+    _held: H,
+}
+
+/// What the reader does after a turn.
+enum Next {
+    /// Wait for readiness again.
+    Park,
+    /// Its queue is over the pause limit: wait for it to drain (in a task).
+    Paused,
+    /// The connection is over (or closing): end the reader.
+    Finish,
+}
+
+/// Start the reader of a plaintext connection in `engine`: the bytes that came with
+/// the upgrade request (`pending`) are processed first. Should the engine refuse the
+/// socket, the connection ends at once (its session too).
+pub(crate) fn start_parked<S: Session + 'static, H: 'static>(
+    engine: &Rc<Engine>,
+    rd: OwnedReadHalf<TcpStream>,
+    conn: Rc<WsConn>,
+    session: S,
+    ctx: Rc<ReadCtx>,
+    pending: Vec<u8>,
+    held: H,
+) {
+    let token = match engine.register(conn.fd) {
+        Ok(t) => t,
+        Err(e) => {
+            // Only the kernel refusing memory can cause this: end the connection.
+            tracing::warn!("engine: cannot register a connection: {e}");
+            conn.abort();
+            conn.fd_open.set(false);
+            let mut session = session;
+            session.on_end(&conn);
+            drop((rd, held));
+            return;
+        }
+    };
+    let mut p = Box::new(Parked {
+        _rd: rd,
+        asm: Assembler::new(ctx.limits.max_fragments),
+        conn,
+        session,
+        pending,
+        ctx,
+        token,
+        _held: held,
+    });
+    let next = if p.pending.is_empty() {
+        Next::Park
+    } else if p.process_pending() {
+        p.after()
+    } else {
+        Next::Finish
+    };
+    p.follow(engine, next);
+}
+
+impl<S: Session + 'static, H: 'static> Ready for Parked<S, H> {
+    fn ready(mut self: Box<Self>, engine: &Rc<Engine>) {
+        let next = self.turn();
+        self.follow(engine, next);
+    }
+}
+
+impl<S: Session + 'static, H: 'static> Parked<S, H> {
+    /// One readiness turn: read what is there (up to the scratch buffer) and handle it.
+    fn turn(&mut self) -> Next {
+        let mut buf = take_scratch();
+        let n = loop {
+            // SAFETY: `buf` is a live allocation of `buf.len()` bytes we own; the
+            // descriptor is open (this record holds the read half).
+            let n = unsafe {
+                libc::recv(
+                    self.conn.fd,
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if n >= 0 {
+                break n as usize;
+            }
+            match std::io::Error::last_os_error().kind() {
+                std::io::ErrorKind::Interrupted => continue,
+                // Reported ready, nothing there (a spurious wake-up): wait again.
+                std::io::ErrorKind::WouldBlock => {
+                    put_scratch(buf);
+                    return Next::Park;
+                }
+                _ => {
+                    put_scratch(buf);
+                    return Next::Finish;
+                }
+            }
+        };
+        if n == 0 {
+            put_scratch(buf);
+            return Next::Finish;
+        }
+        self.conn.touch((self.ctx.clock)());
+        let limits = self.ctx.limits;
+        let data = &mut buf[..n];
+        let next = if self.conn.state.get() != State::Open {
+            // Closing: only the peer's close frame matters now.
+            if contains_close(data, limits) {
+                Next::Finish
+            } else {
+                Next::Park
+            }
+        } else if self.pending.is_empty() {
+            let (used, keep) = process(&self.conn, &mut self.session, &mut self.asm, data, limits);
+            // A partial frame, or frames held back by back-pressure, move to the
+            // record's own buffer: the scratch buffer is the worker's.
+            self.pending.extend_from_slice(&data[used..]);
+            if keep {
+                self.after()
+            } else {
+                Next::Finish
+            }
+        } else {
+            self.pending.extend_from_slice(data);
+            if self.process_pending() {
+                self.after()
+            } else {
+                Next::Finish
+            }
+        };
+        put_scratch(buf);
+        next
+    }
+
+    /// Handle the complete frames in `pending`; `false` when reading should stop.
+    fn process_pending(&mut self) -> bool {
+        let keep = process_vec(
+            &self.conn,
+            &mut self.session,
+            &mut self.asm,
+            &mut self.pending,
+            self.ctx.limits,
+        );
+        if self.pending.is_empty() && self.pending.capacity() > 0 {
+            self.pending = Vec::new();
+        }
+        keep
+    }
+
+    /// After frames were handled: park, pause, or finish (the writer gave up).
+    fn after(&self) -> Next {
+        if self.conn.state.get() == State::Done {
+            return Next::Finish;
+        }
+        let stalled = !self.pending.is_empty() && has_frame(&self.pending);
+        if self.conn.is_open()
+            && (stalled || self.conn.queued_bytes() > self.ctx.limits.pause_backlog)
+        {
+            Next::Paused
+        } else {
+            Next::Park
+        }
+    }
+
+    fn follow(self: Box<Self>, engine: &Rc<Engine>, next: Next) {
+        match next {
+            Next::Park => {
+                let (token, fd) = (self.token, self.conn.fd);
+                engine.park(token, fd, self);
+            }
+            Next::Paused => {
+                engine.hold(self.token, self.conn.fd);
+                monoio::spawn(self.paused(engine.clone()));
+            }
+            Next::Finish => self.finish(engine),
+        }
+    }
+
+    /// Back-pressure: handle nothing more from this client until its queue drained
+    /// below the limit, then handle what waited and park again.
+    async fn paused(mut self: Box<Self>, engine: Rc<Engine>) {
+        loop {
+            self.conn.wait_drained(self.ctx.limits.pause_backlog).await;
+            if self.conn.is_open() && !self.pending.is_empty() && !self.process_pending() {
+                self.finish(&engine);
+                return;
+            }
+            match self.after() {
+                Next::Paused => continue,
+                next => {
+                    self.follow(&engine, next);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The reader is done: unregister, let a close reply leave (up to the grace), shut
+    /// the socket down, end the session.
+    fn finish(self: Box<Self>, engine: &Rc<Engine>) {
+        engine.release(self.token, self.conn.fd);
+        if self.conn.state.get() == State::Closing {
+            monoio::spawn(async move {
+                let _ = monoio::time::timeout(CLOSE_GRACE, self.conn.wait_done()).await;
+                self.end();
+            });
+        } else {
+            self.end();
+        }
+    }
+
+    fn end(mut self: Box<Self>) {
+        self.conn.abort();
+        self.conn.fd_open.set(false);
+        self.session.on_end(&self.conn);
+        // The read half (and with it, once the writer's is gone, the socket) drops here.
+        drop(self);
+    }
+}
