@@ -11,6 +11,7 @@
 //!   WebSocket client connection, `ws.rs` the frame codec.
 //! - `publisher.rs` keep-alive HTTP publishers, `http.rs` the response parser.
 //! - `target.rs` ringcast, Nchan and Pusher-protocol adapters, `net.rs` loopback-only sockets,
+//!   `tls.rs` the TLS client of `wss://` subscribers (`--ca-file`),
 //!   `stats.rs` histograms and /proc readings, `trend.rs` soak slopes, `ramp.rs` the
 //!   ramp's rate search, `floor.rs` the kernel floor.
 //!
@@ -30,6 +31,7 @@ mod stats;
 mod subrun;
 mod subs;
 mod target;
+mod tls;
 mod trend;
 mod ws;
 mod wsconn;
@@ -58,9 +60,14 @@ pub struct Common {
     /// Which server speaks at --url.
     #[arg(long, value_enum, default_value = "ringcast", global = true)]
     pub target: Kind,
-    /// Base URL of the server; must be loopback.
+    /// Base URL of the server; must be loopback. `wss://` (or `https://`): subscribers
+    /// speak TLS, trusting --ca-file (idle only: publishers speak plaintext HTTP).
     #[arg(long, default_value = "http://127.0.0.1:8080", global = true)]
     pub url: String,
+    /// PEM certificate(s) to trust for a `wss://` --url: the server's CA, or its
+    /// self-signed certificate. Required with TLS; verification is never turned off.
+    #[arg(long, global = true)]
+    pub ca_file: Option<std::path::PathBuf>,
     /// Publish to this URL instead of --url (loopback only): subscribers stay on --url.
     /// For cluster runs: subscribe on one node, publish on another.
     #[arg(long, global = true)]
@@ -158,12 +165,20 @@ fn dispatch(cli: &Cli) -> Result<Value, String> {
     match &cli.mode {
         // The floor talks to no server: it must run without keys or a target.
         Mode::Floor(a) => scenario::floor::run(a),
-        Mode::Publish(a) => publish::run(c, &make_target(c)?, a),
-        Mode::Fanout(a) => fanout::run(c, &make_target(c)?, a),
-        Mode::Ramp(a) => scenario::ramp::run(c, &make_target(c)?, a),
+        Mode::Publish(a) => publish::run(c, &publishing(make_target(c)?)?, a),
+        Mode::Fanout(a) => fanout::run(c, &publishing(make_target(c)?)?, a),
+        Mode::Ramp(a) => scenario::ramp::run(c, &publishing(make_target(c)?)?, a),
         Mode::Idle(a) => idle::run(c, &make_target(c)?, a),
-        Mode::Soak(a) => soak::run(c, &make_target(c)?, a),
+        Mode::Soak(a) => soak::run(c, &publishing(make_target(c)?)?, a),
     }
+}
+
+/// A target for a mode that publishes: its publishers speak plaintext HTTP only.
+fn publishing(t: Target) -> Result<Target, String> {
+    if t.for_publishers().endpoint.tls {
+        return Err("publishers speak plaintext HTTP only: a TLS --url works with `idle` (or give a plaintext --publish-url)".into());
+    }
+    Ok(t)
 }
 
 /// Seconds from the command line as a `Duration`, clamped to [0, a week]:
@@ -178,6 +193,17 @@ fn secs(s: f64) -> Duration {
 fn make_target(c: &Common) -> Result<Target, String> {
     let endpoint = net::parse_url(&c.url)?;
     let publish_endpoint = c.publish_url.as_deref().map(net::parse_url).transpose()?;
+    let tls = match (&c.ca_file, endpoint.tls) {
+        (Some(ca), true) => Some(tls::Client::new(ca, &endpoint.host)?),
+        (None, true) => {
+            return Err(format!(
+                "{}: TLS needs --ca-file (the server's CA or self-signed certificate)",
+                c.url
+            ))
+        }
+        (Some(_), false) => return Err("--ca-file goes with a wss:// (or https://) --url".into()),
+        (None, false) => None,
+    };
     if c.target == Kind::Ringcast && (c.secret_key.is_empty() || c.public_key.is_empty()) {
         return Err("ringcast needs --secret-key sk_... and --public-key pk_... (or LOADTEST_SECRET_KEY / LOADTEST_PUBLIC_KEY)".into());
     }
@@ -224,5 +250,6 @@ fn make_target(c: &Common) -> Result<Target, String> {
         app_id: c.app_id.clone(),
         app_secret: c.app_secret.clone(),
         idempotency_keys: c.idempotency_keys,
+        tls,
     })
 }

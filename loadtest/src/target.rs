@@ -101,6 +101,8 @@ pub struct Target {
     pub app_secret: String,
     /// Every publish carries a fresh `Idempotency-Key` (`<tag>-<n>`).
     pub idempotency_keys: bool,
+    /// The TLS client of a `wss://` endpoint (`None`: plaintext).
+    pub tls: Option<crate::tls::Client>,
 }
 
 /// What a text frame from the server means to the harness.
@@ -503,6 +505,7 @@ mod tests {
             app_id: "1000001".into(),
             app_secret: "ts_z".into(),
             idempotency_keys: false,
+            tls: None,
         }
     }
 
