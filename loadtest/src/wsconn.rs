@@ -218,6 +218,10 @@ impl WsConn {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                // Only the TLS session returns it: a refused certificate, a bad record.
+                Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                    return self.fail("TLS error", sink)
+                }
                 Err(_) => return self.fail("read error", sink),
             };
             if self.pending.is_empty() {
