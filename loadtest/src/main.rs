@@ -61,11 +61,12 @@ pub struct Common {
     #[arg(long, value_enum, default_value = "ringcast", global = true)]
     pub target: Kind,
     /// Base URL of the server; must be loopback. `wss://` (or `https://`): subscribers
-    /// speak TLS, trusting --ca-file (idle only: publishers speak plaintext HTTP).
+    /// and publishers speak TLS, trusting --ca-file.
     #[arg(long, default_value = "http://127.0.0.1:8080", global = true)]
     pub url: String,
-    /// PEM certificate(s) to trust for a `wss://` --url: the server's CA, or its
-    /// self-signed certificate. Required with TLS; verification is never turned off.
+    /// PEM certificate(s) to trust for a `wss://` (`https://`) --url or --publish-url:
+    /// the server's CA, or its self-signed certificate. Required with TLS; verification
+    /// is never turned off.
     #[arg(long, global = true)]
     pub ca_file: Option<std::path::PathBuf>,
     /// Publish to this URL instead of --url (loopback only): subscribers stay on --url.
@@ -165,20 +166,23 @@ fn dispatch(cli: &Cli) -> Result<Value, String> {
     match &cli.mode {
         // The floor talks to no server: it must run without keys or a target.
         Mode::Floor(a) => scenario::floor::run(a),
-        Mode::Publish(a) => publish::run(c, &publishing(make_target(c)?)?, a),
-        Mode::Fanout(a) => fanout::run(c, &publishing(make_target(c)?)?, a),
-        Mode::Ramp(a) => scenario::ramp::run(c, &publishing(make_target(c)?)?, a),
+        Mode::Publish(a) => publish::run(c, &make_target(c)?, a),
+        Mode::Fanout(a) => fanout::run(c, &make_target(c)?, a),
+        Mode::Ramp(a) => scenario::ramp::run(c, &make_target(c)?, a),
         Mode::Idle(a) => idle::run(c, &make_target(c)?, a),
-        Mode::Soak(a) => soak::run(c, &publishing(make_target(c)?)?, a),
+        Mode::Soak(a) => soak::run(c, &make_target(c)?, a),
     }
 }
 
-/// A target for a mode that publishes: its publishers speak plaintext HTTP only.
-fn publishing(t: Target) -> Result<Target, String> {
-    if t.for_publishers().endpoint.tls {
-        return Err("publishers speak plaintext HTTP only: a TLS --url works with `idle` (or give a plaintext --publish-url)".into());
+/// The TLS client of a `wss://`/`https://` endpoint from --ca-file; `None` on plaintext.
+fn tls_client(c: &Common, url: &str, e: &net::Endpoint) -> Result<Option<tls::Client>, String> {
+    match (&c.ca_file, e.tls) {
+        (Some(ca), true) => tls::Client::new(ca, &e.host).map(Some),
+        (None, true) => Err(format!(
+            "{url}: TLS needs --ca-file (the server's CA or self-signed certificate)"
+        )),
+        (_, false) => Ok(None),
     }
-    Ok(t)
 }
 
 /// Seconds from the command line as a `Duration`, clamped to [0, a week]:
@@ -193,17 +197,14 @@ fn secs(s: f64) -> Duration {
 fn make_target(c: &Common) -> Result<Target, String> {
     let endpoint = net::parse_url(&c.url)?;
     let publish_endpoint = c.publish_url.as_deref().map(net::parse_url).transpose()?;
-    let tls = match (&c.ca_file, endpoint.tls) {
-        (Some(ca), true) => Some(tls::Client::new(ca, &endpoint.host)?),
-        (None, true) => {
-            return Err(format!(
-                "{}: TLS needs --ca-file (the server's CA or self-signed certificate)",
-                c.url
-            ))
-        }
-        (Some(_), false) => return Err("--ca-file goes with a wss:// (or https://) --url".into()),
-        (None, false) => None,
+    let tls = tls_client(c, &c.url, &endpoint)?;
+    let publish_tls = match (&c.publish_url, &publish_endpoint) {
+        (Some(url), Some(e)) => tls_client(c, url, e)?,
+        _ => None,
     };
+    if c.ca_file.is_some() && tls.is_none() && publish_tls.is_none() {
+        return Err("--ca-file goes with a wss:// (or https://) --url or --publish-url".into());
+    }
     if c.target == Kind::Ringcast && (c.secret_key.is_empty() || c.public_key.is_empty()) {
         return Err("ringcast needs --secret-key sk_... and --public-key pk_... (or LOADTEST_SECRET_KEY / LOADTEST_PUBLIC_KEY)".into());
     }
@@ -251,5 +252,6 @@ fn make_target(c: &Common) -> Result<Target, String> {
         app_secret: c.app_secret.clone(),
         idempotency_keys: c.idempotency_keys,
         tls,
+        publish_tls,
     })
 }

@@ -1,6 +1,7 @@
 //! The TLS client of `wss://` (`https://`) targets: the rustls configuration, built
-//! once per run from `--ca-file`, and one client session driven over a nonblocking
-//! mio socket.
+//! once per run from `--ca-file`, one client session driven over a nonblocking mio
+//! socket, and the `read`/`write` that subscribers and publishers call whether their
+//! connection has a session or not.
 //!
 //! Invariants:
 //! - Verification is never off: the server's certificate must chain to a certificate
@@ -12,7 +13,7 @@
 //! - No session resumption: every connection makes a full handshake, as N distinct
 //!   browsers would, and the threads share no session cache (no lock between them).
 //! - A plaintext connection carries none of this: a connection owns a `Session` (one
-//!   box) only when its target is TLS.
+//!   box) only when its target is TLS, and `Option<Session>` is one pointer.
 //! - Edge-triggered readiness: `Session::read` returns `WouldBlock` only after the
 //!   socket itself did and rustls holds no plaintext, so no readiness edge is lost.
 //!   Records rustls queues while reading (the handshake's) are sent at once.
@@ -76,6 +77,27 @@ fn host_name(host: &str) -> &str {
         _ => host,
     };
     h.trim_start_matches('[').trim_end_matches(']')
+}
+
+/// Read from a connection: through its session when it has one, else from the socket.
+pub fn read(sock: &mut TcpStream, tls: Option<&mut Session>, buf: &mut [u8]) -> io::Result<usize> {
+    match tls {
+        None => sock.read(buf),
+        Some(s) => s.read(sock, buf),
+    }
+}
+
+/// Write to a connection: through its session when it has one, else to the socket.
+pub fn write(sock: &mut TcpStream, tls: Option<&mut Session>, data: &[u8]) -> io::Result<usize> {
+    match tls {
+        None => sock.write(data),
+        Some(s) => s.write(sock, data),
+    }
+}
+
+/// Records a connection's session still holds go out (nothing to do on plaintext).
+pub fn send(sock: &mut TcpStream, tls: Option<&mut Session>) -> io::Result<()> {
+    tls.map_or(Ok(()), |s| s.send(sock))
 }
 
 /// One client session. Boxed: a `ClientConnection` is large, and the connection that
@@ -150,6 +172,10 @@ impl Session {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+    use rustls::{ServerConfig, ServerConnection, StreamOwned};
+    use std::net::{SocketAddr, TcpListener};
+    use std::time::{Duration, Instant};
 
     #[test]
     fn host_names_lose_port_and_brackets() {
@@ -157,6 +183,114 @@ mod tests {
         assert_eq!(host_name("[::1]:8443"), "::1");
         assert_eq!(host_name("[::1]"), "::1");
         assert_eq!(host_name("localhost"), "localhost");
+    }
+
+    #[test]
+    fn plaintext_connections_pay_one_pointer_at_most() {
+        assert_eq!(
+            std::mem::size_of::<Option<Session>>(),
+            std::mem::size_of::<usize>()
+        );
+    }
+
+    /// A certificate for 127.0.0.1 and its key; the PEM of the certificate in a file.
+    fn certificate(
+        tag: &str,
+    ) -> (
+        std::path::PathBuf,
+        CertificateDer<'static>,
+        PrivateKeyDer<'static>,
+    ) {
+        let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+        let path = std::env::temp_dir().join(format!("lt-tls-{tag}-{}.pem", std::process::id()));
+        std::fs::write(&path, ck.cert.pem()).unwrap();
+        let key = PrivatePkcs8KeyDer::from(ck.signing_key.serialize_der()).into();
+        (path, ck.cert.der().clone(), key)
+    }
+
+    /// A one-connection rustls server on a blocking socket: reads 5 bytes, answers
+    /// `pong\n`, closes with close_notify; returns what it read.
+    fn server(
+        cert: CertificateDer<'static>,
+        key: PrivateKeyDer<'static>,
+    ) -> (SocketAddr, std::thread::JoinHandle<io::Result<Vec<u8>>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let config =
+            ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_no_client_auth()
+                .with_single_cert(vec![cert], key)
+                .unwrap();
+        let handle = std::thread::spawn(move || {
+            let (sock, _) = listener.accept()?;
+            sock.set_read_timeout(Some(Duration::from_secs(5)))?;
+            let conn = ServerConnection::new(Arc::new(config)).map_err(io::Error::other)?;
+            let mut tls = StreamOwned::new(conn, sock);
+            let mut got = [0u8; 5];
+            tls.read_exact(&mut got)?;
+            tls.write_all(b"pong\n")?;
+            tls.conn.send_close_notify();
+            tls.flush()?;
+            Ok(got.to_vec())
+        });
+        (addr, handle)
+    }
+
+    /// The client side as the harness drives it: a nonblocking connect, a write once
+    /// the socket is writable, reads on readiness until the end of the stream.
+    fn talk(client: &Client, addr: SocketAddr) -> io::Result<Vec<u8>> {
+        let mut sock = crate::net::connect_nonblocking(addr, None)?;
+        let mut poll = mio::Poll::new()?;
+        let mut events = mio::Events::with_capacity(8);
+        poll.registry().register(
+            &mut sock,
+            mio::Token(0),
+            mio::Interest::READABLE | mio::Interest::WRITABLE,
+        )?;
+        let mut s = Session::new(client)?;
+        let (mut got, mut sent, mut buf) = (Vec::new(), false, [0u8; 256]);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            poll.poll(&mut events, Some(Duration::from_millis(50)))?;
+            if !sent && events.iter().any(|e| e.is_writable()) {
+                assert_eq!(s.write(&mut sock, b"ping\n")?, 5);
+                sent = true;
+            }
+            loop {
+                match s.read(&mut sock, &mut buf) {
+                    Ok(0) => return Ok(got),
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Err(io::ErrorKind::TimedOut.into())
+    }
+
+    #[test]
+    fn round_trip_with_the_trusted_certificate() {
+        let (pem, cert, key) = certificate("ok");
+        let client = Client::new(&pem, "127.0.0.1:1");
+        let _ = std::fs::remove_file(&pem);
+        let (addr, srv) = server(cert, key);
+        let got = talk(&client.unwrap(), addr).unwrap();
+        assert_eq!(got, b"pong\n");
+        assert_eq!(srv.join().unwrap().unwrap(), b"ping\n");
+    }
+
+    #[test]
+    fn another_certificate_is_refused() {
+        let (other, _, _) = certificate("other");
+        let (pem, cert, key) = certificate("served");
+        let client = Client::new(&other, "127.0.0.1:1").unwrap();
+        let _ = (std::fs::remove_file(&other), std::fs::remove_file(&pem));
+        let (addr, srv) = server(cert, key);
+        let err = talk(&client, addr).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        assert!(srv.join().unwrap().is_err());
     }
 
     #[test]

@@ -17,7 +17,7 @@ use crate::target::{Inbound, Target};
 use crate::tls;
 use crate::ws::{self, FrameHead};
 use mio::net::TcpStream;
-use std::io::{self, Read, Write};
+use std::io;
 use std::time::Instant;
 
 /// Reads per readiness event before yielding to other connections. A connection that
@@ -126,11 +126,7 @@ impl WsConn {
         // Bounded: each iteration writes at least one byte or returns.
         while self.out_pos < self.out.len() {
             let rest = &self.out[self.out_pos..];
-            let written = match &mut self.tls {
-                None => self.stream.write(rest),
-                Some(s) => s.write(&mut self.stream, rest),
-            };
-            match written {
+            match tls::write(&mut self.stream, self.tls.as_mut(), rest) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(n) => self.out_pos += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
@@ -138,9 +134,7 @@ impl WsConn {
                 Err(e) => return Err(e),
             }
         }
-        if let Some(s) = &mut self.tls {
-            s.send(&mut self.stream)?; // records rustls still holds
-        }
+        tls::send(&mut self.stream, self.tls.as_mut())?; // records rustls still holds
         self.out.clear();
         self.out_pos = 0;
         if self.out.capacity() > 4096 {
@@ -152,14 +146,6 @@ impl WsConn {
     /// Output is waiting: queued frames, or (TLS) records not yet on the socket.
     fn has_output(&self) -> bool {
         !self.out.is_empty() || self.tls.as_ref().is_some_and(tls::Session::wants_write)
-    }
-
-    /// Read plaintext: from the socket, or through the TLS session.
-    fn read_some(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match &mut self.tls {
-            None => self.stream.read(buf),
-            Some(s) => s.read(&mut self.stream, buf),
-        }
     }
 
     fn fail(&mut self, why: &'static str, sink: &mut impl FnMut(Ev)) {
@@ -207,7 +193,7 @@ impl WsConn {
     fn read_input(&mut self, target: &Target, scratch: &mut [u8], sink: &mut impl FnMut(Ev)) {
         self.more_input = false;
         for i in 0..MAX_READS_PER_EVENT {
-            let n = match self.read_some(scratch) {
+            let n = match tls::read(&mut self.stream, self.tls.as_mut(), scratch) {
                 Ok(0) => {
                     if self.phase != Phase::Closed {
                         self.phase = Phase::Closed;
