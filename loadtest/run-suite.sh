@@ -185,8 +185,8 @@ start_ringcast() { # [extra serve flags...]
 }
 
 # ringcast with TLS on (scenario idle-10k-tls): a CA and a server certificate for
-# 127.0.0.1 made once per run in $TMP/tls (a CA, not a self-signed leaf, since webpki
-# refuses a CA certificate as the server's own); the health check trusts only that CA.
+# 127.0.0.1 made once per run in $TMP/tls (openssl's self-signed certificates are CA
+# certificates, which webpki refuses as a server's own); the health check trusts only that CA.
 start_ringcast_tls() {
   local d="$TMP/tls"
   if [ ! -f "$d/cert.pem" ]; then

@@ -11,7 +11,7 @@
 //!   WebSocket client connection, `ws.rs` the frame codec.
 //! - `publisher.rs` keep-alive HTTP publishers, `http.rs` the response parser.
 //! - `target.rs` ringcast, Nchan and Pusher-protocol adapters, `net.rs` loopback-only sockets,
-//!   `tls.rs` the TLS client of `wss://` subscribers (`--ca-file`),
+//!   `tls.rs` the TLS client of `wss://`/`https://` targets (`--ca-file`),
 //!   `stats.rs` histograms and /proc readings, `trend.rs` soak slopes, `ramp.rs` the
 //!   ramp's rate search, `floor.rs` the kernel floor.
 //!
