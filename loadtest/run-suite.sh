@@ -22,6 +22,8 @@
 #    alternating, same server process; tokens signed with PyJWT, issue 14)
 #   (presence: likewise, a plain channel beside a presence- one; every subscriber is one
 #    member, user "lt", so the channel's member list is what a hub keeps, issue 15)
+#   (idle-10k-tls: ringcast only, idle-10k over wss:// on a fresh server with TLS on, its
+#    certificate made by openssl for the run; the generator trusts exactly its CA, issue 21)
 #   RC_BIN=path/to/ringcast loadtest/run-suite.sh ...  # measure another build (e.g. main)
 #   loadtest/run-suite.sh --smoke         # CI: 5 s fanout against ringcast, exit 1 unless ratio 1.0
 #   loadtest/run-suite.sh --cluster       # 2 nodes (--workers 1 each) + redis: cross-node vs same-node
@@ -77,7 +79,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-SCENARIOS="floor idle-10k idle-19k publish fanout wide burst ramp batch history private presence"
+SCENARIOS="floor idle-10k idle-10k-tls idle-19k publish fanout wide burst ramp batch history private presence"
 if [ -n "$SCENARIO" ] && ! echo " $SCENARIOS " | grep -q " $SCENARIO "; then
   echo "run-suite.sh: unknown scenario $SCENARIO (one of: $SCENARIOS)" >&2
   exit 2
@@ -88,9 +90,10 @@ ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
 echo "== building release binaries" >&2
 # nice: the machine is shared; a build's speed changes no figure. ringcast is built only
-# when the run starts it (an nchan or uws run needs the generator alone).
+# when the run starts it (an nchan or uws run needs the generator alone) and RC_BIN does
+# not name the binary to measure.
 BUILD_PKGS="-p loadtest"
-if [ "$SMOKE$CLUSTER$METRICS_AB$PUSHER" != 0000 ] || echo " $TARGETS " | grep -q " ringcast "; then
+if [ -z "${RC_BIN:-}" ] && { [ "$SMOKE$CLUSTER$METRICS_AB$PUSHER" != 0000 ] || echo " $TARGETS " | grep -q " ringcast "; }; then
   BUILD_PKGS="-p ringcast $BUILD_PKGS"
 fi
 # shellcheck disable=SC2086
@@ -198,6 +201,35 @@ start_ringcast() { # [extra serve flags...]
   RC_PID=$!
   wait_http "http://127.0.0.1:$RC_PORT/health"
   kill -0 "$RC_PID" 2>/dev/null || { echo "run-suite.sh: ringcast exited:" >&2; tail -20 "$TMP/ringcast.log" >&2; exit 1; }
+}
+
+# ringcast with TLS on (scenario idle-10k-tls): a CA and a server certificate for
+# 127.0.0.1 made once per run in $TMP/tls (openssl's self-signed certificates are CA
+# certificates, which webpki refuses as a server's own); the health check trusts only that CA.
+start_ringcast_tls() {
+  local d="$TMP/tls"
+  if [ ! -f "$d/cert.pem" ]; then
+    mkdir -p "$d"
+    command -v openssl >/dev/null || { echo "run-suite.sh: idle-10k-tls needs openssl" >&2; exit 1; }
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+      -subj "/CN=ringcast suite CA" -keyout "$d/ca.key" -out "$d/ca.pem" 2>>"$d/openssl.log"
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
+      -subj "/CN=127.0.0.1" -keyout "$d/key.pem" -out "$d/cert.csr" 2>>"$d/openssl.log"
+    printf 'subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n' >"$d/ext.cnf"
+    openssl x509 -req -in "$d/cert.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial \
+      -days 2 -extfile "$d/ext.cnf" -out "$d/cert.pem" 2>>"$d/openssl.log"
+  fi
+  stop_ringcast
+  port_free "$RC_PORT"
+  # shellcheck disable=SC2086
+  "$RC" serve --data-dir "$TMP/rc" --listen "127.0.0.1:$RC_PORT" --workers 2 $RC_SERVE_FLAGS \
+    --tls-cert "$d/cert.pem" --tls-key "$d/key.pem" >>"$TMP/ringcast.log" 2>&1 &
+  RC_PID=$!
+  for _ in $(seq 1 100); do
+    curl -s -o /dev/null --max-time 1 --cacert "$d/ca.pem" "https://127.0.0.1:$RC_PORT/health" && break
+    sleep 0.1
+  done
+  kill -0 "$RC_PID" 2>/dev/null || { echo "run-suite.sh: ringcast (TLS) exited:" >&2; tail -20 "$TMP/ringcast.log" >&2; exit 1; }
 }
 
 ensure_nchan_installed() {
@@ -633,6 +665,17 @@ for rep in $(seq 1 "$REPS"); do
     if want idle-19k; then
       restart "$t"
       run "$t" idle-19k "$rep" -- idle --conns 19000 --hold 5
+    fi
+    # The same idle connections over wss:// (issue 21), on a fresh TLS server.
+    if want idle-10k-tls && [ "$t" = ringcast ]; then
+      start_ringcast_tls
+      echo "== $t idle-10k-tls rep $rep: loadtest --url wss://127.0.0.1:$RC_PORT idle --conns 10000 --hold 5" >&2
+      if ! "$LT" --quiet --source-ips 4 --target ringcast --url "wss://127.0.0.1:$RC_PORT" \
+          --ca-file "$TMP/tls/ca.pem" --secret-key "$SK" --public-key "$PK" --server-pid "$RC_PID" \
+          --label "idle-10k-tls/r$rep" idle --conns 10000 --hold 5 >>"$RESULTS"; then
+        echo "   ($t idle-10k-tls rep $rep reported a failure; see its JSON line)" >&2
+      fi
+      sleep 2
     fi
     restart "$t"
     if want publish; then run "$t" publish "$rep" -- publish --conns 64 --duration 10; fi

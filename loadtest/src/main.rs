@@ -11,6 +11,7 @@
 //!   WebSocket client connection, `ws.rs` the frame codec.
 //! - `publisher.rs` keep-alive HTTP publishers, `http.rs` the response parser.
 //! - `target.rs` ringcast, Nchan and Pusher-protocol adapters, `net.rs` loopback-only sockets,
+//!   `tls.rs` the TLS client of `wss://`/`https://` targets (`--ca-file`),
 //!   `stats.rs` histograms and /proc readings, `trend.rs` soak slopes, `ramp.rs` the
 //!   ramp's rate search, `floor.rs` the kernel floor.
 //!
@@ -30,6 +31,7 @@ mod stats;
 mod subrun;
 mod subs;
 mod target;
+mod tls;
 mod trend;
 mod ws;
 mod wsconn;
@@ -58,9 +60,15 @@ pub struct Common {
     /// Which server speaks at --url.
     #[arg(long, value_enum, default_value = "ringcast", global = true)]
     pub target: Kind,
-    /// Base URL of the server; must be loopback.
+    /// Base URL of the server; must be loopback. `wss://` (or `https://`): subscribers
+    /// and publishers speak TLS, trusting --ca-file.
     #[arg(long, default_value = "http://127.0.0.1:8080", global = true)]
     pub url: String,
+    /// PEM certificate(s) to trust for a `wss://` (`https://`) --url or --publish-url:
+    /// the server's CA, or its self-signed certificate. Required with TLS; verification
+    /// is never turned off.
+    #[arg(long, global = true)]
+    pub ca_file: Option<std::path::PathBuf>,
     /// Publish to this URL instead of --url (loopback only): subscribers stay on --url.
     /// For cluster runs: subscribe on one node, publish on another.
     #[arg(long, global = true)]
@@ -166,6 +174,17 @@ fn dispatch(cli: &Cli) -> Result<Value, String> {
     }
 }
 
+/// The TLS client of a `wss://`/`https://` endpoint from --ca-file; `None` on plaintext.
+fn tls_client(c: &Common, url: &str, e: &net::Endpoint) -> Result<Option<tls::Client>, String> {
+    match (&c.ca_file, e.tls) {
+        (Some(ca), true) => tls::Client::new(ca, &e.host).map(Some),
+        (None, true) => Err(format!(
+            "{url}: TLS needs --ca-file (the server's CA or self-signed certificate)"
+        )),
+        (_, false) => Ok(None),
+    }
+}
+
 /// Seconds from the command line as a `Duration`, clamped to [0, a week]:
 /// `from_secs_f64` panics on a negative value, and a mistyped huge one would leave a
 /// phase practically unbounded.
@@ -178,6 +197,14 @@ fn secs(s: f64) -> Duration {
 fn make_target(c: &Common) -> Result<Target, String> {
     let endpoint = net::parse_url(&c.url)?;
     let publish_endpoint = c.publish_url.as_deref().map(net::parse_url).transpose()?;
+    let tls = tls_client(c, &c.url, &endpoint)?;
+    let publish_tls = match (&c.publish_url, &publish_endpoint) {
+        (Some(url), Some(e)) => tls_client(c, url, e)?,
+        _ => None,
+    };
+    if c.ca_file.is_some() && tls.is_none() && publish_tls.is_none() {
+        return Err("--ca-file goes with a wss:// (or https://) --url or --publish-url".into());
+    }
     if matches!(c.target, Kind::Ringcast | Kind::Uws)
         && (c.secret_key.is_empty() || c.public_key.is_empty())
     {
@@ -226,5 +253,7 @@ fn make_target(c: &Common) -> Result<Target, String> {
         app_id: c.app_id.clone(),
         app_secret: c.app_secret.clone(),
         idempotency_keys: c.idempotency_keys,
+        tls,
+        publish_tls,
     })
 }

@@ -1,5 +1,5 @@
-//! Sockets: the loopback-only target check, the fd limit, and nonblocking connects
-//! from several loopback source addresses.
+//! Sockets: the loopback-only target check (and the URL's scheme: plaintext or TLS),
+//! the fd limit, and nonblocking connects from several loopback source addresses.
 //!
 //! Invariants:
 //! - Nothing connects anywhere but loopback: `parse_url` refuses other hosts, so the
@@ -12,25 +12,34 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::AsRawFd;
 
-/// A parsed `http://HOST:PORT` target.
+/// A parsed `http://HOST:PORT` (or `https://`, `ws://`, `wss://`) target.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Endpoint {
     pub addr: SocketAddr,
     /// The value of the Host header.
     pub host: String,
+    /// `https://` or `wss://`: connections speak TLS (see `tls.rs`).
+    pub tls: bool,
 }
 
-/// Parse `http://127.0.0.1:8080` (or `localhost`, or `[::1]`); refuse non-loopback.
+/// Parse `http://127.0.0.1:8080` (or `localhost`, or `[::1]`; `ws://` alike, `https://`
+/// and `wss://` for TLS); refuse non-loopback.
 pub fn parse_url(url: &str) -> Result<Endpoint, String> {
-    let rest = url
-        .strip_prefix("http://")
-        .ok_or_else(|| format!("{url}: only http:// URLs are supported (loopback, no TLS)"))?;
+    let (tls, rest) = if let Some(r) = url.strip_prefix("http://").or(url.strip_prefix("ws://")) {
+        (false, r)
+    } else if let Some(r) = url.strip_prefix("https://").or(url.strip_prefix("wss://")) {
+        (true, r)
+    } else {
+        return Err(format!(
+            "{url}: only http://, ws://, https:// and wss:// URLs are supported (loopback)"
+        ));
+    };
     let hostport = rest.split('/').next().unwrap_or(rest);
     let (host, port) = match hostport.rsplit_once(':') {
         Some((h, p)) if !h.is_empty() && !p.contains(']') => {
             (h, p.parse::<u16>().map_err(|_| format!("{url}: bad port"))?)
         }
-        _ => (hostport, 80),
+        _ => (hostport, if tls { 443 } else { 80 }),
     };
     let ip: IpAddr = if host.eq_ignore_ascii_case("localhost") {
         IpAddr::V4(Ipv4Addr::LOCALHOST)
@@ -48,6 +57,7 @@ pub fn parse_url(url: &str) -> Result<Endpoint, String> {
     Ok(Endpoint {
         addr: SocketAddr::new(ip, port),
         host: hostport.to_string(),
+        tls,
     })
 }
 
@@ -133,7 +143,20 @@ mod tests {
         assert!(parse_url("http://[::1]:9000").unwrap().addr.is_ipv6());
         assert!(parse_url("http://10.0.0.1:8080").is_err());
         assert!(parse_url("http://example.com:80").is_err());
-        assert!(parse_url("https://127.0.0.1:443").is_err());
+        assert!(parse_url("ftp://127.0.0.1:21").is_err());
+        assert!(!parse_url("ws://127.0.0.1:8080").unwrap().tls);
+        assert!(!e.tls);
+    }
+
+    #[test]
+    fn tls_schemes() {
+        let e = parse_url("wss://127.0.0.1:8443/").unwrap();
+        assert!(e.tls);
+        assert_eq!(e.addr.port(), 8443);
+        assert_eq!(e.host, "127.0.0.1:8443");
+        assert!(parse_url("https://localhost").unwrap().tls);
+        assert_eq!(parse_url("https://localhost").unwrap().addr.port(), 443);
+        assert!(parse_url("wss://10.0.0.1:443").is_err());
     }
 
     #[test]

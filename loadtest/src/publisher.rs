@@ -13,16 +13,20 @@
 //! - A connection the server ends cleanly with nothing outstanding (`Connection: close`
 //!   after the last answer, as Sockudo's REST API does on every response, or an idle
 //!   close) is reopened on the same slot; requests are only written to open ones.
+//! - Over TLS (`https://`) a connection reads and writes through its own `tls::Session`
+//!   (made with the connection, a new one on reopen); a request written before the
+//!   handshake completes waits in the session and leaves right after it.
 
 use crate::http::parse_response;
 use crate::net::{connect_nonblocking, source_ip};
 use crate::stats::{new_histogram, record, unix_ns};
 use crate::target::Target;
+use crate::tls;
 use hdrhistogram::Histogram;
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
 use std::collections::{BTreeMap, VecDeque};
-use std::io::{self, Read, Write};
+use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -89,12 +93,15 @@ struct Conn {
     more: bool,
     /// The server closed it cleanly with nothing outstanding: open a new one here.
     reopen: bool,
+    /// The TLS session of an `https://` target; `None` on plaintext.
+    tls: Option<tls::Session>,
 }
 
 impl Conn {
     fn flush(&mut self) -> io::Result<()> {
         while self.out_pos < self.out.len() {
-            match self.stream.write(&self.out[self.out_pos..]) {
+            let rest = &self.out[self.out_pos..];
+            match tls::write(&mut self.stream, self.tls.as_mut(), rest) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(n) => self.out_pos += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
@@ -102,6 +109,7 @@ impl Conn {
                 Err(e) => return Err(e),
             }
         }
+        tls::send(&mut self.stream, self.tls.as_mut())?; // records the session still holds
         self.out.clear();
         self.out_pos = 0;
         Ok(())
@@ -128,6 +136,10 @@ pub fn run(plan: PubPlan, shared: Arc<PubShared>) -> PubResult {
     let mut conns: Vec<Conn> = Vec::with_capacity(plan.conns);
     for i in 0..plan.conns {
         let src = source_ip(plan.thread_idx * plan.conns + i, plan.source_ips);
+        let Ok(tls) = plan.target.tls.as_ref().map(tls::Session::new).transpose() else {
+            *res.conn_errors.entry("TLS session failed").or_default() += 1;
+            continue;
+        };
         match connect_nonblocking(plan.target.endpoint.addr, src) {
             Ok(mut stream) => {
                 if poll
@@ -152,6 +164,7 @@ pub fn run(plan: PubPlan, shared: Arc<PubShared>) -> PubResult {
                     inbuf: Vec::with_capacity(4096),
                     more: false,
                     reopen: false,
+                    tls,
                 });
             }
             Err(_) => *res.conn_errors.entry("connect() failed").or_default() += 1,
@@ -343,6 +356,11 @@ fn reopen(i: usize, c: &mut Conn, poll: &Poll, plan: &PubPlan, res: &mut PubResu
     c.reopen = false;
     let _ = poll.registry().deregister(&mut c.stream);
     let src = source_ip(plan.thread_idx * plan.conns + i, plan.source_ips);
+    let Ok(tls) = plan.target.tls.as_ref().map(tls::Session::new).transpose() else {
+        c.dead = true;
+        *res.conn_errors.entry("TLS session failed").or_default() += 1;
+        return;
+    };
     let Ok(mut stream) = connect_nonblocking(plan.target.endpoint.addr, src) else {
         c.dead = true;
         *res.conn_errors.entry("reconnect failed").or_default() += 1;
@@ -362,6 +380,7 @@ fn reopen(i: usize, c: &mut Conn, poll: &Poll, plan: &PubPlan, res: &mut PubResu
         return;
     }
     c.stream = stream;
+    c.tls = tls;
     c.up = false;
     c.dead = false;
     c.more = false;
@@ -384,7 +403,7 @@ fn read_responses(
     // since edge-triggered epoll will not report data that was already there.
     c.more = true;
     for _ in 0..64 {
-        let n = match c.stream.read(scratch) {
+        let n = match tls::read(&mut c.stream, c.tls.as_mut(), scratch) {
             Ok(0) => {
                 c.dead = true;
                 c.more = false;
@@ -401,9 +420,15 @@ fn read_responses(
                 return;
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(_) => {
+            Err(e) => {
                 c.dead = true;
-                *res.conn_errors.entry("read error").or_default() += 1;
+                // InvalidData: only a TLS session returns it (certificate, bad record).
+                let why = if e.kind() == io::ErrorKind::InvalidData {
+                    "TLS error"
+                } else {
+                    "read error"
+                };
+                *res.conn_errors.entry(why).or_default() += 1;
                 return;
             }
         };

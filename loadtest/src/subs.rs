@@ -12,6 +12,7 @@
 use crate::net::{connect_nonblocking, source_ip};
 use crate::stats::{new_histogram, record, unix_ns};
 use crate::target::{Kind, Target};
+use crate::tls;
 use crate::wsconn::{Ev, Phase, WsConn};
 use hdrhistogram::Histogram;
 use mio::{Events, Interest, Poll, Token};
@@ -170,10 +171,20 @@ pub fn run(plan: SubPlan, shared: Arc<Shared>) -> SubResult {
                     continue;
                 }
             };
+            // TLS state only for a TLS target: plaintext connections stay as small.
+            let tls = match plan.target.tls.as_ref().map(tls::Session::new).transpose() {
+                Ok(s) => s,
+                Err(_) => {
+                    *res.failures.entry("TLS session failed").or_default() += 1;
+                    shared.failed.fetch_add(1, Relaxed);
+                    continue;
+                }
+            };
             let mut conn = WsConn::new(
                 stream,
                 if plan.subscribe { vec![ch] } else { Vec::new() },
                 (global as u32).wrapping_mul(2_654_435_761),
+                tls,
             );
             if poll
                 .registry()

@@ -108,6 +108,10 @@ pub struct Target {
     pub app_secret: String,
     /// Every publish carries a fresh `Idempotency-Key` (`<tag>-<n>`).
     pub idempotency_keys: bool,
+    /// The TLS client of a `wss://` (`https://`) endpoint (`None`: plaintext).
+    pub tls: Option<crate::tls::Client>,
+    /// The same for the publish endpoint, when there is one.
+    pub publish_tls: Option<crate::tls::Client>,
 }
 
 /// What a text frame from the server means to the harness.
@@ -238,6 +242,7 @@ impl Target {
         let mut t = self.clone();
         if let Some(e) = &self.publish_endpoint {
             t.endpoint = e.clone();
+            t.tls = self.publish_tls.clone();
         }
         t
     }
@@ -510,6 +515,8 @@ mod tests {
             app_id: "1000001".into(),
             app_secret: "ts_z".into(),
             idempotency_keys: false,
+            tls: None,
+            publish_tls: None,
         }
     }
 

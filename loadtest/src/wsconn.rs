@@ -1,6 +1,7 @@
 //! One client WebSocket connection as a nonblocking state machine driven by a mio
 //! event loop: connect, upgrade, (ringcast, Pusher) wait for the greeting and
-//! subscribe, then receive deliveries (and answer Pusher's `pusher:ping`).
+//! subscribe, then receive deliveries (and answer Pusher's `pusher:ping`). Over TLS
+//! (`wss://`) the same machine reads and writes through its `tls::Session`.
 //!
 //! Invariants:
 //! - No allocation per received frame: input is read into the thread's scratch buffer
@@ -8,12 +9,15 @@
 //!   into the connection's own (initially empty) buffer.
 //! - No unwrap on socket input: every malformed byte sequence becomes `Ev::Failed`.
 //! - Every read burst is bounded (`MAX_READS_PER_EVENT`); the caller re-polls.
+//! - TLS state exists only on a TLS connection (`tls` is one pointer, `None` on
+//!   plaintext); output waiting in it counts as output, so a writable edge flushes it.
 
 use crate::http::parse_response;
 use crate::target::{Inbound, Target};
+use crate::tls;
 use crate::ws::{self, FrameHead};
 use mio::net::TcpStream;
-use std::io::{self, Read, Write};
+use std::io;
 use std::time::Instant;
 
 /// Reads per readiness event before yielding to other connections. A connection that
@@ -77,11 +81,19 @@ pub struct WsConn {
     mask_seed: u32,
     /// Set when the last readable event stopped at the read bound with data left.
     pub more_input: bool,
+    /// The TLS session of a `wss://` connection; `None` on plaintext.
+    tls: Option<tls::Session>,
 }
 
 impl WsConn {
-    /// Wrap a socket whose nonblocking connect is in progress.
-    pub fn new(stream: TcpStream, channels: Vec<u32>, seed: u32) -> Self {
+    /// Wrap a socket whose nonblocking connect is in progress; with `tls`, everything
+    /// goes through that session (its handshake starts with the first flush).
+    pub fn new(
+        stream: TcpStream,
+        channels: Vec<u32>,
+        seed: u32,
+        tls: Option<tls::Session>,
+    ) -> Self {
         WsConn {
             stream,
             phase: Phase::Connecting,
@@ -93,6 +105,7 @@ impl WsConn {
             out_pos: 0,
             mask_seed: seed | 1,
             more_input: false,
+            tls,
         }
     }
 
@@ -112,7 +125,8 @@ impl WsConn {
     pub fn flush(&mut self) -> io::Result<()> {
         // Bounded: each iteration writes at least one byte or returns.
         while self.out_pos < self.out.len() {
-            match self.stream.write(&self.out[self.out_pos..]) {
+            let rest = &self.out[self.out_pos..];
+            match tls::write(&mut self.stream, self.tls.as_mut(), rest) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(n) => self.out_pos += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
@@ -120,12 +134,18 @@ impl WsConn {
                 Err(e) => return Err(e),
             }
         }
+        tls::send(&mut self.stream, self.tls.as_mut())?; // records rustls still holds
         self.out.clear();
         self.out_pos = 0;
         if self.out.capacity() > 4096 {
             self.out.shrink_to(256);
         }
         Ok(())
+    }
+
+    /// Output is waiting: queued frames, or (TLS) records not yet on the socket.
+    fn has_output(&self) -> bool {
+        !self.out.is_empty() || self.tls.as_ref().is_some_and(tls::Session::wants_write)
     }
 
     fn fail(&mut self, why: &'static str, sink: &mut impl FnMut(Ev)) {
@@ -162,7 +182,7 @@ impl WsConn {
             let path = target.ws_path(self.channels.first().copied().unwrap_or(0));
             ws::write_upgrade_request(&mut self.out, &target.endpoint.host, &path);
         }
-        if (writable || !self.out.is_empty()) && self.flush().is_err() {
+        if (writable || self.has_output()) && self.flush().is_err() {
             return self.fail("write error", sink);
         }
         if readable || self.more_input {
@@ -173,7 +193,7 @@ impl WsConn {
     fn read_input(&mut self, target: &Target, scratch: &mut [u8], sink: &mut impl FnMut(Ev)) {
         self.more_input = false;
         for i in 0..MAX_READS_PER_EVENT {
-            let n = match self.stream.read(scratch) {
+            let n = match tls::read(&mut self.stream, self.tls.as_mut(), scratch) {
                 Ok(0) => {
                     if self.phase != Phase::Closed {
                         self.phase = Phase::Closed;
@@ -184,6 +204,10 @@ impl WsConn {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                // Only the TLS session returns it: a refused certificate, a bad record.
+                Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                    return self.fail("TLS error", sink)
+                }
                 Err(_) => return self.fail("read error", sink),
             };
             if self.pending.is_empty() {
