@@ -4,8 +4,8 @@
 //!
 //! It runs exactly the code the server runs for a WebSocket connection: the request head
 //! parser (`http::parse`), the upgrade checks and answer (`http::upgrade`, `ws::handshake`),
-//! the frame codec and reassembly (`ws::frame`, `ws::message`) and the reader/writer
-//! tasks (`ws::conn`), on one monoio runtime. Only the [`Session`] differs: every text
+//! the frame codec and reassembly (`ws::frame`, `ws::message`), the parked reader in the
+//! connection engine and the writer (`engine`, `ws::conn`), on one monoio runtime. Only the [`Session`] differs: every text
 //! and binary message is sent back with the same opcode, which is all the suite needs.
 //!
 //! Invariants: nothing here re-implements framing or the handshake (then the suite would
@@ -14,15 +14,15 @@
 //! up to 16 MiB, and fragmented ones in up to 65,536 frames; the limit logic itself is
 //! the same code.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::rc::Rc;
 use std::time::Instant;
 
-use monoio::io::{AsyncReadRent, AsyncWriteRentExt, Splitable};
+use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 use monoio::net::{TcpListener, TcpStream};
 use ringcast::{
-    frame, parse_head, read_loop, validate_upgrade, write_error, write_switching, Disconnect,
-    Extra, Opcode, ReadLimits, Session, WsConn,
+    frame, parse_head, start_parked, validate_upgrade, write_error, write_switching, Disconnect,
+    Engine, Extra, Opcode, PlainWriter, ReadCtx, ReadLimits, Session, WsConn,
 };
 
 /// Largest message echoed: group 9 sends up to 16 MiB; headroom for reassembly.
@@ -85,20 +85,22 @@ fn main() {
             listener.local_addr().expect("local addr")
         );
         let started = Instant::now();
+        let engine = ringcast::install_engine().expect("connection engine");
         let mut next_id = 0u64;
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 continue;
             };
             next_id += 1;
-            monoio::spawn(serve(stream, next_id, started));
+            monoio::spawn(serve(stream, next_id, started, engine.clone()));
         }
     });
 }
 
 /// Read the upgrade request, answer it with the server's handshake code, then run the
-/// server's reader and writer tasks with the echo session.
-async fn serve(mut stream: TcpStream, id: u64, started: Instant) {
+/// server's connection engine (parked reader, direct sends, writer on backlog) with the
+/// echo session.
+async fn serve(mut stream: TcpStream, id: u64, started: Instant, engine: Rc<Engine>) {
     let _ = stream.set_nodelay(true);
     let mut buf: Vec<u8> = Vec::with_capacity(4096);
     let head = loop {
@@ -137,23 +139,38 @@ async fn serve(mut stream: TcpStream, id: u64, started: Instant) {
     }
     // Bytes after the head are the first frames; the reader handles them first.
     let leftover = buf.split_off(head.head_len);
-    let conn = Rc::new(WsConn::new(id, stream.as_raw_fd(), SEND_BACKLOG, 0));
-    let (rd, wr) = stream.into_split();
-    // As the server does: replies go by direct send, a writer task only with a backlog.
-    conn.start_writer(wr, bytes::Bytes::new());
-    let limits = ReadLimits {
-        max_message: MAX_MESSAGE,
-        max_fragments: MAX_FRAGMENTS,
-        // Echo replies are the client's own frames: stop reading at half the backlog.
-        pause_backlog: SEND_BACKLOG / 2,
-    };
-    read_loop(
-        rd,
-        conn,
-        &mut Echo,
-        limits,
-        move || started.elapsed().as_secs() as u32,
-        leftover,
-    )
-    .await;
+    // As the server does (`http::transport`, `http::upgrade::start`): the connection
+    // owns a duplicate of the socket, monoio's stream is dropped.
+    // SAFETY: plain syscall on the open stream's socket; the result is checked.
+    let fd = unsafe { libc::fcntl(stream.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+    if fd < 0 {
+        return;
+    }
+    drop(stream);
+    // SAFETY: `fd` is fresh and owned by nothing else.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let conn = Rc::new(WsConn::new(id, fd, SEND_BACKLOG, 0).owning(owned));
+    // Replies go by direct send, a writer task only with a backlog.
+    conn.start_writer(PlainWriter::new(fd), bytes::Bytes::new());
+    let ctx = READ_CTX.with(|c| {
+        c.get_or_init(|| {
+            Rc::new(ReadCtx {
+                limits: ReadLimits {
+                    max_message: MAX_MESSAGE,
+                    max_fragments: MAX_FRAGMENTS,
+                    // Echo replies are the client's own frames: stop reading at half
+                    // the backlog.
+                    pause_backlog: SEND_BACKLOG / 2,
+                },
+                clock: Box::new(move || started.elapsed().as_secs() as u32),
+            })
+        })
+        .clone()
+    });
+    // The reader parks in the engine between readiness turns, as the server's does.
+    start_parked(&engine, conn, Echo, ctx, leftover, ());
+}
+
+thread_local! {
+    static READ_CTX: std::cell::OnceCell<Rc<ReadCtx>> = const { std::cell::OnceCell::new() };
 }

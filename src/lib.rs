@@ -148,9 +148,12 @@ pub mod token {
 // The WebSocket transport on its own: the Autobahn echo example runs exactly the
 // server's frame codec, reassembly, reader and writer under an echo session.
 pub use close::{code as close_code, Disconnect};
+pub use engine::{install as install_engine, Engine};
 pub use http::response::{write_error, Extra};
 pub use http::upgrade::validate as validate_upgrade;
-pub use ws::conn::{read_loop, write_loop, ReadLimits, Session, WsConn};
+pub use ws::conn::{
+    read_loop, start_parked, write_loop, PlainWriter, ReadCtx, ReadLimits, Session, WsConn,
+};
 pub use ws::frame::{decode_frame, frame, Opcode};
 pub use ws::handshake::write_switching;
 pub use ws::message::{Assembler, Incoming};

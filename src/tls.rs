@@ -41,7 +41,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::{ServerConfig, ServerConnection};
 
-use crate::ws::conn::{Chunk, FrameBatch, FrameWrite, WsRead, IDLE_READ};
+use crate::ws::conn::{FrameBatch, FrameWrite, WsRead, IDLE_READ};
 
 /// The one application protocol offered: HTTP/1.1 (WebSocket upgrades ride on it).
 pub(crate) const ALPN_HTTP11: &[u8] = b"http/1.1";
@@ -417,21 +417,19 @@ pub(crate) struct TlsReader {
 
 /// TLS keeps its read path: a read of `IDLE_READ` bytes of plaintext, reused.
 impl WsRead for TlsReader {
-    async fn read_idle(&mut self) -> io::Result<Chunk> {
+    async fn read_idle(&mut self) -> io::Result<Vec<u8>> {
         let mut buf = std::mem::take(&mut self.idle);
         if buf.capacity() == 0 {
             buf.reserve_exact(IDLE_READ);
         }
         let (res, buf) = self.read(buf).await;
-        res.map(|_| Chunk::Owned(buf))
+        res.map(|_| buf)
     }
 
-    fn recycle(&mut self, chunk: Chunk) {
-        if let Chunk::Owned(mut buf) = chunk {
-            if buf.capacity() == IDLE_READ {
-                buf.clear();
-                self.idle = buf;
-            }
+    fn recycle(&mut self, mut buf: Vec<u8>) {
+        if buf.capacity() == IDLE_READ {
+            buf.clear();
+            self.idle = buf;
         }
     }
 }

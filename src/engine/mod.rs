@@ -35,7 +35,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::rc::Rc;
 
 /// A parked record: it gets its turn when its socket is readable (or hung up).
-pub(crate) trait Ready {
+pub trait Ready {
     /// The socket is readable, or at end of stream, or in error. The record is out of
     /// its slot for the call: it parks itself again ([`Engine::park`]), or hands itself
     /// to a task ([`Engine::hold`] first), or ends ([`Engine::release`]).
@@ -44,7 +44,7 @@ pub(crate) trait Ready {
 
 /// A slot of the engine's slab: index (low 32 bits) and generation (high 32 bits).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Token(u64);
+pub struct Token(u64);
 
 impl Token {
     fn new(index: u32, gen: u32) -> Token {
@@ -73,7 +73,7 @@ struct Slot {
 const BATCH: usize = 256;
 
 /// One worker's engine (see the module doc).
-pub(crate) struct Engine {
+pub struct Engine {
     epoll: OwnedFd,
     slots: RefCell<Vec<Slot>>,
     /// Indices of released slots, reused first (the slab does not grow past the
@@ -87,7 +87,7 @@ thread_local! {
 }
 
 /// Make this worker's engine and start its task (inside the worker's runtime).
-pub(crate) fn install() -> io::Result<Rc<Engine>> {
+pub fn install() -> io::Result<Rc<Engine>> {
     // SAFETY: plain syscall; the result is checked before use.
     let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
     if fd < 0 {
@@ -114,7 +114,7 @@ pub(crate) fn current() -> Option<Rc<Engine>> {
 impl Engine {
     /// Register `fd` for readiness and reserve a slot for its record (not parked yet:
     /// events before [`Engine::park`] find the slot empty and wait for the next pass).
-    pub(crate) fn register(&self, fd: RawFd) -> io::Result<Token> {
+    pub fn register(&self, fd: RawFd) -> io::Result<Token> {
         let mut slots = self.slots.borrow_mut();
         let index = match self.free.borrow_mut().pop() {
             Some(i) => i,
@@ -141,7 +141,7 @@ impl Engine {
     }
 
     /// Put a record back in its slot, its socket armed.
-    pub(crate) fn park(&self, token: Token, fd: RawFd, record: Box<dyn Ready>) {
+    pub fn park(&self, token: Token, fd: RawFd, record: Box<dyn Ready>) {
         let mut slots = self.slots.borrow_mut();
         let Some(slot) = slots
             .get_mut(token.index())
@@ -163,7 +163,7 @@ impl Engine {
 
     /// The record leaves for a task of its own: its socket is disarmed until it parks
     /// again (it would otherwise be reported on every pass while it has unread bytes).
-    pub(crate) fn hold(&self, token: Token, fd: RawFd) {
+    pub fn hold(&self, token: Token, fd: RawFd) {
         let mut slots = self.slots.borrow_mut();
         let Some(slot) = slots
             .get_mut(token.index())
@@ -179,7 +179,7 @@ impl Engine {
 
     /// The connection is over: unregister its socket (before it is closed) and free
     /// the slot for reuse under a new generation.
-    pub(crate) fn release(&self, token: Token, fd: RawFd) {
+    pub fn release(&self, token: Token, fd: RawFd) {
         let mut slots = self.slots.borrow_mut();
         let Some(slot) = slots
             .get_mut(token.index())
@@ -200,7 +200,7 @@ impl Engine {
 
     /// Connections registered now.
     #[cfg(test)]
-    pub(crate) fn live(&self) -> usize {
+    pub fn live(&self) -> usize {
         self.live.get()
     }
 

@@ -4,22 +4,26 @@
 //! [`crate::tls::TlsStream`] whose handshake is done. Each is monomorphised separately,
 //! so plaintext keeps its direct io_uring reads and writes and pays nothing for TLS.
 
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-use monoio::io::{AsyncReadRent, AsyncWriteRent, OwnedReadHalf, OwnedWriteHalf, Splitable};
+use monoio::io::{AsyncReadRent, AsyncWriteRent};
 use monoio::net::TcpStream;
 
 use crate::tls::{TlsReader, TlsStream, TlsWriter};
-use crate::ws::conn::{FrameWrite, WsRead};
+
+/// What an upgraded stream becomes.
+pub(crate) enum WsIo {
+    /// Plaintext: the socket alone, owned by the connection's record from now on (its
+    /// reader parks in the worker's engine, its writer writes without monoio).
+    Plain(OwnedFd),
+    /// TLS: rustls' halves for the reader and writer tasks, over this TCP socket.
+    Tls(RawFd, TlsReader, TlsWriter),
+}
 
 /// A connected byte stream the HTTP loop can serve, and how it becomes a WebSocket.
 pub(crate) trait Transport: AsyncReadRent + AsyncWriteRent + 'static {
-    /// The reader task's half.
-    type Reader: WsRead + 'static;
-    /// The writer task's half.
-    type Writer: FrameWrite + 'static;
-    /// Split after an upgrade; the descriptor is the TCP socket, for `WsConn::abort`.
-    fn into_ws_halves(self) -> (RawFd, Self::Reader, Self::Writer);
+    /// Take the stream apart after an upgrade.
+    fn into_ws(self) -> std::io::Result<WsIo>;
     /// The TCP socket under the stream.
     fn socket_fd(&self) -> RawFd;
     /// The client's address (for `ws_connect_rate_per_ip`).
@@ -38,32 +42,34 @@ pub(crate) trait Transport: AsyncReadRent + AsyncWriteRent + 'static {
 }
 
 impl Transport for TcpStream {
-    type Reader = OwnedReadHalf<TcpStream>;
-    type Writer = OwnedWriteHalf<TcpStream>;
-
     fn socket_fd(&self) -> RawFd {
         self.as_raw_fd()
     }
 
-    fn into_ws_halves(self) -> (RawFd, Self::Reader, Self::Writer) {
-        let fd = self.as_raw_fd();
-        let (rd, wr) = self.into_split();
-        (fd, rd, wr)
+    fn into_ws(self) -> std::io::Result<WsIo> {
+        // A duplicate, then monoio's stream is dropped: taking monoio's own descriptor
+        // back (`into_raw_fd`) panics should an operation still hold it, and no panic
+        // may cross a worker. One `dup` and one `close` per connection's life.
+        // SAFETY: plain syscall on this open stream's socket; the result is checked.
+        let fd = unsafe { libc::fcntl(self.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        drop(self);
+        // SAFETY: `fd` is a fresh descriptor owned by nothing else.
+        Ok(WsIo::Plain(unsafe { OwnedFd::from_raw_fd(fd) }))
     }
 }
 
 impl Transport for TlsStream {
-    type Reader = TlsReader;
-    type Writer = TlsWriter;
-
     fn socket_fd(&self) -> RawFd {
         self.raw_fd()
     }
 
-    fn into_ws_halves(self) -> (RawFd, Self::Reader, Self::Writer) {
+    fn into_ws(self) -> std::io::Result<WsIo> {
         let fd = self.raw_fd();
         let (rd, wr) = self.into_halves();
-        (fd, rd, wr)
+        Ok(WsIo::Tls(fd, rd, wr))
     }
 
     async fn before_close(&mut self) {

@@ -8,6 +8,7 @@
 //! registered with the worker's shard. The per-project slot and the worker's admission
 //! guard live exactly as long as the connection's reader task.
 
+use std::os::fd::AsRawFd;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +17,7 @@ use bytes::Bytes;
 
 use super::outcome::{answer, Outcome, Upgrade};
 use super::parse::{query_param, Method, RequestHead};
-use super::transport::Transport;
+use super::transport::{Transport, WsIo};
 use super::{ApiError, Service};
 use crate::apikey::KeyKind;
 use crate::client::{connected_frame, ClientSession, PusherSession};
@@ -26,7 +27,8 @@ use crate::error::Unavailable;
 use crate::ids::SocketId;
 use crate::pusher_frame;
 use crate::shard::{ConnGuard, ProjectSlot, Shard};
-use crate::ws::conn::{read_loop, start_parked, ReadLimits, Session, WsConn, WsRead};
+use crate::tls::TlsReader;
+use crate::ws::conn::{read_loop, start_parked, PlainWriter, ReadLimits, Session, WsConn, WsRead};
 use crate::ws::handshake::write_switching;
 
 /// Check the upgrade request (RFC 6455 §4.2.1); returns the `Sec-WebSocket-Key` value.
@@ -108,9 +110,10 @@ pub(crate) fn handle(
 
 /// Run an upgraded connection: the pending HTTP answers (the 101 last) are its first
 /// queued bytes, then the `connected` frame; it is registered with the shard before
-/// anything is written (so revocation reaches it wherever it is); writer task started
-/// (on plaintext it lasts only while there is something to write), reader in a task of
-/// its own holding the session.
+/// anything is written (so revocation reaches it wherever it is); the writer started
+/// (on plaintext it lasts only while there is something to write). The reader: on
+/// plaintext a record parked in the worker's engine (no task while idle), on TLS a task
+/// of its own. Either holds the session.
 pub(crate) fn start<S: Transport>(
     svc: Rc<Service>,
     stream: S,
@@ -121,16 +124,33 @@ pub(crate) fn start<S: Transport>(
 ) {
     let cfg = svc.config();
     let shard = svc.shard.clone();
-    let (fd, rd, wr) = stream.into_ws_halves();
-    let conn = Rc::new(
-        WsConn::new(
-            shard.next_conn_id(),
-            fd,
-            cfg.send_backlog_bytes,
-            shard.clock(),
-        )
-        .with_dialect(upgrade.dialect),
-    );
+    let io = match stream.into_ws() {
+        Ok(io) => io,
+        Err(e) => {
+            // Out of descriptors: the client sees the connection close.
+            tracing::warn!("websocket: cannot take the socket over: {e}");
+            return;
+        }
+    };
+    let fd = match &io {
+        WsIo::Plain(fd) => fd.as_raw_fd(),
+        WsIo::Tls(fd, ..) => *fd,
+    };
+    let mut conn = WsConn::new(
+        shard.next_conn_id(),
+        fd,
+        cfg.send_backlog_bytes,
+        shard.clock(),
+    )
+    .with_dialect(upgrade.dialect);
+    let tls = match io {
+        WsIo::Plain(owned) => {
+            conn = conn.owning(owned);
+            None
+        }
+        WsIo::Tls(_, rd, wr) => Some((rd, wr)),
+    };
+    let conn = Rc::new(conn);
     conn.set_write_coalesce(Duration::from_millis(cfg.write_coalesce_ms));
     let connection_id = SocketId::local(shard.index(), conn.id).text();
     conn.send(match upgrade.dialect {
@@ -142,9 +162,6 @@ pub(crate) fn start<S: Transport>(
     });
     let pusher = (upgrade.dialect == Dialect::Pusher).then(|| upgrade.project.clone());
     shard.register(conn.clone(), upgrade.key_id, pusher);
-    // The writer sends the answers, then the `connected` frame queued above; on
-    // plaintext it ends once idle and later frames go by direct send.
-    conn.start_writer(wr, Bytes::from(answers));
     // An empty leftover still owns the 4 KiB HTTP read buffer: free it now, not when
     // the connection ends (it would be most of an idle connection's memory).
     let pending = if leftover.is_empty() {
@@ -153,6 +170,19 @@ pub(crate) fn start<S: Transport>(
         leftover
     };
     let held = (guard, upgrade.slot);
+    // The writer sends the answers, then the `connected` frame queued above; on
+    // plaintext it ends once idle and later frames go by direct send.
+    let answers = Bytes::from(answers);
+    let rd = match tls {
+        Some((rd, wr)) => {
+            conn.start_writer(wr, answers);
+            Some(rd)
+        }
+        None => {
+            conn.start_writer(PlainWriter::new(fd), answers);
+            None
+        }
+    };
     match upgrade.dialect {
         Dialect::Native => {
             let session = ClientSession::new(svc.sessions.clone(), upgrade.project);
@@ -165,37 +195,37 @@ pub(crate) fn start<S: Transport>(
     }
 }
 
-/// Start the read side: plaintext parks in the worker's engine (an idle connection is a
-/// record, no task); TLS (rustls reads into its own buffers) runs a reader task.
-fn read_side<R: WsRead + 'static, S: Session + 'static>(
+/// Start the read side: plaintext (`rd` is `None`) parks in the worker's engine (an
+/// idle connection is a record, no task); TLS (rustls reads into its own buffers) runs
+/// a reader task.
+fn read_side<S: Session + 'static>(
     svc: &Rc<Service>,
-    rd: R,
+    rd: Option<TlsReader>,
     conn: Rc<WsConn>,
     session: S,
     pending: Vec<u8>,
     held: (ConnGuard, ProjectSlot),
 ) {
-    let rd = match engine::current() {
-        Some(engine) => match rd.into_plain() {
-            Ok(plain) => {
+    match rd {
+        None => match engine::current() {
+            Some(engine) => {
                 let ctx = svc.read_ctx.clone();
-                start_parked(&engine, plain, conn, session, ctx, pending, held);
-                return;
+                start_parked(&engine, conn, session, ctx, pending, held);
             }
-            Err(rd) => rd,
+            None => {
+                // Every worker installs its engine before it accepts: not reached.
+                tracing::error!("websocket: no connection engine on this worker");
+                conn.abort();
+                let mut session = session;
+                session.on_end(&conn);
+            }
         },
-        None => rd,
-    };
-    let shard = svc.shard.clone();
-    monoio::spawn(reader_task(
-        rd,
-        conn,
-        session,
-        svc.read_ctx.limits,
-        shard,
-        pending,
-        held,
-    ));
+        Some(rd) => {
+            let shard = svc.shard.clone();
+            let limits = svc.read_ctx.limits;
+            monoio::spawn(reader_task(rd, conn, session, limits, shard, pending, held));
+        }
+    }
 }
 
 /// The reader's task (TLS). Kept apart from the upgrade so that the task that lives as

@@ -46,15 +46,14 @@
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use monoio::buf::IoVecBuf;
-use monoio::io::{AsyncReadRent, AsyncWriteRent, OwnedReadHalf, OwnedWriteHalf};
+use monoio::io::AsyncReadRent;
 use monoio::net::TcpStream;
 use monoio::time::Sleep;
 use monoio::BufResult;
@@ -67,11 +66,14 @@ use crate::close::{Dialect, Disconnect};
 mod park;
 mod read;
 mod write;
-pub(crate) use park::{start_parked, ReadCtx};
+#[cfg(test)]
+pub(crate) use park::Parked;
+pub use park::{start_parked, ReadCtx};
+pub(crate) use read::WsRead;
 use read::{contains_close, has_frame, process, process_vec, put_scratch, take_scratch};
 pub use read::{read_loop, ReadLimits, Session};
-pub(crate) use read::{Chunk, WsRead};
 pub use write::write_loop;
+pub use write::PlainWriter;
 pub(crate) use write::{FrameBatch, FrameWrite};
 
 /// How long a closing connection may take to finish its close handshake.
@@ -165,9 +167,10 @@ pub struct WsConn {
     close_code: Cell<u16>,
     writer: Cell<Option<Waker>>,
     waiter: Cell<Option<Waker>>,
-    /// Plaintext: the write half while no writer task runs; `None` while the writer has
-    /// it, on TLS (resident writer) and once the connection is done.
-    parked: Cell<Option<OwnedWriteHalf<TcpStream>>>,
+    /// Plaintext: the socket, owned by the connection (closed when the last holder
+    /// lets go: the parked reader, a writer task, the registry). `None` on TLS, whose
+    /// streams own theirs.
+    owned: Option<OwnedFd>,
     /// A writer task exists (plaintext: while there is a backlog; TLS: always).
     writer_live: Cell<bool>,
     /// The writer holds frames taken from the queue that are not all in the kernel yet
@@ -201,7 +204,7 @@ impl WsConn {
             close_code: Cell::new(0),
             writer: Cell::new(None),
             waiter: Cell::new(None),
-            parked: Cell::new(None),
+            owned: None,
             writer_live: Cell::new(false),
             writing: Cell::new(false),
             direct: Cell::new(false),
@@ -210,6 +213,13 @@ impl WsConn {
             coalesce_ms: Cell::new(0),
             dialect: Dialect::Native,
         }
+    }
+
+    /// The connection owns its socket `fd` (plaintext; before it is shared).
+    pub fn owning(mut self, fd: OwnedFd) -> WsConn {
+        debug_assert_eq!(fd.as_raw_fd(), self.fd);
+        self.owned = Some(fd);
+        self
     }
 
     /// This connection speaks `dialect` (before it is shared: the fan-out reads it).
@@ -390,9 +400,13 @@ impl WsConn {
     fn ensure_writer(self: &Rc<Self>) {
         if self.writer_live.get() {
             self.wake_writer();
-        } else if let Some(wr) = self.parked.take() {
+        } else if self.direct.get() && self.fd_open.get() && self.state.get() != State::Done {
             self.writer_live.set(true);
-            monoio::spawn(write_loop(wr, self.clone(), Bytes::new()));
+            monoio::spawn(write_loop(
+                PlainWriter::new(self.fd),
+                self.clone(),
+                Bytes::new(),
+            ));
         }
     }
 
@@ -491,8 +505,6 @@ impl WsConn {
 
     fn finish(&self) {
         self.state.set(State::Done);
-        // A parked write half is no longer needed (dropping it shuts the sending side).
-        drop(self.parked.take());
         self.wake_writer();
         if let Some(w) = self.waiter.take() {
             w.wake();

@@ -9,12 +9,11 @@
 use std::future::Future;
 use std::mem::size_of;
 
-use monoio::io::{OwnedReadHalf, OwnedWriteHalf};
 use monoio::net::TcpStream;
 
 use crate::client::{ClientSession, PusherSession};
 use crate::tls::{TlsReader, TlsWriter};
-use crate::ws::conn::{FrameBatch, ReadLimits, WsConn};
+use crate::ws::conn::{FrameBatch, PlainWriter, ReadLimits, WsConn};
 
 /// monoio 0.2.4 `task::core::Cell<F, S>`: header (state, vtable, owner id), the stage
 /// (the future, then its output), trailer (the join waker).
@@ -88,28 +87,6 @@ fn research_sizes() {
 
     type Held = (ConnGuard, ProjectSlot);
     future_of!(
-        "reader_task<OwnedReadHalf<TcpStream>, ClientSession>",
-        reader_task::<OwnedReadHalf<TcpStream>, ClientSession>,
-        OwnedReadHalf<TcpStream>,
-        Rc<WsConn>,
-        ClientSession,
-        ReadLimits,
-        Rc<Shard>,
-        Vec<u8>,
-        Held
-    );
-    future_of!(
-        "reader_task<OwnedReadHalf<TcpStream>, PusherSession>",
-        reader_task::<OwnedReadHalf<TcpStream>, PusherSession>,
-        OwnedReadHalf<TcpStream>,
-        Rc<WsConn>,
-        PusherSession,
-        ReadLimits,
-        Rc<Shard>,
-        Vec<u8>,
-        Held
-    );
-    future_of!(
         "reader_task<TlsReader, ClientSession> (wss)",
         reader_task::<TlsReader, ClientSession>,
         TlsReader,
@@ -121,9 +98,9 @@ fn research_sizes() {
         Held
     );
     future_of!(
-        "write_loop<OwnedWriteHalf<TcpStream>>",
-        write_loop::<OwnedWriteHalf<TcpStream>>,
-        OwnedWriteHalf<TcpStream>,
+        "write_loop<PlainWriter> (only while a backlog)",
+        write_loop::<PlainWriter>,
+        PlainWriter,
         Rc<WsConn>,
         Bytes
     );
@@ -133,6 +110,14 @@ fn research_sizes() {
         TlsWriter,
         Rc<WsConn>,
         Bytes
+    );
+    record_row(
+        "Parked<ClientSession, Held> (boxed in the engine)",
+        size_of::<crate::ws::conn::Parked<ClientSession, Held>>(),
+    );
+    record_row(
+        "Parked<PusherSession, Held> (boxed in the engine)",
+        size_of::<crate::ws::conn::Parked<PusherSession, Held>>(),
     );
     record_row("WsConn (in RcBox: +16)", size_of::<WsConn>());
     record_row("RcBox<WsConn>", size_of::<WsConn>() + 16);
@@ -151,8 +136,10 @@ fn research_sizes() {
     record_row("ids::SocketIdText", size_of::<crate::ids::SocketIdText>());
     record_row("ReadLimits", size_of::<ReadLimits>());
     record_row("FrameBatch", size_of::<FrameBatch>());
-    record_row("monoio TcpStream", size_of::<TcpStream>());
-    record_row("RcBox<UnsafeCell<TcpStream>>", size_of::<TcpStream>() + 16);
+    record_row(
+        "monoio TcpStream (a backlogged writer's waiter)",
+        size_of::<TcpStream>(),
+    );
     record_row("shard::Member", crate::shard::MEMBER_SIZE);
     record_row("queue slot (Bytes, bool)", size_of::<(Bytes, bool)>());
     // The writer's coalescing timer (`write_loop`): boxed, made on the first write

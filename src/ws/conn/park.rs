@@ -10,14 +10,15 @@
 //!
 //! Invariants (with the parent module's): nothing partial stays in the scratch buffer
 //! (a partial frame's tail moves to the record's `pending`, freed when empty); the
-//! record is released from the engine before its socket can close (it holds the read
-//! half, which keeps the descriptor open); `Session::on_end` runs exactly once.
+//! record is released from the engine before its socket can close (the connection
+//! owns the descriptor and the record holds the connection); `Session::on_end` runs
+//! exactly once.
 
 use super::*;
 use crate::engine::{Engine, Ready, Token};
 
 /// What the reader needs that is the same for every connection of a worker.
-pub(crate) struct ReadCtx {
+pub struct ReadCtx {
     pub limits: ReadLimits,
     /// The worker's clock in seconds (`WsConn::touch`).
     pub clock: Box<dyn Fn() -> u32>,
@@ -25,8 +26,6 @@ pub(crate) struct ReadCtx {
 
 /// An idle plaintext reader: the whole state of a connection's read side.
 pub(crate) struct Parked<S: Session, H: 'static> {
-    /// Keeps the socket open (the descriptor is `conn`'s).
-    _rd: OwnedReadHalf<TcpStream>,
     conn: Rc<WsConn>,
     session: S,
     asm: Assembler,
@@ -51,9 +50,8 @@ enum Next {
 /// Start the reader of a plaintext connection in `engine`: the bytes that came with
 /// the upgrade request (`pending`) are processed first. Should the engine refuse the
 /// socket, the connection ends at once (its session too).
-pub(crate) fn start_parked<S: Session + 'static, H: 'static>(
+pub fn start_parked<S: Session + 'static, H: 'static>(
     engine: &Rc<Engine>,
-    rd: OwnedReadHalf<TcpStream>,
     conn: Rc<WsConn>,
     session: S,
     ctx: Rc<ReadCtx>,
@@ -69,12 +67,11 @@ pub(crate) fn start_parked<S: Session + 'static, H: 'static>(
             conn.fd_open.set(false);
             let mut session = session;
             session.on_end(&conn);
-            drop((rd, held));
+            drop(held);
             return;
         }
     };
     let mut p = Box::new(Parked {
-        _rd: rd,
         asm: Assembler::new(ctx.limits.max_fragments),
         conn,
         session,
@@ -106,7 +103,7 @@ impl<S: Session + 'static, H: 'static> Parked<S, H> {
         let mut buf = take_scratch();
         let n = loop {
             // SAFETY: `buf` is a live allocation of `buf.len()` bytes we own; the
-            // descriptor is open (this record holds the read half).
+            // descriptor is open (the connection owns it and `conn` is held).
             let n = unsafe {
                 libc::recv(
                     self.conn.fd,
@@ -248,7 +245,8 @@ impl<S: Session + 'static, H: 'static> Parked<S, H> {
         self.conn.abort();
         self.conn.fd_open.set(false);
         self.session.on_end(&self.conn);
-        // The read half (and with it, once the writer's is gone, the socket) drops here.
+        // The socket closes when the last holder of the connection lets go (its
+        // writer may still be flushing nothing: it was shut down above).
         drop(self);
     }
 }

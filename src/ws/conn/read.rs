@@ -1,7 +1,7 @@
 //! The reader half of a connection: what the protocol layer does with messages
-//! ([`Session`]), the reader's limits, the read side as the reader needs it ([`WsRead`]:
-//! by readiness into the worker's scratch buffer on plaintext, a parked read on TLS) and
-//! the reader task ([`read_loop`]). The invariants are the parent module's: a read is never
+//! ([`Session`]), the reader's limits, the frame processing every reader shares
+//! ([`process`]), the worker's scratch buffer (plaintext readers `recv` into it, see
+//! `park.rs`), and the TLS reader task ([`read_loop`]) over [`WsRead`]. The invariants are the parent module's: a read is never
 //! raced or dropped, a `readable()` poll may be; nothing partial stays in the scratch buffer.
 
 use super::*;
@@ -32,46 +32,18 @@ pub struct ReadLimits {
     pub pause_backlog: usize,
 }
 
-/// What the reader got while no frame was partial ([`WsRead::read_idle`]).
-pub enum Chunk {
-    /// The first `n` bytes of the worker's scratch buffer (plaintext): processed in
-    /// place, then handed back with [`WsRead::recycle`] before the reader awaits again.
-    Scratch(Box<[u8]>, usize),
-    /// A buffer of the connection's own (TLS: rustls hands out plaintext by copy).
-    Owned(Vec<u8>),
-}
-
-impl Chunk {
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        match self {
-            Chunk::Scratch(buf, n) => &mut buf[..*n],
-            Chunk::Owned(buf) => buf.as_mut_slice(),
-        }
-    }
-}
-
-/// The read side of a WebSocket connection, as the reader task needs it: today's
-/// [`AsyncReadRent`] read while a frame is partial (into the connection's pending
-/// buffer), and [`WsRead::read_idle`] while none is. Monomorphised per transport.
+/// The read side of a WebSocket connection as the reader task needs it (TLS; plaintext
+/// readers are parked records, `park.rs`): today's [`AsyncReadRent`] read while a frame
+/// is partial (into the connection's pending buffer), and [`WsRead::read_idle`] while
+/// none is.
 pub trait WsRead: AsyncReadRent {
-    /// Wait for bytes while no frame is partial. An empty chunk is the end of the
-    /// stream. Plaintext parks no buffer while it waits (see the module's invariants).
-    fn read_idle(&mut self) -> impl Future<Output = std::io::Result<Chunk>>;
+    /// Wait for bytes while no frame is partial. An empty buffer is the end of the
+    /// stream.
+    fn read_idle(&mut self) -> impl Future<Output = std::io::Result<Vec<u8>>>;
 
-    /// The plaintext read half, for a reader parked in the worker's engine
-    /// (`park::start_parked`); a transport that cannot park (TLS) gives itself back.
-    fn into_plain(self) -> Result<OwnedReadHalf<TcpStream>, Self>
-    where
-        Self: Sized,
-    {
-        Err(self)
-    }
-
-    /// Take back the chunk [`WsRead::read_idle`] returned, once processed.
-    fn recycle(&mut self, chunk: Chunk) {
-        if let Chunk::Scratch(buf, _) = chunk {
-            put_scratch(buf);
-        }
+    /// Take back the buffer [`WsRead::read_idle`] returned, once processed.
+    fn recycle(&mut self, buf: Vec<u8>) {
+        drop(buf);
     }
 }
 
@@ -93,42 +65,6 @@ pub(super) fn take_scratch() -> Box<[u8]> {
 
 pub(super) fn put_scratch(buf: Box<[u8]>) {
     SCRATCH_BUF.with(|s| s.set(Some(buf)));
-}
-
-/// Plaintext: wait for readiness (a poll, which holds no buffer and may be dropped
-/// safely), then `recv` without blocking into the worker's scratch buffer.
-impl WsRead for OwnedReadHalf<TcpStream> {
-    fn into_plain(self) -> Result<OwnedReadHalf<TcpStream>, Self> {
-        Ok(self)
-    }
-
-    async fn read_idle(&mut self) -> std::io::Result<Chunk> {
-        // SAFETY: the stream is shared with the write half only, in the same thread;
-        // `readable` and `as_raw_fd` read the descriptor and touch no state the
-        // writer's operations change (monoio's own split halves share it the same way).
-        let stream = unsafe { &*self.0.get() };
-        let fd = stream.as_raw_fd();
-        loop {
-            // Not relaxed: the legacy driver confirms readiness with a poll(2), so a
-            // stale edge-triggered readiness bit (our recv bypasses monoio) re-waits.
-            stream.readable(false).await?;
-            let mut buf = take_scratch();
-            // SAFETY: `buf` is a live allocation of `buf.len()` bytes we own; `fd` is
-            // this open stream's socket (the half keeps it open).
-            let n =
-                unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
-            if n >= 0 {
-                return Ok(Chunk::Scratch(buf, n as usize));
-            }
-            let err = std::io::Error::last_os_error();
-            put_scratch(buf);
-            match err.kind() {
-                // A false positive (epoll) or a signal: wait again.
-                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => continue,
-                _ => return Err(err),
-            }
-        }
-    }
 }
 
 /// The reader task: decode frames, run the session, answer pings and closes. Returns
@@ -168,7 +104,7 @@ pub async fn read_loop<S: Session, R: WsRead>(
             };
             // From here to `recycle` nothing awaits: the scratch buffer is lent only
             // for this synchronous pass.
-            let data = chunk.bytes_mut();
+            let data = chunk.as_mut_slice();
             if data.is_empty() {
                 rd.recycle(chunk);
                 break;

@@ -7,7 +7,8 @@
 use super::*;
 
 /// Frames handed to the stream in one write, with their iovecs (built only by the
-/// plaintext writer; TLS hands the frames to rustls as slices).
+/// plaintext writer for a batch of more than one frame; TLS hands the frames to rustls
+/// as slices).
 #[derive(Default)]
 pub struct FrameBatch {
     pub(super) bufs: Vec<Bytes>,
@@ -46,19 +47,6 @@ impl FrameBatch {
     }
 }
 
-// SAFETY: the iovecs point into the `Bytes` held in `bufs`, which are neither moved nor
-// mutated while the runtime owns the batch (the struct is only touched again after the
-// operation returns it), so every pointer stays valid for the operation's lifetime.
-unsafe impl IoVecBuf for FrameBatch {
-    fn read_iovec_ptr(&self) -> *const libc::iovec {
-        self.iov.as_ptr()
-    }
-
-    fn read_iovec_len(&self) -> usize {
-        self.iov.len()
-    }
-}
-
 /// The write side of a WebSocket connection, as the writer task needs it.
 ///
 /// `write_frames` hands the front of the batch to the stream and returns how many bytes
@@ -69,10 +57,6 @@ pub trait FrameWrite: Sized {
     /// The writer task runs only while there is a backlog; frames otherwise go by direct
     /// send (plaintext). `false`: a resident writer (TLS: rustls' state lives in it).
     const ON_DEMAND: bool = false;
-    /// An on-demand writer going idle hands its half back to the connection.
-    fn park(self, conn: &WsConn) {
-        let _ = conn;
-    }
     fn write_frames(
         &mut self,
         batch: FrameBatch,
@@ -80,30 +64,88 @@ pub trait FrameWrite: Sized {
     fn close_write(&mut self) -> impl Future<Output = std::io::Result<()>>;
 }
 
-/// Plaintext: one `writev` per batch, straight from the shared frames (no copy); the
-/// writer exists only while there is a backlog.
-impl FrameWrite for OwnedWriteHalf<TcpStream> {
-    const ON_DEMAND: bool = true;
+/// Plaintext: the connection's socket, written without blocking (`sendmsg` with
+/// `MSG_DONTWAIT`, straight from the shared frames, one call per batch). Only when the
+/// kernel's buffer is full does it wait, for writability, through a monoio stream over
+/// a duplicate of the socket made then (and closed with the writer): a writer that never
+/// meets a full buffer (coalesced bursts) costs no monoio operation and no descriptor.
+/// It does not own the socket (the connection does).
+pub struct PlainWriter {
+    fd: RawFd,
+    waiter: Option<TcpStream>,
+}
 
-    fn park(self, conn: &WsConn) {
-        // Not dropped: dropping a monoio write half shuts the socket's sending side.
-        conn.parked.set(Some(self));
+impl PlainWriter {
+    pub fn new(fd: RawFd) -> PlainWriter {
+        PlainWriter { fd, waiter: None }
     }
 
-    async fn write_frames(&mut self, mut batch: FrameBatch) -> BufResult<usize, FrameBatch> {
-        if batch.bufs.len() == 1 {
-            // One frame (the usual fan-out case): a plain send, no iovec to build or
-            // for the kernel to import. The clone is a reference count.
-            let frame = batch.bufs[0].clone();
-            let (res, _) = self.write(frame).await;
-            return (res, batch);
+    /// Wait until the socket takes bytes again.
+    async fn writable(&mut self) -> std::io::Result<()> {
+        if self.waiter.is_none() {
+            // SAFETY: plain syscall on the connection's open socket; checked below.
+            let dup = unsafe { libc::fcntl(self.fd, libc::F_DUPFD_CLOEXEC, 0) };
+            if dup < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // SAFETY: `dup` is fresh and owned by nothing else; monoio owns it now.
+            let std = unsafe { std::net::TcpStream::from_raw_fd(dup) };
+            self.waiter = Some(TcpStream::from_std(std)?);
         }
-        batch.rebuild();
-        self.writev(batch).await
+        match &self.waiter {
+            // Not relaxed: the legacy driver confirms with poll(2) (our sends bypass it).
+            Some(w) => w.writable(false).await,
+            None => Ok(()),
+        }
+    }
+}
+
+impl FrameWrite for PlainWriter {
+    const ON_DEMAND: bool = true;
+
+    async fn write_frames(&mut self, mut batch: FrameBatch) -> BufResult<usize, FrameBatch> {
+        let single = batch.bufs.len() == 1;
+        if !single {
+            batch.rebuild();
+        }
+        loop {
+            const FLAGS: libc::c_int = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
+            // SAFETY: the frame, or the iovecs (built just above from the batch's
+            // frames), are alive for the call; the descriptor is the connection's open
+            // socket (the writer holds the connection, which owns it).
+            let n = unsafe {
+                if single {
+                    let f = &batch.bufs[0];
+                    libc::send(self.fd, f.as_ptr().cast(), f.len(), FLAGS)
+                } else {
+                    let mut msg: libc::msghdr = std::mem::zeroed();
+                    msg.msg_iov = batch.iov.as_mut_ptr();
+                    msg.msg_iovlen = batch.iov.len() as _;
+                    libc::sendmsg(self.fd, &msg, FLAGS)
+                }
+            };
+            if n >= 0 {
+                return (Ok(n as usize), batch);
+            }
+            let err = std::io::Error::last_os_error();
+            match err.kind() {
+                std::io::ErrorKind::Interrupted => continue,
+                std::io::ErrorKind::WouldBlock => {
+                    if let Err(e) = self.writable().await {
+                        return (Err(e), batch);
+                    }
+                }
+                _ => return (Err(err), batch),
+            }
+        }
     }
 
     async fn close_write(&mut self) -> std::io::Result<()> {
-        self.shutdown().await
+        // SAFETY: plain syscall on the connection's open socket.
+        if unsafe { libc::shutdown(self.fd, libc::SHUT_WR) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
     }
 }
 
@@ -143,7 +185,7 @@ pub async fn write_loop<W: FrameWrite>(mut wr: W, conn: Rc<WsConn>, preamble: By
                 // fan-out sends directly, and the next backlog starts a new writer.
                 drop(conn.writer.take());
                 conn.writer_live.set(false);
-                wr.park(&conn);
+                drop(wr);
                 return;
             }
         }
