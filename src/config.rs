@@ -593,6 +593,15 @@ impl Config {
                 return bad(name, &value, "an integer greater than 0");
             }
         }
+        // Kept in `u32`s in every connection's record (`ws::conn`, `ws::message`).
+        for (name, value) in [
+            ("max_frame_bytes", self.max_frame_bytes),
+            ("send_backlog_bytes", self.send_backlog_bytes),
+        ] {
+            if value > u32::MAX as usize {
+                return bad(name, &value, "at most 4294967295 (4 GiB)");
+            }
+        }
         if self.mailbox_high_water_pct == 0 || self.mailbox_high_water_pct > 100 {
             return bad(
                 "mailbox_high_water_pct",

@@ -153,14 +153,15 @@ pub struct WsConn {
     pub id: u64,
     fd: RawFd,
     fd_open: Cell<bool>,
-    backlog_limit: usize,
+    /// `send_backlog_bytes` (at most 4 GiB: a `u32` keeps the record small).
+    backlog_limit: u32,
     /// Queued frames, each with whether it is this connection's own (a reply, a pong:
     /// charged in full to the worker's [`WorkerBacklog`]) or a broadcast shared with
     /// other subscribers (charged only its queue slot there).
     queue: RefCell<VecDeque<(Bytes, bool)>>,
     queued_bytes: Cell<usize>,
     /// The worker's budget of queued bytes, once attached ([`WsConn::attach_budget`]).
-    budget: RefCell<Option<Rc<WorkerBacklog>>>,
+    budget: std::cell::OnceCell<Rc<WorkerBacklog>>,
     /// What this connection has charged to `budget`.
     charged: Cell<usize>,
     state: Cell<State>,
@@ -195,10 +196,10 @@ impl WsConn {
             id,
             fd,
             fd_open: Cell::new(true),
-            backlog_limit,
+            backlog_limit: u32::try_from(backlog_limit).unwrap_or(u32::MAX),
             queue: RefCell::new(VecDeque::new()),
             queued_bytes: Cell::new(0),
-            budget: RefCell::new(None),
+            budget: std::cell::OnceCell::new(),
             charged: Cell::new(0),
             state: Cell::new(State::Open),
             close_code: Cell::new(0),
@@ -266,18 +267,19 @@ impl WsConn {
 
     /// Count this connection's queue against the worker's budget from now on.
     pub fn attach_budget(&self, budget: Rc<WorkerBacklog>) {
-        *self.budget.borrow_mut() = Some(budget);
+        // Attached once, at registration (a second attach is ignored).
+        let _ = self.budget.set(budget);
     }
 
     fn charge(&self, n: usize) {
-        if let Some(b) = &*self.budget.borrow() {
+        if let Some(b) = self.budget.get() {
             self.charged.set(self.charged.get() + n);
             b.add(n);
         }
     }
 
     fn uncharge(&self, n: usize) {
-        if let Some(b) = &*self.budget.borrow() {
+        if let Some(b) = self.budget.get() {
             let n = n.min(self.charged.get());
             self.charged.set(self.charged.get() - n);
             b.sub(n);
@@ -302,7 +304,7 @@ impl WsConn {
         if self.state.get() != State::Open {
             return false;
         }
-        if self.queued_bytes.get() + frame.len() + QUEUE_SLOT_COST > self.backlog_limit {
+        if self.queued_bytes.get() + frame.len() + QUEUE_SLOT_COST > self.backlog_limit() {
             self.close(Disconnect::SLOW_CONSUMER);
             crate::metrics::with(|m| m.slow_consumer_close());
             return false;
@@ -446,7 +448,7 @@ impl WsConn {
 
     /// The backlog bound (`send_backlog_bytes`) in the bytes [`WsConn::send`] counts.
     pub fn backlog_limit(&self) -> usize {
-        self.backlog_limit
+        self.backlog_limit as usize
     }
 
     /// What queuing `frame` counts against the backlog.

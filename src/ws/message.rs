@@ -37,13 +37,14 @@ pub enum Incoming<'a> {
 pub struct Assembler {
     opcode: Option<Opcode>,
     parts: Vec<u8>,
-    /// Frames of the message being collected, the first one included.
-    fragments: usize,
+    /// Frames of the message being collected, the first one included. (`u32`s: the
+    /// assembler lives in every parked connection's record.)
+    fragments: u32,
     /// Most frames one message may come in.
-    max_fragments: usize,
+    max_fragments: u32,
     /// Text only: `parts[..valid_to]` is known to be valid UTF-8; what follows it is an
     /// incomplete sequence of at most 3 bytes, to be finished by the next fragment.
-    valid_to: usize,
+    valid_to: u32,
 }
 
 impl Default for Assembler {
@@ -59,7 +60,7 @@ impl Assembler {
             opcode: None,
             parts: Vec::new(),
             fragments: 0,
-            max_fragments: max_fragments.max(1),
+            max_fragments: u32::try_from(max_fragments).unwrap_or(u32::MAX).max(1),
             valid_to: 0,
         }
     }
@@ -127,7 +128,7 @@ impl Assembler {
     /// final one already decides that the message cannot fit, so it fails right there.
     fn count_fragment(&mut self, fin: bool) -> Result<(), Disconnect> {
         self.fragments += 1;
-        if self.fragments + usize::from(!fin) > self.max_fragments {
+        if self.fragments + u32::from(!fin) > self.max_fragments {
             return Err(Disconnect::TOO_MANY_FRAGMENTS);
         }
         Ok(())
@@ -140,13 +141,13 @@ impl Assembler {
         if self.opcode != Some(Opcode::Text) {
             return Ok(());
         }
-        match std::str::from_utf8(&self.parts[self.valid_to..]) {
+        match std::str::from_utf8(&self.parts[self.valid_to as usize..]) {
             Ok(_) => {
-                self.valid_to = self.parts.len();
+                self.valid_to = self.parts.len() as u32;
                 Ok(())
             }
             Err(e) if e.error_len().is_none() && !fin => {
-                self.valid_to += e.valid_up_to();
+                self.valid_to += e.valid_up_to() as u32;
                 Ok(())
             }
             Err(_) => Err(Disconnect::INVALID_UTF8),

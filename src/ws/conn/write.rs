@@ -185,6 +185,9 @@ pub async fn write_loop<W: FrameWrite>(mut wr: W, conn: Rc<WsConn>, preamble: By
                 // fan-out sends directly, and the next backlog starts a new writer.
                 drop(conn.writer.take());
                 conn.writer_live.set(false);
+                // The queue is empty: give its allocation back, so an idle connection
+                // holds none (the next backlog makes a new one).
+                *conn.queue.borrow_mut() = VecDeque::new();
                 drop(wr);
                 return;
             }
