@@ -24,6 +24,7 @@
 //! stops accepting, closes its WebSockets with 1001, and the process exits 0 within
 //! `shutdown_grace_ms` plus one second.
 
+mod alloc;
 pub(crate) mod fault;
 pub(crate) mod metrics_http;
 pub(crate) mod worker;
