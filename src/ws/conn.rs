@@ -44,7 +44,6 @@
 //!   shut down whether or not the peer answered.
 
 use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::pin::Pin;
@@ -64,11 +63,13 @@ use crate::close::code::SLOW_CONSUMER;
 use crate::close::{Dialect, Disconnect};
 
 mod park;
+mod queue;
 mod read;
 mod write;
 #[cfg(test)]
 pub(crate) use park::Parked;
 pub use park::{start_parked, ReadCtx};
+use queue::Queue;
 pub(crate) use read::WsRead;
 use read::{contains_close, has_frame, process, process_vec, put_scratch, take_scratch};
 pub use read::{read_loop, ReadLimits, Session};
@@ -158,7 +159,7 @@ pub struct WsConn {
     /// Queued frames, each with whether it is this connection's own (a reply, a pong:
     /// charged in full to the worker's [`WorkerBacklog`]) or a broadcast shared with
     /// other subscribers (charged only its queue slot there).
-    queue: RefCell<VecDeque<(Bytes, bool)>>,
+    queue: RefCell<Queue>,
     queued_bytes: Cell<usize>,
     /// The worker's budget of queued bytes, once attached ([`WsConn::attach_budget`]).
     budget: std::cell::OnceCell<Rc<WorkerBacklog>>,
@@ -197,7 +198,7 @@ impl WsConn {
             fd,
             fd_open: Cell::new(true),
             backlog_limit: u32::try_from(backlog_limit).unwrap_or(u32::MAX),
-            queue: RefCell::new(VecDeque::new()),
+            queue: RefCell::new(Queue::default()),
             queued_bytes: Cell::new(0),
             budget: std::cell::OnceCell::new(),
             charged: Cell::new(0),
@@ -262,7 +263,12 @@ impl WsConn {
     pub fn take_queued(&self) -> Vec<Bytes> {
         self.queued_bytes.set(0);
         self.uncharge(self.charged.get());
-        self.queue.borrow_mut().drain(..).map(|(f, _)| f).collect()
+        self.queue
+            .borrow_mut()
+            .take_all()
+            .into_iter()
+            .map(|(f, _)| f)
+            .collect()
     }
 
     /// Count this connection's queue against the worker's budget from now on.
@@ -342,11 +348,6 @@ impl WsConn {
         let total = self.queued_bytes.get() + cost;
         let mut q = self.queue.borrow_mut();
         let was_empty = q.is_empty();
-        if q.capacity() == 0 {
-            // A connection with a backlog mostly holds one frame: start with room for
-            // one instead of the default four.
-            q.reserve_exact(1);
-        }
         q.push_back((frame, own));
         self.queued_bytes.set(total);
         drop(q);
@@ -467,9 +468,8 @@ impl WsConn {
         let why = self.dialect.translate(why);
         let mut q = self.queue.borrow_mut();
         if code == SLOW_CONSUMER {
+            // The queue's memory goes at once: a slow consumer's backlog may be large.
             q.clear();
-            // Release the queue's memory at once: a slow consumer's backlog may be large.
-            q.shrink_to_fit();
             self.queued_bytes.set(0);
             drop(q);
             self.uncharge(self.charged.get());

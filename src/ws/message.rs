@@ -32,16 +32,24 @@ pub enum Incoming<'a> {
     Close(u16),
 }
 
-/// A fragmented message being collected.
+/// The reassembly state of a connection: nothing but the fragment limit until a
+/// fragmented message starts (it lives in every parked connection's record, and most
+/// connections never fragment), then the message being collected, boxed.
 #[derive(Debug)]
 pub struct Assembler {
-    opcode: Option<Opcode>,
-    parts: Vec<u8>,
-    /// Frames of the message being collected, the first one included. (`u32`s: the
-    /// assembler lives in every parked connection's record.)
-    fragments: u32,
+    partial: Option<Box<Partial>>,
     /// Most frames one message may come in.
     max_fragments: u32,
+}
+
+/// A fragmented message being collected.
+#[derive(Debug)]
+struct Partial {
+    /// `None` once the message is complete (until [`Assembler::release`]).
+    opcode: Option<Opcode>,
+    parts: Vec<u8>,
+    /// Frames of the message being collected, the first one included.
+    fragments: u32,
     /// Text only: `parts[..valid_to]` is known to be valid UTF-8; what follows it is an
     /// incomplete sequence of at most 3 bytes, to be finished by the next fragment.
     valid_to: u32,
@@ -57,11 +65,8 @@ impl Assembler {
     /// An assembler refusing messages of more than `max_fragments` frames (at least 1).
     pub fn new(max_fragments: usize) -> Assembler {
         Assembler {
-            opcode: None,
-            parts: Vec::new(),
-            fragments: 0,
+            partial: None,
             max_fragments: u32::try_from(max_fragments).unwrap_or(u32::MAX).max(1),
-            valid_to: 0,
         }
     }
 
@@ -73,12 +78,13 @@ impl Assembler {
         payload: &'a mut [u8],
         max_message: usize,
     ) -> Result<Incoming<'a>, Disconnect> {
+        let max_fragments = self.max_fragments;
         match opcode {
             Opcode::Ping => Ok(Incoming::Ping(payload)),
             Opcode::Pong => Ok(Incoming::Pong),
             Opcode::Close => close_code(payload).map(Incoming::Close),
             Opcode::Text | Opcode::Binary => {
-                if self.opcode.is_some() {
+                if self.collecting() {
                     return Err(Disconnect::INTERLEAVED_MESSAGE);
                 }
                 if fin {
@@ -87,48 +93,72 @@ impl Assembler {
                     }
                     return Ok(Incoming::Message(opcode, payload));
                 }
-                self.fragments = 0;
-                self.count_fragment(false)?;
-                self.opcode = Some(opcode);
-                self.valid_to = 0;
-                self.parts.clear();
-                self.parts.extend_from_slice(payload);
-                self.check_text(false)?;
+                let p = self.partial.get_or_insert_with(|| {
+                    Box::new(Partial {
+                        opcode: None,
+                        parts: Vec::new(),
+                        fragments: 0,
+                        valid_to: 0,
+                    })
+                });
+                p.fragments = 0;
+                p.count_fragment(false, max_fragments)?;
+                p.opcode = Some(opcode);
+                p.valid_to = 0;
+                p.parts.clear();
+                p.parts.extend_from_slice(payload);
+                p.check_text(false)?;
                 Ok(Incoming::None)
             }
             Opcode::Continuation => {
-                let Some(op) = self.opcode else {
+                let Some(p) = self.partial.as_mut() else {
                     return Err(Disconnect::ORPHAN_CONTINUATION);
                 };
-                if self.parts.len() + payload.len() > max_message {
+                let Some(op) = p.opcode else {
+                    return Err(Disconnect::ORPHAN_CONTINUATION);
+                };
+                if p.parts.len() + payload.len() > max_message {
                     return Err(Disconnect::MESSAGE_TOO_LARGE);
                 }
-                self.count_fragment(fin)?;
-                self.parts.extend_from_slice(payload);
-                self.check_text(fin)?;
+                p.count_fragment(fin, max_fragments)?;
+                p.parts.extend_from_slice(payload);
+                p.check_text(fin)?;
                 if !fin {
                     return Ok(Incoming::None);
                 }
-                self.opcode = None;
-                Ok(Incoming::Message(op, &mut self.parts))
+                p.opcode = None;
+                Ok(Incoming::Message(op, &mut p.parts))
             }
         }
     }
 
+    /// Whether a fragmented message is being collected.
+    fn collecting(&self) -> bool {
+        self.partial.as_ref().is_some_and(|p| p.opcode.is_some())
+    }
+
     /// Give back the memory of a reassembled message once it has been handled, so a
-    /// connection that once sent a large fragmented message does not keep its buffer.
+    /// connection that once sent a fragmented message keeps nothing of it.
     pub fn release(&mut self) {
-        if self.opcode.is_none() && self.parts.capacity() > 1024 {
-            self.parts = Vec::new();
+        if !self.collecting() {
+            self.partial = None;
         }
     }
 
+    /// Text only: how much of the message being collected is known valid UTF-8.
+    #[cfg(test)]
+    fn valid_to(&self) -> usize {
+        self.partial.as_ref().map_or(0, |p| p.valid_to as usize)
+    }
+}
+
+impl Partial {
     /// Count one more frame of the message being collected (empty ones too). A message
     /// may take `max_fragments` frames: a non-final frame that leaves no room for the
     /// final one already decides that the message cannot fit, so it fails right there.
-    fn count_fragment(&mut self, fin: bool) -> Result<(), Disconnect> {
+    fn count_fragment(&mut self, fin: bool, max_fragments: u32) -> Result<(), Disconnect> {
         self.fragments += 1;
-        if self.fragments + u32::from(!fin) > self.max_fragments {
+        if self.fragments + u32::from(!fin) > max_fragments {
             return Err(Disconnect::TOO_MANY_FRAGMENTS);
         }
         Ok(())
@@ -272,18 +302,18 @@ mod tests {
         first.extend_from_slice(&[0xF0, 0x9F]); // half of U+1F600
         a.push(Opcode::Text, false, &mut first, 1 << 20).unwrap();
         // The valid prefix is remembered; only the incomplete tail is left to check.
-        assert_eq!(a.valid_to, 16_000);
+        assert_eq!(a.valid_to(), 16_000);
         for _ in 0..10 {
             a.push(Opcode::Continuation, false, &mut [], 1 << 20)
                 .unwrap();
-            assert_eq!(a.valid_to, 16_000);
+            assert_eq!(a.valid_to(), 16_000);
         }
         a.push(Opcode::Continuation, false, &mut [0x98], 1 << 20)
             .unwrap();
-        assert_eq!(a.valid_to, 16_000);
+        assert_eq!(a.valid_to(), 16_000);
         a.push(Opcode::Continuation, false, &mut [0x80, b'!'], 1 << 20)
             .unwrap();
-        assert_eq!(a.valid_to, 16_005);
+        assert_eq!(a.valid_to(), 16_005);
     }
 
     #[test]

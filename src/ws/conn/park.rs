@@ -29,8 +29,9 @@ pub(crate) struct Parked<S: Session, H: 'static> {
     conn: Rc<WsConn>,
     session: S,
     asm: Assembler,
-    /// A partial frame, or frames held back by back-pressure (empty: no allocation).
-    pending: Vec<u8>,
+    /// A partial frame, or frames held back by back-pressure (`None` while there is
+    /// none: an idle record holds one pointer for it).
+    pending: Option<Box<Vec<u8>>>,
     ctx: Rc<ReadCtx>,
     token: Token,
     /// What lives exactly as long as the reader (admission and per-project slots).
@@ -75,12 +76,12 @@ pub fn start_parked<S: Session + 'static, H: 'static>(
         asm: Assembler::new(ctx.limits.max_fragments),
         conn,
         session,
-        pending,
+        pending: (!pending.is_empty()).then(|| Box::new(pending)),
         ctx,
         token,
         _held: held,
     });
-    let next = if p.pending.is_empty() {
+    let next = if p.pending.is_none() {
         Next::Park
     } else if p.process_pending() {
         p.after()
@@ -142,18 +143,22 @@ impl<S: Session + 'static, H: 'static> Parked<S, H> {
             } else {
                 Next::Park
             }
-        } else if self.pending.is_empty() {
+        } else if self.pending.is_none() {
             let (used, keep) = process(&self.conn, &mut self.session, &mut self.asm, data, limits);
             // A partial frame, or frames held back by back-pressure, move to the
             // record's own buffer: the scratch buffer is the worker's.
-            self.pending.extend_from_slice(&data[used..]);
+            if used < data.len() {
+                self.pending = Some(Box::new(data[used..].to_vec()));
+            }
             if keep {
                 self.after()
             } else {
                 Next::Finish
             }
         } else {
-            self.pending.extend_from_slice(data);
+            if let Some(p) = self.pending.as_mut() {
+                p.extend_from_slice(data);
+            }
             if self.process_pending() {
                 self.after()
             } else {
@@ -166,15 +171,18 @@ impl<S: Session + 'static, H: 'static> Parked<S, H> {
 
     /// Handle the complete frames in `pending`; `false` when reading should stop.
     fn process_pending(&mut self) -> bool {
+        let Some(pending) = self.pending.as_mut() else {
+            return true;
+        };
         let keep = process_vec(
             &self.conn,
             &mut self.session,
             &mut self.asm,
-            &mut self.pending,
+            pending,
             self.ctx.limits,
         );
-        if self.pending.is_empty() && self.pending.capacity() > 0 {
-            self.pending = Vec::new();
+        if pending.is_empty() {
+            self.pending = None;
         }
         keep
     }
@@ -184,7 +192,7 @@ impl<S: Session + 'static, H: 'static> Parked<S, H> {
         if self.conn.state.get() == State::Done {
             return Next::Finish;
         }
-        let stalled = !self.pending.is_empty() && has_frame(&self.pending);
+        let stalled = self.pending.as_ref().is_some_and(|p| has_frame(p));
         if self.conn.is_open()
             && (stalled || self.conn.queued_bytes() > self.ctx.limits.pause_backlog)
         {
@@ -213,7 +221,7 @@ impl<S: Session + 'static, H: 'static> Parked<S, H> {
     async fn paused(mut self: Box<Self>, engine: Rc<Engine>) {
         loop {
             self.conn.wait_drained(self.ctx.limits.pause_backlog).await;
-            if self.conn.is_open() && !self.pending.is_empty() && !self.process_pending() {
+            if self.conn.is_open() && self.pending.is_some() && !self.process_pending() {
                 self.finish(&engine);
                 return;
             }

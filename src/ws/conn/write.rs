@@ -187,7 +187,7 @@ pub async fn write_loop<W: FrameWrite>(mut wr: W, conn: Rc<WsConn>, preamble: By
                 conn.writer_live.set(false);
                 // The queue is empty: give its allocation back, so an idle connection
                 // holds none (the next backlog makes a new one).
-                *conn.queue.borrow_mut() = VecDeque::new();
+                conn.queue.borrow_mut().release();
                 drop(wr);
                 return;
             }
