@@ -31,6 +31,8 @@ pub(crate) struct Parked<S: Session, H: 'static> {
     asm: Assembler,
     /// A partial frame, or frames held back by back-pressure (`None` while there is
     /// none: an idle record holds one pointer for it).
+    // Boxed on purpose: 8 bytes in every idle record instead of a 24-byte `Vec`.
+    #[allow(clippy::box_collection)]
     pending: Option<Box<Vec<u8>>>,
     ctx: Rc<ReadCtx>,
     token: Token,

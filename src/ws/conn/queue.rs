@@ -7,6 +7,8 @@ use std::collections::VecDeque;
 use bytes::Bytes;
 
 /// Frames queued for the writer, each with whether it is the connection's own.
+// Boxed on purpose: 8 bytes in every connection instead of a 32-byte `VecDeque`.
+#[allow(clippy::box_collection)]
 #[derive(Default)]
 pub(super) struct Queue(Option<Box<VecDeque<(Bytes, bool)>>>);
 
