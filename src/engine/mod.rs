@@ -80,6 +80,8 @@ pub struct Engine {
     /// worker's peak of connections).
     free: RefCell<Vec<u32>>,
     live: Cell<usize>,
+    /// Registrations so far (the allocator upkeep tells a connection storm by it).
+    registered: Cell<u64>,
 }
 
 thread_local! {
@@ -100,6 +102,7 @@ pub fn install() -> io::Result<Rc<Engine>> {
         slots: RefCell::new(Vec::new()),
         free: RefCell::new(Vec::new()),
         live: Cell::new(0),
+        registered: Cell::new(0),
     });
     ENGINE.with(|e| *e.borrow_mut() = Some(engine.clone()));
     monoio::spawn(run(engine.clone()));
@@ -137,16 +140,14 @@ impl Engine {
         }
         slot.armed = true;
         self.live.set(self.live.get() + 1);
+        self.registered.set(self.registered.get() + 1);
         Ok(token)
     }
 
     /// Put a record back in its slot, its socket armed.
     pub fn park(&self, token: Token, fd: RawFd, record: Box<dyn Ready>) {
         let mut slots = self.slots.borrow_mut();
-        let Some(slot) = slots
-            .get_mut(token.index())
-            .filter(|s| s.gen == token.gen())
-        else {
+        let Some(slot) = live_slot(&mut slots, token) else {
             return;
         };
         if !slot.armed {
@@ -165,10 +166,7 @@ impl Engine {
     /// again (it would otherwise be reported on every pass while it has unread bytes).
     pub fn hold(&self, token: Token, fd: RawFd) {
         let mut slots = self.slots.borrow_mut();
-        let Some(slot) = slots
-            .get_mut(token.index())
-            .filter(|s| s.gen == token.gen())
-        else {
+        let Some(slot) = live_slot(&mut slots, token) else {
             return;
         };
         if slot.armed {
@@ -181,10 +179,7 @@ impl Engine {
     /// the slot for reuse under a new generation.
     pub fn release(&self, token: Token, fd: RawFd) {
         let mut slots = self.slots.borrow_mut();
-        let Some(slot) = slots
-            .get_mut(token.index())
-            .filter(|s| s.gen == token.gen())
-        else {
+        let Some(slot) = live_slot(&mut slots, token) else {
             return;
         };
         let _ = self.ctl(libc::EPOLL_CTL_DEL, fd, 0, token);
@@ -196,6 +191,11 @@ impl Engine {
         drop(parked);
         self.free.borrow_mut().push(token.index() as u32);
         self.live.set(self.live.get() - 1);
+    }
+
+    /// Connections registered so far (ever).
+    pub fn registered(&self) -> u64 {
+        self.registered.get()
     }
 
     /// Connections registered now.
@@ -235,13 +235,8 @@ impl Engine {
         }
         for ev in &events[..n as usize] {
             let token = Token(ev.u64);
-            let record = {
-                let mut slots = self.slots.borrow_mut();
-                match slots.get_mut(token.index()) {
-                    Some(slot) if slot.gen == token.gen() => slot.parked.take(),
-                    _ => None,
-                }
-            };
+            let record =
+                live_slot(&mut self.slots.borrow_mut(), token).and_then(|s| s.parked.take());
             // `None`: released since the event was collected, or in a task's hands.
             if let Some(record) = record {
                 record.ready(self);
@@ -249,6 +244,13 @@ impl Engine {
         }
         n as usize
     }
+}
+
+/// The slot `token` names, unless it was released since (a stale generation).
+fn live_slot(slots: &mut [Slot], token: Token) -> Option<&mut Slot> {
+    slots
+        .get_mut(token.index())
+        .filter(|s| s.gen == token.gen())
 }
 
 /// Readiness a parked connection waits for: bytes, the peer's hang-up, errors (the

@@ -7,7 +7,8 @@
 //! usual state of a large fleet) would keep them indefinitely. Every period the worker
 //! runs `mi_collect(false)` (the purges that are due; pages in use are not touched; a
 //! walk of the heap's page queues: microseconds). Once a storm is over (WebSockets were
-//! opened in the last period, none in this one), it runs `mi_collect(true)`: every
+//! opened in the last period, none in this one; counted by the worker's connection
+//! engine), it runs `mi_collect(true)`: every
 //! free page goes back at once. Never forced while connections keep arriving, so a busy
 //! worker does not give back pages it is about to reuse.
 //!
@@ -17,7 +18,7 @@
 use std::rc::Rc;
 use std::time::Duration;
 
-use crate::shard::Shard;
+use crate::engine::Engine;
 
 /// How often a worker returns freed pages.
 pub(crate) const PERIOD: Duration = Duration::from_secs(1);
@@ -28,14 +29,14 @@ extern "C" {
 }
 
 /// The worker's allocator upkeep task.
-pub(crate) async fn upkeep(shard: Rc<Shard>) {
+pub(crate) async fn upkeep(engine: Rc<Engine>) {
     // Keeps the mimalloc crate (and its C library) linked into every binary.
     let _ = std::mem::size_of::<mimalloc::MiMalloc>();
-    let mut seen = shard.opened();
+    let mut seen = engine.registered();
     let mut storm = false;
     loop {
         monoio::time::sleep(PERIOD).await;
-        let opened = shard.opened();
+        let opened = engine.registered();
         let force = storm && opened == seen;
         storm = opened != seen;
         seen = opened;

@@ -157,9 +157,9 @@ pub(crate) fn run(setup: WorkerSetup) -> std::io::Result<()> {
             monoio::spawn(history_sweep(svc.node.history.clone()));
         }
         monoio::spawn(svc.expiry.clone().run());
-        monoio::spawn(super::alloc::upkeep(shard.clone()));
         // Idle plaintext WebSockets park here (no task each): see `crate::engine`.
-        crate::engine::install()?;
+        let engine = crate::engine::install()?;
+        monoio::spawn(super::alloc::upkeep(engine));
         if index == 0 && fault.in_worker().await {
             return Err(std::io::Error::other("fault injected: worker exit"));
         }

@@ -420,11 +420,6 @@ impl Shard {
         id
     }
 
-    /// WebSockets opened on this worker so far (the last id handed out).
-    pub(crate) fn opened(&self) -> u64 {
-        self.next_conn.get()
-    }
-
     /// Whether this worker may take one more subscription (`max_subscriptions_per_worker`).
     pub(crate) fn subscriptions_full(&self) -> bool {
         self.subscriptions.get() >= self.max_subscriptions
