@@ -17,8 +17,9 @@
 //! - A record is either in its slot (parked: its socket is armed, level-triggered) or
 //!   held by whoever took it out (the engine during its turn, or a task of its own while
 //!   it waits for something other than its socket: back-pressure, a close handshake).
-//!   Taking it out to a task disarms the socket ([`Engine::hold`]), so a socket with
-//!   unread bytes does not report itself in a loop; parking it again re-arms it.
+//!   Taking it out to a task unregisters the socket ([`Engine::hold`]), so a socket
+//!   with unread bytes (or hung up: reported whatever the mask) does not report itself
+//!   in a loop; parking it again registers it again.
 //! - Level-triggered: a record may read only part of what is waiting; the rest is
 //!   reported again on the next pass. Nothing is lost if a turn stops early.
 //! - A turn never blocks and never awaits: it runs inside the engine's pass. What must
@@ -116,7 +117,8 @@ pub(crate) fn current() -> Option<Rc<Engine>> {
 
 impl Engine {
     /// Register `fd` for readiness and reserve a slot for its record (not parked yet:
-    /// events before [`Engine::park`] find the slot empty and wait for the next pass).
+    /// events before [`Engine::park`] find the slot empty; level-triggered, they are
+    /// reported again on the next pass).
     pub fn register(&self, fd: RawFd) -> io::Result<Token> {
         let mut slots = self.slots.borrow_mut();
         let index = match self.free.borrow_mut().pop() {
@@ -144,22 +146,27 @@ impl Engine {
         Ok(token)
     }
 
-    /// Put a record back in its slot, its socket armed.
-    pub fn park(&self, token: Token, fd: RawFd, record: Box<dyn Ready>) {
+    /// Register the socket again after [`Engine::hold`] (a no-op while registered).
+    /// Call before [`Engine::park`]; on an error the record must end instead (it would
+    /// never be woken).
+    pub fn arm(&self, token: Token, fd: RawFd) -> io::Result<()> {
         let mut slots = self.slots.borrow_mut();
         let Some(slot) = live_slot(&mut slots, token) else {
-            return;
+            return Ok(());
         };
         if !slot.armed {
-            // A failure leaves the record parked but deaf: it still ends when the
-            // connection is aborted (the socket is shut down by then... and reported
-            // only if armed), so say it loudly; it cannot happen for a live socket.
-            if let Err(e) = self.ctl(libc::EPOLL_CTL_MOD, fd, READ, token) {
-                tracing::warn!("engine: re-arming a connection failed: {e}");
-            }
+            self.ctl(libc::EPOLL_CTL_ADD, fd, READ, token)?;
             slot.armed = true;
         }
-        slot.parked = Some(record);
+        Ok(())
+    }
+
+    /// Put a record back in its slot (its socket registered: see [`Engine::arm`]).
+    pub fn park(&self, token: Token, record: Box<dyn Ready>) {
+        let mut slots = self.slots.borrow_mut();
+        if let Some(slot) = live_slot(&mut slots, token) {
+            slot.parked = Some(record);
+        }
     }
 
     /// The record leaves for a task of its own: its socket is disarmed until it parks
@@ -170,7 +177,9 @@ impl Engine {
             return;
         };
         if slot.armed {
-            let _ = self.ctl(libc::EPOLL_CTL_MOD, fd, 0, token);
+            // Removed, not disarmed: a hang-up or an error is reported even with no
+            // events asked for, and level-triggered it would be reported every pass.
+            let _ = self.ctl(libc::EPOLL_CTL_DEL, fd, 0, token);
             slot.armed = false;
         }
     }
@@ -182,7 +191,9 @@ impl Engine {
         let Some(slot) = live_slot(&mut slots, token) else {
             return;
         };
-        let _ = self.ctl(libc::EPOLL_CTL_DEL, fd, 0, token);
+        if slot.armed {
+            let _ = self.ctl(libc::EPOLL_CTL_DEL, fd, 0, token);
+        }
         slot.gen = slot.gen.wrapping_add(1);
         slot.armed = false;
         let parked = slot.parked.take();

@@ -207,8 +207,15 @@ impl<S: Session + 'static, H: 'static> Parked<S, H> {
     fn follow(self: Box<Self>, engine: &Rc<Engine>, next: Next) {
         match next {
             Next::Park => {
-                let (token, fd) = (self.token, self.conn.fd);
-                engine.park(token, fd, self);
+                let token = self.token;
+                match engine.arm(token, self.conn.fd) {
+                    Ok(()) => engine.park(token, self),
+                    Err(e) => {
+                        // Not woken again: end it rather than leave it deaf.
+                        tracing::warn!("engine: cannot watch a connection again: {e}");
+                        self.finish(engine);
+                    }
+                }
             }
             Next::Paused => {
                 engine.hold(self.token, self.conn.fd);
