@@ -4,13 +4,13 @@
 //!
 //! mimalloc purges freed pages itself, but only when the thread that owns them next
 //! allocates or frees; a worker that went quiet after a storm (idle connections, the
-//! usual state of a large fleet) would keep them indefinitely. Every period the worker
-//! runs `mi_collect(false)` (the purges that are due; pages in use are not touched; a
-//! walk of the heap's page queues: microseconds). Once a storm is over (WebSockets were
-//! opened in the last period, none in this one; counted by the worker's connection
-//! engine), it runs `mi_collect(true)`: every
-//! free page goes back at once. Never forced while connections keep arriving, so a busy
-//! worker does not give back pages it is about to reuse.
+//! usual state of a large fleet) would keep them indefinitely. So once a storm is over
+//! (WebSockets were opened in the last period and none in this one, counted by the
+//! worker's connection engine) the worker runs `mi_collect(true)`: every free page of
+//! its heap goes back at once. Nothing runs while connections keep arriving or while
+//! none arrive, so a busy worker does not give back pages it is about to reuse, and a
+//! publish-only worker never collects (an earlier version collected every second
+//! unforced: no measurable gain beyond the forced collect, BENCHMARKS.md).
 //!
 //! Invariant: only the binary's allocator is mimalloc (`src/main.rs`); in a test binary
 //! built on the system allocator the call acts on mimalloc's own empty heap: a no-op.
@@ -37,11 +37,13 @@ pub(crate) async fn upkeep(engine: Rc<Engine>) {
     loop {
         monoio::time::sleep(PERIOD).await;
         let opened = engine.registered();
-        let force = storm && opened == seen;
+        let over = storm && opened == seen;
         storm = opened != seen;
         seen = opened;
-        // SAFETY: mimalloc's documented API, callable from any thread at any time; it
-        // only acts on the calling thread's heap.
-        unsafe { mi_collect(force) };
+        if over {
+            // SAFETY: mimalloc's documented API, callable from any thread at any time;
+            // it only acts on the calling thread's heap.
+            unsafe { mi_collect(true) };
+        }
     }
 }
