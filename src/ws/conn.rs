@@ -52,7 +52,8 @@ use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use monoio::io::AsyncReadRent;
+use monoio::buf::IoVecBuf;
+use monoio::io::{AsyncReadRent, AsyncWriteRent};
 use monoio::net::TcpStream;
 use monoio::time::Sleep;
 use monoio::BufResult;

@@ -47,6 +47,19 @@ impl FrameBatch {
     }
 }
 
+// SAFETY: the iovecs point into the `Bytes` held in `bufs`, which are neither moved nor
+// mutated while the runtime owns the batch (the struct is only touched again after the
+// operation returns it), so every pointer stays valid for the operation's lifetime.
+unsafe impl IoVecBuf for FrameBatch {
+    fn read_iovec_ptr(&self) -> *const libc::iovec {
+        self.iov.as_ptr()
+    }
+
+    fn read_iovec_len(&self) -> usize {
+        self.iov.len()
+    }
+}
+
 /// The write side of a WebSocket connection, as the writer task needs it.
 ///
 /// `write_frames` hands the front of the batch to the stream and returns how many bytes
@@ -64,25 +77,25 @@ pub trait FrameWrite: Sized {
     fn close_write(&mut self) -> impl Future<Output = std::io::Result<()>>;
 }
 
-/// Plaintext: the connection's socket, written without blocking (`sendmsg` with
-/// `MSG_DONTWAIT`, straight from the shared frames, one call per batch). Only when the
-/// kernel's buffer is full does it wait, for writability, through a monoio stream over
-/// a duplicate of the socket made then (and closed with the writer): a writer that never
-/// meets a full buffer (coalesced bursts) costs no monoio operation and no descriptor.
-/// It does not own the socket (the connection does).
+/// Plaintext: the connection's socket, written through monoio (one `send`, or one
+/// `writev` for several frames, straight from the shared frames) so that the writes of
+/// every backlogged connection of a worker leave in one ring submission, not one
+/// syscall each. The monoio stream is made over a duplicate of the socket when the
+/// writer first writes and closed with the writer: an idle connection holds none. It
+/// does not own the socket (the connection does).
 pub struct PlainWriter {
     fd: RawFd,
-    waiter: Option<TcpStream>,
+    stream: Option<TcpStream>,
 }
 
 impl PlainWriter {
     pub fn new(fd: RawFd) -> PlainWriter {
-        PlainWriter { fd, waiter: None }
+        PlainWriter { fd, stream: None }
     }
 
-    /// Wait until the socket takes bytes again.
-    async fn writable(&mut self) -> std::io::Result<()> {
-        if self.waiter.is_none() {
+    /// The writer's monoio stream, made on first use.
+    fn stream(&mut self) -> std::io::Result<&mut TcpStream> {
+        if self.stream.is_none() {
             // SAFETY: plain syscall on the connection's open socket; checked below.
             let dup = unsafe { libc::fcntl(self.fd, libc::F_DUPFD_CLOEXEC, 0) };
             if dup < 0 {
@@ -90,12 +103,11 @@ impl PlainWriter {
             }
             // SAFETY: `dup` is fresh and owned by nothing else; monoio owns it now.
             let std = unsafe { std::net::TcpStream::from_raw_fd(dup) };
-            self.waiter = Some(TcpStream::from_std(std)?);
+            self.stream = Some(TcpStream::from_std(std)?);
         }
-        match &self.waiter {
-            // Not relaxed: the legacy driver confirms with poll(2) (our sends bypass it).
-            Some(w) => w.writable(false).await,
-            None => Ok(()),
+        match self.stream.as_mut() {
+            Some(s) => Ok(s),
+            None => Err(std::io::Error::other("no stream")),
         }
     }
 }
@@ -104,40 +116,19 @@ impl FrameWrite for PlainWriter {
     const ON_DEMAND: bool = true;
 
     async fn write_frames(&mut self, mut batch: FrameBatch) -> BufResult<usize, FrameBatch> {
-        let single = batch.bufs.len() == 1;
-        if !single {
-            batch.rebuild();
+        let stream = match self.stream() {
+            Ok(s) => s,
+            Err(e) => return (Err(e), batch),
+        };
+        if batch.bufs.len() == 1 {
+            // One frame (the usual fan-out case): a plain send, no iovec to build or
+            // for the kernel to import. The clone is a reference count.
+            let frame = batch.bufs[0].clone();
+            let (res, _) = stream.write(frame).await;
+            return (res, batch);
         }
-        loop {
-            const FLAGS: libc::c_int = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
-            // SAFETY: the frame, or the iovecs (built just above from the batch's
-            // frames), are alive for the call; the descriptor is the connection's open
-            // socket (the writer holds the connection, which owns it).
-            let n = unsafe {
-                if single {
-                    let f = &batch.bufs[0];
-                    libc::send(self.fd, f.as_ptr().cast(), f.len(), FLAGS)
-                } else {
-                    let mut msg: libc::msghdr = std::mem::zeroed();
-                    msg.msg_iov = batch.iov.as_mut_ptr();
-                    msg.msg_iovlen = batch.iov.len() as _;
-                    libc::sendmsg(self.fd, &msg, FLAGS)
-                }
-            };
-            if n >= 0 {
-                return (Ok(n as usize), batch);
-            }
-            let err = std::io::Error::last_os_error();
-            match err.kind() {
-                std::io::ErrorKind::Interrupted => continue,
-                std::io::ErrorKind::WouldBlock => {
-                    if let Err(e) = self.writable().await {
-                        return (Err(e), batch);
-                    }
-                }
-                _ => return (Err(err), batch),
-            }
-        }
+        batch.rebuild();
+        stream.writev(batch).await
     }
 
     async fn close_write(&mut self) -> std::io::Result<()> {
