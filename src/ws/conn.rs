@@ -1,5 +1,6 @@
-//! One WebSocket connection: the shared state ([`WsConn`]), its reader task
-//! ([`read_loop`]) and its writer task ([`write_loop`]), which on plaintext exists only
+//! One WebSocket connection: the shared state ([`WsConn`]), its reader (on plaintext a
+//! record parked in the worker's connection engine, `park.rs`; on TLS a task,
+//! [`read_loop`]) and its writer task ([`write_loop`]), which on plaintext exists only
 //! while the connection has a backlog.
 //!
 //! Invariants:
@@ -9,37 +10,31 @@
 //!   A whole frame sent costs no queue slot, no wake and no task. The rest of a partial
 //!   send, or a frame that met `EAGAIN`, is queued and the writer task started (or
 //!   woken); `EPIPE`/`ECONNRESET` aborts the connection.
-//! - The writer task owns the write half while it runs and is then the only one writing
-//!   to the socket (the direct path needs an empty queue and no write in flight, so the
-//!   two never write at once and frames leave in queue order). It drains the bounded
-//!   queue of shared `Bytes` frames; frames waiting together leave in one write
-//!   (coalescing), never one syscall each: one `writev` on plaintext ([`FrameWrite`] for
-//!   a TCP write half), one batch of TLS records on TLS (`crate::tls`). A plaintext
-//!   writer is spawned on demand (the preamble, the first backlog, a close frame) and,
-//!   once its queue is empty and one coalescing window has passed (so a hot connection
-//!   does not respawn it per burst), parks the write half back in the [`WsConn`] and
+//! - The writer task is, while it runs, the only one writing to the socket (the direct
+//!   path needs an empty queue and no write in flight, so the two never write at once
+//!   and frames leave in queue order). It drains the bounded queue of shared `Bytes`
+//!   frames; frames waiting together leave in one write (coalescing), never one syscall
+//!   each: one monoio `writev` on plaintext ([`PlainWriter`], over a duplicate of the
+//!   socket made when it first writes), one batch of TLS records on TLS (`crate::tls`).
+//!   A plaintext writer is spawned on demand (the preamble, the first backlog, a close
+//!   frame) and, once its queue is empty and one coalescing window has passed (so a hot
+//!   connection does not respawn it per burst), gives the queue's allocation back and
 //!   ends. A TLS writer is resident (rustls' state lives in it): TLS has no direct path.
-//! - Both tasks are generic over the stream ([`AsyncReadRent`] for the reader,
-//!   [`FrameWrite`] for the writer), monomorphised per transport: plaintext pays nothing
-//!   for TLS existing.
+//! - A plaintext connection owns its socket (closed when the last holder of the
+//!   [`WsConn`] lets go); TLS streams own theirs.
 //! - The queue is bounded in bytes (`send_backlog_bytes`): a push past the bound drops
 //!   the backlog, queues a 4008 close frame and never slows the caller (the fan-out).
-//! - The reader owns the read half ([`WsRead`]). While no frame is partial, plaintext
-//!   reads by readiness: it waits with `readable(false)` (a poll: no buffer parked, and
-//!   dropping it is safe, it consumes nothing), then `recv(MSG_DONTWAIT)`s into the
-//!   worker's scratch buffer and processes the bytes there; `EAGAIN` (an epoll false
-//!   positive) waits again. A partial frame's tail, and frames held back by
-//!   back-pressure, are copied into the connection's pending buffer (its only buffer,
-//!   freed when empty), never left in the scratch buffer, which is lent to one reader
-//!   between a `recv` and the end of its synchronous processing. While a frame is
-//!   partial, the reader does a monoio read into the pending path; TLS always reads
-//!   that way (rustls hands out plaintext by copy). A `readable()` may be dropped (or
-//!   raced in a `select!`); a read may not (that could lose data): to stop a reader,
-//!   [`WsConn::abort`] shuts the socket down, which completes a pending poll or read.
-//!   monoio's `async-cancel` feature (a default, kept) makes a dropped poll cancel
-//!   itself in the kernel.
-//! - An idle plaintext connection holds no queue allocation, no read buffer and no
-//!   writer task.
+//! - Plaintext reads by readiness: the parked reader `recv(MSG_DONTWAIT)`s into the
+//!   worker's scratch buffer when the engine says its socket is ready, and processes
+//!   the bytes there. A partial frame's tail, and frames held back by back-pressure, are
+//!   copied into the reader's pending buffer (boxed only while there is one), never left
+//!   in the scratch buffer, which is lent to one reader between a `recv` and the end of
+//!   its synchronous processing. TLS reads through rustls in its reader task
+//!   ([`WsRead`]); a read may not be dropped (that could lose data): to stop a reader,
+//!   [`WsConn::abort`] shuts the socket down, which completes a pending read (and makes
+//!   a parked reader's socket readable: end of stream).
+//! - An idle plaintext connection holds no task, no queue allocation, no read buffer
+//!   and no monoio stream.
 //! - Every server-initiated close is bounded in time: after `CLOSE_GRACE` the socket is
 //!   shut down whether or not the peer answered.
 
