@@ -391,3 +391,69 @@ fn client_frame_any(opcode: u8, payload: &[u8]) -> Vec<u8> {
     f.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
     f
 }
+
+/// Open descriptors of a process.
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// A connection with a backlog gets a writer task, but no descriptor of its own beyond
+/// its socket (issue 21): on io_uring the writer borrows the connection's socket. A
+/// writer that duplicated it would double the descriptors of a worker whose clients
+/// all fell behind (a large fan-out to slow clients), and run it out of descriptors
+/// (`ulimit -n`) at half the connections. The legacy driver's writer does use a
+/// duplicate (its registration may fail and close what it was given): bounded there
+/// by one per backlogged connection.
+#[test]
+fn backlogged_connections_take_no_extra_descriptors() {
+    const N: usize = 100;
+    let s = Server::start_with(Options {
+        workers: 1,
+        // Room for every frame below in each queue and in the worker's budget.
+        config: "send_backlog_bytes = 67108864\nworker_send_budget_bytes = 1073741824\n".into(),
+        ..Options::default()
+    });
+    let p = s.project("fds", "100000/s");
+    let mut conns: Vec<TcpStream> = (0..N).map(|_| raw_ws(&s, &p.public)).collect();
+    let sub = client_frame(0x1, br#"{"type":"subscribe","channel":"fds"}"#);
+    for t in conns.iter_mut() {
+        t.write_all(&sub).unwrap();
+    }
+    // Every subscription is live once a publish reaches all of them.
+    common::wait_for(Duration::from_secs(10), "100 subscribers", || {
+        let (status, body) = s.publish(&p.secret, "fds", "e", serde_json::json!("x"));
+        assert_eq!(status, 202, "{body}");
+        ureq_get_subscribers(&s, &p.secret) == N
+    });
+    let before = open_fds(s.pid());
+    // 8 MiB per connection, far beyond what the kernel's socket buffers hold for a
+    // client that does not read: every connection ends up with a queue and a writer
+    // waiting for its socket.
+    let data = "x".repeat(10 * 1024);
+    for _ in 0..800 {
+        let (status, body) = s.publish(&p.secret, "fds", "e", serde_json::json!(data));
+        assert_eq!(status, 202, "{body}");
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let during = open_fds(s.pid());
+    let legacy = std::env::var_os("RINGCAST_FORCE_EPOLL").is_some();
+    let allowed = if legacy { N + 10 } else { 10 };
+    assert!(
+        during <= before + allowed,
+        "{N} backlogged connections took {} descriptors more ({before} -> {during})",
+        during - before
+    );
+    drop(conns);
+    assert_eq!(s.health().0, 200);
+}
+
+/// Subscribers of a channel, from the occupancy endpoint.
+fn ureq_get_subscribers(s: &Server, secret: &str) -> usize {
+    let req = format!(
+        "GET /api/v1/channels/info?channel=fds HTTP/1.1\r\nHost: t\r\nX-Api-Key: {secret}\r\nConnection: close\r\n\r\n"
+    );
+    let (_, _, v) = common::parse_response(&s.raw(req.as_bytes()));
+    v["subscribers"].as_u64().unwrap_or(0) as usize
+}

@@ -40,7 +40,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::future::{poll_fn, Future};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Poll, Waker};

@@ -75,39 +75,75 @@ pub trait FrameWrite: Sized {
         batch: FrameBatch,
     ) -> impl Future<Output = BufResult<usize, FrameBatch>>;
     fn close_write(&mut self) -> impl Future<Output = std::io::Result<()>>;
+    /// The writer ends (called with no operation in flight): let go of what it holds.
+    fn done(&mut self) {}
 }
 
 /// Plaintext: the connection's socket, written through monoio (one `send`, or one
 /// `writev` for several frames, straight from the shared frames) so that the writes of
 /// every backlogged connection of a worker leave in one ring submission, not one
-/// syscall each. The monoio stream is made over a duplicate of the socket when the
-/// writer first writes and closed with the writer: an idle connection holds none. It
-/// does not own the socket (the connection does).
+/// syscall each. The monoio stream is made when the writer first writes and taken apart
+/// when it ends ([`FrameWrite::done`]): an idle connection holds none. It never owns
+/// the socket (the connection does): on io_uring the stream is lent the connection's own
+/// descriptor (monoio registers nothing there, so making it cannot fail, and the
+/// descriptor is taken back unclosed); on the legacy driver, whose registration can
+/// fail (and would then close what it was given), it gets a duplicate of its own.
 pub struct PlainWriter {
     fd: RawFd,
     stream: Option<TcpStream>,
+    /// `stream` is over a duplicate (legacy driver), closed with it.
+    dup: bool,
 }
 
 impl PlainWriter {
     pub fn new(fd: RawFd) -> PlainWriter {
-        PlainWriter { fd, stream: None }
+        PlainWriter {
+            fd,
+            stream: None,
+            dup: false,
+        }
     }
 
     /// The writer's monoio stream, made on first use.
     fn stream(&mut self) -> std::io::Result<&mut TcpStream> {
         if self.stream.is_none() {
-            // SAFETY: plain syscall on the connection's open socket; checked below.
-            let dup = unsafe { libc::fcntl(self.fd, libc::F_DUPFD_CLOEXEC, 0) };
-            if dup < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // SAFETY: `dup` is fresh and owned by nothing else; monoio owns it now.
-            let std = unsafe { std::net::TcpStream::from_raw_fd(dup) };
+            let dup = monoio::utils::is_legacy();
+            let fd = if dup {
+                // SAFETY: plain syscall on the connection's open socket; checked below.
+                let fd = unsafe { libc::fcntl(self.fd, libc::F_DUPFD_CLOEXEC, 0) };
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                fd
+            } else {
+                self.fd
+            };
+            // SAFETY: `fd` is open: a fresh duplicate that monoio owns from now on, or
+            // (io_uring) the connection's socket, lent until `done` takes it back
+            // unclosed (the writer holds the connection, which keeps it open).
+            let std = unsafe { std::net::TcpStream::from_raw_fd(fd) };
             self.stream = Some(TcpStream::from_std(std)?);
+            self.dup = dup;
         }
         match self.stream.as_mut() {
             Some(s) => Ok(s),
             None => Err(std::io::Error::other("no stream")),
+        }
+    }
+}
+
+impl Drop for PlainWriter {
+    fn drop(&mut self) {
+        if let Some(stream) = self.stream.take() {
+            if self.dup {
+                drop(stream);
+            } else {
+                // Dropped without `done` (the task itself was dropped, at the runtime's
+                // end): an operation may still hold the stream, so it cannot be taken
+                // apart, and closing it would close the connection's socket under it.
+                // Its small record is leaked instead.
+                std::mem::forget(stream);
+            }
         }
     }
 }
@@ -138,6 +174,18 @@ impl FrameWrite for PlainWriter {
         }
         Ok(())
     }
+
+    fn done(&mut self) {
+        if let Some(stream) = self.stream.take() {
+            if self.dup {
+                drop(stream);
+            } else {
+                // No operation is in flight (the writer awaited each one), so monoio's
+                // record of the descriptor is ours alone: taken apart, not closed.
+                let _ = stream.into_raw_fd();
+            }
+        }
+    }
 }
 
 /// The writer task: drain the queue into the socket; on plaintext until the queue has
@@ -155,6 +203,7 @@ pub async fn write_loop<W: FrameWrite>(mut wr: W, conn: Rc<WsConn>, preamble: By
             match res {
                 Ok(n) if n > 0 => batch.advance(n),
                 _ => {
+                    wr.done();
                     conn.writing.set(false);
                     conn.writer_live.set(false);
                     conn.abort();
@@ -179,7 +228,7 @@ pub async fn write_loop<W: FrameWrite>(mut wr: W, conn: Rc<WsConn>, preamble: By
                 // The queue is empty: give its allocation back, so an idle connection
                 // holds none (the next backlog makes a new one).
                 conn.queue.borrow_mut().release();
-                drop(wr);
+                wr.done();
                 return;
             }
         }
@@ -204,6 +253,7 @@ pub async fn write_loop<W: FrameWrite>(mut wr: W, conn: Rc<WsConn>, preamble: By
                     batch.advance(n);
                 }
                 _ => {
+                    wr.done();
                     batch.bufs.clear();
                     conn.writing.set(false);
                     conn.writer_live.set(false);
@@ -226,6 +276,7 @@ pub async fn write_loop<W: FrameWrite>(mut wr: W, conn: Rc<WsConn>, preamble: By
             break;
         }
     }
+    wr.done();
     conn.writer_live.set(false);
     conn.finish();
 }
