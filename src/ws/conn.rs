@@ -14,8 +14,9 @@
 //!   path needs an empty queue and no write in flight, so the two never write at once
 //!   and frames leave in queue order). It drains the bounded queue of shared `Bytes`
 //!   frames; frames waiting together leave in one write (coalescing), never one syscall
-//!   each: one monoio `writev` on plaintext ([`PlainWriter`], over a duplicate of the
-//!   socket made when it first writes), one batch of TLS records on TLS (`crate::tls`).
+//!   each: one monoio `writev` on plaintext ([`PlainWriter`], over a monoio stream made
+//!   when it first writes: lent the socket itself on io_uring, a duplicate on the legacy
+//!   driver), one batch of TLS records on TLS (`crate::tls`).
 //!   A plaintext writer is spawned on demand (the preamble, the first backlog, a close
 //!   frame) and, once its queue is empty and one coalescing window has passed (so a hot
 //!   connection does not respawn it per burst), gives the queue's allocation back and
