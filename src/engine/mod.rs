@@ -229,8 +229,8 @@ impl Engine {
         }
     }
 
-    /// Give each record whose socket is ready its turn; how many events there were.
-    fn pass(self: &Rc<Self>, events: &mut [libc::epoll_event]) -> usize {
+    /// Give each record whose socket is ready its turn (at most `events.len()`).
+    fn pass(self: &Rc<Self>, events: &mut [libc::epoll_event]) {
         // SAFETY: `events` is a valid buffer of `events.len()` entries; timeout 0 never
         // blocks the worker.
         let n = unsafe {
@@ -242,7 +242,7 @@ impl Engine {
             )
         };
         if n <= 0 {
-            return 0;
+            return;
         }
         for ev in &events[..n as usize] {
             let token = Token(ev.u64);
@@ -253,7 +253,6 @@ impl Engine {
                 record.ready(self);
             }
         }
-        n as usize
     }
 }
 
@@ -268,8 +267,8 @@ fn live_slot(slots: &mut [Slot], token: Token) -> Option<&mut Slot> {
 /// last two are always reported).
 const READ: u32 = (libc::EPOLLIN | libc::EPOLLRDHUP) as u32;
 
-/// The engine's task: wait (through monoio) for the epoll descriptor, then run passes
-/// until no event is left, then wait again.
+/// The engine's task: wait (through monoio) for the epoll descriptor, run one pass,
+/// wait again.
 async fn run(engine: Rc<Engine>) {
     // monoio waits on a duplicate of the epoll descriptor (it owns and closes what it
     // is given); both name the same epoll instance.
@@ -299,8 +298,30 @@ async fn run(engine: Rc<Engine>) {
             tracing::error!("engine: waiting for readiness failed");
             return;
         }
-        while engine.pass(&mut events) == BATCH {}
+        // One pass per wake-up, then the other tasks of the worker (the mailbox's
+        // fan-out, writers, HTTP) get their turn before the next: a flood of client
+        // frames on many connections cannot hold the worker in this loop. Events left
+        // over (level-triggered) are reported again at once. The explicit yield
+        // matters on the legacy driver, whose readiness wait returns at once, without
+        // yielding, while the descriptor stays readable.
+        engine.pass(&mut events);
+        yield_now().await;
     }
+}
+
+/// Let every other ready task of the worker run once before going on.
+async fn yield_now() {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if yielded {
+            std::task::Poll::Ready(())
+        } else {
+            yielded = true;
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+    })
+    .await
 }
 
 #[cfg(test)]
