@@ -596,7 +596,7 @@ impl Session for PusherSession {
                 .unsubscribe(self.project.index, &channel, conn.id);
         }
         self.extras = None;
-        self.ctx.shard.remove(conn.id);
+        self.ctx.shard.remove(conn);
     }
 }
 

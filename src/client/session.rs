@@ -713,7 +713,7 @@ impl Session for ClientSession {
                 .shard
                 .unsubscribe(self.project.index, &channel, conn.id);
         }
-        self.ctx.shard.remove(conn.id);
+        self.ctx.shard.remove(conn);
     }
 }
 

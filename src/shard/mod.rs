@@ -22,12 +22,14 @@
 mod dialect;
 pub(crate) mod interest;
 pub(crate) mod mailbox;
+mod members;
 pub(crate) mod registry;
 pub(crate) mod stop;
+mod subscribers;
 mod upkeep;
 
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -43,6 +45,7 @@ use crate::ws::frame::{self, Opcode};
 
 use interest::channel_hash;
 use mailbox::{Broadcast, Envelope, Mailbox};
+use members::{KeyId, Member, Members};
 use registry::{Registry, Subscribed, Unsubscribed};
 use stop::StopSignal;
 
@@ -151,20 +154,9 @@ struct PendingHistory {
     done: HistoryDone,
 }
 
-/// A registered WebSocket and what the shard must know of it beyond the transport.
-struct Member {
-    conn: Rc<WsConn>,
-    /// Id of the key it was opened with: revocation closes it. Interned per worker
-    /// (`Shard::key_ids`): thousands of connections of one key share one string.
-    key_id: Rc<str>,
-    /// A Pusher-protocol connection's project: turning its Pusher switch off closes it
-    /// like a revocation. `None` for native connections.
-    pusher: Option<Arc<ProjectState>>,
-}
-
-/// `size_of::<Member>()`, for the per-connection budget (`http::upgrade::sizes`).
+/// `size_of` of a member's entry, for the per-connection budget (`http::upgrade::sizes`).
 #[cfg(test)]
-pub(crate) const MEMBER_SIZE: usize = std::mem::size_of::<Member>();
+pub(crate) const MEMBER_SIZE: usize = members::ENTRY_SIZE;
 
 /// What a shard needs from the node at start.
 pub(crate) struct ShardSetup {
@@ -191,10 +183,10 @@ pub(crate) struct Shard {
     mailbox: Arc<Mailbox>,
     sink: Option<Arc<dyn InterestSink>>,
     registry: RefCell<Registry>,
-    members: RefCell<HashMap<u64, Member>>,
+    members: RefCell<Members>,
     /// The key ids `members` hold, one string each (pruned at each revocation sweep of
     /// the ids no member holds any more).
-    key_ids: RefCell<HashSet<Rc<str>>>,
+    key_ids: RefCell<HashSet<KeyId>>,
     /// Channels whose first local subscriber waits for the cluster (few, short-lived:
     /// a linear scan is cheaper than hashing a channel name).
     awaiting: RefCell<Vec<Awaiting>>,
@@ -255,7 +247,7 @@ impl Shard {
             mailbox: setup.mailbox,
             sink: setup.sink,
             registry: RefCell::new(Registry::new()),
-            members: RefCell::new(HashMap::new()),
+            members: RefCell::default(),
             key_ids: RefCell::default(),
             awaiting: RefCell::new(Vec::new()),
             next_ticket: Cell::new(0),
@@ -448,33 +440,30 @@ impl Shard {
         }
         let key_id = self.intern_key_id(&key_id);
         let mut members = self.members.borrow_mut();
-        members.insert(
-            conn.id,
-            Member {
-                conn,
-                key_id,
-                pusher,
-            },
-        );
+        members.insert(Member {
+            conn,
+            key_id,
+            pusher,
+        });
         let open = members.len();
         crate::metrics::with(|m| m.set_connections(open));
     }
 
     /// The worker's one copy of `key_id`.
-    fn intern_key_id(&self, key_id: &str) -> Rc<str> {
+    fn intern_key_id(&self, key_id: &str) -> KeyId {
         let mut ids = self.key_ids.borrow_mut();
         if let Some(id) = ids.get(key_id) {
             return id.clone();
         }
-        let id: Rc<str> = key_id.into();
+        let id = KeyId::new(key_id);
         ids.insert(id.clone());
         id
     }
 
     /// Forget a WebSocket whose connection ended.
-    pub(crate) fn remove(&self, conn_id: u64) {
+    pub(crate) fn remove(&self, conn: &WsConn) {
         let mut members = self.members.borrow_mut();
-        members.remove(&conn_id);
+        members.remove(conn);
         let open = members.len();
         crate::metrics::with(|m| m.set_connections(open));
     }
@@ -491,7 +480,7 @@ impl Shard {
     fn websocket_list(&self) -> Vec<Rc<WsConn>> {
         self.members
             .borrow()
-            .values()
+            .iter()
             .map(|m| m.conn.clone())
             .collect()
     }

@@ -32,7 +32,7 @@ impl Shard {
         let mut heavy: Vec<_> = self
             .members
             .borrow()
-            .values()
+            .iter()
             .filter(|m| m.conn.is_open() && m.conn.charged_bytes() > 0)
             .map(|m| m.conn.clone())
             .collect();
@@ -58,17 +58,15 @@ impl Shard {
     pub(crate) fn enforce_revocations(&self) {
         // Key ids no member holds any more (their connections ended since the last
         // sweep): forget them, so rotating keys does not grow the set.
-        self.key_ids
-            .borrow_mut()
-            .retain(|id| Rc::strong_count(id) > 1);
+        self.key_ids.borrow_mut().retain(|id| id.held());
         let snapshot = self.keys.load();
         let revoked: Vec<_> = self
             .members
             .borrow()
-            .values()
+            .iter()
             .filter(|m| {
                 m.conn.is_open()
-                    && (!snapshot.is_active(&m.key_id)
+                    && (!snapshot.is_active(m.key_id.as_str())
                         || m.pusher.as_ref().is_some_and(|p| !p.pusher_enabled()))
             })
             .map(|m| m.conn.clone())

@@ -146,6 +146,15 @@ enum State {
     Done,
 }
 
+/// The tasks a connection may wake (see [`WsConn`]'s `wakers`).
+#[derive(Default)]
+struct Wakers {
+    /// The writer task, waiting for frames.
+    writer: Cell<Option<Waker>>,
+    /// A reader paused by back-pressure, or a task waiting for the end.
+    waiter: Cell<Option<Waker>>,
+}
+
 /// State shared by a connection's reader, writer and the worker's fan-out.
 pub struct WsConn {
     pub id: u64,
@@ -157,19 +166,25 @@ pub struct WsConn {
     /// charged in full to the worker's [`WorkerBacklog`]) or a broadcast shared with
     /// other subscribers (charged only its queue slot there).
     queue: RefCell<Queue>,
-    queued_bytes: Cell<usize>,
+    /// Bounded by `backlog_limit` (a `u32`).
+    queued_bytes: Cell<u32>,
     /// The worker's budget of queued bytes, once attached ([`WsConn::attach_budget`]).
     budget: std::cell::OnceCell<Rc<WorkerBacklog>>,
-    /// What this connection has charged to `budget`.
-    charged: Cell<usize>,
+    /// What this connection has charged to `budget` (at most its backlog: a `u32`).
+    charged: Cell<u32>,
+    /// Where the worker's table of open WebSockets keeps this connection (set by that
+    /// table, `u32::MAX` while not in it), so that leaving it needs no lookup.
+    slot: Cell<u32>,
     state: Cell<State>,
     close_code: Cell<u16>,
-    writer: Cell<Option<Waker>>,
-    waiter: Cell<Option<Waker>>,
+    /// The tasks this connection may wake, boxed on first use: an idle plaintext
+    /// connection never has a task waiting on it.
+    wakers: std::cell::OnceCell<Box<Wakers>>,
     /// Plaintext: the socket, owned by the connection (closed when the last holder
-    /// lets go: the parked reader, a writer task, the registry). `None` on TLS, whose
-    /// streams own theirs.
-    owned: Option<OwnedFd>,
+    /// lets go: the parked reader, a writer task, the registry): `fd` is closed on drop.
+    /// `false` on TLS, whose streams own theirs. (A flag, not an `OwnedFd` beside `fd`:
+    /// the record stays in a smaller allocation class.)
+    owns_fd: bool,
     /// A writer task exists (plaintext: while there is a backlog; TLS: always).
     writer_live: Cell<bool>,
     /// The writer holds frames taken from the queue that are not all in the kernel yet
@@ -199,11 +214,11 @@ impl WsConn {
             queued_bytes: Cell::new(0),
             budget: std::cell::OnceCell::new(),
             charged: Cell::new(0),
+            slot: Cell::new(u32::MAX),
             state: Cell::new(State::Open),
             close_code: Cell::new(0),
-            writer: Cell::new(None),
-            waiter: Cell::new(None),
-            owned: None,
+            wakers: std::cell::OnceCell::new(),
+            owns_fd: false,
             writer_live: Cell::new(false),
             writing: Cell::new(false),
             direct: Cell::new(false),
@@ -217,7 +232,9 @@ impl WsConn {
     /// The connection owns its socket `fd` (plaintext; before it is shared).
     pub fn owning(mut self, fd: OwnedFd) -> WsConn {
         debug_assert_eq!(fd.as_raw_fd(), self.fd);
-        self.owned = Some(fd);
+        // Closed in `drop`.
+        self.fd = fd.into_raw_fd();
+        self.owns_fd = true;
         self
     }
 
@@ -251,7 +268,7 @@ impl WsConn {
 
     /// Bytes queued and not yet handed to the kernel.
     pub fn queued_bytes(&self) -> usize {
-        self.queued_bytes.get()
+        self.queued_bytes.get() as usize
     }
 
     /// Take every queued frame without a writer (unit tests and benches drive the
@@ -259,7 +276,7 @@ impl WsConn {
     #[cfg(any(test, feature = "bench"))]
     pub fn take_queued(&self) -> Vec<Bytes> {
         self.queued_bytes.set(0);
-        self.uncharge(self.charged.get());
+        self.uncharge(self.charged_bytes());
         self.queue
             .borrow_mut()
             .take_all()
@@ -276,17 +293,30 @@ impl WsConn {
 
     fn charge(&self, n: usize) {
         if let Some(b) = self.budget.get() {
-            self.charged.set(self.charged.get() + n);
+            // Never more than the queue holds, which the backlog limit (a `u32`) bounds.
+            let n32 = u32::try_from(n).unwrap_or(u32::MAX);
+            self.charged.set(self.charged.get().saturating_add(n32));
             b.add(n);
         }
     }
 
     fn uncharge(&self, n: usize) {
         if let Some(b) = self.budget.get() {
-            let n = n.min(self.charged.get());
-            self.charged.set(self.charged.get() - n);
+            let n = n.min(self.charged_bytes());
+            // `n` ≤ `charged`, a `u32`.
+            self.charged.set(self.charged.get() - n as u32);
             b.sub(n);
         }
+    }
+
+    /// This connection's index in the worker's table of open WebSockets (`None`: not in it).
+    pub fn slot(&self) -> Option<u32> {
+        Some(self.slot.get()).filter(|&s| s != u32::MAX)
+    }
+
+    /// Set by that table when it takes the connection in (`None` when it lets it go).
+    pub fn set_slot(&self, slot: Option<u32>) {
+        self.slot.set(slot.unwrap_or(u32::MAX));
     }
 
     /// Queue a frame of this connection's own (a reply). Returns `false` when the
@@ -307,7 +337,7 @@ impl WsConn {
         if self.state.get() != State::Open {
             return false;
         }
-        if self.queued_bytes.get() + frame.len() + QUEUE_SLOT_COST > self.backlog_limit() {
+        if self.queued_bytes() + frame.len() + QUEUE_SLOT_COST > self.backlog_limit() {
             self.close(Disconnect::SLOW_CONSUMER);
             crate::metrics::with(|m| m.slow_consumer_close());
             return false;
@@ -342,7 +372,8 @@ impl WsConn {
             }
         }
         let cost = frame.len() + QUEUE_SLOT_COST;
-        let total = self.queued_bytes.get() + cost;
+        // Within the backlog limit (checked above), so it fits the `u32`.
+        let total = u32::try_from(self.queued_bytes() + cost).unwrap_or(u32::MAX);
         let mut q = self.queue.borrow_mut();
         let was_empty = q.is_empty();
         q.push_back((frame, own));
@@ -425,7 +456,7 @@ impl WsConn {
 
     /// What this connection holds against the worker's budget.
     pub fn charged_bytes(&self) -> usize {
-        self.charged.get()
+        self.charged.get() as usize
     }
 
     /// Wait until at most `limit` bytes are queued, or the connection is no longer open
@@ -434,10 +465,10 @@ impl WsConn {
     /// read them; the kernel's buffers and TCP flow control hold the client back).
     async fn wait_drained(&self, limit: usize) {
         poll_fn(|cx| {
-            if self.queued_bytes.get() <= limit || self.state.get() != State::Open {
+            if self.queued_bytes() <= limit || self.state.get() != State::Open {
                 Poll::Ready(())
             } else {
-                self.waiter.set(Some(cx.waker().clone()));
+                self.wakers().waiter.set(Some(cx.waker().clone()));
                 Poll::Pending
             }
         })
@@ -469,7 +500,7 @@ impl WsConn {
             q.clear();
             self.queued_bytes.set(0);
             drop(q);
-            self.uncharge(self.charged.get());
+            self.uncharge(self.charged_bytes());
             q = self.queue.borrow_mut();
         }
         q.push_back((frame::close_frame(why.code, why.reason), false));
@@ -505,13 +536,26 @@ impl WsConn {
     fn finish(&self) {
         self.state.set(State::Done);
         self.wake_writer();
-        if let Some(w) = self.waiter.take() {
+        if let Some(w) = self.take_waiter() {
             w.wake();
         }
     }
 
+    fn wakers(&self) -> &Wakers {
+        self.wakers.get_or_init(Box::default)
+    }
+
+    /// The writer task's waker, if it waits for frames.
+    pub(super) fn take_writer_waker(&self) -> Option<Waker> {
+        self.wakers.get().and_then(|w| w.writer.take())
+    }
+
+    fn take_waiter(&self) -> Option<Waker> {
+        self.wakers.get().and_then(|w| w.waiter.take())
+    }
+
     fn wake_writer(&self) {
-        if let Some(w) = self.writer.take() {
+        if let Some(w) = self.take_writer_waker() {
             w.wake();
         }
     }
@@ -561,7 +605,7 @@ impl WsConn {
                     return Poll::Ready(Wake::Idle);
                 }
             }
-            self.writer.set(Some(cx.waker().clone()));
+            self.wakers().writer.set(Some(cx.waker().clone()));
             Poll::Pending
         })
         .await
@@ -582,13 +626,14 @@ impl WsConn {
             }
             batch.bufs.push(f);
         }
-        self.queued_bytes
-            .set(self.queued_bytes.get().saturating_sub(taken));
+        let left = self.queued_bytes().saturating_sub(taken);
+        // No more than was queued: fits the `u32`.
+        self.queued_bytes.set(left as u32);
         let done = q.is_empty() && self.state.get() == State::Closing;
         drop(q);
         self.uncharge(uncharged);
         // A reader paused by back-pressure may read again.
-        if let Some(w) = self.waiter.take() {
+        if let Some(w) = self.take_waiter() {
             w.wake();
         }
         done
@@ -600,7 +645,7 @@ impl WsConn {
             if self.state.get() == State::Done {
                 Poll::Ready(())
             } else {
-                self.waiter.set(Some(cx.waker().clone()));
+                self.wakers().waiter.set(Some(cx.waker().clone()));
                 Poll::Pending
             }
         })
@@ -611,7 +656,14 @@ impl WsConn {
 impl Drop for WsConn {
     fn drop(&mut self) {
         // Frames still queued when the connection ends leave the worker's budget too.
-        self.uncharge(self.charged.get());
+        self.uncharge(self.charged_bytes());
+        if self.owns_fd {
+            // SAFETY: `owning` took this descriptor over from an `OwnedFd`; nothing else
+            // closes it, and every user of `fd` holds this record.
+            unsafe {
+                libc::close(self.fd);
+            }
+        }
     }
 }
 

@@ -223,7 +223,7 @@ pub async fn write_loop<W: FrameWrite>(mut wr: W, conn: Rc<WsConn>, preamble: By
             Wake::Idle => {
                 // Nothing queued, nothing in flight, connection open: from now on the
                 // fan-out sends directly, and the next backlog starts a new writer.
-                drop(conn.writer.take());
+                drop(conn.take_writer_waker());
                 conn.writer_live.set(false);
                 // The queue is empty: give its allocation back, so an idle connection
                 // holds none (the next backlog makes a new one).
