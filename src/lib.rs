@@ -12,6 +12,9 @@
 //!   routing, `/health`, the publish endpoint's head checks, the WebSocket upgrade, the
 //!   Pusher protocol's upgrade (`/app/{key}`) and REST API (`/apps/{app_id}/...`), the
 //!   response writer. [`tls`]: the rustls transport under it.
+//! - [`admission`]: who may start a connection and how connections are let go:
+//!   the node-wide upgrade rate, the shutdown drain spread, trusted proxies (PROXY
+//!   protocol, `X-Forwarded-For`); names only `quota`.
 //! - [`node`]: what all workers of a node share (config, key snapshot, mailboxes,
 //!   cluster bridge, health flags); how an accepted publish leaves its worker.
 //! - [`publish`]: parse (simd-json), validate, quota, encode once, hand to the mailboxes.
@@ -68,6 +71,7 @@
 #![warn(unreachable_pub)]
 
 mod admin;
+mod admission;
 mod apikey;
 mod auth;
 mod cli;

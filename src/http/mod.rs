@@ -34,6 +34,7 @@ pub(crate) mod route;
 pub(crate) mod service;
 pub(crate) mod transport;
 pub(crate) mod upgrade;
+pub(crate) mod upgrade_limit;
 
 pub(crate) use response::ApiError;
 pub(crate) use service::Service;
