@@ -226,7 +226,7 @@ mod tests {
             "PROXY TCP6 {0} {0} 65535 65535\r\n",
             "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"
         );
-        assert_eq!(longest.len(), V1_MAX);
+        assert!(longest.len() <= V1_MAX);
         assert!(parse_v1(longest.as_bytes()).is_ok());
     }
 
