@@ -65,7 +65,7 @@ fn limited(mut attempt: impl FnMut() -> u16) -> (usize, usize) {
 #[test]
 fn upgrades_over_the_node_rate_are_closed_with_1013_and_a_retry_after() {
     let s = Server::start_with(Options {
-        config: "max_upgrades_per_second = 3\n".into(),
+        config: "max_upgrades_per_second = 3\nmetrics_listen = \"127.0.0.1:0\"\n".into(),
         ..Options::default()
     });
     let p = s.project("storm", "1000/s");
@@ -97,6 +97,18 @@ fn upgrades_over_the_node_rate_are_closed_with_1013_and_a_retry_after() {
     // A burst of one second's worth (3), refilled at 3/s while the loop runs.
     assert!(accepted.len() >= 3, "{} accepted", accepted.len());
     assert!(!waits.is_empty(), "no upgrade was refused");
+    // Each refusal is counted.
+    let mut tcp = TcpStream::connect(s.metrics.expect("metrics address")).unwrap();
+    tcp.write_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    tcp.read_to_string(&mut text).unwrap();
+    let refused: usize = text
+        .lines()
+        .find_map(|l| l.strip_prefix("ringcast_upgrades_refused_total "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no ringcast_upgrades_refused_total in {text}"));
+    assert_eq!(refused, waits.len());
     // Refused upgrades take no slot: the connections held keep working.
     let mut ws = accepted.pop().unwrap();
     ws.send(Message::text(r#"{"type":"ping"}"#)).unwrap();
@@ -115,7 +127,10 @@ fn pusher_upgrades_over_the_node_rate_get_4100() {
     );
     let key = v["public_key"].as_str().unwrap().to_string();
     s.wait_key(v["secret_key"].as_str().unwrap());
-    let url = format!("ws://{}/app/{key}?protocol=7&client=js&version=8.6.0", s.addr);
+    let url = format!(
+        "ws://{}/app/{key}?protocol=7&client=js&version=8.6.0",
+        s.addr
+    );
     let mut refused = 0;
     for _ in 0..10 {
         let (mut ws, _) = tungstenite::connect(&url).expect("101");

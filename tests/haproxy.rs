@@ -66,10 +66,9 @@ impl HaProxy {
                 };
                 replaced += 1;
                 match tag.trim() {
-                    "stats socket" => format!(
-                        "    stats socket {} mode 600 level admin",
-                        socket.display()
-                    ),
+                    "stats socket" => {
+                        format!("    stats socket {} mode 600 level admin", socket.display())
+                    }
                     // This machine's tests run under a 20,000-descriptor limit.
                     "maxconn" => "    maxconn 2000".to_string(),
                     "bind" => format!("    bind 127.0.0.1:{port}"),
@@ -127,8 +126,8 @@ impl HaProxy {
 
     /// A TCP connection to HAProxy from 127.0.0.`host`.
     fn connect_from(&self, host: u8) -> TcpStream {
-        let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
-            .unwrap();
+        let sock =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
         let from = SocketAddr::from(([127, 0, 0, host], 0));
         sock.bind(&from.into()).unwrap();
         sock.connect(&self.addr.into()).unwrap();
@@ -138,8 +137,8 @@ impl HaProxy {
     }
 
     fn health_from(&self, host: u8) -> u16 {
-        let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
-            .unwrap();
+        let sock =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
         let from = SocketAddr::from(([127, 0, 0, host], 0));
         sock.bind(&from.into()).unwrap();
         if sock.connect(&self.addr.into()).is_err() {
@@ -195,7 +194,14 @@ fn node(redis: &Redis) -> Node {
         .arg(&data)
         .args(["--redis", &redis.url()])
         .env("RINGCAST_MASTER_KEY_FILE", redis.master_key_file())
-        .args(["serve", "--listen", "127.0.0.1:0", "--workers", "2", "--config"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--workers",
+            "2",
+            "--config",
+        ])
         .arg(&cfg)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())

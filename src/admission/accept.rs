@@ -40,7 +40,10 @@ pub(crate) struct Start {
 }
 
 /// Read the PROXY header a trusted peer may start with, within `limit`.
-pub(crate) async fn read_start(stream: &mut TcpStream, limit: Duration) -> Result<Start, AcceptError> {
+pub(crate) async fn read_start(
+    stream: &mut TcpStream,
+    limit: Duration,
+) -> Result<Start, AcceptError> {
     monoio::time::timeout(limit, read_start_inner(stream))
         .await
         .map_err(|_| AcceptError::TimedOut)?
@@ -65,7 +68,11 @@ async fn read_start_inner(stream: &mut TcpStream) -> Result<Start, AcceptError> 
             head[..SNIFF].copy_from_slice(&first);
             head[SNIFF..].copy_from_slice(&rest);
             let len = proxy::v2_body_len(&head)?;
-            let body = if len > 0 { exact(stream, len).await? } else { Vec::new() };
+            let body = if len > 0 {
+                exact(stream, len).await?
+            } else {
+                Vec::new()
+            };
             Ok(Start {
                 client: proxy::parse_v2(&head, &body)?,
                 leftover: Vec::new(),

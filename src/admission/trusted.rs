@@ -30,7 +30,12 @@ impl Block {
         let max = if net.is_ipv4() { 32 } else { 128 };
         let prefix = match prefix {
             None => max,
-            Some(p) => p.trim().parse::<u8>().ok().filter(|p| *p <= max).ok_or_else(bad)?,
+            Some(p) => p
+                .trim()
+                .parse::<u8>()
+                .ok()
+                .filter(|p| *p <= max)
+                .ok_or_else(bad)?,
         };
         Ok(Block { net, prefix })
     }
@@ -38,7 +43,9 @@ impl Block {
     fn contains(&self, ip: IpAddr) -> bool {
         match (self.net, canonical(ip)) {
             (IpAddr::V4(net), IpAddr::V4(ip)) => {
-                let mask = u32::MAX.checked_shl(32 - u32::from(self.prefix)).unwrap_or(0);
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
                 u32::from(net) & mask == u32::from(ip) & mask
             }
             (IpAddr::V6(net), IpAddr::V6(ip)) => {
@@ -128,12 +135,21 @@ mod tests {
         assert!(t.contains(ip("::ffff:10.1.2.3")));
         let all = TrustedProxies::parse(&["0.0.0.0/0"]).unwrap();
         assert!(all.contains(ip("8.8.8.8")));
-        assert!(!TrustedProxies::parse::<&str>(&[]).unwrap().contains(ip("127.0.0.1")));
+        assert!(!TrustedProxies::parse::<&str>(&[])
+            .unwrap()
+            .contains(ip("127.0.0.1")));
     }
 
     #[test]
     fn bad_entries_are_refused() {
-        for bad in ["10.0.0.0/33", "::/129", "example.com", "10.0.0.1/", "/8", ""] {
+        for bad in [
+            "10.0.0.0/33",
+            "::/129",
+            "example.com",
+            "10.0.0.1/",
+            "/8",
+            "",
+        ] {
             assert!(TrustedProxies::parse(&[bad]).is_err(), "{bad}");
         }
     }

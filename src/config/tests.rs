@@ -191,7 +191,10 @@ fn admission_keys_by_file_env_and_flag_with_their_checks() {
     args.sources.insert("trusted_proxies", "env");
     args.sources.insert("max_upgrades_per_second", "flag");
     let loaded = Config::load_sourced(&args, Path::new("./d"), None, None).unwrap();
-    assert_eq!(loaded.config.trusted_proxies, ["10.1.0.0/16", "192.168.0.1"]);
+    assert_eq!(
+        loaded.config.trusted_proxies,
+        ["10.1.0.0/16", "192.168.0.1"]
+    );
     assert_eq!(loaded.config.max_upgrades_per_second, 0);
     assert_eq!(loaded.config.drain_spread_s, 1);
     let shown = loaded.show();

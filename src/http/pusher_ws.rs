@@ -66,8 +66,8 @@ pub(crate) fn handle(
         Ok(entry) if entry.project.pusher_enabled() => entry,
         _ => return refuse(out, ws_key, Disconnect::PUSHER_APP_REFUSED),
     };
-    if let Some(refused) = super::upgrade_limit::over_rate(svc, out, ws_key, Dialect::Pusher) {
-        return refused;
+    if super::upgrade_limit::over_rate(svc).is_some() {
+        return refuse(out, ws_key, Disconnect::PUSHER_OVER_CAPACITY);
     }
     let limit = entry
         .project
@@ -86,7 +86,7 @@ pub(crate) fn handle(
 
 /// The 101, then `pusher:error` with the close's code and reason, then the close frame;
 /// the connection ends once they are written.
-pub(super) fn refuse(out: &mut Vec<u8>, ws_key: &[u8], why: Disconnect) -> Outcome {
+fn refuse(out: &mut Vec<u8>, ws_key: &[u8], why: Disconnect) -> Outcome {
     write_switching(out, ws_key);
     out.extend_from_slice(&pusher_frame::error(Some(why.code), why.reason));
     out.extend_from_slice(&close_frame(why.code, why.reason));

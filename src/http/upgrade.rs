@@ -91,8 +91,8 @@ pub(crate) fn handle(
         Ok(entry) => entry,
         Err(refusal) => return answer(out, ApiError::Unauthorized(refusal)),
     };
-    if let Some(refused) = super::upgrade_limit::over_rate(svc, out, ws_key, Dialect::Native) {
-        return refused;
+    if let Some(retry_after) = super::upgrade_limit::over_rate(svc) {
+        return super::upgrade_limit::refuse_native(out, ws_key, retry_after);
     }
     let limit = entry
         .project

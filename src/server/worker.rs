@@ -61,7 +61,13 @@ async fn accept_loop(
                 let proxied = svc.node.trusted.contains(peer.ip());
                 match (shard.admit(), &tls) {
                     (Some(guard), tls) if proxied => {
-                        monoio::spawn(serve_proxied(svc.clone(), stream, tls.clone(), guard, origin));
+                        monoio::spawn(serve_proxied(
+                            svc.clone(),
+                            stream,
+                            tls.clone(),
+                            guard,
+                            origin,
+                        ));
                     }
                     (Some(guard), None) => {
                         monoio::spawn(crate::http::conn::serve(svc.clone(), stream, guard, origin));
