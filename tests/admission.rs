@@ -251,3 +251,55 @@ fn an_untrusted_peer_gets_no_say_about_the_client_address() {
     });
     assert!(refused >= 1 && ok <= 2);
 }
+
+/// Over TLS: the PROXY header comes before the handshake; without one, the bytes read
+/// to look for it start the handshake.
+#[test]
+fn proxy_headers_before_tls() {
+    let files = common::TlsFiles::generate();
+    let s = Server::start_tls(
+        Options {
+            config: "trusted_proxies = [\"127.0.0.1\"]\nws_connect_rate_per_ip = 1\nmax_upgrades_per_second = 0\n".into(),
+            ..Options::default()
+        },
+        &files,
+    );
+    let cfg = files.client_config(&[b"http/1.1"]);
+    let p = s.project("tls", "1000/s");
+    let request = |prefix: &[u8], req: &str| -> String {
+        let mut tcp = TcpStream::connect(s.addr).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        tcp.write_all(prefix).unwrap();
+        let name = rustls::pki_types::ServerName::IpAddress(s.addr.ip().into());
+        let conn = rustls::ClientConnection::new(cfg.clone(), name).unwrap();
+        let mut tls = rustls::StreamOwned::new(conn, tcp);
+        tls.write_all(req.as_bytes()).unwrap();
+        let mut buf = [0u8; 12];
+        let mut got = 0;
+        while got < 12 {
+            match tls.read(&mut buf[got..]) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got += n,
+            }
+        }
+        String::from_utf8_lossy(&buf[..got]).to_string()
+    };
+    let health = "GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n";
+    assert!(request(b"", health).starts_with("HTTP/1.1 200"));
+    assert!(request(&v2([198, 51, 100, 9]), health).starts_with("HTTP/1.1 200"));
+    let upgrade = format!(
+        "GET /api/v1/ws?key={} HTTP/1.1\r\nHost: t\r\n{UPGRADE_HEAD}\r\n",
+        p.public
+    );
+    let status = |prefix: &[u8]| -> u16 {
+        request(prefix, &upgrade)
+            .strip_prefix("HTTP/1.1 ")
+            .and_then(|t| t.get(..3))
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(0)
+    };
+    let (_, refused) = limited(|| status(&v2([198, 51, 100, 10])));
+    assert!(refused >= 1);
+    assert_eq!(status(&v2([198, 51, 100, 11])), 101);
+    assert_eq!(status(&v1("198.51.100.12")), 101);
+}
