@@ -59,25 +59,16 @@ export function backoffDelay(attempt, minMs, maxMs, random = Math.random) {
 }
 
 /**
- * The wait a close asks for before the next attempt, or `undefined` for the usual
- * backoff. 1013 (the server is over its upgrade rate) carries `retry_after=<seconds>`:
- * that long plus up to a second of jitter. 1001 (the server is shutting down; it spreads
- * its closes, and every client of that node reconnects elsewhere): uniform over
- * [min, spreadMs], so the node's clients do not all arrive at the next node in the same
- * half second.
+ * The least wait a close asks for (else `undefined`): 1013 `retry_after=<s>` (node over its
+ * upgrade rate): s seconds plus up to 1 s of jitter; 1001 (shutdown): uniform over
+ * [min, spreadMs], so a stopping node's clients do not reach the next node all at once.
  */
 export function closeDelay(code, reason, minMs, spreadMs, random = Math.random) {
-  if (code === 1013) {
-    const m = /(?:^|[^a-z_])retry_after=(\d{1,4})(?:$|\D)/.exec(reason ?? "");
-    if (!m) return undefined;
-    const seconds = Math.min(Math.max(Number(m[1]), 1), 60);
-    return Math.round(seconds * 1000 + random() * 1000);
-  }
-  if (code === 1001) {
-    const min = Math.max(0, minMs);
-    return Math.round(min + random() * Math.max(0, spreadMs - min));
-  }
-  return undefined;
+  const m = code === 1013 && /(?:^|[^a-z_])retry_after=(\d{1,4})(?:$|\D)/.exec(reason ?? "");
+  if (m) return Math.round(Math.min(Math.max(Number(m[1]), 1), 60) * 1000 + random() * 1000);
+  if (code !== 1001) return undefined;
+  const min = Math.max(0, minMs);
+  return Math.round(min + random() * Math.max(0, spreadMs - min));
 }
 
 /**
@@ -400,14 +391,8 @@ export class Ringcast extends Emitter {
       return;
     }
     if (wasConnected && this._now() - this._connectedAt >= this._stableMs()) this._attempt = 0;
-    const wait = closeDelay(
-      code,
-      reason,
-      this.minReconnectDelayMs,
-      this.shutdownReconnectSpreadMs,
-      this._random,
-    );
-    this._lost(wait);
+    const { minReconnectDelayMs: min, shutdownReconnectSpreadMs: spread } = this;
+    this._lost(closeDelay(code, reason, min, spread, this._random));
   }
 
   /** A connection that lasted this long resets the backoff. */
@@ -415,20 +400,14 @@ export class Ringcast extends Emitter {
     return Math.max(5000, this.maxReconnectDelayMs);
   }
 
-  /**
-   * The connection is gone (not by the application): wait, then try again. `atLeast`:
-   * what the close asked for (see `closeDelay`), when more than the backoff.
-   */
+  /** The connection is gone (not by the application): wait (at least `atLeast`), retry. */
   _lost(atLeast = 0) {
     this._setState("disconnected");
     if (this.state !== "disconnected") return; // a state listener closed the client
-    const backoff = backoffDelay(
-      this._attempt,
-      this.minReconnectDelayMs,
-      this.maxReconnectDelayMs,
-      this._random,
+    const delay = Math.max(
+      atLeast ?? 0,
+      backoffDelay(this._attempt, this.minReconnectDelayMs, this.maxReconnectDelayMs, this._random),
     );
-    const delay = Math.max(backoff, atLeast ?? 0);
     this._attempt += 1;
     this._cancel("_reconnectTimer");
     this._reconnectTimer = this._setTimeout(() => {
