@@ -12,9 +12,6 @@
 //!   routing, `/health`, the publish endpoint's head checks, the WebSocket upgrade, the
 //!   Pusher protocol's upgrade (`/app/{key}`) and REST API (`/apps/{app_id}/...`), the
 //!   response writer. [`tls`]: the rustls transport under it.
-//! - [`admission`]: who may start a connection and how connections are let go:
-//!   the node-wide upgrade rate, the shutdown drain spread, trusted proxies (PROXY
-//!   protocol, `X-Forwarded-For`); names only `quota`.
 //! - [`node`]: what all workers of a node share (config, key snapshot, mailboxes,
 //!   cluster bridge, health flags); how an accepted publish leaves its worker.
 //! - [`publish`]: parse (simd-json), validate, quota, encode once, hand to the mailboxes.
@@ -35,6 +32,10 @@
 //! - [`engine`]: leaf: one per worker, wakes parked idle connections by readiness
 //!   (a private epoll instance awaited through monoio) without a task per connection;
 //!   knows only its `Ready` records.
+//! - [`admission`]: who may start a connection and how connections are let go:
+//!   the node-wide upgrade rate, the shutdown drain spread, trusted proxies (PROXY
+//!   protocol, `X-Forwarded-For`); names only `quota`; named by `server`, `http`,
+//!   `shard` and `config`.
 //! - [`names`], [`json`], [`close`], [`ids`], [`reply`]: leaves: the channel/event name
 //!   rule, JSON string escaping, the table of close codes, message and connection ids,
 //!   one-shot answers from a control-plane thread to a worker's task.
