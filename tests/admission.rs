@@ -209,6 +209,12 @@ fn proxy_headers_from_a_trusted_peer_name_the_client() {
     assert!(refused >= 1);
     // A malformed header from a trusted peer: the connection is closed unanswered.
     assert_eq!(raw_upgrade(&s, b"PROXY TCP4 nonsense\r\n", &path, ""), 0);
+    // Bounded: a v1 line past 107 bytes, a v2 length past 2048, are not waited for.
+    let long = format!("PROXY UNKNOWN {}\r\n", "x".repeat(200));
+    assert_eq!(raw_upgrade(&s, long.as_bytes(), &path, ""), 0);
+    let mut huge = v2([198, 51, 100, 3]);
+    huge[14..16].copy_from_slice(&60_000u16.to_be_bytes());
+    assert_eq!(raw_upgrade(&s, &huge, &path, ""), 0);
     // A trusted peer without a header: X-Forwarded-For, rightmost untrusted entry
     // (the client-written one on the left is not believed).
     for i in 0..3 {
