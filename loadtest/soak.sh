@@ -14,6 +14,8 @@
 # Invariants: loopback only; the server is stopped on exit (trap); waits are bounded;
 # without RC_BIN/LT_BIN it builds with cargo first.
 set -euo pipefail
+# Churn reconnects faster than the default node-wide upgrade rate may allow: off here.
+export RINGCAST_MAX_UPGRADES_PER_SECOND="${RINGCAST_MAX_UPGRADES_PER_SECOND:-0}"
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 DURATION="${SOAK_DURATION:-1800}"
 WARMUP="${SOAK_WARMUP:-300}"

@@ -26,6 +26,8 @@ step() { printf '\n== %s (%s)\n' "$1" "$(date +%T)"; }
 step "system packages"
 need_pkgs=()
 command -v redis-server >/dev/null 2>&1 || need_pkgs+=(redis-server)
+# tests/haproxy.rs: the deploy/haproxy.cfg deployment in front of two nodes.
+command -v haproxy >/dev/null 2>&1 || need_pkgs+=(haproxy)
 if [ -z "${CHROMIUM_PATH:-}" ] && [ ! -x /usr/bin/chromium ]; then
   need_pkgs+=(chromium)
 fi

@@ -295,6 +295,14 @@ limit_args! {
     idempotency_window_s => "RINGCAST_IDEMPOTENCY_WINDOW_S",
     /// Idempotency keys remembered per project. Default 100000.
     idempotency_max_keys_per_project => "RINGCAST_IDEMPOTENCY_MAX_KEYS_PER_PROJECT",
+    /// WebSocket upgrades per second, node-wide; over it 1013 retry_after (Pusher 4100).
+    /// 0 = off. Default 2000.
+    max_upgrades_per_second => "RINGCAST_MAX_UPGRADES_PER_SECOND",
+    /// Seconds over which shutdown spreads its 1001 closes. Default 5.
+    drain_spread_s => "RINGCAST_DRAIN_SPREAD_S",
+    /// Proxies whose PROXY header or X-Forwarded-For names the client: addresses or
+    /// CIDRs, comma-separated (or a TOML list). Default none.
+    trusted_proxies => "RINGCAST_TRUSTED_PROXIES",
 }
 
 #[derive(Debug, Subcommand)]

@@ -28,6 +28,9 @@ pub mod code {
     /// A frame or message beyond the configured size, or a message in more fragments
     /// than allowed.
     pub const TOO_BIG: u16 = 1009;
+    /// Try again later: over `max_upgrades_per_second`; the reason is
+    /// `retry_after=<seconds>`.
+    pub const TRY_AGAIN_LATER: u16 = 1013;
     /// The key the connection was opened with was revoked.
     pub const KEY_REVOKED: u16 = 4001;
     /// The connection's send backlog exceeded `send_backlog_bytes`.

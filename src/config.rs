@@ -186,7 +186,44 @@ pub struct Config {
     /// Idempotency keys remembered per project; over it the oldest is forgotten first.
     /// Default 100000.
     pub idempotency_max_keys_per_project: usize,
+    /// WebSocket upgrades this node completes per second (all workers, burst one
+    /// second's worth); over it the upgrade is closed at once with 1013
+    /// `retry_after=<s>` (Pusher 4100). 0 = off. Default sized from a measurement
+    /// (README, "Admission").
+    pub max_upgrades_per_second: u32,
+    /// Seconds over which shutdown spreads its 1001 closes. Default 5; 0 closes all
+    /// at once. The process exits within this plus `shutdown_grace_ms` plus 1 s.
+    pub drain_spread_s: u64,
+    /// Peers (addresses or CIDR blocks) whose PROXY protocol header or
+    /// `X-Forwarded-For` names the client address. Default empty (none trusted).
+    #[serde(deserialize_with = "list_or_text")]
+    pub trusted_proxies: Vec<String>,
 }
+
+/// A list given as a TOML array, or as one text of comma-separated items (how an
+/// environment variable or a flag gives it).
+fn list_or_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Given {
+        List(Vec<String>),
+        Text(String),
+    }
+    Ok(match Given::deserialize(d)? {
+        Given::List(items) => items,
+        Given::Text(text) => text
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect(),
+    })
+}
+
+/// `max_upgrades_per_second`'s default: about half of what one node completed per
+/// second on the 2-core reference machine (README, "Admission"), so that a reconnect
+/// storm leaves room for the connections already held.
+pub(crate) const DEFAULT_MAX_UPGRADES_PER_SECOND: u32 = 2000;
 
 impl Default for Config {
     fn default() -> Self {
@@ -236,6 +273,9 @@ impl Default for Config {
             webhook_allow_private_addresses: false,
             idempotency_window_s: 300,
             idempotency_max_keys_per_project: 100_000,
+            max_upgrades_per_second: DEFAULT_MAX_UPGRADES_PER_SECOND,
+            drain_spread_s: 5,
+            trusted_proxies: Vec::new(),
         }
     }
 }
@@ -601,6 +641,23 @@ impl Config {
             if value > u32::MAX as usize {
                 return bad(name, &value, "at most 4294967295 (4 GiB)");
             }
+        }
+        if self.max_upgrades_per_second > crate::quota::rate_limit::MAX_COUNT {
+            return bad(
+                "max_upgrades_per_second",
+                &self.max_upgrades_per_second,
+                "0 (off) to 10000000",
+            );
+        }
+        if self.drain_spread_s > 600 {
+            return bad("drain_spread_s", &self.drain_spread_s, "0 to 600 seconds");
+        }
+        if let Err(e) = crate::admission::trusted::TrustedProxies::parse(&self.trusted_proxies) {
+            return bad(
+                "trusted_proxies",
+                &format!("{:?}", self.trusted_proxies),
+                &e.to_string(),
+            );
         }
         if self.mailbox_high_water_pct == 0 || self.mailbox_high_water_pct > 100 {
             return bad(

@@ -32,6 +32,10 @@
 //! - [`engine`]: leaf: one per worker, wakes parked idle connections by readiness
 //!   (a private epoll instance awaited through monoio) without a task per connection;
 //!   knows only its `Ready` records.
+//! - [`admission`]: who may start a connection and how connections are let go:
+//!   the node-wide upgrade rate, the shutdown drain spread, trusted proxies (PROXY
+//!   protocol, `X-Forwarded-For`); names only `quota`; named by `server`, `http`,
+//!   `shard` and `config`.
 //! - [`names`], [`json`], [`close`], [`ids`], [`reply`]: leaves: the channel/event name
 //!   rule, JSON string escaping, the table of close codes, message and connection ids,
 //!   one-shot answers from a control-plane thread to a worker's task.
@@ -68,6 +72,7 @@
 #![warn(unreachable_pub)]
 
 mod admin;
+mod admission;
 mod apikey;
 mod auth;
 mod cli;

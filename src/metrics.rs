@@ -125,6 +125,7 @@ pub(crate) struct WorkerMetrics {
     idempotency_in_progress: Cell64,
     idempotency_key_reused: Cell64,
     idempotency_keys_evicted: Cell64,
+    upgrades_refused: Cell64,
 }
 
 impl WorkerMetrics {
@@ -153,6 +154,11 @@ impl WorkerMetrics {
 
     pub(crate) fn slow_consumer_close(&self) {
         self.slow_consumer_closes.add(1);
+    }
+
+    /// One WebSocket upgrade refused over `max_upgrades_per_second` (1013 or Pusher 4100).
+    pub(crate) fn upgrade_refused(&self) {
+        self.upgrades_refused.add(1);
     }
 
     /// One client event accepted from a connection of this worker and relayed.
@@ -293,7 +299,7 @@ impl Metrics {
             env!("CARGO_PKG_VERSION")
         );
 
-        let simple: [Family; 11] = [
+        let simple: [Family; 12] = [
             (
                 "ringcast_connections",
                 "gauge",
@@ -329,6 +335,12 @@ impl Metrics {
                 "counter",
                 "WebSocket connections closed with 4008 (send backlog over its limit).",
                 |w| w.slow_consumer_closes.get(),
+            ),
+            (
+                "ringcast_upgrades_refused_total",
+                "counter",
+                "WebSocket upgrades closed at once over max_upgrades_per_second (1013, Pusher 4100).",
+                |w| w.upgrades_refused.get(),
             ),
             (
                 "ringcast_client_events_total",

@@ -38,6 +38,10 @@ pub(crate) struct Node {
     pub presence: Arc<crate::presence::Hub>,
     /// `ws_connect_rate_per_ip`; `None` when off (the default).
     pub connect_rate: Option<crate::quota::connect_rate::ConnectRate>,
+    /// `max_upgrades_per_second`; `None` when off.
+    pub upgrades: Option<crate::admission::upgrades::UpgradeBucket>,
+    /// `trusted_proxies` (empty: no peer is trusted).
+    pub trusted: crate::admission::trusted::TrustedProxies,
     /// The webhook sender: `emit` from any thread (client events on the workers,
     /// occupancy and presence transitions from the control plane).
     pub webhooks: Arc<Webhooks>,

@@ -281,9 +281,13 @@ pub(crate) struct TlsStream {
 
 /// Run the server handshake on an accepted socket. The caller bounds it in time; on
 /// failure the alert rustls prepared is sent (best effort) and the socket is dropped.
-pub(crate) async fn accept(
+///
+/// `prefix`: bytes of the connection already read (a trusted proxy's connection sniffed
+/// for a PROXY header), fed to the handshake first; empty for any other connection.
+pub(crate) async fn accept_prefixed(
     config: Arc<ServerConfig>,
     tcp: TcpStream,
+    prefix: Vec<u8>,
 ) -> Result<TlsStream, HandshakeError> {
     let conn = ServerConnection::new(config)?;
     let mut stream = TlsStream {
@@ -294,6 +298,13 @@ pub(crate) async fn accept(
         })),
         out: Vec::new(),
     };
+    if !prefix.is_empty() {
+        let fed = stream.session.borrow_mut().feed_new(&prefix);
+        if let Err(e) = fed {
+            let _ = flush_records(&mut stream.tcp, &stream.session, &mut stream.out).await;
+            return Err(e.into());
+        }
+    }
     loop {
         flush_records(&mut stream.tcp, &stream.session, &mut stream.out).await?;
         if !stream.session.borrow().conn.is_handshaking() {

@@ -78,6 +78,8 @@ export interface RingcastOptions {
   minReconnectDelayMs?: number;
   /** Backoff ceiling (default 20000 ms). */
   maxReconnectDelayMs?: number;
+  /** After a 1001 (server shutdown) the first reconnect waits uniformly between the backoff floor and this (default 3000 ms). */
+  shutdownReconnectSpreadMs?: number;
   /** Time allowed from opening a socket to the server's `connected` frame (default 10000 ms). */
   connectTimeoutMs?: number;
   /** Added to 3 x heartbeat_s before a silent connection counts as dead (default 5000 ms). */
@@ -151,7 +153,20 @@ export const CloseCodes: Readonly<{
   HEARTBEAT_TIMEOUT: 4009;
   GOING_AWAY: 1001;
   ABNORMAL: 1006;
+  TRY_AGAIN_LATER: 1013;
 }>;
+
+/**
+ * The wait a close asks for, or undefined for the usual backoff: 1013 with
+ * `retry_after=<s>` gives s seconds plus up to 1 s of jitter; 1001 gives uniform [min, spreadMs].
+ */
+export function closeDelay(
+  code: number,
+  reason: string | undefined,
+  minMs: number,
+  spreadMs: number,
+  random?: () => number,
+): number | undefined;
 
 /** Reconnect delay for attempt n (0-based): uniform in [min, min(max, min * 2^(n+1))]. */
 export function backoffDelay(attempt: number, minMs: number, maxMs: number, random?: () => number): number;

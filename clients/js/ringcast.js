@@ -17,6 +17,7 @@ export const CloseCodes = Object.freeze({
   HEARTBEAT_TIMEOUT: 4009,
   GOING_AWAY: 1001,
   ABNORMAL: 1006,
+  TRY_AGAIN_LATER: 1013,
 });
 
 const CLOSE_NAMES = {
@@ -28,6 +29,7 @@ const CLOSE_NAMES = {
   1007: "invalid_payload",
   1009: "frame_too_large",
   1011: "server_error",
+  1013: "try_again_later",
   4001: "key_revoked",
   4008: "slow_consumer",
   4009: "heartbeat_timeout",
@@ -54,6 +56,19 @@ export function backoffDelay(attempt, minMs, maxMs, random = Math.random) {
   const max = Math.max(min, maxMs);
   const cap = Math.min(max, min * 2 ** Math.min(attempt + 1, 30));
   return Math.round(min + random() * (cap - min));
+}
+
+/**
+ * The least wait a close asks for (else `undefined`): 1013 `retry_after=<s>` (node over its
+ * upgrade rate): s seconds plus up to 1 s of jitter; 1001 (shutdown): uniform over
+ * [min, spreadMs], so a stopping node's clients do not reach the next node all at once.
+ */
+export function closeDelay(code, reason, minMs, spreadMs, random = Math.random) {
+  const m = code === 1013 && /(?:^|[^a-z_])retry_after=(\d{1,4})(?:$|\D)/.exec(reason ?? "");
+  if (m) return Math.round(Math.min(Math.max(Number(m[1]), 1), 60) * 1000 + random() * 1000);
+  if (code !== 1001) return undefined;
+  const min = Math.max(0, minMs);
+  return Math.round(min + random() * Math.max(0, spreadMs - min));
 }
 
 /**
@@ -210,6 +225,7 @@ export class Ringcast extends Emitter {
       this.minReconnectDelayMs,
       options.maxReconnectDelayMs ?? 20000,
     );
+    this.shutdownReconnectSpreadMs = options.shutdownReconnectSpreadMs ?? 3000;
     this.connectTimeoutMs = options.connectTimeoutMs ?? 10000;
     this.heartbeatMarginMs = options.heartbeatMarginMs ?? 5000;
     this.tokenRefreshMarginMs = options.tokenRefreshMarginMs ?? 30000;
@@ -375,7 +391,8 @@ export class Ringcast extends Emitter {
       return;
     }
     if (wasConnected && this._now() - this._connectedAt >= this._stableMs()) this._attempt = 0;
-    this._lost();
+    const { minReconnectDelayMs: min, shutdownReconnectSpreadMs: spread } = this;
+    this._lost(closeDelay(code, reason, min, spread, this._random));
   }
 
   /** A connection that lasted this long resets the backoff. */
@@ -383,15 +400,13 @@ export class Ringcast extends Emitter {
     return Math.max(5000, this.maxReconnectDelayMs);
   }
 
-  /** The connection is gone (not by the application): wait, then try again. */
-  _lost() {
+  /** The connection is gone (not by the application): wait (at least `atLeast`), retry. */
+  _lost(atLeast = 0) {
     this._setState("disconnected");
     if (this.state !== "disconnected") return; // a state listener closed the client
-    const delay = backoffDelay(
-      this._attempt,
-      this.minReconnectDelayMs,
-      this.maxReconnectDelayMs,
-      this._random,
+    const delay = Math.max(
+      atLeast ?? 0,
+      backoffDelay(this._attempt, this.minReconnectDelayMs, this.maxReconnectDelayMs, this._random),
     );
     this._attempt += 1;
     this._cancel("_reconnectTimer");

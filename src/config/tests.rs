@@ -167,3 +167,55 @@ fn fragment_cap_defaults_to_64() {
     assert_eq!(cfg.max_fragments_per_message, 1000);
     cfg.validate().unwrap();
 }
+
+#[test]
+fn admission_keys_by_file_env_and_flag_with_their_checks() {
+    let cfg = Config::from_toml(
+        "max_upgrades_per_second = 50\ndrain_spread_s = 2\ntrusted_proxies = [\"10.0.0.0/8\", \"::1\"]\n",
+    )
+    .unwrap();
+    cfg.validate().unwrap();
+    assert_eq!(cfg.max_upgrades_per_second, 50);
+    assert_eq!(cfg.drain_spread_s, 2);
+    assert_eq!(cfg.trusted_proxies, ["10.0.0.0/8", "::1"]);
+    let d = Config::default();
+    assert_eq!(d.max_upgrades_per_second, DEFAULT_MAX_UPGRADES_PER_SECOND);
+    assert_eq!(d.drain_spread_s, 5);
+    assert!(d.trusted_proxies.is_empty());
+
+    let mut args = ServeArgs::default();
+    // An environment variable or a flag gives the list as comma-separated text.
+    args.limits.trusted_proxies = Some("10.1.0.0/16, 192.168.0.1".into());
+    args.limits.max_upgrades_per_second = Some("0".into());
+    args.limits.drain_spread_s = Some("1".into());
+    args.sources.insert("trusted_proxies", "env");
+    args.sources.insert("max_upgrades_per_second", "flag");
+    let loaded = Config::load_sourced(&args, Path::new("./d"), None, None).unwrap();
+    assert_eq!(
+        loaded.config.trusted_proxies,
+        ["10.1.0.0/16", "192.168.0.1"]
+    );
+    assert_eq!(loaded.config.max_upgrades_per_second, 0);
+    assert_eq!(loaded.config.drain_spread_s, 1);
+    let shown = loaded.show();
+    assert_eq!(shown["trusted_proxies"]["source"], "env");
+    assert_eq!(shown["max_upgrades_per_second"]["source"], "flag");
+    assert_eq!(shown["drain_spread_s"]["value"], 1);
+
+    for (key, value) in [
+        ("trusted_proxies", "10.0.0.0/33"),
+        ("trusted_proxies", "proxy.example"),
+        ("drain_spread_s", "601"),
+        ("max_upgrades_per_second", "10000001"),
+        ("max_upgrades_per_second", "-1"),
+    ] {
+        let mut args = ServeArgs::default();
+        match key {
+            "trusted_proxies" => args.limits.trusted_proxies = Some(value.into()),
+            "drain_spread_s" => args.limits.drain_spread_s = Some(value.into()),
+            _ => args.limits.max_upgrades_per_second = Some(value.into()),
+        }
+        let err = Config::load_sourced(&args, Path::new("./d"), None, None).unwrap_err();
+        assert!(err.to_string().contains(key), "{key}={value}: {err}");
+    }
+}

@@ -54,8 +54,12 @@ pub(crate) struct HttpConn {
     request_started: Option<Instant>,
     /// Close after the pending output is written.
     close: bool,
-    /// The client's address, looked up only when `ws_connect_rate_per_ip` is on.
+    /// The client's address: the TCP peer's, or what a trusted proxy's PROXY header
+    /// named (`ws_connect_rate_per_ip` and the logs use it).
     pub(super) peer: Option<std::net::IpAddr>,
+    /// The peer is a trusted proxy that sent no PROXY header: each request's
+    /// `X-Forwarded-For` may name the client.
+    forwarded: bool,
     /// An answer being prepared (see [`Outcome::Deferred`]).
     deferred: Option<Deferred>,
     /// `serve_buffered` stopped at `max_pending_answer_bytes` with requests still
@@ -78,6 +82,7 @@ impl HttpConn {
             request_started: None,
             close: false,
             peer: None,
+            forwarded: false,
             deferred: None,
             held: false,
         }
@@ -108,7 +113,15 @@ impl HttpConn {
                     break;
                 }
             };
-            match route(svc, &head, req, &mut self.out, self.peer) {
+            let peer = match (&head.forwarded_for, self.forwarded) {
+                (Some(xff), true) => svc
+                    .node
+                    .trusted
+                    .forwarded_client(&req[xff.clone()])
+                    .or(self.peer),
+                _ => self.peer,
+            };
+            match route(svc, &head, req, &mut self.out, peer) {
                 Outcome::NeedMore => break,
                 Outcome::Answered { close } => {
                     let body = head.content_length.unwrap_or(0);
@@ -134,6 +147,7 @@ impl HttpConn {
                     break;
                 }
                 Outcome::Upgrade(u) => {
+                    tracing::debug!(client = ?peer, dialect = ?u.dialect, "websocket upgraded");
                     consumed += head.head_len;
                     upgrade = Some(u);
                     break;
@@ -213,11 +227,47 @@ pub(crate) async fn refuse_busy(mut stream: TcpStream) {
     let _ = monoio::time::timeout(Duration::from_secs(1), stream.write_all(out)).await;
 }
 
+/// Where an accepted connection comes from (see `crate::admission`).
+#[derive(Debug)]
+pub(crate) struct Origin {
+    /// The client address: the TCP peer, or what its trusted PROXY header named
+    /// (`None`: looked up from the socket).
+    pub client: Option<std::net::IpAddr>,
+    /// The TCP peer is one of `trusted_proxies`.
+    pub trusted_peer: bool,
+    /// `client` came from a PROXY header (then `X-Forwarded-For` is not read).
+    pub from_header: bool,
+    /// Bytes already read that start the HTTP stream.
+    pub leftover: Vec<u8>,
+    /// Bytes already read that start the TLS handshake.
+    pub tls_prefix: Vec<u8>,
+}
+
+impl Origin {
+    /// A connection as accepted from `peer`.
+    pub(crate) fn peer(peer: std::net::IpAddr) -> Origin {
+        Origin {
+            client: Some(crate::admission::trusted::canonical(peer)),
+            trusted_peer: false,
+            from_header: false,
+            leftover: Vec::new(),
+            tls_prefix: Vec::new(),
+        }
+    }
+}
+
 /// Serve one accepted connection until it closes or becomes a WebSocket.
-pub(crate) async fn serve<S: Transport>(svc: Rc<Service>, mut stream: S, guard: ConnGuard) {
+pub(crate) async fn serve<S: Transport>(
+    svc: Rc<Service>,
+    mut stream: S,
+    guard: ConnGuard,
+    origin: Origin,
+) {
     let mut conn = HttpConn::new();
-    if svc.node.connect_rate.is_some() {
-        conn.peer = stream.peer_ip();
+    conn.peer = origin.client.or_else(|| stream.peer_ip());
+    conn.forwarded = origin.trusted_peer && !origin.from_header;
+    if !origin.leftover.is_empty() {
+        conn.buf.extend_from_slice(&origin.leftover);
     }
     loop {
         let upgrade = conn.serve_buffered(&svc);

@@ -4,7 +4,8 @@
 //! - [`conn`]: one connection's state ([`conn::HttpConn`]) and its read → serve →
 //!   flush steps, keep-alive and pipelining.
 //! - [`route`]: the routing table, answering with an [`outcome::Outcome`]; [`publish`], [`history`], [`health`] and [`upgrade`] are its
-//!   endpoints, [`pusher_ws`] and [`pusher_rest`] the Pusher protocol's; [`response`] writes every answer from the one error table
+//!   endpoints, [`pusher_ws`] and [`pusher_rest`] the Pusher protocol's; [`upgrade_limit`] is
+//!   `max_upgrades_per_second` at both upgrades; [`response`] writes every answer from the one error table
 //!   ([`crate::error`]).
 //! - [`idempotent`]: the `Idempotency-Key` header around the publish endpoints.
 //! - [`transport`]: plain TCP or TLS under the same loop; [`service`]: what one worker's
@@ -34,6 +35,7 @@ pub(crate) mod route;
 pub(crate) mod service;
 pub(crate) mod transport;
 pub(crate) mod upgrade;
+pub(crate) mod upgrade_limit;
 
 pub(crate) use response::ApiError;
 pub(crate) use service::Service;

@@ -51,6 +51,8 @@ pub struct RequestHead {
     pub ws_key: Option<Range<usize>>,
     pub ws_version: Option<Range<usize>>,
     pub http10: bool,
+    /// The last `X-Forwarded-For` header (read only for a trusted proxy's requests).
+    pub forwarded_for: Option<Range<usize>>,
 }
 
 impl RequestHead {
@@ -216,6 +218,8 @@ pub fn parse_head(
             head.ws_key = Some(range_of(trim(value)));
         } else if name.eq_ignore_ascii_case("sec-websocket-version") {
             head.ws_version = Some(range_of(trim(value)));
+        } else if name.eq_ignore_ascii_case("x-forwarded-for") {
+            head.forwarded_for = Some(range_of(value));
         }
     }
     if saw_transfer_encoding {

@@ -6,7 +6,8 @@
 //! forever, while a `pusher:error` frame and a close code tell it what to do. The order
 //! of checks: `protocol` (5 to 7; absent means 7) → 4007; the server stopping → 4200;
 //! the per-IP connect rate → 4100; the key (an active public key) and the project's
-//! Pusher switch → 4001; the project's connection limit → 4100. A refused upgrade's
+//! Pusher switch → 4001; `max_upgrades_per_second` → 4100; the project's connection
+//! limit → 4100. A refused upgrade's
 //! bytes (101, the error frame, the close frame) are one HTTP answer after which the
 //! socket is closed: no WebSocket state is ever made for it.
 
@@ -65,6 +66,9 @@ pub(crate) fn handle(
         Ok(entry) if entry.project.pusher_enabled() => entry,
         _ => return refuse(out, ws_key, Disconnect::PUSHER_APP_REFUSED),
     };
+    if super::upgrade_limit::over_rate(svc).is_some() {
+        return refuse(out, ws_key, Disconnect::PUSHER_OVER_CAPACITY);
+    }
     let limit = entry
         .project
         .connection_limit(svc.config().max_ws_connections_per_project);

@@ -2,8 +2,9 @@
 //!
 //! The request must be a well-formed version-13 upgrade (else 400/405), the server not
 //! shutting down (503), `?key=` an active public key (401, checked by the one key check
-//! `KeySnapshot::authenticate`), and the project under its per-node connection limit
-//! (503). Then the 101 answer is written and [`start`] hands the socket to the
+//! `KeySnapshot::authenticate`), the node under `max_upgrades_per_second` (else 101
+//! then close 1013, `super::upgrade_limit`), and the project under its per-node
+//! connection limit (503). Then the 101 answer is written and [`start`] hands the socket to the
 //! transport (`ws::conn`) with the client protocol (`client::ClientSession`) on top,
 //! registered with the worker's shard. The per-project slot and the worker's admission
 //! guard live exactly as long as the connection's reader task.
@@ -90,6 +91,9 @@ pub(crate) fn handle(
         Ok(entry) => entry,
         Err(refusal) => return answer(out, ApiError::Unauthorized(refusal)),
     };
+    if let Some(retry_after) = super::upgrade_limit::over_rate(svc) {
+        return super::upgrade_limit::refuse_native(out, ws_key, retry_after);
+    }
     let limit = entry
         .project
         .connection_limit(svc.config().max_ws_connections_per_project);

@@ -21,7 +21,8 @@
 //!
 //! Shutdown (SIGTERM/SIGINT): publishes get 503 at once, every worker receives a
 //! Shutdown envelope behind the broadcasts already queued (so those are delivered),
-//! stops accepting, closes its WebSockets with 1001, and the process exits 0 within
+//! stops accepting, closes its WebSockets with 1001 spread over `drain_spread_s`
+//! (`crate::admission::drain`), and the process exits 0 within `drain_spread_s` plus
 //! `shutdown_grace_ms` plus one second.
 
 mod alloc;
@@ -283,6 +284,9 @@ fn serve(
     };
     let config_history_max = config.history_max_bytes;
     let connect_rate = crate::quota::connect_rate::ConnectRate::new(config.ws_connect_rate_per_ip);
+    let config_upgrades = config.max_upgrades_per_second;
+    let trusted = crate::admission::trusted::TrustedProxies::parse(&config.trusted_proxies)
+        .map_err(|e| anyhow::anyhow!("trusted_proxies: {e}"))?;
     // Webhooks first: the presence hub reports its transitions to them.
     let webhooks = crate::webhook::Webhooks::start(&config, keys.clone());
     let transitions: Arc<dyn crate::presence::Transitions> = webhooks.clone();
@@ -321,6 +325,8 @@ fn serve(
         )),
         metrics_timing,
         connect_rate,
+        upgrades: crate::admission::upgrades::UpgradeBucket::new(config_upgrades),
+        trusted,
         webhooks,
     });
     let metrics_addr = match shared.config.metrics_listen {
@@ -447,7 +453,10 @@ fn serve(
     tracing::info!("shutting down");
     shared.shutting_down.store(true, Ordering::SeqCst);
     mailboxes.control(|| Envelope::Shutdown);
-    let deadline = Instant::now() + Duration::from_millis(shared.config.shutdown_grace_ms + 500);
+    // The closes are spread over `drain_spread_s`, then the grace (README, "Admission").
+    let deadline = Instant::now()
+        + Duration::from_secs(shared.config.drain_spread_s)
+        + Duration::from_millis(shared.config.shutdown_grace_ms + 500);
     while Instant::now() < deadline && !threads.iter().all(|t| t.is_finished()) {
         std::thread::sleep(Duration::from_millis(10));
     }

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use monoio::net::TcpListener;
 
+use crate::http::conn::Origin;
 use crate::http::Service;
 use crate::node::Node;
 use crate::shard::mailbox::Mailbox;
@@ -54,14 +55,25 @@ async fn accept_loop(
             _ = &mut stopped => return,
         };
         match accepted {
-            Ok((stream, _peer)) => {
+            Ok((stream, peer)) => {
                 let _ = stream.set_nodelay(true);
+                let origin = Origin::peer(peer.ip());
+                let proxied = svc.node.trusted.contains(peer.ip());
                 match (shard.admit(), &tls) {
+                    (Some(guard), tls) if proxied => {
+                        monoio::spawn(serve_proxied(
+                            svc.clone(),
+                            stream,
+                            tls.clone(),
+                            guard,
+                            origin,
+                        ));
+                    }
                     (Some(guard), None) => {
-                        monoio::spawn(crate::http::conn::serve(svc.clone(), stream, guard));
+                        monoio::spawn(crate::http::conn::serve(svc.clone(), stream, guard, origin));
                     }
                     (Some(guard), Some(tls)) => {
-                        monoio::spawn(serve_tls(svc.clone(), stream, tls.clone(), guard));
+                        monoio::spawn(serve_tls(svc.clone(), stream, tls.clone(), guard, origin));
                     }
                     (None, None) => {
                         monoio::spawn(crate::http::conn::refuse_busy(stream));
@@ -80,6 +92,41 @@ async fn accept_loop(
     }
 }
 
+/// A connection from a `trusted_proxies` peer: its PROXY header (if any) first, read
+/// before TLS or HTTP; then served as any other, with the client address it named. A
+/// malformed or late header closes the connection.
+async fn serve_proxied(
+    svc: Rc<Service>,
+    mut stream: monoio::net::TcpStream,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    guard: ConnGuard,
+    mut origin: Origin,
+) {
+    let limit = svc.config().header_read_timeout();
+    let start = match crate::admission::accept::read_start(&mut stream, limit).await {
+        Ok(start) => start,
+        Err(e) => {
+            tracing::debug!(peer = ?origin.client, error = %e, "PROXY header refused");
+            return;
+        }
+    };
+    origin.trusted_peer = true;
+    if let Some(client) = start.client {
+        origin.client = Some(crate::admission::trusted::canonical(client));
+        origin.from_header = true;
+    }
+    match tls {
+        None => {
+            origin.leftover = start.leftover;
+            crate::http::conn::serve(svc, stream, guard, origin).await;
+        }
+        Some(tls) => {
+            origin.tls_prefix = start.leftover;
+            serve_tls(svc, stream, tls, guard, origin).await;
+        }
+    }
+}
+
 /// Handshake, then serve HTTP over TLS. A failed or timed-out handshake (a plaintext
 /// request on the TLS port, a scanner, a silent client) just closes this connection.
 async fn serve_tls(
@@ -87,11 +134,13 @@ async fn serve_tls(
     stream: monoio::net::TcpStream,
     tls: Arc<rustls::ServerConfig>,
     guard: ConnGuard,
+    mut origin: Origin,
 ) {
     let limit = svc.config().header_read_timeout();
     let worker = svc.shard.index();
-    match monoio::time::timeout(limit, crate::tls::accept(tls, stream)).await {
-        Ok(Ok(stream)) => crate::http::conn::serve(svc, stream, guard).await,
+    let prefix = std::mem::take(&mut origin.tls_prefix);
+    match monoio::time::timeout(limit, crate::tls::accept_prefixed(tls, stream, prefix)).await {
+        Ok(Ok(stream)) => crate::http::conn::serve(svc, stream, guard, origin).await,
         Ok(Err(e)) => tracing::debug!(worker, error = %e, "TLS handshake failed"),
         Err(_) => tracing::debug!(worker, "TLS handshake timed out"),
     }
@@ -132,7 +181,10 @@ pub(crate) fn run(setup: WorkerSetup) -> std::io::Result<()> {
     if let Some(m) = metrics {
         crate::metrics::install(m);
     }
-    let grace = Duration::from_millis(node.config.shutdown_grace_ms);
+    let spread = Duration::from_secs(node.config.drain_spread_s);
+    crate::admission::drain::install(spread);
+    // The 1001 closes are spread first, then queued frames get the grace.
+    let grace = spread + Duration::from_millis(node.config.shutdown_grace_ms);
     let period = Duration::from_secs(node.config.heartbeat_s.max(1));
     let body = async move {
         listener.set_nonblocking(true)?;

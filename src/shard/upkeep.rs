@@ -103,10 +103,9 @@ impl Shard {
         if !self.stop.set() {
             return;
         }
+        // Spread over `drain_spread_s`, so clients do not all reconnect at once.
         let conns = self.websocket_list();
-        for conn in conns {
-            conn.close(Disconnect::SHUTDOWN);
-        }
+        crate::admission::drain::spread(conns, |conn| conn.close(Disconnect::SHUTDOWN));
     }
 
     /// Resolves once shutdown began.

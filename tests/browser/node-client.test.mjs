@@ -175,3 +175,43 @@ test("Node: presence members, joins and leaves, and a token that expires ends th
   assert.deepEqual(u1.seen.ended, []);
   assert.deepEqual(u1.seen.errors, []);
 });
+
+test("Node: a node over max_upgrades_per_second closes with 1013 retry_after; the client waits that long, then connects", async () => {
+  const server = await startServer({ config: "max_upgrades_per_second = 1\n" });
+  const project = await createProject(server);
+  // Take the node's one upgrade of this second.
+  const first = new WebSocket(`${server.wsUrl}?key=${project.public}`);
+  onCleanup(() => first.terminate());
+  await new Promise((resolve, reject) => {
+    first.once("message", resolve);
+    first.once("error", reject);
+  });
+  const opened = [];
+  class Counting extends WebSocket {
+    constructor(url) {
+      super(url);
+      opened.push(Date.now());
+    }
+  }
+  const client = new Ringcast(server.wsUrl, {
+    key: project.public,
+    WebSocket: Counting,
+    minReconnectDelayMs: 50,
+    maxReconnectDelayMs: 100,
+  });
+  onCleanup(() => client.close());
+  const errors = [];
+  client.on("error", (e) => errors.push({ e, at: Date.now() }));
+  client.connect();
+  await waitFor(() => client.state === "connected", { timeout: 20000, message: "connected after the wait" });
+  const refused = errors.find(({ e }) => e.closeCode === 1013);
+  assert.ok(refused, JSON.stringify(errors.map(({ e }) => e.message)));
+  assert.equal(refused.e.code, "try_again_later");
+  const m = /^retry_after=(\d+)$/.exec(refused.e.reason);
+  assert.ok(m, refused.e.reason);
+  const seconds = Number(m[1]);
+  assert.ok(seconds >= 1 && seconds <= 10, refused.e.reason);
+  // The next attempt came no sooner than retry_after (the backoff alone is 50-100 ms).
+  const next = opened.find((t) => t >= refused.at);
+  assert.ok(next - refused.at >= seconds * 1000 - 20, `retried after ${next - refused.at} ms`);
+});

@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { backoffDelay, jwtExp } from "../ringcast.js";
+import { backoffDelay, closeDelay, jwtExp } from "../ringcast.js";
 import { fakeJwt } from "../test-helpers/fakes.js";
 
 test("backoff stays between min and max for every attempt and random value", () => {
@@ -53,4 +53,18 @@ test("jwtExp reads exp without verifying, and tolerates junk", () => {
   assert.equal(jwtExp("not a jwt"), undefined);
   assert.equal(jwtExp("a.!!!.c"), undefined);
   assert.equal(jwtExp(undefined), undefined);
+});
+
+test("closeDelay: retry_after from a 1013, bounded; 1001 spread; other codes none", () => {
+  assert.equal(closeDelay(1013, "retry_after=3", 500, 3000, () => 0), 3000);
+  assert.equal(closeDelay(1013, "retry_after=3", 500, 3000, () => 0.5), 3500);
+  assert.equal(closeDelay(1013, "retry_after=0", 500, 3000, () => 0), 1000);
+  assert.equal(closeDelay(1013, "retry_after=9999", 500, 3000, () => 0), 60000);
+  assert.equal(closeDelay(1013, "xretry_after=3", 500, 3000, () => 0), undefined);
+  assert.equal(closeDelay(1013, "", 500, 3000, () => 0), undefined);
+  assert.equal(closeDelay(1013, undefined, 500, 3000, () => 0), undefined);
+  assert.equal(closeDelay(1001, "", 500, 3000, () => 0), 500);
+  assert.equal(closeDelay(1001, "", 500, 3000, () => 1), 3000);
+  assert.equal(closeDelay(1006, "", 500, 3000, () => 1), undefined);
+  assert.equal(closeDelay(4008, "retry_after=3", 500, 3000, () => 1), undefined);
 });

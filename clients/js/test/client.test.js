@@ -151,12 +151,12 @@ test("a connection that stayed up resets the backoff; a short one does not", () 
   Socket.last.serverClose(1006);
   clock.advance(400);
   Socket.last.accept();
-  Socket.last.serverClose(1001); // up for 0 ms: keeps growing
+  Socket.last.serverClose(1006); // up for 0 ms: keeps growing
   assert.deepEqual(clock.pending(), [800]);
   clock.advance(800);
   Socket.last.accept();
   clock.advance(60_000);
-  Socket.last.serverClose(1001); // up for a minute: back to the first delay
+  Socket.last.serverClose(1006); // up for a minute: back to the first delay
   assert.deepEqual(clock.pending(), [200]);
 });
 
@@ -184,7 +184,7 @@ for (const code of [4008, 1001, 1011, 4009, 1000]) {
     Socket.last.accept();
     Socket.last.serverClose(code);
     assert.equal(client.state, "disconnected");
-    clock.advance(1000);
+    clock.advance(3000);
     assert.equal(Socket.instances.length, 2);
   });
 }
@@ -652,4 +652,54 @@ test("no WebSocket implementation: a clear error and state closed", () => {
   client.connect();
   assert.equal(errors.at(-1).code, "no_websocket");
   assert.equal(client.state, "closed");
+});
+
+test("close 1013 waits retry_after seconds plus jitter, then reconnects", () => {
+  const { clock, Socket, client, errors } = setup({ random: () => 0.25 });
+  client.connect();
+  Socket.last.serverClose(1013, "retry_after=7");
+  assert.equal(client.state, "disconnected");
+  assert.equal(errors.at(-1).code, "try_again_later");
+  assert.equal(errors.at(-1).closeCode, 1013);
+  // 7 s plus 0.25 of a second of jitter, not the 100-200 ms backoff.
+  assert.deepEqual(clock.pending(), [7250]);
+  clock.advance(7249);
+  assert.equal(Socket.instances.length, 1);
+  clock.advance(1);
+  assert.equal(Socket.instances.length, 2);
+  // Without a readable retry_after: the usual backoff.
+  Socket.last.serverClose(1013, "busy");
+  assert.ok(clock.pending()[0] <= 1000, `${clock.pending()}`);
+});
+
+test("close 1013 waits are jittered between clients", () => {
+  const waits = new Set();
+  for (const r of [0, 0.3, 0.6, 0.9]) {
+    const { clock, Socket, client } = setup({ random: () => r });
+    client.connect();
+    Socket.last.serverClose(1013, "retry_after=2");
+    waits.add(clock.pending()[0]);
+    assert.ok(clock.pending()[0] >= 2000 && clock.pending()[0] <= 3000);
+  }
+  assert.equal(waits.size, 4);
+});
+
+test("after 1001 the first reconnect is spread over a few seconds, not half a second", () => {
+  const delays = [];
+  for (const r of [0, 0.5, 1]) {
+    const { clock, Socket, client } = setup({ random: () => r, minReconnectDelayMs: 500, maxReconnectDelayMs: 20000 });
+    client.connect();
+    Socket.last.accept();
+    clock.advance(60_000);
+    Socket.last.serverClose(1001, "server shutting down");
+    delays.push(clock.pending()[0]);
+  }
+  // Uniform over [500, 3000] ms (shutdownReconnectSpreadMs), where the backoff alone
+  // would give [500, 1000] ms.
+  assert.deepEqual(delays, [500, 1750, 3000]);
+  const { clock, Socket, client } = setup({ random: () => 1, shutdownReconnectSpreadMs: 8000 });
+  client.connect();
+  Socket.last.accept();
+  Socket.last.serverClose(1001);
+  assert.deepEqual(clock.pending(), [8000]);
 });
