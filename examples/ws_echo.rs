@@ -36,8 +36,9 @@ const SEND_BACKLOG: usize = 256 * 1024 * 1024;
 const MAX_HEAD: usize = 16 * 1024;
 const MAX_HEADERS: usize = 64;
 
-/// The echo handler in place of ringcast's client protocol.
-struct Echo;
+/// The echo handler in place of ringcast's client protocol (with the worker's reader
+/// knobs, as the server's sessions hold theirs).
+struct Echo(Rc<ReadCtx>);
 
 impl Session for Echo {
     fn on_message(
@@ -51,6 +52,10 @@ impl Session for Echo {
     }
 
     fn on_end(&mut self, _conn: &Rc<WsConn>) {}
+
+    fn read_ctx(&self) -> &ReadCtx {
+        &self.0
+    }
 }
 
 fn listen_addr() -> String {
@@ -168,7 +173,7 @@ async fn serve(mut stream: TcpStream, id: u64, started: Instant, engine: Rc<Engi
         .clone()
     });
     // The reader parks in the engine between readiness turns, as the server's does.
-    start_parked(&engine, conn, Echo, ctx, leftover, ());
+    start_parked(&engine, conn, Echo(ctx), leftover, ());
 }
 
 thread_local! {

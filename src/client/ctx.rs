@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use crate::presence::Hub;
 use crate::shard::Shard;
+use crate::ws::conn::ReadCtx;
 
 use super::admit::Admission;
 use super::events::EventContext;
@@ -24,6 +25,8 @@ pub(crate) struct SessionCtx {
     pub(crate) presence: Option<Arc<Hub>>,
     /// The worker's subscribe admission (rate, verified tokens, subscription limit).
     pub(crate) admission: Rc<Admission>,
+    /// The worker's reader knobs and clock (`Session::read_ctx`).
+    pub(crate) read: ReadCtx,
 }
 
 impl SessionCtx {
@@ -33,6 +36,7 @@ impl SessionCtx {
         events: Rc<EventContext>,
         presence: Option<Arc<Hub>>,
         admission: Rc<Admission>,
+        read: ReadCtx,
     ) -> Rc<SessionCtx> {
         Rc::new(SessionCtx {
             shard,
@@ -40,6 +44,7 @@ impl SessionCtx {
             events,
             presence,
             admission,
+            read,
         })
     }
 }

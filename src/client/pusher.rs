@@ -43,7 +43,7 @@ use crate::presence::{Hub, Join};
 use crate::pusher_frame;
 use crate::shard::mailbox::PresenceAnswer;
 use crate::shard::{is_presence, PresenceDone};
-use crate::ws::conn::{Session, WsConn};
+use crate::ws::conn::{ReadCtx, Session, WsConn};
 use crate::ws::frame::Opcode;
 
 use super::admit::Budget;
@@ -586,6 +586,10 @@ impl Session for PusherSession {
             }
         }
         Ok(())
+    }
+
+    fn read_ctx(&self) -> &ReadCtx {
+        &self.ctx.read
     }
 
     fn on_end(&mut self, conn: &Rc<WsConn>) {

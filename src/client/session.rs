@@ -32,7 +32,7 @@ use crate::auth::ProjectState;
 use crate::close::Disconnect;
 use crate::ids::SocketId;
 use crate::shard::registry::Subscribed;
-use crate::ws::conn::{Session, WsConn};
+use crate::ws::conn::{ReadCtx, Session, WsConn};
 use crate::ws::frame::Opcode;
 
 use super::admit::Budget;
@@ -700,6 +700,10 @@ impl Session for ClientSession {
             }
         }
         Ok(())
+    }
+
+    fn read_ctx(&self) -> &ReadCtx {
+        &self.ctx.read
     }
 
     fn on_end(&mut self, conn: &Rc<WsConn>) {

@@ -39,8 +39,9 @@ use std::rc::Rc;
 pub trait Ready {
     /// The socket is readable, or at end of stream, or in error. The record is out of
     /// its slot for the call: it parks itself again ([`Engine::park`]), or hands itself
-    /// to a task ([`Engine::hold`] first), or ends ([`Engine::release`]).
-    fn ready(self: Box<Self>, engine: &Rc<Engine>);
+    /// to a task ([`Engine::hold`] first), or ends ([`Engine::release`]). `token` names
+    /// its slot (so an idle record need not keep it).
+    fn ready(self: Box<Self>, engine: &Rc<Engine>, token: Token);
 }
 
 /// A slot of the engine's slab: index (low 32 bits) and generation (high 32 bits).
@@ -250,7 +251,7 @@ impl Engine {
                 live_slot(&mut self.slots.borrow_mut(), token).and_then(|s| s.parked.take());
             // `None`: released since the event was collected, or in a task's hands.
             if let Some(record) = record {
-                record.ready(self);
+                record.ready(self, token);
             }
         }
     }

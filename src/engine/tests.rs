@@ -19,7 +19,7 @@ struct Probe {
 }
 
 impl Ready for Probe {
-    fn ready(mut self: Box<Self>, engine: &Rc<Engine>) {
+    fn ready(mut self: Box<Self>, engine: &Rc<Engine>, _token: Token) {
         let mut buf = [0u8; 64];
         // SAFETY: valid buffer; the socket is open (the test holds it).
         let n = unsafe {

@@ -27,10 +27,9 @@ pub(crate) struct Service {
     /// What every client session of the worker shares: the shard, the expiry timer,
     /// the client-event relay, the presence hub, and the subscribe admission (the
     /// per-connection rate and the cache of verified tokens).
+    /// It also holds what every WebSocket reader of the worker shares (`read`: its
+    /// limits, the worker's clock), once, not per connection.
     pub sessions: Rc<SessionCtx>,
-    /// What every plaintext WebSocket reader of the worker shares (its limits, the
-    /// worker's clock): held once here, not per connection.
-    pub read_ctx: Rc<ReadCtx>,
 }
 
 impl Service {
@@ -48,25 +47,25 @@ impl Service {
             node.config.max_subscriptions_per_connection,
         );
         let expiry = Expiry::new(shard.clone());
-        let sessions = SessionCtx::new(
-            shard.clone(),
-            expiry.clone(),
-            events,
-            Some(node.presence.clone()),
-            admission,
-        );
         let clock_shard = shard.clone();
-        let read_ctx = Rc::new(ReadCtx {
+        let read = ReadCtx {
             limits: ReadLimits {
                 max_message: node.config.max_frame_bytes,
                 max_fragments: node.config.max_fragments_per_message,
                 pause_backlog: node.config.read_pause_bytes(),
             },
             clock: Box::new(move || clock_shard.clock()),
-        });
+        };
+        let sessions = SessionCtx::new(
+            shard.clone(),
+            expiry.clone(),
+            events,
+            Some(node.presence.clone()),
+            admission,
+            read,
+        );
         Service {
             sessions,
-            read_ctx,
             node,
             expiry,
             shard,

@@ -212,10 +212,7 @@ fn read_side<S: Session + 'static>(
 ) {
     match rd {
         None => match engine::current() {
-            Some(engine) => {
-                let ctx = svc.read_ctx.clone();
-                start_parked(&engine, conn, session, ctx, pending, held);
-            }
+            Some(engine) => start_parked(&engine, conn, session, pending, held),
             None => {
                 // Every worker installs its engine before it accepts: not reached.
                 tracing::error!("websocket: no connection engine on this worker");
@@ -226,7 +223,7 @@ fn read_side<S: Session + 'static>(
         },
         Some(rd) => {
             let shard = svc.shard.clone();
-            let limits = svc.read_ctx.limits;
+            let limits = svc.sessions.read.limits;
             monoio::spawn(reader_task(rd, conn, session, limits, shard, pending, held));
         }
     }

@@ -122,7 +122,7 @@ impl Held {
     fn send(self, conn: &Rc<WsConn>) -> bool {
         match self {
             Held::Own(frame) => conn.send(frame),
-            Held::Shared(frame) => conn.send_shared(frame),
+            Held::Shared(frame) => conn.send_shared(&frame),
         }
     }
 }
@@ -723,7 +723,7 @@ impl Shard {
             if waiting.binary_search(&conn.id).is_ok() {
                 a.replies.push((conn.clone(), Held::Shared(frame.clone())));
                 delivered += 1;
-            } else if conn.send_shared(frame.clone()) {
+            } else if conn.send_shared(frame) {
                 delivered += 1;
             }
         }
@@ -759,7 +759,7 @@ fn fan_out_skipping(registry: &Registry, msg: &Broadcast, skip: u64) -> usize {
     if subs.pusher() == 0 {
         // Only native subscribers here: the Pusher frame is never looked at.
         for conn in subs.values() {
-            if conn.id != skip && conn.send_shared(msg.frame.clone()) {
+            if conn.id != skip && conn.send_shared(&msg.frame) {
                 delivered += 1;
             }
         }
@@ -777,7 +777,7 @@ fn fan_out_skipping(registry: &Registry, msg: &Broadcast, skip: u64) -> usize {
                 None => continue,
             },
         };
-        if conn.send_shared(frame.clone()) {
+        if conn.send_shared(frame) {
             delivered += 1;
         }
     }

@@ -15,7 +15,7 @@ use std::rc::Rc;
 
 use crate::ws::conn::WsConn;
 
-pub use super::subscribers::Subscribers;
+pub(crate) use super::subscribers::Subscribers;
 
 /// What a subscribe changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -89,7 +89,7 @@ impl Shard {
             if silent >= 3 * period {
                 conn.close(Disconnect::HEARTBEAT_TIMEOUT);
             } else if silent >= period {
-                conn.send_shared(ping.clone());
+                conn.send_shared(&ping);
             }
         }
     }

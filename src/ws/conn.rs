@@ -150,9 +150,9 @@ enum State {
 #[derive(Default)]
 struct Wakers {
     /// The writer task, waiting for frames.
-    writer: Cell<Option<Waker>>,
+    writer: Option<Waker>,
     /// A reader paused by back-pressure, or a task waiting for the end.
-    waiter: Cell<Option<Waker>>,
+    waiter: Option<Waker>,
 }
 
 /// State shared by a connection's reader, writer and the worker's fan-out.
@@ -177,9 +177,9 @@ pub struct WsConn {
     slot: Cell<u32>,
     state: Cell<State>,
     close_code: Cell<u16>,
-    /// The tasks this connection may wake, boxed on first use: an idle plaintext
-    /// connection never has a task waiting on it.
-    wakers: std::cell::OnceCell<Box<Wakers>>,
+    /// The tasks this connection may wake, boxed while one waits and given back when
+    /// none does: an idle plaintext connection has no task waiting on it.
+    wakers: Cell<Option<Box<Wakers>>>,
     /// Plaintext: the socket, owned by the connection (closed when the last holder
     /// lets go: the parked reader, a writer task, the registry): `fd` is closed on drop.
     /// `false` on TLS, whose streams own theirs. (A flag, not an `OwnedFd` beside `fd`:
@@ -217,7 +217,7 @@ impl WsConn {
             slot: Cell::new(u32::MAX),
             state: Cell::new(State::Open),
             close_code: Cell::new(0),
-            wakers: std::cell::OnceCell::new(),
+            wakers: Cell::new(None),
             owns_fd: false,
             writer_live: Cell::new(false),
             writing: Cell::new(false),
@@ -323,17 +323,19 @@ impl WsConn {
     /// connection is closing or was just closed for exceeding its backlog. Never
     /// blocks, never copies the frame.
     pub fn send(self: &Rc<Self>, frame: Bytes) -> bool {
-        self.enqueue(frame, true)
+        self.enqueue(&frame, true)
     }
 
     /// Queue a broadcast frame that other subscribers share (the fan-out): it counts in
     /// full against this connection's backlog, but only its queue slot against the
-    /// worker's budget, since its bytes exist once for all of them.
-    pub fn send_shared(self: &Rc<Self>, frame: Bytes) -> bool {
+    /// worker's budget, since its bytes exist once for all of them. Borrowed: a frame
+    /// sent at once is never cloned, so its reference count (shared by every worker's
+    /// fan-out of the same message) is not touched per subscriber.
+    pub fn send_shared(self: &Rc<Self>, frame: &Bytes) -> bool {
         self.enqueue(frame, false)
     }
 
-    fn enqueue(self: &Rc<Self>, mut frame: Bytes, own: bool) -> bool {
+    fn enqueue(self: &Rc<Self>, frame: &Bytes, own: bool) -> bool {
         if self.state.get() != State::Open {
             return false;
         }
@@ -342,6 +344,7 @@ impl WsConn {
             crate::metrics::with(|m| m.slow_consumer_close());
             return false;
         }
+        let mut sent = 0;
         if self.direct.get()
             && !self.writing.get()
             && self.fd_open.get()
@@ -350,7 +353,7 @@ impl WsConn {
             let window = u32::from(self.coalesce_ms.get());
             let now = if window == 0 { 0 } else { now_ms() };
             if self.window_passed(now, window) {
-                match self.send_now(&frame) {
+                match self.send_now(frame) {
                     Sent::All => {
                         if window != 0 {
                             self.last_write_ms.set(now);
@@ -361,7 +364,7 @@ impl WsConn {
                         if window != 0 {
                             self.last_write_ms.set(now);
                         }
-                        frame = frame.slice(n..);
+                        sent = n;
                     }
                     Sent::WouldBlock => {}
                     Sent::Failed => {
@@ -371,6 +374,11 @@ impl WsConn {
                 }
             }
         }
+        let frame = if sent == 0 {
+            frame.clone()
+        } else {
+            frame.slice(sent..)
+        };
         let cost = frame.len() + QUEUE_SLOT_COST;
         // Within the backlog limit (checked above), so it fits the `u32`.
         let total = u32::try_from(self.queued_bytes() + cost).unwrap_or(u32::MAX);
@@ -468,7 +476,7 @@ impl WsConn {
             if self.queued_bytes() <= limit || self.state.get() != State::Open {
                 Poll::Ready(())
             } else {
-                self.wakers().waiter.set(Some(cx.waker().clone()));
+                self.set_waiter(cx.waker());
                 Poll::Pending
             }
         })
@@ -541,17 +549,35 @@ impl WsConn {
         }
     }
 
-    fn wakers(&self) -> &Wakers {
-        self.wakers.get_or_init(Box::default)
+    fn set_writer_waker(&self, w: &Waker) {
+        let mut b = self.wakers.take().unwrap_or_default();
+        b.writer = Some(w.clone());
+        self.wakers.set(Some(b));
+    }
+
+    fn set_waiter(&self, w: &Waker) {
+        let mut b = self.wakers.take().unwrap_or_default();
+        b.waiter = Some(w.clone());
+        self.wakers.set(Some(b));
+    }
+
+    /// Take one waker out; the box goes once neither is left.
+    fn take_waker(&self, pick: fn(&mut Wakers) -> &mut Option<Waker>) -> Option<Waker> {
+        let mut b = self.wakers.take()?;
+        let w = pick(&mut b).take();
+        if b.writer.is_some() || b.waiter.is_some() {
+            self.wakers.set(Some(b));
+        }
+        w
     }
 
     /// The writer task's waker, if it waits for frames.
     pub(super) fn take_writer_waker(&self) -> Option<Waker> {
-        self.wakers.get().and_then(|w| w.writer.take())
+        self.take_waker(|b| &mut b.writer)
     }
 
     fn take_waiter(&self) -> Option<Waker> {
-        self.wakers.get().and_then(|w| w.waiter.take())
+        self.take_waker(|b| &mut b.waiter)
     }
 
     fn wake_writer(&self) {
@@ -605,7 +631,7 @@ impl WsConn {
                     return Poll::Ready(Wake::Idle);
                 }
             }
-            self.wakers().writer.set(Some(cx.waker().clone()));
+            self.set_writer_waker(cx.waker());
             Poll::Pending
         })
         .await
@@ -645,7 +671,7 @@ impl WsConn {
             if self.state.get() == State::Done {
                 Poll::Ready(())
             } else {
-                self.wakers().waiter.set(Some(cx.waker().clone()));
+                self.set_waiter(cx.waker());
                 Poll::Pending
             }
         })

@@ -51,6 +51,7 @@ fn setup(max: usize) -> (ClientSession, Rc<WsConn>, Rc<Shard>, Arc<Recorder>) {
                 events,
                 None,
                 crate::client::Admission::new(1_000_000_000, max),
+                test_read_ctx(),
             ),
             project,
         ),
@@ -145,6 +146,7 @@ fn private_setup(secret: &str) -> (ClientSession, Rc<WsConn>, Rc<Shard>, Rc<Expi
             None,
             // 2 channels; unthrottled (a burst of 2 would refuse this test's frames).
             crate::client::Admission::new(1_000_000_000, 2),
+            test_read_ctx(),
         ),
         project,
     );
@@ -356,4 +358,16 @@ fn the_end_of_a_connection_leaves_every_channel() {
     assert_eq!(shard.websockets(), 0);
     let offs = rec.0.lock().unwrap().iter().filter(|e| !e.2).count();
     assert_eq!(offs, 2);
+}
+
+/// The reader knobs of a session under test (its frames are handed to it directly).
+fn test_read_ctx() -> crate::ws::conn::ReadCtx {
+    crate::ws::conn::ReadCtx {
+        limits: crate::ws::conn::ReadLimits {
+            max_message: 1 << 20,
+            max_fragments: 64,
+            pause_backlog: 1 << 20,
+        },
+        clock: Box::new(|| 0),
+    }
 }

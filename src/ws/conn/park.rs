@@ -34,8 +34,6 @@ pub(crate) struct Parked<S: Session, H: 'static> {
     // Boxed on purpose: 8 bytes in every idle record instead of a 24-byte `Vec`.
     #[allow(clippy::box_collection)]
     pending: Option<Box<Vec<u8>>>,
-    ctx: Rc<ReadCtx>,
-    token: Token,
     /// What lives exactly as long as the reader (admission and per-project slots).
     _held: H,
 }
@@ -57,7 +55,6 @@ pub fn start_parked<S: Session + 'static, H: 'static>(
     engine: &Rc<Engine>,
     conn: Rc<WsConn>,
     session: S,
-    ctx: Rc<ReadCtx>,
     pending: Vec<u8>,
     held: H,
 ) {
@@ -75,12 +72,10 @@ pub fn start_parked<S: Session + 'static, H: 'static>(
         }
     };
     let mut p = Box::new(Parked {
-        asm: Assembler::new(ctx.limits.max_fragments),
+        asm: Assembler::new(session.read_ctx().limits.max_fragments),
         conn,
         session,
         pending: (!pending.is_empty()).then(|| Box::new(pending)),
-        ctx,
-        token,
         _held: held,
     });
     let next = if p.pending.is_none() {
@@ -90,13 +85,13 @@ pub fn start_parked<S: Session + 'static, H: 'static>(
     } else {
         Next::Finish
     };
-    p.follow(engine, next);
+    p.follow(engine, token, next);
 }
 
 impl<S: Session + 'static, H: 'static> Ready for Parked<S, H> {
-    fn ready(mut self: Box<Self>, engine: &Rc<Engine>) {
+    fn ready(mut self: Box<Self>, engine: &Rc<Engine>, token: Token) {
         let next = self.turn();
-        self.follow(engine, next);
+        self.follow(engine, token, next);
     }
 }
 
@@ -135,8 +130,9 @@ impl<S: Session + 'static, H: 'static> Parked<S, H> {
             put_scratch(buf);
             return Next::Finish;
         }
-        self.conn.touch((self.ctx.clock)());
-        let limits = self.ctx.limits;
+        let ctx = self.session.read_ctx();
+        self.conn.touch((ctx.clock)());
+        let limits = ctx.limits;
         let data = &mut buf[..n];
         let next = if self.conn.state.get() != State::Open {
             // Closing: only the peer's close frame matters now.
@@ -173,6 +169,7 @@ impl<S: Session + 'static, H: 'static> Parked<S, H> {
 
     /// Handle the complete frames in `pending`; `false` when reading should stop.
     fn process_pending(&mut self) -> bool {
+        let limits = self.session.read_ctx().limits;
         let Some(pending) = self.pending.as_mut() else {
             return true;
         };
@@ -181,7 +178,7 @@ impl<S: Session + 'static, H: 'static> Parked<S, H> {
             &mut self.session,
             &mut self.asm,
             pending,
-            self.ctx.limits,
+            limits,
         );
         if pending.is_empty() {
             self.pending = None;
@@ -196,7 +193,7 @@ impl<S: Session + 'static, H: 'static> Parked<S, H> {
         }
         let stalled = self.pending.as_ref().is_some_and(|p| has_frame(p));
         if self.conn.is_open()
-            && (stalled || self.conn.queued_bytes() > self.ctx.limits.pause_backlog)
+            && (stalled || self.conn.queued_bytes() > self.session.read_ctx().limits.pause_backlog)
         {
             Next::Paused
         } else {
@@ -204,40 +201,41 @@ impl<S: Session + 'static, H: 'static> Parked<S, H> {
         }
     }
 
-    fn follow(self: Box<Self>, engine: &Rc<Engine>, next: Next) {
+    /// `token`: the record's slot (carried by whoever holds the record, not by it).
+    fn follow(self: Box<Self>, engine: &Rc<Engine>, token: Token, next: Next) {
         match next {
             Next::Park => {
-                let token = self.token;
                 match engine.arm(token, self.conn.fd) {
                     Ok(()) => engine.park(token, self),
                     Err(e) => {
                         // Not woken again: end it rather than leave it deaf.
                         tracing::warn!("engine: cannot watch a connection again: {e}");
-                        self.finish(engine);
+                        self.finish(engine, token);
                     }
                 }
             }
             Next::Paused => {
-                engine.hold(self.token, self.conn.fd);
-                monoio::spawn(self.paused(engine.clone()));
+                engine.hold(token, self.conn.fd);
+                monoio::spawn(self.paused(engine.clone(), token));
             }
-            Next::Finish => self.finish(engine),
+            Next::Finish => self.finish(engine, token),
         }
     }
 
     /// Back-pressure: handle nothing more from this client until its queue drained
     /// below the limit, then handle what waited and park again.
-    async fn paused(mut self: Box<Self>, engine: Rc<Engine>) {
+    async fn paused(mut self: Box<Self>, engine: Rc<Engine>, token: Token) {
         loop {
-            self.conn.wait_drained(self.ctx.limits.pause_backlog).await;
+            let pause = self.session.read_ctx().limits.pause_backlog;
+            self.conn.wait_drained(pause).await;
             if self.conn.is_open() && self.pending.is_some() && !self.process_pending() {
-                self.finish(&engine);
+                self.finish(&engine, token);
                 return;
             }
             match self.after() {
                 Next::Paused => continue,
                 next => {
-                    self.follow(&engine, next);
+                    self.follow(&engine, token, next);
                     return;
                 }
             }
@@ -246,8 +244,8 @@ impl<S: Session + 'static, H: 'static> Parked<S, H> {
 
     /// The reader is done: unregister, let a close reply leave (up to the grace), shut
     /// the socket down, end the session.
-    fn finish(self: Box<Self>, engine: &Rc<Engine>) {
-        engine.release(self.token, self.conn.fd);
+    fn finish(self: Box<Self>, engine: &Rc<Engine>, token: Token) {
+        engine.release(token, self.conn.fd);
         if self.conn.state.get() == State::Closing {
             monoio::spawn(async move {
                 let _ = monoio::time::timeout(CLOSE_GRACE, self.conn.wait_done()).await;

@@ -18,6 +18,10 @@ pub trait Session {
 
     /// The connection is over (called once, after the socket is shut down).
     fn on_end(&mut self, conn: &Rc<WsConn>);
+
+    /// What the reader needs that is the same for every connection of the worker (held
+    /// by the session's worker context, so that a parked record holds no pointer to it).
+    fn read_ctx(&self) -> &ReadCtx;
 }
 
 /// Reader-side knobs.
