@@ -52,6 +52,21 @@ fn reason(status: u16) -> &'static str {
     }
 }
 
+/// Append `n` in decimal.
+fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[i..]);
+}
+
 /// Append a complete response with another content type (the console's page and script).
 pub(crate) fn write_body(out: &mut Vec<u8>, content_type: &str, body: &[u8], head_only: bool) {
     let _ = write!(
@@ -92,26 +107,36 @@ fn write_response(out: &mut Vec<u8>, status: u16, body: &[u8], extra: Extra, all
 
 /// The status line and headers of a JSON response with a body of `len` bytes.
 fn write_head(out: &mut Vec<u8>, status: u16, len: usize, extra: Extra, allow: Option<&str>) {
-    let _ = write!(
-        out,
-        "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nContent-Length: {len}\r\n",
-        reason(status),
-    );
+    // Every answer (every publish) writes this head: appended piece by piece, not
+    // through `core::fmt` (which was ~3% of a publish's CPU).
+    out.extend_from_slice(b"HTTP/1.1 ");
+    push_decimal(out, u64::from(status));
+    out.push(b' ');
+    out.extend_from_slice(reason(status).as_bytes());
+    out.extend_from_slice(b"\r\nContent-Type: application/json\r\nContent-Length: ");
+    push_decimal(out, len as u64);
+    out.extend_from_slice(b"\r\n");
     if let Some(rate) = extra.rate {
-        let _ = write!(
-            out,
-            "RateLimit-Limit: {}\r\nRateLimit-Remaining: {}\r\nRateLimit-Reset: {}\r\n",
-            rate.limit, rate.remaining, rate.reset_s
-        );
+        out.extend_from_slice(b"RateLimit-Limit: ");
+        push_decimal(out, u64::from(rate.limit));
+        out.extend_from_slice(b"\r\nRateLimit-Remaining: ");
+        push_decimal(out, u64::from(rate.remaining));
+        out.extend_from_slice(b"\r\nRateLimit-Reset: ");
+        push_decimal(out, rate.reset_s);
+        out.extend_from_slice(b"\r\n");
     }
     if let Some(secs) = extra.retry_after_s {
-        let _ = write!(out, "Retry-After: {secs}\r\n");
+        out.extend_from_slice(b"Retry-After: ");
+        push_decimal(out, secs);
+        out.extend_from_slice(b"\r\n");
     }
     if extra.replayed {
         out.extend_from_slice(b"Idempotent-Replayed: true\r\n");
     }
     if let Some(methods) = allow {
-        let _ = write!(out, "Allow: {methods}\r\n");
+        out.extend_from_slice(b"Allow: ");
+        out.extend_from_slice(methods.as_bytes());
+        out.extend_from_slice(b"\r\n");
     }
     if extra.close {
         out.extend_from_slice(b"Connection: close\r\n");
@@ -147,6 +172,39 @@ pub fn write_error(out: &mut Vec<u8>, err: ApiError, mut extra: Extra) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_head_is_what_a_formatter_would_write() {
+        for (n, text) in [
+            (0u64, "0"),
+            (7, "7"),
+            (10, "10"),
+            (u64::MAX, "18446744073709551615"),
+        ] {
+            let mut out = Vec::new();
+            push_decimal(&mut out, n);
+            assert_eq!(out, text.as_bytes());
+        }
+        let mut out = Vec::new();
+        let extra = Extra {
+            rate: Some(RateHeaders {
+                limit: 100,
+                remaining: 0,
+                reset_s: 59,
+            }),
+            retry_after_s: Some(3),
+            close: true,
+            ..Extra::default()
+        };
+        write_head(&mut out, 429, 1234, extra, Some("GET, POST"));
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\n\
+             Content-Length: 1234\r\nRateLimit-Limit: 100\r\nRateLimit-Remaining: 0\r\n\
+             RateLimit-Reset: 59\r\nRetry-After: 3\r\nAllow: GET, POST\r\n\
+             Connection: close\r\n\r\n"
+        );
+    }
 
     #[test]
     fn error_bodies_are_json_with_code_and_message() {
