@@ -239,8 +239,7 @@ fn run_uring(
 /// A ring with room for `batch` sends, and the batch it can take.
 fn new_ring(batch: usize) -> Result<(io_uring::IoUring, usize), String> {
     let entries = batch.next_power_of_two().clamp(8, 4096) as u32;
-    let ring =
-        io_uring::IoUring::new(entries).map_err(|e| format!("io_uring unavailable: {e}"))?;
+    let ring = io_uring::IoUring::new(entries).map_err(|e| format!("io_uring unavailable: {e}"))?;
     Ok((ring, batch.min(entries as usize)))
 }
 

@@ -79,7 +79,10 @@ pub struct PacedStats {
 /// How a round's frames leave: one `write(2)` per socket, or io_uring sends.
 pub enum Sender<'a> {
     Write,
-    Uring { ring: &'a mut io_uring::IoUring, batch: usize },
+    Uring {
+        ring: &'a mut io_uring::IoUring,
+        batch: usize,
+    },
 }
 
 /// Run the schedule for `d`: the sender's CPU over all of it (sleeps included,
