@@ -86,7 +86,7 @@ pub fn run(opts: &FloorOpts) -> Result<Vec<Value>, String> {
     let reader = reader::start(opts.reader, readers, opts.reader_threads)?;
     let mut out = Vec::new();
     for v in &opts.variants {
-        let r0 = reader.bytes();
+        let (r0, turns0) = (reader.bytes(), reader.turns());
         let mut obj = match opts.pace {
             None => max_rate(v, &writers, &frame, opts),
             Some(p) => paced(v, &writers, &frame, p, opts),
@@ -94,6 +94,7 @@ pub fn run(opts: &FloorOpts) -> Result<Vec<Value>, String> {
         // Let the reader catch up before the next variant.
         std::thread::sleep(Duration::from_millis(200));
         obj["reader_bytes"] = json!(reader.bytes() - r0);
+        obj["reader_turns"] = json!(reader.turns() - turns0);
         out.push(obj);
     }
     let reader_cpu = reader.stop();

@@ -47,6 +47,9 @@ impl ReaderKind {
 struct Shared {
     stop: AtomicBool,
     bytes: AtomicU64,
+    /// Epoll waits that returned events: about one per wake-up of a sleeping
+    /// reader when the sender is paced (a busy reader's waits return at once).
+    turns: AtomicU64,
     /// The readers' CPU, µs, written once by the reader side as it stops.
     cpu_us: AtomicU64,
 }
@@ -109,6 +112,11 @@ impl Reader {
         self.shared.bytes.load(Relaxed)
     }
 
+    /// Epoll waits that returned events so far, over every reader.
+    pub fn turns(&self) -> u64 {
+        self.shared.turns.load(Relaxed)
+    }
+
     /// Stop the readers; returns their CPU seconds (0 when a child had to be killed).
     pub fn stop(self) -> f64 {
         self.shared.stop.store(true, Relaxed);
@@ -131,6 +139,7 @@ fn shared_page(kind: ReaderKind) -> Result<&'static Shared, String> {
     let init = Shared {
         stop: AtomicBool::new(false),
         bytes: AtomicU64::new(0),
+        turns: AtomicU64::new(0),
         cpu_us: AtomicU64::new(0),
     };
     if kind == ReaderKind::Thread {
@@ -219,6 +228,9 @@ fn minimal_reader(mut socks: Vec<mio::net::TcpStream>, shared: &Shared) -> f64 {
         };
         if poll.poll(&mut events, Some(wait)).is_err() {
             continue;
+        }
+        if !events.is_empty() {
+            shared.turns.fetch_add(1, Relaxed);
         }
         let mut ready: Vec<usize> = events.iter().map(|e| e.token().0).collect();
         ready.append(&mut more);
