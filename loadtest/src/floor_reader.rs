@@ -6,8 +6,8 @@
 //!
 //! Invariants: `start` in `process` mode forks, so it must be called before the
 //! calling process has started any thread (the floor calls it first thing); the
-//! child touches only its own sockets and a shared anonymous mapping, and leaves
-//! by `_exit`, never returning into the parent's code; every loop watches the stop
+//! child touches only its own sockets and a shared anonymous mapping, leaves by
+//! `_exit`, never returning into the parent's code, and dies with its parent; every loop watches the stop
 //! flag at least every 20 ms, and `stop` waits for a child at most 5 s before it
 //! kills it.
 
@@ -76,6 +76,8 @@ pub fn start(
             child: None,
         }),
         ReaderKind::Process => {
+            // SAFETY: getpid has no preconditions.
+            let parent = unsafe { libc::getpid() };
             // SAFETY: the process is single-threaded here (see the invariants), so
             // the child may allocate and spawn threads freely.
             let pid = unsafe { libc::fork() };
@@ -83,6 +85,16 @@ pub fn start(
                 return Err(format!("fork: {}", io::Error::last_os_error()));
             }
             if pid == 0 {
+                // A parent that dies without setting `stop` (a panic, a kill) must
+                // not leave the child polling forever: it dies with it. The getppid
+                // check covers a parent that died before the prctl.
+                // SAFETY: prctl and getppid on ourselves; _exit leaves at once.
+                unsafe {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    if libc::getppid() != parent {
+                        libc::_exit(1);
+                    }
+                }
                 let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     for h in spawn_readers(socks, threads, shared) {
                         let _ = h.join();
