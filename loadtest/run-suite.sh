@@ -658,6 +658,22 @@ for rep in $(seq 1 "$REPS"); do
     # tables), so a fan-out is compared with the floor of the same size.
     "$LT" --label "floor-100/r$rep" floor --sockets 100 --duration 3 >>"$RESULTS" || true
     "$LT" --label "floor-9900/r$rep" floor --sockets 9900 --duration 3 >>"$RESULTS" || true
+    # The same floor at the rate and shape of each fan-out scenario: rounds of one frame
+    # to the next K sockets (a publish to K subscribers), R rounds/s, the sender asleep
+    # between rounds, so the reader sleeps in epoll and each burst pays its wake-up, as
+    # the scenario's does. The reader is a child process with 2 epoll threads, like the
+    # scenario's subscribers (the generator's default --threads 2). Compare fanout with
+    # floor-fanout-rate, wide with floor-wide-rate, burst with floor-burst-rate.
+    FLOOR_RATE="--reader process --reader-threads 2 --variants write,uring"
+    # shellcheck disable=SC2086
+    "$LT" --label "floor-fanout-rate/r$rep" floor --sockets 9900 --rounds-per-s 4 --per-round 9900 \
+      --duration 10 $FLOOR_RATE >>"$RESULTS" || true
+    # shellcheck disable=SC2086
+    "$LT" --label "floor-wide-rate/r$rep" floor --sockets 9900 --rounds-per-s 2000 --per-round 10 \
+      --duration 3 $FLOOR_RATE >>"$RESULTS" || true
+    # shellcheck disable=SC2086
+    "$LT" --label "floor-burst-rate/r$rep" floor --sockets 100 --rounds-per-s 1000 --per-round 100 \
+      --duration 3 $FLOOR_RATE >>"$RESULTS" || true
   fi
   for t in $TARGETS; do
     # Idle first on a fresh process, so RSS deltas are not hidden by memory an
@@ -749,8 +765,12 @@ for line in open(sys.argv[1]):
     v = json.loads(line)
     cpu = v.get("cpu", {})
     if v["mode"] == "floor":
+        # A paced floor (rounds_per_s set) also shows the rate it held.
         print(f'{v.get("label",""):14} floor   ' + "  ".join(
-            f'{x["variant"]}={x.get("sender_cpu_us_per_frame")}us' for x in v["variants"]))
+            f'{x["variant"]}={x.get("sender_cpu_us_per_frame")}us'
+            + (f' ({x.get("frames_per_s")}/{x.get("target_frames_per_s")} frames/s)'
+               if v.get("params", {}).get("rounds_per_s") else "")
+            for x in v["variants"]))
     elif v["mode"] == "idle":
         print(f'{v.get("label",""):14} {v["target"]:8} bytes/conn={v.get("server_bytes_per_connection")}')
     elif v["mode"] == "ramp":

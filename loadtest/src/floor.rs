@@ -1,25 +1,29 @@
 //! The floor: the least CPU any server could spend per delivered frame here. The
 //! harness writes one pre-encoded ~150-byte WebSocket text frame to N loopback
-//! sockets as fast as it can, with a minimal reader on another thread, and reports
-//! the sender thread's CPU µs per frame (which includes the loopback receive path
-//! the kernel charges to the sender).
+//! sockets, with a minimal reader (`floor_reader`: threads of this process, or a
+//! child process), and reports the sender thread's CPU µs per frame (which includes
+//! the loopback receive path the kernel charges to the sender).
+//!
+//! Two shapes. Max rate (no `pace`): round-robin over every socket as fast as it
+//! can, so the reader never sleeps. Paced (`pace`, in `floor_pace`): rounds of K
+//! sockets at R rounds per second with sleeps between, the shape of a fan-out
+//! scenario, whose readers sleep between bursts and must be woken.
 //!
 //! Variants: `write` (one write() per socket per frame), `uring` (the same sends,
 //! submitted to io_uring in batches: fewer syscalls, the same TCP work) and
 //! `coalesce` (B frames per socket leave in one write: what a server gains when
-//! frames queue up for one connection).
+//! frames queue up for one connection; max rate only).
 //!
 //! Invariants: every loop is bounded by the duration; sockets are nonblocking, a full
-//! socket buffer is counted (`eagain`) and skipped, never waited on.
+//! socket buffer is counted (`eagain`) and skipped, never waited on; the reader is
+//! started before any other thread exists (a `process` reader forks).
 
+use crate::floor_pace::{self as pace, Counts, Pace};
+use crate::floor_reader::{self as reader, ReaderKind};
 use crate::stats::thread_cpu_s;
-use mio::{Events, Interest, Poll, Token};
 use serde_json::{json, Value};
-use std::io::{self, Read};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// A server-to-client text frame of `total` bytes (header included) that looks like
@@ -56,6 +60,10 @@ pub struct FloorOpts {
     pub frame_bytes: usize,
     pub batch: usize,
     pub variants: Vec<String>,
+    /// None: the max-rate floor.
+    pub pace: Option<Pace>,
+    pub reader: ReaderKind,
+    pub reader_threads: usize,
 }
 
 /// Run every requested variant; returns one JSON object per variant.
@@ -73,64 +81,100 @@ pub fn run(opts: &FloorOpts) -> Result<Vec<Value>, String> {
         readers.push(mio::net::TcpStream::from_std(c));
         writers.push(s);
     }
+    drop(listener);
     let frame = make_frame(opts.frame_bytes);
-    let stop = Arc::new(AtomicBool::new(false));
-    let read_bytes = Arc::new(AtomicU64::new(0));
-    let reader = {
-        let stop = stop.clone();
-        let read_bytes = read_bytes.clone();
-        std::thread::spawn(move || minimal_reader(readers, &stop, &read_bytes))
-    };
+    let reader = reader::start(opts.reader, readers, opts.reader_threads)?;
     let mut out = Vec::new();
     for v in &opts.variants {
-        let r0 = read_bytes.load(Relaxed);
-        let res = match v.as_str() {
-            "write" => run_write(&writers, &frame, 1, opts.duration),
-            "coalesce" => run_write(&writers, &frame, opts.batch.max(1), opts.duration),
-            "uring" => run_uring(&writers, &frame, opts.batch.max(1), opts.duration),
-            other => Err(format!(
-                "unknown floor variant {other:?} (write, uring, coalesce)"
-            )),
+        let (r0, turns0) = (reader.bytes(), reader.turns());
+        let mut obj = match opts.pace {
+            None => max_rate(v, &writers, &frame, opts),
+            Some(p) => paced(v, &writers, &frame, p, opts),
         };
         // Let the reader catch up before the next variant.
         std::thread::sleep(Duration::from_millis(200));
-        let mut obj = match res {
-            Ok(s) => {
-                let per = if s.frames > 0 {
-                    s.cpu_s * 1e6 / s.frames as f64
-                } else {
-                    0.0
-                };
-                json!({
-                    "variant": v, "frames": s.frames, "writes": s.writes, "eagain": s.eagain,
-                    "elapsed_s": round3(s.elapsed_s), "sender_cpu_s": round3(s.cpu_s),
-                    "frames_per_s": (s.frames as f64 / s.elapsed_s.max(1e-9)).round(),
-                    "sender_cpu_us_per_frame": round3(per),
-                })
-            }
-            Err(e) => json!({"variant": v, "error": e}),
-        };
-        obj["reader_bytes"] = json!(read_bytes.load(Relaxed) - r0);
+        obj["reader_bytes"] = json!(reader.bytes() - r0);
+        obj["reader_turns"] = json!(reader.turns() - turns0);
         out.push(obj);
     }
-    stop.store(true, Relaxed);
-    let reader_cpu = reader.join().unwrap_or(0.0);
+    let reader_cpu = reader.stop();
     if let Some(last) = out.last_mut() {
         last["reader_cpu_s_total"] = json!(round3(reader_cpu));
     }
     Ok(out)
 }
 
+/// One max-rate variant's JSON object (as the floor always reported it).
+fn max_rate(v: &str, writers: &[TcpStream], frame: &[u8], opts: &FloorOpts) -> Value {
+    let res = match v {
+        "write" => run_write(writers, frame, 1, opts.duration),
+        "coalesce" => run_write(writers, frame, opts.batch.max(1), opts.duration),
+        "uring" => run_uring(writers, frame, opts.batch.max(1), opts.duration),
+        other => Err(format!(
+            "unknown floor variant {other:?} (write, uring, coalesce)"
+        )),
+    };
+    match res {
+        Ok(s) => s.json(v),
+        Err(e) => json!({"variant": v, "error": e}),
+    }
+}
+
+/// One paced variant's JSON object: the max-rate fields, plus the schedule's.
+fn paced(v: &str, writers: &[TcpStream], frame: &[u8], p: Pace, opts: &FloorOpts) -> Value {
+    let res = match v {
+        "write" => pace::run(writers, frame, p, pace::Sender::Write, opts.duration),
+        "uring" => new_ring(opts.batch.max(1)).and_then(|(mut ring, batch)| {
+            let sender = pace::Sender::Uring {
+                ring: &mut ring,
+                batch,
+            };
+            pace::run(writers, frame, p, sender, opts.duration)
+        }),
+        other => Err(format!(
+            "floor variant {other:?} has no paced form (write, uring)"
+        )),
+    };
+    match res {
+        Ok(s) => {
+            let mut obj = s.send.json(v);
+            obj["rounds"] = json!(s.rounds);
+            obj["late_rounds"] = json!(s.late_rounds);
+            obj["target_frames_per_s"] = json!((p.rounds_per_s * p.per_round as f64).round());
+            obj
+        }
+        Err(e) => json!({"variant": v, "error": e}),
+    }
+}
+
 fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 
-struct SendStats {
-    frames: u64,
-    writes: u64,
-    eagain: u64,
-    cpu_s: f64,
-    elapsed_s: f64,
+pub struct SendStats {
+    pub frames: u64,
+    pub writes: u64,
+    pub eagain: u64,
+    pub cpu_s: f64,
+    pub elapsed_s: f64,
+}
+
+impl SendStats {
+    /// The variant's JSON object; field names are read by run-suite.sh.
+    fn json(&self, variant: &str) -> Value {
+        let per = if self.frames > 0 {
+            self.cpu_s * 1e6 / self.frames as f64
+        } else {
+            0.0
+        };
+        json!({
+            "variant": variant, "frames": self.frames, "writes": self.writes,
+            "eagain": self.eagain, "elapsed_s": round3(self.elapsed_s),
+            "sender_cpu_s": round3(self.cpu_s),
+            "frames_per_s": (self.frames as f64 / self.elapsed_s.max(1e-9)).round(),
+            "sender_cpu_us_per_frame": round3(per),
+        })
+    }
 }
 
 /// `per_write` frames per write() per socket, round-robin over all sockets.
@@ -175,21 +219,53 @@ fn run_uring(
     batch: usize,
     d: Duration,
 ) -> Result<SendStats, String> {
-    use io_uring::{opcode, types, IoUring};
-    let entries = batch.next_power_of_two().clamp(8, 4096) as u32;
-    let mut ring = IoUring::new(entries).map_err(|e| format!("io_uring unavailable: {e}"))?;
-    let batch = batch.min(entries as usize);
-    let (mut frames, mut writes, mut eagain) = (0u64, 0u64, 0u64);
+    let (mut ring, batch) = new_ring(batch)?;
+    let mut c = Counts::default();
     let cpu0 = thread_cpu_s();
     let t0 = Instant::now();
     let mut next = 0usize;
     while t0.elapsed() < d {
+        c.add(uring_round(&mut ring, writers, frame, next, batch, batch)?);
+        next = (next + batch) % writers.len();
+    }
+    Ok(SendStats {
+        frames: c.frames,
+        writes: c.writes,
+        eagain: c.eagain,
+        cpu_s: thread_cpu_s() - cpu0,
+        elapsed_s: t0.elapsed().as_secs_f64(),
+    })
+}
+
+/// A ring with room for `batch` sends, and the batch it can take.
+fn new_ring(batch: usize) -> Result<(io_uring::IoUring, usize), String> {
+    let entries = batch.next_power_of_two().clamp(8, 4096) as u32;
+    let ring = io_uring::IoUring::new(entries).map_err(|e| format!("io_uring unavailable: {e}"))?;
+    Ok((ring, batch.min(entries as usize)))
+}
+
+/// One frame to each of `count` sockets from `first` (cycling), as Send SQEs
+/// submitted `batch` at a time (at most the ring's size), each batch reaped before
+/// the next.
+pub(crate) fn uring_round(
+    ring: &mut io_uring::IoUring,
+    writers: &[TcpStream],
+    frame: &[u8],
+    first: usize,
+    count: usize,
+    batch: usize,
+) -> Result<Counts, String> {
+    use io_uring::{opcode, types};
+    let batch = batch.clamp(1, ring.params().sq_entries() as usize);
+    let mut c = Counts::default();
+    let mut next = first;
+    let mut left = count;
+    while left > 0 {
         let mut queued = 0;
         {
             let mut sq = ring.submission();
-            while queued < batch {
+            while queued < batch.min(left) {
                 let fd = writers[next % writers.len()].as_raw_fd();
-                next += 1;
                 let sqe = opcode::Send::new(types::Fd(fd), frame.as_ptr(), frame.len() as u32)
                     .flags(libc::MSG_DONTWAIT)
                     .build()
@@ -199,83 +275,26 @@ fn run_uring(
                 if unsafe { sq.push(&sqe) }.is_err() {
                     break;
                 }
+                next += 1;
                 queued += 1;
             }
         }
+        if queued == 0 {
+            return Err("io_uring submission queue full".into());
+        }
         ring.submit_and_wait(queued)
             .map_err(|e| format!("io_uring submit: {e}"))?;
-        writes += queued as u64;
+        c.writes += queued as u64;
+        left -= queued;
         for cqe in ring.completion() {
             if cqe.result() < 0 {
-                eagain += 1;
+                c.eagain += 1;
             } else {
-                frames += cqe.result() as u64 / frame.len() as u64;
+                c.frames += cqe.result() as u64 / frame.len() as u64;
             }
         }
     }
-    Ok(SendStats {
-        frames,
-        writes,
-        eagain,
-        cpu_s: thread_cpu_s() - cpu0,
-        elapsed_s: t0.elapsed().as_secs_f64(),
-    })
-}
-
-/// Read and discard everything; returns this thread's CPU seconds.
-fn minimal_reader(
-    mut socks: Vec<mio::net::TcpStream>,
-    stop: &AtomicBool,
-    bytes: &AtomicU64,
-) -> f64 {
-    let Ok(mut poll) = Poll::new() else {
-        return 0.0;
-    };
-    for (i, s) in socks.iter_mut().enumerate() {
-        let _ = poll.registry().register(s, Token(i), Interest::READABLE);
-    }
-    let mut events = Events::with_capacity(4096);
-    let mut buf = vec![0u8; 256 * 1024];
-    let mut more: Vec<usize> = Vec::new();
-    let cpu0 = thread_cpu_s();
-    while !stop.load(Relaxed) {
-        if poll
-            .poll(&mut events, Some(Duration::from_millis(20)))
-            .is_err()
-        {
-            continue;
-        }
-        let mut ready: Vec<usize> = events.iter().map(|e| e.token().0).collect();
-        ready.append(&mut more);
-        for i in ready {
-            let Some(s) = socks.get_mut(i) else { continue };
-            // Bounded per socket per turn; leftovers are revisited next turn.
-            let mut drained = false;
-            for _ in 0..8 {
-                match s.read(&mut buf) {
-                    Ok(0) => {
-                        drained = true;
-                        break;
-                    }
-                    Ok(n) => {
-                        bytes.fetch_add(n as u64, Relaxed);
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        drained = true;
-                        break;
-                    }
-                    Err(_) => {
-                        drained = true;
-                        break;
-                    }
-                }
-            }
-            if !drained {
-                more.push(i);
-            }
-        }
-    }
-    thread_cpu_s() - cpu0
+    Ok(c)
 }
 
 #[cfg(test)]

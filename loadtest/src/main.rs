@@ -13,13 +13,16 @@
 //! - `target.rs` ringcast, Nchan and Pusher-protocol adapters, `net.rs` loopback-only sockets,
 //!   `tls.rs` the TLS client of `wss://`/`https://` targets (`--ca-file`),
 //!   `stats.rs` histograms and /proc readings, `trend.rs` soak slopes, `ramp.rs` the
-//!   ramp's rate search, `floor.rs` the kernel floor.
+//!   ramp's rate search, `floor.rs` the kernel floor (`floor_pace.rs` its rate-matched
+//!   rounds, `floor_reader.rs` its reader thread or process).
 //!
 //! Invariants: only loopback targets; every phase is bounded in time; the harness's
 //! own CPU is always reported beside the server's so a reader can tell which one was
 //! the bottleneck. Exit status: 0 when the run is `ok`, 1 when not, 2 on an error.
 
 mod floor;
+mod floor_pace;
+mod floor_reader;
 mod http;
 mod net;
 mod publisher;
