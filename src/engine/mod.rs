@@ -117,6 +117,17 @@ pub(crate) fn current() -> Option<Rc<Engine>> {
 }
 
 impl Engine {
+    /// Make room for `n` slots at once. A vector's unwritten tail is address space, not
+    /// resident memory, so this costs nothing until connections come; what it saves is
+    /// the slab's doublings during a connection storm, each a copy of the whole slab
+    /// whose old buffer the allocator may keep resident for a while.
+    pub fn reserve(&self, n: usize) {
+        let mut slots = self.slots.borrow_mut();
+        let more = n.saturating_sub(slots.len());
+        // Best effort: a bound too large to reserve only means the slab grows as before.
+        let _ = slots.try_reserve_exact(more);
+    }
+
     /// Register `fd` for readiness and reserve a slot for its record (not parked yet:
     /// events before [`Engine::park`] find the slot empty; level-triggered, they are
     /// reported again on the next pass).

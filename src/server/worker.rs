@@ -190,6 +190,7 @@ pub(crate) fn run(setup: WorkerSetup) -> std::io::Result<()> {
         listener.set_nonblocking(true)?;
         let listener = TcpListener::from_std(listener)?;
         let sink = node.cluster.clone().map(|c| c as Arc<dyn InterestSink>);
+        let max_connections = node.config.max_connections_per_worker;
         let shard = Rc::new(Shard::new(ShardSetup {
             index,
             keys: node.keys.clone(),
@@ -211,6 +212,8 @@ pub(crate) fn run(setup: WorkerSetup) -> std::io::Result<()> {
         monoio::spawn(svc.expiry.clone().run());
         // Idle plaintext WebSockets park here (no task each): see `crate::engine`.
         let engine = crate::engine::install()?;
+        // Address space for the worker's bound, not memory: see `Engine::reserve`.
+        engine.reserve(max_connections);
         monoio::spawn(super::alloc::upkeep(engine));
         if index == 0 && fault.in_worker().await {
             return Err(std::io::Error::other("fault injected: worker exit"));

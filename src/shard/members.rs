@@ -98,6 +98,18 @@ impl Default for Members {
 }
 
 impl Members {
+    /// A table with room for `n` connections: address space, not memory, until they
+    /// come (see `Engine::reserve`: no doubling copies during a connection storm).
+    pub(super) fn with_capacity(n: usize) -> Members {
+        let mut entries = Vec::new();
+        // Best effort: a bound too large to reserve only means the table grows as it fills.
+        let _ = entries.try_reserve_exact(n);
+        Members {
+            entries,
+            ..Members::default()
+        }
+    }
+
     /// Take a connection in; it learns its index.
     pub(super) fn insert(&mut self, member: Member) {
         let conn = member.conn.clone();

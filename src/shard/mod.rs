@@ -247,7 +247,7 @@ impl Shard {
             mailbox: setup.mailbox,
             sink: setup.sink,
             registry: RefCell::new(Registry::new()),
-            members: RefCell::default(),
+            members: RefCell::new(Members::with_capacity(setup.max_connections)),
             key_ids: RefCell::default(),
             awaiting: RefCell::new(Vec::new()),
             next_ticket: Cell::new(0),
