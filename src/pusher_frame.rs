@@ -59,19 +59,8 @@ fn str_lit(out: &mut dyn Sink, s: &str) {
 }
 
 fn num(out: &mut dyn Sink, n: u64) {
-    // u64::MAX has 20 digits.
     let mut buf = [0u8; 20];
-    let mut i = buf.len();
-    let mut n = n;
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.put(&buf[i..]);
+    out.put(crate::json::decimal(n, &mut buf));
 }
 
 /// `"data":"<inner>"`: `inner` writes a JSON document, which lands escaped into a string.

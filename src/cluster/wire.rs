@@ -296,7 +296,7 @@ pub(crate) fn frame_with_position(body: &[u8], offset: u64, epoch: &str) -> byte
     const E: &[u8] = b",\"offset\":";
     const F: &[u8] = b",\"epoch\":\"";
     let mut digits = [0u8; 20];
-    let offset_text = decimal(offset, &mut digits);
+    let offset_text = crate::json::decimal(offset, &mut digits);
     let len = body.len() + E.len() + offset_text.len() + F.len() + epoch.len() + 2;
     let mut out = Vec::with_capacity(header_len(len) + len);
     write_header(&mut out, Opcode::Text, len);
@@ -309,19 +309,6 @@ pub(crate) fn frame_with_position(body: &[u8], offset: u64, epoch: &str) -> byte
     out.extend_from_slice(b"\"}");
     debug_assert_eq!(out.len(), out.capacity());
     bytes::Bytes::from(out)
-}
-
-/// `v` in decimal, written into `buf`.
-fn decimal(mut v: u64, buf: &mut [u8; 20]) -> &[u8] {
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            return &buf[i..];
-        }
-    }
 }
 
 /// Split a kept body into (event, data, id) for REST history; `None` when it is not

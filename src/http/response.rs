@@ -53,18 +53,9 @@ fn reason(status: u16) -> &'static str {
 }
 
 /// Append `n` in decimal.
-fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
+fn push_decimal(out: &mut Vec<u8>, n: u64) {
     let mut buf = [0u8; 20];
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&buf[i..]);
+    out.extend_from_slice(crate::json::decimal(n, &mut buf));
 }
 
 /// Append a complete response with another content type (the console's page and script).
