@@ -69,6 +69,20 @@ pub(crate) fn json_str_len(s: &str) -> usize {
         .sum::<usize>()
 }
 
+/// `v` in decimal, written into the end of `buf` (`u64::MAX` has 20 digits): the one
+/// integer writer of the hand-written frames and answers (no `core::fmt` on hot paths).
+pub(crate) fn decimal(mut v: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            return &buf[i..];
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -88,19 +102,5 @@ mod tests {
         write_json_str(&mut out, s);
         assert_eq!(&out[..], "\"é\u{1F600}\\\"\\\\\\n\\u007fx\"".as_bytes());
         assert_eq!(out.len(), json_str_len(s));
-    }
-}
-
-/// `v` in decimal, written into the end of `buf` (`u64::MAX` has 20 digits): the one
-/// integer writer of the hand-written frames and answers (no `core::fmt` on hot paths).
-pub(crate) fn decimal(mut v: u64, buf: &mut [u8; 20]) -> &[u8] {
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            return &buf[i..];
-        }
     }
 }
