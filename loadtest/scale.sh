@@ -80,6 +80,9 @@ cpu_ticks() { # sum of utime+stime (clock ticks) of the given pids
   for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done
   echo "$t"
 }
+rss_of() { awk '/VmRSS/ {print $2 * 1024}' "/proc/$1/status"; }
+RSS0_LINE=""
+for p in "${NODE_PIDS[@]}"; do RSS0_LINE="$RSS0_LINE,$(rss_of "$p")"; done
 CPU0=$(cpu_ticks "${NODE_PIDS[@]}" "$REDIS_PID")
 T0=$(date +%s.%N)
 GEN_PIDS=()
@@ -89,7 +92,7 @@ for i in $(seq 0 $((NODES - 1))); do
   for g in $(seq 1 "$GENS"); do
     "$LT" --quiet --target ringcast --url "$url" --publish-url "$purl" \
       --secret-key "$SK" --public-key "$PK" --label "scale/n$i/g$g" \
-      fanout --subs "$PER_GEN" --channels 1 --rate "$RATE" --duration "$DURATION" \
+      fanout --subs "$PER_GEN" --channels 1 --own-channel --rate "$RATE" --duration "$DURATION" \
       --pub-conns 1 --connect-timeout 300 >"$TMP/gen-$i-$g.json" 2>"$TMP/gen-$i-$g.err" &
     GEN_PIDS+=("$!")
     PIDS+=("$!")
@@ -110,7 +113,7 @@ for _ in $(seq 1 600); do
 done
 sleep 2
 for p in "${NODE_PIDS[@]}"; do
-  RSS_LINE="$RSS_LINE $(awk '/VmRSS/ {print $2 * 1024}' "/proc/$p/status")"
+  RSS_LINE="$RSS_LINE $(rss_of "$p")"
 done
 GEN_FAIL=0
 for p in "${GEN_PIDS[@]}"; do wait "$p" || GEN_FAIL=1; done
@@ -120,11 +123,12 @@ T1=$(date +%s.%N)
 cat "$TMP"/gen-*.json >>"$RESULTS"
 [ "$GEN_FAIL" = 0 ] || { echo "scale.sh: a generator reported a failure:" >&2; tail -n 3 "$TMP"/gen-*.err >&2 || true; }
 
-python3 - "$TMP" "$NODES" "$PER_GEN" "$GENS" "$CPU0" "$CPU1" "$REDIS_CPU" "$T0" "$T1" "$(getconf CLK_TCK)" $RSS_LINE <<'EOF'
+python3 - "$TMP" "$NODES" "$PER_GEN" "$GENS" "$CPU0" "$CPU1" "$REDIS_CPU" "$T0" "$T1" "$(getconf CLK_TCK)" "${RSS0_LINE#,}" $RSS_LINE <<'EOF'
 import glob, json, sys
 tmp, nodes, per_gen, gens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 cpu0, cpu1, redis_cpu, t0, t1, hz = (float(x) for x in sys.argv[5:11])
-rss = [int(float(x)) for x in sys.argv[11:]]
+rss0 = [int(float(x)) for x in sys.argv[11].split(",")]
+rss = [int(float(x)) for x in sys.argv[12:]]
 gens_out = [json.loads(l) for f in sorted(glob.glob(tmp + "/gen-*.json")) for l in open(f) if l.strip()]
 expected = sum(g.get("expected", 0) for g in gens_out)
 received = sum(g.get("received", 0) for g in gens_out)
@@ -140,7 +144,9 @@ out = {
     "latency_p99_us_max": max((g["latency"]["p99_us"] for g in gens_out if "latency" in g), default=None),
     "latency_p99_us_per_generator": [g.get("latency", {}).get("p99_us") for g in gens_out],
     "rss_bytes_per_node": rss,
-    "rss_bytes_per_connection": [round(r / max(1, per_gen * gens)) for r in rss],
+    "rss_bytes_per_node_before_connect": rss0,
+    # (RSS held - RSS before any client) / connections of that node.
+    "rss_bytes_per_connection": [round((r - r0) / max(1, per_gen * gens)) for r, r0 in zip(rss, rss0)],
     "server_cpu_s_nodes_plus_redis": round(cpu_s, 3), "redis_cpu_s_total": round(redis_cpu / hz, 3),
     "window_s": round(t1 - t0, 3),
     "server_cpu_us_per_delivery_incl_connect": round(cpu_s * 1e6 / received, 3) if received else None,
