@@ -20,7 +20,8 @@
 #   NODES=5 SUBS=19900 GENS_PER_NODE=2 RATE=2 DURATION=20 loadtest/scale.sh   # full size
 # Environment: RC_BIN (default target/release/ringcast), LT_BIN (default
 # target/release/loadtest), NODES, SUBS (per node), GENS_PER_NODE, RATE (publishes/s per
-# generator), DURATION (s), BASE_PORT (28400), REDIS_PORT (28399), RESULTS (JSON lines),
+# generator), DURATION (s), BASE_PORT (28400), REDIS_PORT (28399), RESULTS (a file the
+# generators' JSON lines are appended to), KEEP_TMP=1 (keep the node and redis logs),
 # RINGCAST_MAX_UPGRADES_PER_SECOND (default here 0 = off, for the connect phase).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,13 +42,15 @@ PER_GEN=$(( SUBS / GENS ))
 [ "$PER_GEN" -lt 19000 ] || { echo "scale.sh: $PER_GEN subscribers per generator: raise GENS_PER_NODE (< 19,000 each)" >&2; exit 1; }
 
 TMP="$(mktemp -d)"
-RESULTS="${RESULTS:-$TMP/results.jsonl}"
+RESULTS="${RESULTS:-/dev/null}"
 PIDS=()
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
+  [ "${KEEP_TMP:-0}" = 1 ] && echo "scale.sh: logs kept in $TMP" >&2 || rm -rf "$TMP"
 }
 trap cleanup EXIT
+trap 'exit 130' INT TERM
 
 redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
   --maxclients 10000 --dir "$TMP" >"$TMP/redis.log" 2>&1 &
@@ -98,17 +101,22 @@ for i in $(seq 0 $((NODES - 1))); do
     PIDS+=("$!")
   done
 done
-# RSS per node at the middle of the publish phase: wait until every generator is
-# connected (its stderr says nothing with --quiet, so poll the nodes' fd counts).
+# RSS per node once the fleet is connected: every node holds its connections, or
+# (connections refused, e.g. by admission) their number stopped growing for 5 s.
 want=$((PER_GEN * GENS))
 RSS_LINE=""
+last=-1; still=0
 for _ in $(seq 1 600); do
-  ok=1
+  ok=1; total=0
   for p in "${NODE_PIDS[@]}"; do
     n=$(ls "/proc/$p/fd" 2>/dev/null | wc -l)
+    total=$((total + n))
     [ "$n" -ge "$want" ] || ok=0
   done
   [ "$ok" = 1 ] && break
+  if [ "$total" = "$last" ]; then still=$((still + 1)); else still=0; fi
+  [ "$still" -ge 5 ] && break
+  last=$total
   sleep 1
 done
 sleep 2
@@ -135,6 +143,12 @@ received = sum(g.get("received", 0) for g in gens_out)
 ready = sum(g.get("subscribers_ready", 0) for g in gens_out)
 dups = sum(g.get("duplicates", 0) for g in gens_out)
 cpu_s = (cpu1 - cpu0) / hz
+def sum_maps(maps):
+    out = {}
+    for m in maps:
+        for k, v in m.items():
+            out[k] = out.get(k, 0) + v
+    return out
 out = {
     "mode": "scale", "nodes": nodes, "generators": len(gens_out),
     "subs_per_generator": per_gen, "connections_held": ready,
@@ -143,6 +157,10 @@ out = {
     "latency_p50_us_max": max((g["latency"]["p50_us"] for g in gens_out if "latency" in g), default=None),
     "latency_p99_us_max": max((g["latency"]["p99_us"] for g in gens_out if "latency" in g), default=None),
     "latency_p99_us_per_generator": [g.get("latency", {}).get("p99_us") for g in gens_out],
+    "connect_time_s_max": max((g.get("connect_time_s", 0) for g in gens_out), default=None),
+    "close_codes": sum_maps(g.get("subscribers", {}).get("close_codes", {}) for g in gens_out),
+    "connect_failures": sum_maps(g.get("subscribers", {}).get("failures", {}) for g in gens_out),
+    "refused_status": sum_maps(g.get("subscribers", {}).get("refused_status", {}) for g in gens_out),
     "rss_bytes_per_node": rss,
     "rss_bytes_per_node_before_connect": rss0,
     # (RSS held - RSS before any client) / connections of that node.
