@@ -45,7 +45,9 @@ TMP="$(mktemp -d)"
 RESULTS="${RESULTS:-/dev/null}"
 PIDS=()
 cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  # Newest first: generators, then nodes, then redis (nodes never see Redis vanish).
+  local i
+  for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do kill "${PIDS[i]}" 2>/dev/null || true; done
   wait 2>/dev/null || true
   [ "${KEEP_TMP:-0}" = 1 ] && echo "scale.sh: logs kept in $TMP" >&2 || rm -rf "$TMP"
 }
