@@ -139,7 +139,15 @@ tmp, nodes, per_gen, gens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int
 cpu0, cpu1, redis_cpu, t0, t1, hz = (float(x) for x in sys.argv[5:11])
 rss0 = [int(float(x)) for x in sys.argv[11].split(",")]
 rss = [int(float(x)) for x in sys.argv[12:]]
-gens_out = [json.loads(l) for f in sorted(glob.glob(tmp + "/gen-*.json")) for l in open(f) if l.strip()]
+files = sorted(glob.glob(tmp + "/gen-*.json"))
+gens_out = [json.loads(l) for f in files for l in open(f) if l.strip()]
+# gen-<node>-<g>.json: connections each node really holds (admission may refuse some).
+held = [0] * nodes
+for f in files:
+    node = int(f.rsplit("/", 1)[-1].split("-")[1])
+    for l in open(f):
+        if l.strip():
+            held[node] += json.loads(l).get("subscribers_ready", 0)
 expected = sum(g.get("expected", 0) for g in gens_out)
 received = sum(g.get("received", 0) for g in gens_out)
 ready = sum(g.get("subscribers_ready", 0) for g in gens_out)
@@ -165,8 +173,9 @@ out = {
     "refused_status": sum_maps(g.get("subscribers", {}).get("refused_status", {}) for g in gens_out),
     "rss_bytes_per_node": rss,
     "rss_bytes_per_node_before_connect": rss0,
-    # (RSS held - RSS before any client) / connections of that node.
-    "rss_bytes_per_connection": [round((r - r0) / max(1, per_gen * gens)) for r, r0 in zip(rss, rss0)],
+    "connections_per_node": held,
+    # (RSS held - RSS before any client) / connections that node holds.
+    "rss_bytes_per_connection": [round((r - r0) / max(1, h)) for r, r0, h in zip(rss, rss0, held)],
     "server_cpu_s_nodes_plus_redis": round(cpu_s, 3), "redis_cpu_s_total": round(redis_cpu / hz, 3),
     "window_s": round(t1 - t0, 3),
     "server_cpu_us_per_delivery_incl_connect": round(cpu_s * 1e6 / received, 3) if received else None,
