@@ -26,6 +26,9 @@ pub struct SubSpec {
     pub connect_timeout: f64,
     pub hard_deadline: Instant,
     pub churn: Option<subs::Churn>,
+    /// Also subscribe every connection to a channel of its own (`scale`): what a
+    /// second subscription per connection costs the server.
+    pub own_channel: bool,
 }
 
 pub struct SubRun {
@@ -62,6 +65,7 @@ pub fn start_subscribers(c: &Common, t: &Target, spec: SubSpec) -> SubRun {
             connect_timeout: secs(spec.connect_timeout),
             hard_deadline: spec.hard_deadline,
             churn: spec.churn,
+            own_channel: spec.own_channel,
         };
         let sh = shared.clone();
         handles.push(std::thread::spawn(move || subs::run(plan, sh)));

@@ -63,7 +63,14 @@ pub struct SubPlan {
     pub churn: Option<Churn>,
     /// Send subscribe frames (ringcast); false: connect and hold only.
     pub subscribe: bool,
+    /// Also subscribe to the connection's own channel, `OWN_CHANNEL_BASE + index`
+    /// (nothing is published there by `fanout`: its deliveries are never expected).
+    pub own_channel: bool,
 }
+
+/// First channel index of the per-connection channels (`--own-channel`): far above
+/// any `--channels` count, so an own channel never collides with a shared one.
+pub const OWN_CHANNEL_BASE: u32 = 1 << 30;
 
 /// What one subscriber thread measured.
 pub struct SubResult {
@@ -182,7 +189,11 @@ pub fn run(plan: SubPlan, shared: Arc<Shared>) -> SubResult {
             };
             let mut conn = WsConn::new(
                 stream,
-                if plan.subscribe { vec![ch] } else { Vec::new() },
+                match (plan.subscribe, plan.own_channel) {
+                    (true, true) => vec![ch, OWN_CHANNEL_BASE.wrapping_add(global as u32)],
+                    (true, false) => vec![ch],
+                    (false, _) => Vec::new(),
+                },
                 (global as u32).wrapping_mul(2_654_435_761),
                 tls,
             );

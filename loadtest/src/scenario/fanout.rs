@@ -55,6 +55,10 @@ pub struct FanoutArgs {
     /// (ringcast); `--rate` still counts messages.
     #[arg(long, default_value_t = 1)]
     pub batch: usize,
+    /// Also subscribe every subscriber to a channel of its own (the `scale` scenario's
+    /// second subscription); nothing is published there, so no delivery is expected.
+    #[arg(long)]
+    pub own_channel: bool,
 }
 
 /// What one run measured, handed from the run's phases to its report.
@@ -161,6 +165,7 @@ fn connect(
             connect_timeout: a.connect_timeout,
             hard_deadline: hard,
             churn: None,
+            own_channel: a.own_channel,
         },
     );
     let connect_time = wait_ready(c, "fanout", &subs, a.connect_timeout);
@@ -240,7 +245,7 @@ fn summary(c: &Common, t: &Target, a: &FanoutArgs, o: &Outcome, lat: &LatencySum
     let mut v = json!({
         "mode": "fanout", "target": t.kind.name(), "publish_api": t.publish.name(),
         "params": {"subs": a.subs, "channels": o.channels, "rate": a.rate, "duration_s": a.duration,
-                   "pub_conns": a.pub_conns, "threads": c.threads, "pad": a.pad, "batch": a.batch,
+                   "pub_conns": a.pub_conns, "threads": c.threads, "pad": a.pad, "batch": a.batch, "own_channel": a.own_channel,
                    "publish_url": c.publish_url},
         "subscribers_ready": o.ready,
         "connect_time_s": r3(o.connect_time.as_secs_f64()),

@@ -61,6 +61,7 @@ pub fn run(c: &Common, t: &Target, a: &IdleArgs) -> Result<Value, String> {
             connect_timeout: a.connect_timeout,
             hard_deadline: hard,
             churn: None,
+            own_channel: false,
         },
     );
     let connect_time = wait_ready(c, "idle", &subs, a.connect_timeout);

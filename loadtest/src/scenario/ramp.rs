@@ -81,6 +81,7 @@ impl RampArgs {
                 inflight: self.inflight,
                 pad: 0,
                 batch: 1,
+                own_channel: false,
             },
             search: Search::new(
                 self.start_rate,

@@ -174,6 +174,7 @@ pub fn run(c: &Common, t: &Target, a: &SoakArgs) -> Result<Value, String> {
             connect_timeout: 30.0,
             hard_deadline: hard,
             churn: Some(churn),
+            own_channel: false,
         },
     );
     let pubs = start_publishers(
