@@ -79,18 +79,16 @@ impl Subscribers {
         }
         self.conns.push(conn.clone());
         let Subscribers { conns, index, .. } = self;
-        if conns.len() > LINEAR {
-            if index.is_empty() {
-                // Crossing the threshold: index everyone.
-                index.reserve(conns.len(), |&p| hash_id(conns[p as usize].id));
-                for (p, c) in conns.iter().enumerate() {
-                    index
-                        .insert_unique(hash_id(c.id), p as u32, |&q| hash_id(conns[q as usize].id));
-                }
-            } else {
-                // Positions are bounded by the worker's subscriptions, far below u32::MAX.
-                let p = (conns.len() - 1) as u32;
-                index.insert_unique(hash_id(conn.id), p, |&q| hash_id(conns[q as usize].id));
+        if !index.is_empty() {
+            // In use (it stays down to LINEAR / 2): every member must be in it.
+            // Positions are bounded by the worker's subscriptions, far below u32::MAX.
+            let p = (conns.len() - 1) as u32;
+            index.insert_unique(hash_id(conn.id), p, |&q| hash_id(conns[q as usize].id));
+        } else if conns.len() > LINEAR {
+            // Crossing the threshold: index everyone.
+            index.reserve(conns.len(), |&p| hash_id(conns[p as usize].id));
+            for (p, c) in conns.iter().enumerate() {
+                index.insert_unique(hash_id(c.id), p as u32, |&q| hash_id(conns[q as usize].id));
             }
         }
         if conn.dialect() == Dialect::Pusher {
@@ -186,6 +184,38 @@ mod tests {
         check(&s);
         assert_eq!(ids(&s), left[..5].to_vec());
         assert!(s.capacity_is_bounded());
+    }
+
+    #[test]
+    fn a_join_between_the_two_thresholds_is_indexed() {
+        // 17 build the index; down to 15 it stays; the 16th joiner must be in it (it
+        // was not, once: unsubscribing it then found nothing).
+        let mut s = Subscribers::default();
+        let conns: Vec<_> = (1..=20).map(conn).collect();
+        for c in &conns[..17] {
+            assert!(s.insert(c));
+        }
+        assert!(!s.index.is_empty());
+        assert!(s.remove(1) && s.remove(2));
+        assert!(s.insert(&conns[17]));
+        check(&s);
+        assert!(!s.insert(&conns[17]), "no second entry");
+        assert!(s.remove(18), "the late joiner leaves");
+        assert!(!s.remove(18));
+        check(&s);
+        // Up and down across both thresholds a few times, checking every step.
+        let more: Vec<_> = (100..140).map(conn).collect();
+        for round in 0..3 {
+            for c in &more {
+                assert!(s.insert(c), "round {round}");
+                check(&s);
+            }
+            for c in &more {
+                assert!(s.remove(c.id), "round {round}");
+                check(&s);
+            }
+        }
+        assert_eq!(s.len(), 15);
     }
 
     impl Subscribers {
