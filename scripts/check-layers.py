@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
 """Check that the modules of src/ import each other in one direction only.
 
-Two levels are checked:
+Three checks:
+- the layer list in src/lib.rs's doc (`//! N. name: ...` lines, top layer first, with
+  the `[`module`]` links of that layer): every top-level module is in exactly one
+  layer, and no module names a module of a higher layer (an upward import);
 - the crate's top-level modules (`crate::http`, `crate::shard`, ...): no cycle at all;
 - inside each module folder, its sibling files (`ws/conn.rs`, `ws/frame.rs`, ...):
   no cycle among them (the folder's `mod.rs` may name its children and they may use
   what it re-exports, so `mod.rs` is left out of this level).
 
 A reference is any `crate::name` / `super::name` path outside a comment. The order
-found (lowest first) is printed so that it can be compared with the layout map in
-src/lib.rs. Exit status 1 on a cycle, with the modules and the lines that close it.
+found (lowest first) is printed. Exit status 1 on an upward import, a module missing from
+the layer list, or a cycle, with the modules and the lines at fault.
 """
 import os
 import re
@@ -18,6 +21,29 @@ import sys
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
 CRATE_REF = re.compile(r"\bcrate::([a-z_][a-z0-9_]*)")
 SUPER_REF = re.compile(r"\bsuper::([a-z_][a-z0-9_]*)")
+LAYER_LINE = re.compile(r"^//! (\d+)\. [a-z-]+: (.*)$")
+DOC_LINE = re.compile(r"^//!    (\S.*)$")
+LINK = re.compile(r"\[`([a-z_][a-z0-9_]*)`\]")
+
+
+def layers():
+    """Map each module named in lib.rs's layer list to its layer number: a layer is a
+    `//! N. name: ...` line and the `//!    ...` lines indented under it."""
+    found, current = {}, None
+    with open(os.path.join(ROOT, "lib.rs"), encoding="utf-8") as f:
+        for raw in f:
+            line = raw.rstrip("\n")
+            m = LAYER_LINE.match(line)
+            if m:
+                current, text = int(m.group(1)), m.group(2)
+            elif current is not None and DOC_LINE.match(line):
+                text = DOC_LINE.match(line).group(1)
+            else:
+                current = None
+                continue
+            for name in LINK.findall(text):
+                found.setdefault(name, current)
+    return found
 
 
 def code_lines(path):
@@ -113,6 +139,16 @@ def main():
                         sibling_graphs[parts[0]][sibling].add(target)
                         where.setdefault((f"{me}/{sibling}", f"{me}/{target}"), f"{rel}:{n}")
     failed = False
+    layer = layers()
+    for t in sorted(tops):
+        if t not in layer:
+            failed = True
+            print(f"module {t} is in no layer of src/lib.rs's layer list")
+    for a in sorted(top_graph):
+        for b in sorted(top_graph[a]):
+            if a in layer and b in layer and layer[b] > layer[a]:
+                failed = True
+                print(f"upward import: {a} (layer {layer[a]}) names {b} (layer {layer[b]}) at {where.get((a, b))}")
     cycle = find_cycle(top_graph)
     if cycle:
         failed = True
@@ -129,7 +165,7 @@ def main():
                 print(f"  {a} -> {b} at {where.get((f'{folder}/{a}', f'{folder}/{b}'))}")
     if failed:
         return 1
-    print("no import cycle; modules from the bottom up:")
+    print(f"no upward import, no import cycle ({len(tops)} modules in {len(set(layer.values()))} layers); modules from the bottom up:")
     print("  " + " < ".join(topo(top_graph)))
     return 0
 

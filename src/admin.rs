@@ -25,7 +25,8 @@ use crate::quota::{RateLimit, RateLimitError};
 use crate::sealed::{MasterKey, SealError};
 use crate::store::webhook::validate_url;
 use crate::store::{
-    open_store, HookKinds, ProjectRecord, Store, StoreError, TokenKeyAlg, WebhookSpec,
+    open_store, HookKinds, ProjectChange, ProjectRecord, Store, StoreError, TokenKeyAlg,
+    WebhookSpec,
 };
 
 /// Why an admin command failed.
@@ -360,14 +361,14 @@ pub(crate) fn execute(
             project_id,
             rate_limit,
         } => {
-            let project = store.set_rate_limit(&project_id, rate_limit)?;
+            let project = store.set_project(&project_id, &ProjectChange::RateLimit(rate_limit))?;
             json!({ "project": project_json(&project) })
         }
         Request::SetHistory {
             project_id,
             history,
         } => {
-            let project = store.set_history(&project_id, history)?;
+            let project = store.set_project(&project_id, &ProjectChange::History(history))?;
             json!({ "project": project_json(&project) })
         }
         Request::SetLimits {
@@ -379,13 +380,13 @@ pub(crate) fn execute(
             // Each given limit is its own store change (clap requires at least one).
             let mut project = None;
             if let Some(n) = max_connections {
-                project = Some(store.set_max_connections(&project_id, n)?);
+                project = Some(store.set_project(&project_id, &ProjectChange::MaxConnections(n))?);
             }
             if let Some(on) = client_events {
-                project = Some(store.set_client_events(&project_id, on)?);
+                project = Some(store.set_project(&project_id, &ProjectChange::ClientEvents(on))?);
             }
             if let Some(on) = pusher {
-                project = Some(store.set_pusher(&project_id, on)?);
+                project = Some(store.set_project(&project_id, &ProjectChange::Pusher(on))?);
             }
             let project = match project {
                 Some(p) => p,
@@ -403,7 +404,7 @@ pub(crate) fn execute(
             project_id,
             webhook,
         } => {
-            let project = store.set_webhook(&project_id, webhook)?;
+            let project = store.set_project(&project_id, &ProjectChange::Webhook(webhook))?;
             json!({ "project": project_json(&project) })
         }
         Request::CreateKey { project_id, kind } => {

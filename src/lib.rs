@@ -2,61 +2,48 @@
 //! secret key; every WebSocket client of that project subscribed to exactly that channel
 //! receives it.
 //!
-//! Layout map. Dependencies point down this list only (a module names modules below it,
-//! never above); `scripts/check-layers.py` checks in CI that no import cycle exists.
+//! Layers, top first. A module names modules of its own layer or below, never above;
+//! inside a layer, and among the files of one folder, no import cycle.
+//! `scripts/check-layers.py` reads this list (the `//! N. name:` lines and the
+//! `[`module`]` links on them) and fails CI on an upward import, a cycle, or a module
+//! that is missing from it.
 //!
-//! - [`server`]: the composition root. Start-up, one pinned monoio worker thread per
-//!   core, listeners, the accept loop, timers, signals and graceful shutdown. The only
-//!   module that starts `http::conn::serve`.
-//! - [`http`]: HTTP/1.1: head parsing (httparse), the connection state machine,
-//!   routing, `/health`, the publish endpoint's head checks, the WebSocket upgrade, the
-//!   Pusher protocol's upgrade (`/app/{key}`) and REST API (`/apps/{app_id}/...`), the
-//!   response writer. [`tls`]: the rustls transport under it.
-//! - [`node`]: what all workers of a node share (config, key snapshot, mailboxes,
-//!   cluster bridge, health flags); how an accepted publish leaves its worker.
-//! - [`publish`]: parse (simd-json), validate, quota, encode once, hand to the mailboxes.
-//! - [`error`]: the one table of REST rejections (status, code, message).
-//! - [`cluster`]: the Redis bridge (relay out, interest-routed subscriptions in), on its
-//!   own threads; one more producer into the mailboxes and one more interest sink.
-//! - [`client`]: the client protocol on a WebSocket (subscribe, unsubscribe, ping,
-//!   error frames), per connection, above the shard.
-//! - [`presence`]: the node's presence and occupancy hub, on its own control-plane
-//!   thread: who is in each presence channel (per user), how many subscribers each
-//!   channel has across the node's workers; answers joins through the mailboxes and
-//!   REST queries through [`reply`].
-//! - [`shard`]: one core's data-plane state: subscription registry, registered
-//!   WebSockets, mailbox (the only cross-core path), interest filter, admission, stop
-//!   state, fan-out.
-//! - [`ws`]: WebSocket as pure transport: handshake answer, frame codec, reassembly,
-//!   the connection's reader and writer. Knows no project, key or channel.
-//! - [`engine`]: leaf: one per worker, wakes parked idle connections by readiness
-//!   (a private epoll instance awaited through monoio) without a task per connection;
-//!   knows only its `Ready` records.
-//! - [`admission`]: who may start a connection and how connections are let go:
-//!   the node-wide upgrade rate, the shutdown drain spread, trusted proxies (PROXY
-//!   protocol, `X-Forwarded-For`); names only `quota`; named by `server`, `http`,
-//!   `shard` and `config`.
-//! - [`names`], [`json`], [`close`], [`ids`], [`reply`]: leaves: the channel/event name
-//!   rule, JSON string escaping, the table of close codes, message and connection ids,
-//!   one-shot answers from a control-plane thread to a worker's task.
-//! - [`pusher_frame`]: leaf: the Pusher protocol 7 server frames; names only `json`, `ws::frame`.
-//! - [`webhook`]: the webhook sender: a bounded queue from any thread, one scheduler
-//!   thread (batching, the 3 s grace, retries) and one sender thread per project that
-//!   is sending; above `auth`/`store`, named by `client`, `node` and `server`.
-//! - [`metrics`]: per-worker counters (each written only by its own worker, through a
-//!   thread-local), gauges and the publish-duration histogram, summed and rendered as
-//!   Prometheus text at scrape time; `shard`, `ws` and `http` write to it, the server's
-//!   metrics listener reads it. A leaf: it names no other module.
-//! - [`auth`]: the in-memory key snapshot, its watcher, and private-channel token
-//!   verification; [`admin`]: the project/key
-//!   subcommands; [`tools`]: `ringcast publish`/`subscribe`, real HTTP and WebSocket
-//!   clients of a running server; [`store`]: SQLite/Redis project and key store;
-//!   [`config`]: every knob, its default and unit; [`quota`]: per-project GCRA on
-//!   atomics; [`history`]: channel history (offsets, epochs, the per-node ring buffers);
-//!   [`cli`]:
-//!   argument parsing; [`apikey`]: key kinds, generation and hashing; [`sealed`]: the
-//!   master key and the AEAD that seals token secrets at rest.
-//! - [`auth::pusher`]: Pusher signatures (REST query, channel `auth`); names no module.
+//! 9. entry: [`server`] (the composition root: start-up, one pinned monoio worker per
+//!    core, listeners, accept loop, timers, signals, graceful shutdown; the only module
+//!    that starts `http::conn::serve`), [`admin`] (the project/key subcommands),
+//!    [`tools`] (`ringcast publish`/`subscribe`, real clients of a running server).
+//! 8. http: [`http`]: HTTP/1.1 head parsing (httparse), the connection loop, routing,
+//!    `/health`, the publish endpoint, the WebSocket and Pusher upgrades, the Pusher
+//!    REST API, the response writer.
+//! 7. node: [`node`]: what all workers of a node share (config, key snapshot,
+//!    mailboxes, cluster bridge, health flags); how an accepted publish leaves its
+//!    worker.
+//! 6. requests: [`publish`] (parse with simd-json, validate, quota, encode once, hand to
+//!    the mailboxes), [`client`] (the client protocol on a WebSocket, native and Pusher,
+//!    per connection), [`error`] (the one table of REST rejections).
+//! 5. cross-node: [`cluster`] (the Redis bridge: relay out, interest-routed
+//!    subscriptions in, on its own threads), [`presence`] (the node's presence and
+//!    occupancy hub on its control-plane thread), [`webhook`] (a bounded queue from any
+//!    thread, one scheduler thread, one sender thread per sending project).
+//! 4. shard: [`shard`]: one core's data-plane state: subscription registry, registered
+//!    WebSockets, mailbox (the only cross-core path), interest filter, stop state,
+//!    fan-out.
+//! 3. projects: [`auth`] (the in-memory key snapshot, its watcher, token and Pusher
+//!    signature verification), [`store`] (SQLite/Redis project and key store),
+//!    [`config`] (every knob, its default and unit).
+//! 2. transports: [`ws`] (WebSocket as pure transport: handshake answer, frame codec,
+//!    reassembly, the connection's reader and writer; knows no project, key or
+//!    channel), [`tls`] (the rustls transport), [`history`] (offsets, epochs, the
+//!    per-node ring buffers), [`pusher_frame`] (Pusher protocol 7 server frames),
+//!    [`admission`] (the node-wide upgrade rate, the shutdown drain spread, trusted
+//!    proxies).
+//! 1. leaves: [`engine`] (per worker, wakes parked idle connections by readiness
+//!    without a task per connection), [`metrics`] (per-worker counters rendered as
+//!    Prometheus text), [`quota`] (per-project GCRA on atomics), [`redis_link`] (the
+//!    Redis client, timeouts and backoff every cluster-mode part shares), [`apikey`],
+//!    [`sealed`], [`cli`], [`close`], [`ids`], [`json`], [`names`], [`reply`] (key
+//!    kinds and hashing, the sealed master key, argument parsing, close codes, ids,
+//!    JSON escaping, channel names, one-shot answers from a control-plane thread).
 //!
 //! Invariants that hold across modules: the hot path never blocks and never allocates
 //! per subscriber; one published message is encoded once into one `Bytes` that every
@@ -93,6 +80,7 @@ mod presence;
 mod publish;
 mod pusher_frame;
 mod quota;
+mod redis_link;
 mod reply;
 mod sealed;
 mod server;

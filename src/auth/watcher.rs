@@ -131,7 +131,7 @@ mod tests {
     use super::*;
     use crate::apikey::KeyKind;
     use crate::quota::RateLimit;
-    use crate::store::{KeyRecord, ProjectRecord, SqliteStore, StoreContents};
+    use crate::store::{KeyRecord, ProjectChange, ProjectRecord, SqliteStore, StoreContents};
     use std::sync::atomic::AtomicUsize;
 
     fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
@@ -187,7 +187,10 @@ mod tests {
         wait_for("on_change", || changes.load(Ordering::SeqCst) > first);
 
         admin
-            .set_rate_limit(&project.id, RateLimit::parse("7/min").unwrap())
+            .set_project(
+                &project.id,
+                &ProjectChange::RateLimit(RateLimit::parse("7/min").unwrap()),
+            )
             .unwrap();
         wait_for("new limit", || {
             cache.load().project(&project.id).unwrap().quota.limit()
@@ -202,7 +205,9 @@ mod tests {
                 .map(|p| p.pusher_enabled())
         };
         assert_eq!(by_app(&cache), Some(true));
-        admin.set_pusher(&project.id, false).unwrap();
+        admin
+            .set_project(&project.id, &ProjectChange::Pusher(false))
+            .unwrap();
         wait_for("pusher off", || by_app(&cache) == Some(false));
 
         stop.store(true, Ordering::Release);
@@ -240,14 +245,6 @@ mod tests {
             self.check()?;
             self.inner.create_project(name, rate, history, master)
         }
-        fn set_history(
-            &mut self,
-            id: &str,
-            history: crate::history::HistorySpec,
-        ) -> Result<ProjectRecord, StoreError> {
-            self.check()?;
-            self.inner.set_history(id, history)
-        }
         fn rotate_token_secret(
             &mut self,
             id: &str,
@@ -274,37 +271,13 @@ mod tests {
             self.check()?;
             self.inner.list_projects()
         }
-        fn set_rate_limit(
+        fn set_project(
             &mut self,
             id: &str,
-            rate: RateLimit,
+            change: &crate::store::ProjectChange,
         ) -> Result<ProjectRecord, StoreError> {
             self.check()?;
-            self.inner.set_rate_limit(id, rate)
-        }
-        fn set_max_connections(
-            &mut self,
-            id: &str,
-            n: Option<u64>,
-        ) -> Result<ProjectRecord, StoreError> {
-            self.check()?;
-            self.inner.set_max_connections(id, n)
-        }
-        fn set_client_events(&mut self, id: &str, on: bool) -> Result<ProjectRecord, StoreError> {
-            self.check()?;
-            self.inner.set_client_events(id, on)
-        }
-        fn set_pusher(&mut self, id: &str, on: bool) -> Result<ProjectRecord, StoreError> {
-            self.check()?;
-            self.inner.set_pusher(id, on)
-        }
-        fn set_webhook(
-            &mut self,
-            id: &str,
-            webhook: Option<crate::store::WebhookSpec>,
-        ) -> Result<ProjectRecord, StoreError> {
-            self.check()?;
-            self.inner.set_webhook(id, webhook)
+            self.inner.set_project(id, change)
         }
         fn create_key(
             &mut self,

@@ -15,7 +15,7 @@ use std::time::Duration;
 use super::{connect, sleep_unless_stopped, Backoff, Cluster};
 use crate::auth::KeyCache;
 use crate::quota::lease::{block_size, Lease, LEASE_SCRIPT};
-use crate::store::redis::PREFIX;
+use crate::redis_link::PREFIX;
 
 /// How often balances are checked. A busy project spends half a block in more than this
 /// only above 5 × its per-second count per node, and then waits at most one tick.

@@ -97,9 +97,9 @@ pub(crate) fn next_batch<T>(
 /// Channels per SUBSCRIBE when restoring after a reconnect (no storm of single commands,
 /// no single enormous command either).
 pub(crate) const RESUBSCRIBE_BATCH: usize = 256;
-pub(crate) use crate::store::redis::{connect, Backoff, BRIDGE_IO_TIMEOUT as IO_TIMEOUT};
+pub(crate) use crate::redis_link::{connect, Backoff, BRIDGE_IO_TIMEOUT as IO_TIMEOUT};
 #[cfg(test)]
-use crate::store::redis::{MAX_BACKOFF, MIN_BACKOFF};
+use crate::redis_link::{MAX_BACKOFF, MIN_BACKOFF};
 
 /// Why the cluster bridge could not start.
 #[derive(Debug, thiserror::Error)]
@@ -160,7 +160,7 @@ impl Cluster {
         keys: Arc<KeyCache>,
         mailboxes: Mailboxes,
     ) -> Result<(Arc<Cluster>, Vec<JoinHandle<()>>), ClusterError> {
-        let client = crate::store::redis::client(url, ca_file)
+        let client = crate::redis_link::client(url, ca_file)
             .map_err(|e| ClusterError::Url(e.to_string()))?;
         let (relay_tx, relay_rx) = crossbeam_channel::bounded(RELAY_QUEUE);
         // Unbounded on purpose: losing an interest change would silently cut a channel

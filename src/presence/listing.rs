@@ -119,14 +119,14 @@ fn run(client: &redis::Client, rx: &Receiver<Ask>) {
     let list = redis::Script::new(LIST_SCRIPT);
     let index = redis::Script::new(INDEX_SCRIPT);
     let mut conn: Option<redis::Connection> = None;
-    let mut backoff = crate::store::redis::Backoff::new();
+    let mut backoff = crate::redis_link::Backoff::new();
     let mut retry_at = std::time::Instant::now();
     for ask in rx.iter() {
         if conn.is_none() {
             if std::time::Instant::now() < retry_at {
                 continue; // dropped: 503
             }
-            match crate::store::redis::connect(client) {
+            match crate::redis_link::connect(client) {
                 Ok(c) => {
                     conn = Some(c);
                     backoff.reset();

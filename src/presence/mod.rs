@@ -31,6 +31,7 @@
 
 mod listing;
 pub(crate) mod remote;
+mod scripts;
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;

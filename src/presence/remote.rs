@@ -36,6 +36,7 @@ use bytes::Bytes;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
 use super::listing::{Ask, Lister};
+use super::scripts::{Scripts, COUNT_SCRIPT};
 use super::{
     checked_member, join_here, presence_frame, presence_object, ChannelInfo, Effects, Join, Local,
     Members, Op, Query,
@@ -55,126 +56,12 @@ const MAX_PIPELINE: usize = 512;
 /// the version byte, the origin node id (8 bytes, little endian), the frame.
 pub(crate) const VERSION_PRESENCE: u8 = 3;
 
-const COUNT_SCRIPT: &str = r#"
-local P = 'ringcast:'
-local f = ARGV[2] .. '\n' .. ARGV[3]
-local d = tonumber(ARGV[4])
-local nk = P .. 'occn:' .. ARGV[1]
-local mine = redis.call('HINCRBY', nk, f, d)
-if mine <= 0 then redis.call('HDEL', nk, f) end
-if mine < 0 then d = d - mine end
-if d == 0 then return 0 end
-local ok = P .. 'occ:' .. ARGV[2]
-local total = redis.call('HINCRBY', ok, ARGV[3], d)
-if total <= 0 then
-  redis.call('HDEL', ok, ARGV[3])
-  redis.call('ZREM', P .. 'occl:' .. ARGV[2], ARGV[3])
-elseif d > 0 then
-  -- At every increase, not only at 0 -> d: heals a name a node of the previous
-  -- version (no set) occupied.
-  redis.call('ZADD', P .. 'occl:' .. ARGV[2], 0, ARGV[3])
-end
-if d > 0 and total == d then return 1 end
-if d < 0 and total <= 0 and total - d > 0 then return -1 end
-return 0
-"#;
-
-const JOIN_SCRIPT: &str = r#"
-local P = 'ringcast:'
-local base = ARGV[2] .. ':' .. ARGV[3]
-local pres, info, ord = P .. 'pres:' .. base, P .. 'presi:' .. base, P .. 'preso:' .. base
-local status = 1
-if redis.call('HEXISTS', pres, ARGV[4]) == 0 then
-  if redis.call('HLEN', pres) >= tonumber(ARGV[6]) then return {0} end
-  status = 2
-  redis.call('HSET', info, ARGV[4], ARGV[5])
-  redis.call('ZADD', ord, redis.call('INCR', P .. 'preseq'), ARGV[4])
-end
-redis.call('HINCRBY', pres, ARGV[4], 1)
-redis.call('HINCRBY', P .. 'presn:' .. ARGV[1], ARGV[2] .. '\n' .. ARGV[3] .. '\n' .. ARGV[4], 1)
-local out = {status}
-for _, u in ipairs(redis.call('ZRANGE', ord, 0, -1)) do
-  out[#out + 1] = u
-  out[#out + 1] = redis.call('HGET', info, u) or ''
-end
-return out
-"#;
-
-const LEAVE_SCRIPT: &str = r#"
-local P = 'ringcast:'
-local f = ARGV[2] .. '\n' .. ARGV[3] .. '\n' .. ARGV[4]
-local nk = P .. 'presn:' .. ARGV[1]
-local mine = redis.call('HINCRBY', nk, f, -1)
-if mine <= 0 then redis.call('HDEL', nk, f) end
-if mine < 0 then return 0 end
-local base = ARGV[2] .. ':' .. ARGV[3]
-local pres = P .. 'pres:' .. base
-local left = redis.call('HINCRBY', pres, ARGV[4], -1)
-if left > 0 then return 0 end
-redis.call('HDEL', pres, ARGV[4])
-redis.call('HDEL', P .. 'presi:' .. base, ARGV[4])
-redis.call('ZREM', P .. 'preso:' .. base, ARGV[4])
-return 1
-"#;
-
-/// Take back every share of node ARGV[1] (only if its lease is gone, unless ARGV[2] is
-/// '1': a node taking back its own). Returns the transitions: 'v', pid, channel for a
-/// vacated channel; 'r', pid, channel, user for a removed member.
-const REAP_SCRIPT: &str = r#"
-local P = 'ringcast:'
-local node = ARGV[1]
-if ARGV[2] ~= '1' then
-  if redis.call('EXISTS', P .. 'alive:' .. node) == 1 then return {} end
-  if redis.call('SISMEMBER', P .. 'nodes', node) == 0 then return {} end
-end
-local out = {}
-local occ = redis.call('HGETALL', P .. 'occn:' .. node)
-for i = 1, #occ, 2 do
-  local pid, ch = string.match(occ[i], '^([^\n]*)\n(.*)$')
-  local n = tonumber(occ[i + 1])
-  if pid and n > 0 then
-    local total = redis.call('HINCRBY', P .. 'occ:' .. pid, ch, -n)
-    if total <= 0 then
-      redis.call('HDEL', P .. 'occ:' .. pid, ch)
-      redis.call('ZREM', P .. 'occl:' .. pid, ch)
-      out[#out + 1] = 'v'; out[#out + 1] = pid; out[#out + 1] = ch
-    end
-  end
-end
-local pres = redis.call('HGETALL', P .. 'presn:' .. node)
-for i = 1, #pres, 2 do
-  local pid, ch, user = string.match(pres[i], '^([^\n]*)\n([^\n]*)\n(.*)$')
-  local n = tonumber(pres[i + 1])
-  if pid and n > 0 then
-    local base = pid .. ':' .. ch
-    local left = redis.call('HINCRBY', P .. 'pres:' .. base, user, -n)
-    if left <= 0 then
-      redis.call('HDEL', P .. 'pres:' .. base, user)
-      redis.call('HDEL', P .. 'presi:' .. base, user)
-      redis.call('ZREM', P .. 'preso:' .. base, user)
-      out[#out + 1] = 'r'; out[#out + 1] = pid; out[#out + 1] = ch; out[#out + 1] = user
-    end
-  end
-end
-redis.call('DEL', P .. 'occn:' .. node, P .. 'presn:' .. node)
--- A node taking back its own shares stays known (it is alive and adds them again).
-if ARGV[2] ~= '1' then redis.call('SREM', P .. 'nodes', node) end
-return out
-"#;
-
 /// What cluster mode needs at start.
 pub(crate) struct Setup {
     pub client: redis::Client,
     /// The cluster bridge's node id (its payloads carry it; its own are skipped).
     pub node_id: u64,
     pub keys: Arc<KeyCache>,
-}
-
-struct Scripts {
-    count: redis::Script,
-    join: redis::Script,
-    leave: redis::Script,
-    reap: redis::Script,
 }
 
 struct Remote {
@@ -184,7 +71,7 @@ struct Remote {
     conn: Option<redis::Connection>,
     /// No reconnect attempt before this instant (backoff).
     retry_at: Instant,
-    backoff: crate::store::redis::Backoff,
+    backoff: crate::redis_link::Backoff,
     /// This node's shares must be taken back and asserted again before they are used.
     stale: bool,
     projects: ProjectIndex,
@@ -197,15 +84,10 @@ pub(super) fn run(rx: Receiver<Op>, mut local: Local, fx: Effects, setup: Setup)
     let mut r = Remote {
         node: format!("{:016x}", setup.node_id),
         setup,
-        scripts: Scripts {
-            count: redis::Script::new(COUNT_SCRIPT),
-            join: redis::Script::new(JOIN_SCRIPT),
-            leave: redis::Script::new(LEAVE_SCRIPT),
-            reap: redis::Script::new(REAP_SCRIPT),
-        },
+        scripts: Scripts::new(),
         conn: None,
         retry_at: Instant::now(),
-        backoff: crate::store::redis::Backoff::new(),
+        backoff: crate::redis_link::Backoff::new(),
         stale: true,
         projects: ProjectIndex::new(),
         lister: None,
@@ -648,7 +530,7 @@ impl Remote {
             if Instant::now() < self.retry_at {
                 return;
             }
-            match crate::store::redis::connect(&self.setup.client) {
+            match crate::redis_link::connect(&self.setup.client) {
                 Ok(c) => {
                     self.conn = Some(c);
                     self.backoff.reset();
@@ -801,7 +683,7 @@ fn live(conn: &mut Option<redis::Connection>, stale: bool) -> Option<&mut redis:
 }
 
 impl Remote {
-    /// Announce the transitions a reap returned (see [`REAP_SCRIPT`]).
+    /// Announce the transitions a reap returned (see [`super::scripts::REAP_SCRIPT`]).
     fn announce_reaped(&mut self, fx: &Effects, out: Vec<String>) {
         let mut it = out.into_iter();
         let snapshot = self.setup.keys.load();

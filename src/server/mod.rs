@@ -294,8 +294,7 @@ fn serve(
     // bridge skips this node's own.
     let presence_cluster = match (&cluster, config.redis.as_deref()) {
         (Some(c), Some(url)) => Some(crate::presence::remote::Setup {
-            client: crate::store::redis::client(url, config.redis_ca_file.as_deref())
-                .map_err(|e| anyhow::anyhow!("invalid Redis URL: {e}"))?,
+            client: crate::redis_link::client(url, config.redis_ca_file.as_deref())?,
             node_id: c.node_id(),
             keys: keys.clone(),
         }),

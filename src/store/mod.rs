@@ -20,7 +20,7 @@
 //!   their calls to a stranger's project).
 //! - Nothing here runs on a worker thread: store calls may block on I/O and locks.
 
-pub(crate) mod redis;
+mod redis;
 mod sqlite;
 pub(crate) mod webhook;
 
@@ -213,6 +213,28 @@ pub(crate) enum StoreError {
     Redis(String),
     #[error(transparent)]
     Seal(#[from] SealError),
+    /// No Redis client could be made from the URL and CA file given.
+    #[error(transparent)]
+    Link(#[from] crate::redis_link::LinkError),
+}
+
+/// One change to a project's settings: what each `project set-*` command stores. One
+/// store call applies one change, so every store writes it in one place.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum ProjectChange {
+    /// The publish quota.
+    RateLimit(RateLimit),
+    /// The history setting (a store in cluster mode also forgets the project's history:
+    /// no position taken before the change may be recovered).
+    History(HistorySpec),
+    /// The project's own WebSocket connection limit; `None` clears it.
+    MaxConnections(Option<u64>),
+    /// Whether client events are allowed on its private and presence channels.
+    ClientEvents(bool),
+    /// Whether the Pusher protocol (WebSocket and REST) is allowed.
+    Pusher(bool),
+    /// The webhook; `None` turns it off.
+    Webhook(Option<WebhookSpec>),
 }
 
 /// Projects and keys, wherever they live. Methods take `&mut self` because a store is a
@@ -252,45 +274,12 @@ pub(crate) trait Store: Send {
     /// All projects, oldest first.
     fn list_projects(&mut self) -> Result<Vec<ProjectRecord>, StoreError>;
 
-    /// Change a project's quota; returns the updated project.
-    fn set_rate_limit(
+    /// Apply one change to a project's settings (`project set-*`); returns the updated
+    /// project. NotFound when no project has that id.
+    fn set_project(
         &mut self,
         project_id: &str,
-        rate_limit: RateLimit,
-    ) -> Result<ProjectRecord, StoreError>;
-
-    /// Change a project's history setting; returns the updated project.
-    fn set_history(
-        &mut self,
-        project_id: &str,
-        history: HistorySpec,
-    ) -> Result<ProjectRecord, StoreError>;
-
-    /// Set (or with `None` clear) a project's own WebSocket connection limit; returns
-    /// the updated project.
-    fn set_max_connections(
-        &mut self,
-        project_id: &str,
-        max_connections: Option<u64>,
-    ) -> Result<ProjectRecord, StoreError>;
-
-    /// Allow or forbid client events on a project's channels; returns the updated
-    /// project.
-    fn set_client_events(
-        &mut self,
-        project_id: &str,
-        on: bool,
-    ) -> Result<ProjectRecord, StoreError>;
-
-    /// Allow or forbid the Pusher protocol (WebSocket and REST) for a project; returns
-    /// the updated project.
-    fn set_pusher(&mut self, project_id: &str, on: bool) -> Result<ProjectRecord, StoreError>;
-
-    /// Set (or with `None` turn off) a project's webhook; returns the updated project.
-    fn set_webhook(
-        &mut self,
-        project_id: &str,
-        webhook: Option<WebhookSpec>,
+        change: &ProjectChange,
     ) -> Result<ProjectRecord, StoreError>;
 
     /// A new key for an existing project; returns its record and the full key.
@@ -379,7 +368,10 @@ mod tests {
         let err = open_store(dir.path(), Some("not a url"), None)
             .err()
             .unwrap();
-        assert!(matches!(err, StoreError::Invalid(_)), "{err}");
+        assert!(
+            matches!(err, StoreError::Link(crate::redis_link::LinkError::Url(_))),
+            "{err}"
+        );
         // Nothing listens on port 1: the store cannot open, and says it is Redis.
         let err = open_store(dir.path(), Some("redis://127.0.0.1:1"), None)
             .err()

@@ -47,152 +47,29 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
 use base64::Engine as _;
 
 use super::{
-    mint_token_secret, rotated_expiry, unix_now, validate_project_name, HookKinds, KeyRecord,
+    mint_token_secret, rotated_expiry, unix_now, validate_project_name, KeyRecord, ProjectChange,
     ProjectRecord, Store, StoreContents, StoreError, TokenKeyAlg, TokenKeyRecord,
-    TokenSecretRecord, WebhookSpec, FIRST_PUSHER_APP_ID,
+    FIRST_PUSHER_APP_ID,
 };
-use crate::apikey::{generate_id, hash_key, key_prefix, KeyHash, KeyKind};
+use crate::apikey::{generate_id, hash_key, key_prefix, KeyKind};
 use crate::history::HistorySpec;
 use crate::quota::RateLimit;
-use crate::sealed::MasterKey;
+use crate::redis_link::PREFIX;
 
-/// Namespace of every Redis key ringcast writes.
-pub(crate) const PREFIX: &str = "ringcast:";
+mod records;
+use crate::sealed::MasterKey;
+use records::*;
 
 /// Longest wait for a connect, a read or a write. A control-plane call that takes longer
 /// is treated as Redis being unavailable (health goes degraded, the last snapshot stays).
 pub(crate) const IO_TIMEOUT: Duration = Duration::from_secs(2);
 
-#[derive(Serialize, Deserialize)]
-struct StoredProject {
-    name: String,
-    seq: u64,
-}
-
-#[derive(Serialize, Deserialize)]
-struct StoredKey {
-    project_id: String,
-    kind: String,
-    prefix: String,
-    /// Hex SHA-256 of the full key.
-    hash: String,
-    seq: u64,
-    /// The whole key, for a public key only.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    public_key: Option<String>,
-}
-
-#[derive(Serialize, Deserialize)]
-struct StoredWebhook {
-    url: String,
-    events: String,
-}
-
-#[derive(Serialize, Deserialize)]
-struct StoredTokenSecret {
-    project_id: String,
-    /// Standard base64 of the sealed bytes.
-    sealed: String,
-    expires_at: Option<i64>,
-    seq: u64,
-}
-
-#[derive(Serialize, Deserialize)]
-struct StoredTokenKey {
-    project_id: String,
-    alg: String,
-    public_pem: String,
-    seq: u64,
-}
-
-fn encode_json<T: Serialize>(value: &T) -> Result<String, StoreError> {
-    serde_json::to_string(value).map_err(|e| StoreError::Corrupt(format!("cannot encode: {e}")))
-}
-
-fn decode_token_secrets(
-    raw: HashMap<String, String>,
-) -> Result<Vec<(String, StoredTokenSecret)>, StoreError> {
-    let mut out = raw
-        .into_iter()
-        .map(|(id, json)| {
-            serde_json::from_str::<StoredTokenSecret>(&json)
-                .map(|s| (id.clone(), s))
-                .map_err(|e| StoreError::Corrupt(format!("token secret {id}: {e}")))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    out.sort_by_key(|(_, s)| s.seq);
-    Ok(out)
-}
-
-fn token_secret_records(
-    raw: HashMap<String, String>,
-) -> Result<Vec<TokenSecretRecord>, StoreError> {
-    decode_token_secrets(raw)?
-        .into_iter()
-        .map(|(id, s)| {
-            let sealed = base64::engine::general_purpose::STANDARD
-                .decode(&s.sealed)
-                .map_err(|e| StoreError::Corrupt(format!("token secret {id}: {e}")))?;
-            Ok(TokenSecretRecord {
-                id,
-                project_id: s.project_id,
-                sealed,
-                expires_at: s.expires_at,
-            })
-        })
-        .collect()
-}
-
-fn token_key_records(raw: HashMap<String, String>) -> Result<Vec<TokenKeyRecord>, StoreError> {
-    let mut out = Vec::with_capacity(raw.len());
-    for (id, json) in raw {
-        let stored: StoredTokenKey = serde_json::from_str(&json)
-            .map_err(|e| StoreError::Corrupt(format!("token key {id}: {e}")))?;
-        let alg = TokenKeyAlg::parse(&stored.alg)
-            .ok_or_else(|| StoreError::Corrupt(format!("token key {id}: unknown alg")))?;
-        out.push((
-            stored.seq,
-            TokenKeyRecord {
-                id,
-                project_id: stored.project_id,
-                alg,
-                public_pem: stored.public_pem,
-            },
-        ));
-    }
-    out.sort_by_key(|(seq, _)| *seq);
-    Ok(out.into_iter().map(|(_, k)| k).collect())
-}
-
+/// A key of the store's layout, under the namespace.
 fn k(name: &str) -> String {
     format!("{PREFIX}{name}")
-}
-
-/// A Redis client for `url`: `redis://` or `rediss://` (TLS), with an ACL user and
-/// password if the URL carries them. With `ca_file`, TLS trusts exactly the CA
-/// certificates in that PEM file instead of the system's roots.
-pub(crate) fn client(url: &str, ca_file: Option<&Path>) -> Result<redis::Client, StoreError> {
-    let invalid =
-        |e: &dyn std::fmt::Display| StoreError::Invalid(format!("invalid Redis URL: {e}"));
-    let Some(path) = ca_file else {
-        return redis::Client::open(url).map_err(|e| invalid(&e));
-    };
-    let info = redis::IntoConnectionInfo::into_connection_info(url).map_err(|e| invalid(&e))?;
-    let root_cert = std::fs::read(path).map_err(|source| StoreError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let certs = redis::TlsCertificates {
-        client_tls: None,
-        root_cert: Some(root_cert),
-    };
-    redis::Client::build_with_tls(info, certs)
-        .map_err(|e| StoreError::Invalid(format!("Redis TLS with {}: {e}", path.display())))
 }
 
 /// A connection to the Redis store. One per thread; reconnects lazily after an error.
@@ -211,7 +88,7 @@ impl RedisStore {
     /// Parse `url` and connect once, so a wrong URL or an unreachable Redis fails now;
     /// give every project that lacks one its Pusher app id.
     pub(crate) fn open(url: &str, ca_file: Option<&Path>) -> Result<RedisStore, StoreError> {
-        let client = client(url, ca_file)?;
+        let client = crate::redis_link::client(url, ca_file)?;
         let mut store = RedisStore { client, conn: None };
         store.with(|c| redis::cmd("PING").query::<()>(c))?;
         let (projects, numbered): (u64, u64) = store.with(|c| {
@@ -353,185 +230,6 @@ impl RedisStore {
 /// Reads that find a project without an app id number it and read again, this many
 /// times at most (more only if other processes keep creating projects without one).
 const NUMBERING_ATTEMPTS: u32 = 3;
-
-/// Everything stored about projects, as read in one MULTI/EXEC.
-struct ProjectFields {
-    projects: HashMap<String, String>,
-    limits: HashMap<String, String>,
-    histories: HashMap<String, String>,
-    max_connections: HashMap<String, u64>,
-    client_events: HashSet<String>,
-    webhooks: HashMap<String, String>,
-    app_ids: HashMap<String, u64>,
-    pusher_off: HashSet<String>,
-}
-
-/// Queue the reads of [`ProjectFields`], in the order [`ProjectFields::take`] takes
-/// their replies back.
-fn add_project_reads(pipe: &mut redis::Pipeline) {
-    pipe.cmd("HGETALL")
-        .arg(k("projects"))
-        .cmd("HGETALL")
-        .arg(k("rate_limits"))
-        .cmd("HGETALL")
-        .arg(k("histories"))
-        .cmd("HGETALL")
-        .arg(k("max_connections"))
-        .cmd("SMEMBERS")
-        .arg(k("client_events"))
-        .cmd("HGETALL")
-        .arg(k("webhooks"))
-        .cmd("HGETALL")
-        .arg(k("pusher_app_ids"))
-        .cmd("SMEMBERS")
-        .arg(k("pusher_off"));
-}
-
-/// The next reply of a MULTI/EXEC, as a `T`.
-fn next_reply<T: redis::FromRedisValue>(
-    replies: &mut std::vec::IntoIter<redis::Value>,
-) -> Result<T, StoreError> {
-    let value = replies
-        .next()
-        .ok_or_else(|| StoreError::Redis("a reply is missing from MULTI/EXEC".into()))?;
-    redis::from_redis_value(value).map_err(|e| StoreError::Redis(e.to_string()))
-}
-
-impl ProjectFields {
-    /// Take the replies of [`add_project_reads`] from the front of `replies`.
-    fn take(replies: &mut std::vec::IntoIter<redis::Value>) -> Result<ProjectFields, StoreError> {
-        Ok(ProjectFields {
-            projects: next_reply(replies)?,
-            limits: next_reply(replies)?,
-            histories: next_reply(replies)?,
-            max_connections: next_reply(replies)?,
-            client_events: next_reply(replies)?,
-            webhooks: next_reply(replies)?,
-            app_ids: next_reply(replies)?,
-            pusher_off: next_reply(replies)?,
-        })
-    }
-
-    fn lacks_app_id(&self) -> bool {
-        self.projects
-            .keys()
-            .any(|id| !self.app_ids.contains_key(id))
-    }
-}
-
-/// The projects of `projects` (the stored hash) that have no app id in `app_ids`,
-/// oldest first.
-fn unnumbered(
-    projects: &HashMap<String, String>,
-    app_ids: &HashMap<String, u64>,
-) -> Result<Vec<String>, StoreError> {
-    let mut out = Vec::new();
-    for (id, json) in projects {
-        if app_ids.contains_key(id) {
-            continue;
-        }
-        let stored: StoredProject = serde_json::from_str(json)
-            .map_err(|e| StoreError::Corrupt(format!("project {id}: {e}")))?;
-        out.push((stored.seq, id.clone()));
-    }
-    out.sort_unstable();
-    Ok(out.into_iter().map(|(_, id)| id).collect())
-}
-
-fn decode_projects(fields: ProjectFields) -> Result<Vec<ProjectRecord>, StoreError> {
-    let ProjectFields {
-        projects,
-        limits,
-        histories,
-        max_connections,
-        client_events,
-        webhooks,
-        app_ids,
-        pusher_off,
-    } = fields;
-    let mut out = Vec::with_capacity(projects.len());
-    for (id, json) in projects {
-        let stored: StoredProject = serde_json::from_str(&json)
-            .map_err(|e| StoreError::Corrupt(format!("project {id}: {e}")))?;
-        let limit = limits
-            .get(&id)
-            .ok_or_else(|| StoreError::Corrupt(format!("project {id}: no rate limit")))?;
-        let rate_limit = RateLimit::parse(limit)
-            .map_err(|e| StoreError::Corrupt(format!("project {id}: {e}")))?;
-        // Absent: a project created before history existed, or never given one.
-        let history = match histories.get(&id) {
-            Some(h) => HistorySpec::parse(h)
-                .map_err(|e| StoreError::Corrupt(format!("project {id}: {e}")))?,
-            None => HistorySpec::OFF,
-        };
-        let webhook = match webhooks.get(&id) {
-            Some(json) => {
-                let hook: StoredWebhook = serde_json::from_str(json)
-                    .map_err(|e| StoreError::Corrupt(format!("project {id} webhook: {e}")))?;
-                Some(WebhookSpec {
-                    url: hook.url,
-                    events: HookKinds::parse(&hook.events)
-                        .map_err(|e| StoreError::Corrupt(format!("project {id}: {e}")))?,
-                })
-            }
-            None => None,
-        };
-        let pusher_app_id = *app_ids
-            .get(&id)
-            .ok_or_else(|| StoreError::Corrupt(format!("project {id}: no Pusher app id")))?;
-        out.push((
-            stored.seq,
-            ProjectRecord {
-                webhook,
-                max_connections: max_connections.get(&id).copied(),
-                client_events: client_events.contains(&id),
-                pusher_app_id,
-                pusher: !pusher_off.contains(&id),
-                id,
-                name: stored.name,
-                rate_limit,
-                history,
-            },
-        ));
-    }
-    out.sort_by_key(|(seq, _)| *seq);
-    Ok(out.into_iter().map(|(_, p)| p).collect())
-}
-
-fn decode_keys(
-    keys: HashMap<String, String>,
-    revoked: &HashSet<String>,
-    only_project: Option<&str>,
-) -> Result<Vec<KeyRecord>, StoreError> {
-    let mut out = Vec::new();
-    for (id, json) in keys {
-        let stored: StoredKey = serde_json::from_str(&json)
-            .map_err(|e| StoreError::Corrupt(format!("key {id}: {e}")))?;
-        if only_project.is_some_and(|p| p != stored.project_id) {
-            continue;
-        }
-        let kind = KeyKind::parse(&stored.kind)
-            .ok_or_else(|| StoreError::Corrupt(format!("key {id}: unknown kind")))?;
-        let hash = hex::decode(&stored.hash)
-            .ok()
-            .and_then(|h| <[u8; 32]>::try_from(h.as_slice()).ok())
-            .ok_or_else(|| StoreError::Corrupt(format!("key {id}: hash is not 32 bytes")))?;
-        out.push((
-            stored.seq,
-            KeyRecord {
-                revoked: revoked.contains(&id),
-                id,
-                project_id: stored.project_id,
-                kind,
-                prefix: stored.prefix,
-                hash: KeyHash(hash),
-                public_key: stored.public_key,
-            },
-        ));
-    }
-    out.sort_by_key(|(seq, _)| *seq);
-    Ok(out.into_iter().map(|(_, k)| k).collect())
-}
 
 fn project_not_found(id: &str) -> StoreError {
     StoreError::NotFound(format!("no project with id {id:?}"))
@@ -702,129 +400,65 @@ impl Store for RedisStore {
         self.read_projects()
     }
 
-    fn set_rate_limit(
+    fn set_project(
         &mut self,
         project_id: &str,
-        rate_limit: RateLimit,
+        change: &ProjectChange,
     ) -> Result<ProjectRecord, StoreError> {
-        // Projects are never deleted, so "exists" cannot change between the two calls.
+        // Projects are never deleted, so "exists" cannot change before the write.
         if !self.project_exists(project_id)? {
             return Err(project_not_found(project_id));
         }
-        self.with(|c| {
-            redis::pipe()
-                .atomic()
-                .hset(k("rate_limits"), project_id, rate_limit.to_string())
-                .incr(k("version"), 1)
-                .query::<()>(c)
-        })?;
-        self.read_project(project_id)
-    }
-
-    fn set_history(
-        &mut self,
-        project_id: &str,
-        history: HistorySpec,
-    ) -> Result<ProjectRecord, StoreError> {
-        if !self.project_exists(project_id)? {
-            return Err(project_not_found(project_id));
-        }
-        self.with(|c| {
-            redis::pipe()
-                .atomic()
-                .hset(k("histories"), project_id, history.to_string())
-                .incr(k("version"), 1)
-                .query::<()>(c)
-        })?;
-        // The project's cluster-mode history is forgotten at every change: messages
-        // published while it was off are not in it, so no position taken before may be
-        // recovered (the next use starts a new epoch).
-        self.with(|c| forget_history(c, project_id))?;
-        self.read_project(project_id)
-    }
-
-    fn set_client_events(
-        &mut self,
-        project_id: &str,
-        on: bool,
-    ) -> Result<ProjectRecord, StoreError> {
-        if !self.project_exists(project_id)? {
-            return Err(project_not_found(project_id));
-        }
-        self.with(|c| {
-            let mut pipe = redis::pipe();
-            pipe.atomic();
-            if on {
-                pipe.sadd(k("client_events"), project_id);
-            } else {
-                pipe.srem(k("client_events"), project_id);
-            }
-            pipe.incr(k("version"), 1).query::<()>(c)
-        })?;
-        self.read_project(project_id)
-    }
-
-    fn set_pusher(&mut self, project_id: &str, on: bool) -> Result<ProjectRecord, StoreError> {
-        if !self.project_exists(project_id)? {
-            return Err(project_not_found(project_id));
-        }
-        self.with(|c| {
-            let mut pipe = redis::pipe();
-            pipe.atomic();
-            if on {
-                pipe.srem(k("pusher_off"), project_id);
-            } else {
-                pipe.sadd(k("pusher_off"), project_id);
-            }
-            pipe.incr(k("version"), 1).query::<()>(c)
-        })?;
-        self.read_project(project_id)
-    }
-
-    fn set_webhook(
-        &mut self,
-        project_id: &str,
-        webhook: Option<WebhookSpec>,
-    ) -> Result<ProjectRecord, StoreError> {
-        if !self.project_exists(project_id)? {
-            return Err(project_not_found(project_id));
-        }
-        let json = match &webhook {
-            Some(w) => Some(encode_json(&StoredWebhook {
+        let webhook = match change {
+            ProjectChange::Webhook(Some(w)) => Some(encode_json(&StoredWebhook {
                 url: w.url.clone(),
                 events: w.events.to_string(),
             })?),
-            None => None,
+            _ => None,
         };
         self.with(|c| {
             let mut pipe = redis::pipe();
             pipe.atomic();
-            match &json {
-                Some(json) => pipe.hset(k("webhooks"), project_id, json),
-                None => pipe.hdel(k("webhooks"), project_id),
+            // Off-by-default flags are sets of the projects that have them on (and
+            // `pusher_off` of those that turned Pusher off), so a project stored before
+            // the flag existed reads as its default.
+            let set = |pipe: &mut redis::Pipeline, name: &str, member: bool| {
+                if member {
+                    pipe.sadd(k(name), project_id);
+                } else {
+                    pipe.srem(k(name), project_id);
+                }
             };
+            match change {
+                ProjectChange::RateLimit(r) => {
+                    pipe.hset(k("rate_limits"), project_id, r.to_string());
+                }
+                ProjectChange::History(h) => {
+                    pipe.hset(k("histories"), project_id, h.to_string());
+                }
+                ProjectChange::MaxConnections(Some(n)) => {
+                    pipe.hset(k("max_connections"), project_id, *n);
+                }
+                ProjectChange::MaxConnections(None) => {
+                    pipe.hdel(k("max_connections"), project_id);
+                }
+                ProjectChange::ClientEvents(on) => set(&mut pipe, "client_events", *on),
+                ProjectChange::Pusher(on) => set(&mut pipe, "pusher_off", !*on),
+                ProjectChange::Webhook(_) => {
+                    match &webhook {
+                        Some(json) => pipe.hset(k("webhooks"), project_id, json),
+                        None => pipe.hdel(k("webhooks"), project_id),
+                    };
+                }
+            }
             pipe.incr(k("version"), 1).query::<()>(c)
         })?;
-        self.read_project(project_id)
-    }
-
-    fn set_max_connections(
-        &mut self,
-        project_id: &str,
-        max_connections: Option<u64>,
-    ) -> Result<ProjectRecord, StoreError> {
-        if !self.project_exists(project_id)? {
-            return Err(project_not_found(project_id));
+        if let ProjectChange::History(_) = change {
+            // The project's cluster-mode history is forgotten at every change: messages
+            // published while it was off are not in it, so no position taken before may
+            // be recovered (the next use starts a new epoch).
+            self.with(|c| forget_history(c, project_id))?;
         }
-        self.with(|c| {
-            let mut pipe = redis::pipe();
-            pipe.atomic();
-            match max_connections {
-                Some(n) => pipe.hset(k("max_connections"), project_id, n),
-                None => pipe.hdel(k("max_connections"), project_id),
-            };
-            pipe.incr(k("version"), 1).query::<()>(c)
-        })?;
         self.read_project(project_id)
     }
 
@@ -960,45 +594,4 @@ fn forget_history(c: &mut redis::Connection, project_id: &str) -> redis::RedisRe
         }
     }
     Ok(())
-}
-
-// Connection helpers shared by every control-plane thread that talks to Redis (the
-// cluster bridge, the presence hub).
-
-/// First reconnect delay; doubles up to [`MAX_BACKOFF`].
-pub(crate) const MIN_BACKOFF: Duration = Duration::from_millis(100);
-pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(2);
-/// Connect/read/write timeout of a bridge connection's commands; also how long a dead
-/// Redis can go unnoticed at most while the connection is idle (a PING is sent this
-/// often).
-pub(crate) const BRIDGE_IO_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// Capped exponential backoff with jitter, so that nodes that lost Redis together do not
-/// all come back in the same millisecond.
-pub(crate) struct Backoff(Duration);
-
-impl Backoff {
-    pub(crate) fn new() -> Backoff {
-        Backoff(MIN_BACKOFF)
-    }
-
-    pub(crate) fn reset(&mut self) {
-        self.0 = MIN_BACKOFF;
-    }
-
-    /// The next delay (between half and all of the current step), then double the step.
-    pub(crate) fn next_delay(&mut self) -> Duration {
-        let step = self.0;
-        self.0 = (self.0 * 2).min(MAX_BACKOFF);
-        let half = step / 2;
-        half + half.mul_f64(rand::random::<f64>())
-    }
-}
-
-/// Connect with the bridge's timeouts.
-pub(crate) fn connect(client: &redis::Client) -> redis::RedisResult<redis::Connection> {
-    let conn = client.get_connection_with_timeout(BRIDGE_IO_TIMEOUT)?;
-    conn.set_write_timeout(Some(BRIDGE_IO_TIMEOUT))?;
-    conn.set_read_timeout(Some(BRIDGE_IO_TIMEOUT))?;
-    Ok(conn)
 }

@@ -26,12 +26,13 @@
 use std::path::Path;
 use std::time::Duration;
 
+use rusqlite::types::Value;
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 
 use super::{
-    mint_token_secret, rotated_expiry, validate_project_name, HookKinds, KeyRecord, ProjectRecord,
-    Store, StoreContents, StoreError, TokenKeyAlg, TokenKeyRecord, TokenSecretRecord, WebhookSpec,
-    FIRST_PUSHER_APP_ID,
+    mint_token_secret, rotated_expiry, validate_project_name, HookKinds, KeyRecord, ProjectChange,
+    ProjectRecord, Store, StoreContents, StoreError, TokenKeyAlg, TokenKeyRecord,
+    TokenSecretRecord, WebhookSpec, FIRST_PUSHER_APP_ID,
 };
 use crate::apikey::{generate_id, hash_key, key_prefix, KeyHash, KeyKind};
 use crate::history::HistorySpec;
@@ -303,6 +304,37 @@ type RawKey = (
     Option<String>,
 );
 
+/// The columns a project change sets (`col = ?1, ...`) and their values, in order.
+fn project_update(change: &ProjectChange) -> Result<(&'static str, Vec<Value>), StoreError> {
+    let flag = |on: bool| Value::Integer(i64::from(on));
+    Ok(match change {
+        ProjectChange::RateLimit(r) => ("rate_limit = ?1", vec![Value::Text(r.to_string())]),
+        ProjectChange::History(h) => ("history = ?1", vec![Value::Text(h.to_string())]),
+        ProjectChange::ClientEvents(on) => ("client_events = ?1", vec![flag(*on)]),
+        ProjectChange::Pusher(on) => ("pusher_enabled = ?1", vec![flag(*on)]),
+        ProjectChange::MaxConnections(n) => {
+            let n = n
+                .map(i64::try_from)
+                .transpose()
+                .map_err(|_| StoreError::Invalid("max_connections is too large".into()))?;
+            (
+                "max_connections = ?1",
+                vec![n.map_or(Value::Null, Value::Integer)],
+            )
+        }
+        ProjectChange::Webhook(w) => (
+            "webhook_url = ?1, webhook_events = ?2",
+            match w {
+                Some(w) => vec![
+                    Value::Text(w.url.clone()),
+                    Value::Text(w.events.to_string()),
+                ],
+                None => vec![Value::Null, Value::Null],
+            },
+        ),
+    })
+}
+
 const SELECT_PROJECTS: &str = "SELECT id, name, rate_limit, history, max_connections, client_events, webhook_url, webhook_events, pusher_app_id, pusher_enabled FROM projects";
 const SELECT_KEYS: &str =
     "SELECT id, project_id, kind, revoked_at IS NOT NULL, prefix, hash, public_key FROM keys";
@@ -544,116 +576,16 @@ impl Store for SqliteStore {
         read_projects(&self.conn, "ORDER BY created_at, rowid", [])
     }
 
-    fn set_rate_limit(
+    fn set_project(
         &mut self,
         project_id: &str,
-        rate_limit: RateLimit,
+        change: &ProjectChange,
     ) -> Result<ProjectRecord, StoreError> {
+        let (columns, mut values) = project_update(change)?;
+        values.push(Value::Text(project_id.to_owned()));
+        let sql = format!("UPDATE projects SET {columns} WHERE id = ?{}", values.len());
         self.write(|tx| {
-            let changed = tx.execute(
-                "UPDATE projects SET rate_limit = ?1 WHERE id = ?2",
-                params![rate_limit.to_string(), project_id],
-            )?;
-            if changed == 0 {
-                return Err(project_not_found(project_id));
-            }
-            read_projects(tx, "WHERE id = ?1", [project_id])?
-                .pop()
-                .ok_or_else(|| project_not_found(project_id))
-        })
-    }
-
-    fn set_history(
-        &mut self,
-        project_id: &str,
-        history: HistorySpec,
-    ) -> Result<ProjectRecord, StoreError> {
-        self.write(|tx| {
-            let changed = tx.execute(
-                "UPDATE projects SET history = ?1 WHERE id = ?2",
-                params![history.to_string(), project_id],
-            )?;
-            if changed == 0 {
-                return Err(project_not_found(project_id));
-            }
-            read_projects(tx, "WHERE id = ?1", [project_id])?
-                .pop()
-                .ok_or_else(|| project_not_found(project_id))
-        })
-    }
-
-    fn set_client_events(
-        &mut self,
-        project_id: &str,
-        on: bool,
-    ) -> Result<ProjectRecord, StoreError> {
-        self.write(|tx| {
-            let changed = tx.execute(
-                "UPDATE projects SET client_events = ?1 WHERE id = ?2",
-                params![on, project_id],
-            )?;
-            if changed == 0 {
-                return Err(project_not_found(project_id));
-            }
-            read_projects(tx, "WHERE id = ?1", [project_id])?
-                .pop()
-                .ok_or_else(|| project_not_found(project_id))
-        })
-    }
-
-    fn set_pusher(&mut self, project_id: &str, on: bool) -> Result<ProjectRecord, StoreError> {
-        self.write(|tx| {
-            let changed = tx.execute(
-                "UPDATE projects SET pusher_enabled = ?1 WHERE id = ?2",
-                params![on, project_id],
-            )?;
-            if changed == 0 {
-                return Err(project_not_found(project_id));
-            }
-            read_projects(tx, "WHERE id = ?1", [project_id])?
-                .pop()
-                .ok_or_else(|| project_not_found(project_id))
-        })
-    }
-
-    fn set_webhook(
-        &mut self,
-        project_id: &str,
-        webhook: Option<WebhookSpec>,
-    ) -> Result<ProjectRecord, StoreError> {
-        let (url, events) = match &webhook {
-            Some(w) => (Some(w.url.as_str()), Some(w.events.to_string())),
-            None => (None, None),
-        };
-        self.write(|tx| {
-            let changed = tx.execute(
-                "UPDATE projects SET webhook_url = ?1, webhook_events = ?2 WHERE id = ?3",
-                params![url, events, project_id],
-            )?;
-            if changed == 0 {
-                return Err(project_not_found(project_id));
-            }
-            read_projects(tx, "WHERE id = ?1", [project_id])?
-                .pop()
-                .ok_or_else(|| project_not_found(project_id))
-        })
-    }
-
-    fn set_max_connections(
-        &mut self,
-        project_id: &str,
-        max_connections: Option<u64>,
-    ) -> Result<ProjectRecord, StoreError> {
-        let value = max_connections
-            .map(i64::try_from)
-            .transpose()
-            .map_err(|_| StoreError::Invalid("max_connections is too large".into()))?;
-        self.write(|tx| {
-            let changed = tx.execute(
-                "UPDATE projects SET max_connections = ?1 WHERE id = ?2",
-                params![value, project_id],
-            )?;
-            if changed == 0 {
+            if tx.execute(&sql, rusqlite::params_from_iter(&values))? == 0 {
                 return Err(project_not_found(project_id));
             }
             read_projects(tx, "WHERE id = ?1", [project_id])?

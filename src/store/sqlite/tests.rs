@@ -27,7 +27,9 @@ fn projects_and_keys_round_trip() {
 
     assert_eq!(store.list_projects().unwrap(), vec![project.clone()]);
 
-    let updated = store.set_rate_limit(&project.id, rl("6000/min")).unwrap();
+    let updated = store
+        .set_project(&project.id, &ProjectChange::RateLimit(rl("6000/min")))
+        .unwrap();
     assert_eq!(updated.rate_limit, rl("6000/min"));
     assert_eq!(store.list_projects().unwrap()[0].rate_limit, rl("6000/min"));
 
@@ -146,8 +148,12 @@ fn unknown_ids_are_not_found() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = SqliteStore::open(dir.path()).unwrap();
     let nf = |r: Result<_, StoreError>| matches!(r, Err(StoreError::NotFound(_)));
-    assert!(nf(store.set_rate_limit("prj_nope", rl("1/s")).map(|_| ())));
-    assert!(nf(store.set_pusher("prj_nope", false).map(|_| ())));
+    assert!(nf(store
+        .set_project("prj_nope", &ProjectChange::RateLimit(rl("1/s")))
+        .map(|_| ())));
+    assert!(nf(store
+        .set_project("prj_nope", &ProjectChange::Pusher(false))
+        .map(|_| ())));
     assert!(nf(store
         .create_key("prj_nope", KeyKind::Secret)
         .map(|_| ())));
@@ -190,7 +196,9 @@ fn change_token_sees_other_connections_and_own_writes() {
     let t1 = watcher.change_token().unwrap();
     assert_ne!(t1, t0);
 
-    admin.set_rate_limit(&project.id, rl("2/s")).unwrap();
+    admin
+        .set_project(&project.id, &ProjectChange::RateLimit(rl("2/s")))
+        .unwrap();
     let t2 = watcher.change_token().unwrap();
     assert_ne!(t2, t1);
 
@@ -253,10 +261,14 @@ fn every_older_schema_migrates() {
         assert!(projects.iter().all(|p| p.pusher), "schema {version}");
         let old = &projects[1];
         assert_eq!(old.max_connections, None, "schema {version}");
-        let project = store.set_max_connections("prj_old", Some(7)).unwrap();
+        let project = store
+            .set_project("prj_old", &ProjectChange::MaxConnections(Some(7)))
+            .unwrap();
         assert_eq!(project.max_connections, Some(7), "schema {version}");
         assert!(!old.client_events, "schema {version}: off by default");
-        let project = store.set_client_events("prj_old", true).unwrap();
+        let project = store
+            .set_project("prj_old", &ProjectChange::ClientEvents(true))
+            .unwrap();
         assert!(project.client_events, "schema {version}");
         assert_eq!(project.max_connections, Some(7), "schema {version}");
         assert_eq!(old.webhook, None, "schema {version}: off by default");
@@ -264,12 +276,18 @@ fn every_older_schema_migrates() {
             url: "https://example.com/hook".into(),
             events: HookKinds::DEFAULT,
         };
-        let project = store.set_webhook("prj_old", Some(hook.clone())).unwrap();
+        let project = store
+            .set_project("prj_old", &ProjectChange::Webhook(Some(hook.clone())))
+            .unwrap();
         assert_eq!(project.webhook, Some(hook), "schema {version}");
         assert!(project.client_events, "schema {version}");
-        let project = store.set_webhook("prj_old", None).unwrap();
+        let project = store
+            .set_project("prj_old", &ProjectChange::Webhook(None))
+            .unwrap();
         assert_eq!(project.webhook, None, "schema {version}");
-        let project = store.set_pusher("prj_old", false).unwrap();
+        let project = store
+            .set_project("prj_old", &ProjectChange::Pusher(false))
+            .unwrap();
         assert!(!project.pusher, "schema {version}");
         assert_eq!(project.pusher_app_id, 1_000_000, "schema {version}");
         store
