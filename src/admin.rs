@@ -21,13 +21,11 @@ use crate::auth::token::{parse_public_key, PublicKeyError};
 use crate::cli::{Cli, Command, KeyCommand, KeyKindArg, ProjectCommand};
 use crate::config::Config;
 use crate::history::{HistorySpec, HistorySpecError};
+use crate::project::webhook::validate_url;
+use crate::project::{HookKinds, ProjectChange, ProjectRecord, TokenKeyAlg, WebhookSpec};
 use crate::quota::{RateLimit, RateLimitError};
 use crate::sealed::{MasterKey, SealError};
-use crate::store::webhook::validate_url;
-use crate::store::{
-    open_store, HookKinds, ProjectChange, ProjectRecord, Store, StoreError, TokenKeyAlg,
-    WebhookSpec,
-};
+use crate::store::{open_store, Store, StoreError};
 
 /// Why an admin command failed.
 #[derive(Debug, thiserror::Error)]

@@ -28,7 +28,8 @@
 //! 4. shard: [`shard`]: one core's data-plane state: subscription registry, registered
 //!    WebSockets, mailbox (the only cross-core path), interest filter, stop state,
 //!    fan-out.
-//! 3. projects: [`auth`] (the in-memory key snapshot, its watcher, token and Pusher
+//! 3. projects: [`project`] (what a project, a key, a token secret and a webhook
+//!    setting are), [`auth`] (the in-memory key snapshot, its watcher, token and Pusher
 //!    signature verification), [`store`] (SQLite/Redis project and key store),
 //!    [`config`] (every knob, its default and unit).
 //! 2. transports: [`ws`] (WebSocket as pure transport: handshake answer, frame codec,
@@ -77,6 +78,7 @@ mod metrics;
 mod names;
 mod node;
 mod presence;
+mod project;
 mod publish;
 mod pusher_frame;
 mod quota;
@@ -103,9 +105,10 @@ pub use auth::cache::KeyCache;
 pub use auth::jwt_crypto::{install as install_jwt_verifiers, RING_VERIFIERS as JWT_VERIFIERS};
 pub use config::Config;
 pub use history::spec::HistorySpec;
+pub use project::{HookKind, HookKinds, KeyRecord, ProjectRecord, WebhookSpec};
 pub use quota::rate_limit::RateLimit;
 pub use quota::Quota;
-pub use store::{HookKind, HookKinds, KeyRecord, ProjectRecord, StoreContents, WebhookSpec};
+pub use store::StoreContents;
 
 // Parsers and codecs (property tests, hot-path benches).
 pub use auth::pusher::{

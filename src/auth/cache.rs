@@ -31,9 +31,10 @@ use arc_swap::{ArcSwap, Guard};
 use super::token::TokenKeys;
 use crate::apikey::{hash_key, is_well_formed, KeyHash, KeyKind};
 use crate::history::HistoryCell;
+use crate::project::{HookKinds, TokenKeyRecord, TokenSecretRecord};
 use crate::quota::Quota;
 use crate::sealed::MasterKey;
-use crate::store::{HookKinds, StoreContents, TokenKeyRecord, TokenSecretRecord};
+use crate::store::StoreContents;
 
 /// A project as the data plane sees it.
 #[derive(Debug)]

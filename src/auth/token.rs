@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 
-use crate::store::TokenKeyAlg;
+use crate::project::TokenKeyAlg;
 
 /// Clock leeway on `exp` and `nbf`, in seconds: at subscribe, at refresh, and for the
 /// expiry of a subscription (`exp + LEEWAY_S`).

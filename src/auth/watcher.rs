@@ -130,8 +130,9 @@ fn sleep_unless_stopped(interval: Duration, stop: &AtomicBool) {
 mod tests {
     use super::*;
     use crate::apikey::KeyKind;
+    use crate::project::{KeyRecord, ProjectChange, ProjectRecord};
     use crate::quota::RateLimit;
-    use crate::store::{KeyRecord, ProjectChange, ProjectRecord, SqliteStore, StoreContents};
+    use crate::store::{SqliteStore, StoreContents};
     use std::sync::atomic::AtomicUsize;
 
     fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
@@ -257,9 +258,9 @@ mod tests {
         fn add_token_key(
             &mut self,
             id: &str,
-            alg: crate::store::TokenKeyAlg,
+            alg: crate::project::TokenKeyAlg,
             pem: &str,
-        ) -> Result<crate::store::TokenKeyRecord, StoreError> {
+        ) -> Result<crate::project::TokenKeyRecord, StoreError> {
             self.check()?;
             self.inner.add_token_key(id, alg, pem)
         }
@@ -274,7 +275,7 @@ mod tests {
         fn set_project(
             &mut self,
             id: &str,
-            change: &crate::store::ProjectChange,
+            change: &crate::project::ProjectChange,
         ) -> Result<ProjectRecord, StoreError> {
             self.check()?;
             self.inner.set_project(id, change)

@@ -4,7 +4,7 @@
 //! directory, single node) and [`RedisStore`] (cluster mode, `--redis URL`: every node
 //! and every admin command share one Redis).
 //! Invariants every implementation keeps:
-//! - Of a secret key only its [`KeyHash`] and display prefix are stored, never the full
+//! - Of a secret key only its [`crate::apikey::KeyHash`] and display prefix are stored, never the full
 //!   key, which is returned once, by the call that created it. Public keys are public
 //!   (every web page carries one) and are kept whole too, for the webhook's
 //!   `X-Pusher-Key`.
@@ -14,139 +14,28 @@
 //! - Every committed change makes [`Store::change_token`] return a different value, in
 //!   every process watching the same store, so running servers notice it.
 //! - Revocation is permanent: a revoked key never becomes active again.
-//! - Every project has a Pusher app id ([`ProjectRecord::pusher_app_id`]): unique,
-//!   from [`FIRST_PUSHER_APP_ID`] upwards, never changed and never given to another
+//! - Every project has a Pusher app id ([`crate::project::ProjectRecord::pusher_app_id`]): unique,
+//!   from [`crate::project::FIRST_PUSHER_APP_ID`] upwards, never changed and never given to another
 //!   project (Pusher clients and servers have it configured; a reused one would send
 //!   their calls to a stranger's project).
 //! - Nothing here runs on a worker thread: store calls may block on I/O and locks.
 
 mod redis;
 mod sqlite;
-pub(crate) mod webhook;
 
 pub(crate) use self::redis::RedisStore;
 pub(crate) use sqlite::SqliteStore;
-pub use webhook::{HookKind, HookKinds, WebhookSpec};
 
 use std::path::{Path, PathBuf};
 
-use crate::apikey::{KeyHash, KeyKind};
+use crate::apikey::KeyKind;
 use crate::history::HistorySpec;
+use crate::project::{
+    KeyRecord, ProjectChange, ProjectRecord, TokenKeyAlg, TokenKeyRecord, TokenSecretRecord,
+    MAX_PROJECT_NAME_CHARS,
+};
 use crate::quota::RateLimit;
 use crate::sealed::{MasterKey, SealError};
-
-/// Longest project name, in characters (same bound as channel names).
-pub(crate) const MAX_PROJECT_NAME_CHARS: usize = 100;
-
-/// The first Pusher app id: seven digits, like Pusher's own.
-pub(crate) const FIRST_PUSHER_APP_ID: u64 = 1_000_000;
-
-/// A project as stored.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ProjectRecord {
-    pub id: String,
-    pub name: String,
-    pub rate_limit: RateLimit,
-    /// Channel history kept for the project (`off` by default).
-    pub history: HistorySpec,
-    /// WebSocket connections this project may hold per node; `None`: the node's
-    /// `max_ws_connections_per_project`. `Some(0)`: unlimited.
-    pub max_connections: Option<u64>,
-    /// Whether subscribers of this project's private and presence channels may send
-    /// client events to each other (`false` by default).
-    pub client_events: bool,
-    /// Where and what the project's webhook sends (`project set-webhook`); `None`: off.
-    pub webhook: Option<WebhookSpec>,
-    /// The project's id as a Pusher app (`/apps/{app_id}/...`); see the invariants above.
-    pub pusher_app_id: u64,
-    /// Whether Pusher clients and the Pusher REST API may use the project (`true` by
-    /// default: every project is also a Pusher app).
-    pub pusher: bool,
-}
-
-/// A key as stored: everything but the key itself.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KeyRecord {
-    pub id: String,
-    pub project_id: String,
-    pub kind: KeyKind,
-    pub revoked: bool,
-    /// Display prefix, e.g. `sk_ab12…`.
-    pub prefix: String,
-    pub hash: KeyHash,
-    /// The whole key, for public keys only (they are public: every web page carries
-    /// one); the webhook's `X-Pusher-Key` needs it. `None` for secret keys, and for
-    /// public keys made before schema 6 (only their hash was kept).
-    pub public_key: Option<String>,
-}
-
-impl KeyRecord {
-    /// A new random key for a project and the record that stores it (hash and prefix
-    /// only). Every store mints keys here, so they all look and hash the same.
-    pub fn mint(project_id: &str, kind: KeyKind) -> (KeyRecord, String) {
-        use crate::apikey::{generate_id, generate_key, hash_key, key_prefix};
-        let key = generate_key(kind);
-        let record = KeyRecord {
-            id: generate_id("key_"),
-            project_id: project_id.to_string(),
-            kind,
-            revoked: false,
-            prefix: key_prefix(&key),
-            hash: hash_key(&key),
-            public_key: (kind == KeyKind::Public).then(|| key.clone()),
-        };
-        (record, key)
-    }
-}
-
-/// A project's token secret as stored: sealed, never in clear.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TokenSecretRecord {
-    pub id: String,
-    pub project_id: String,
-    /// `nonce || ciphertext || tag` under the master key, project id as associated data.
-    pub sealed: Vec<u8>,
-    /// Unix seconds after which it no longer verifies (set by a rotation); `None` while
-    /// it is current.
-    pub expires_at: Option<i64>,
-}
-
-/// The signature algorithm of a registered token key, decided from the key itself.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TokenKeyAlg {
-    /// ECDSA over P-256 with SHA-256.
-    Es256,
-    /// Ed25519.
-    EdDsa,
-}
-
-impl TokenKeyAlg {
-    /// The JWT `alg` name, also the stored form.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TokenKeyAlg::Es256 => "ES256",
-            TokenKeyAlg::EdDsa => "EdDSA",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<TokenKeyAlg> {
-        match s {
-            "ES256" => Some(TokenKeyAlg::Es256),
-            "EdDSA" => Some(TokenKeyAlg::EdDsa),
-            _ => None,
-        }
-    }
-}
-
-/// A registered public key that verifies a project's tokens naming it in `kid`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TokenKeyRecord {
-    pub id: String,
-    pub project_id: String,
-    pub alg: TokenKeyAlg,
-    /// SubjectPublicKeyInfo in PEM (`-----BEGIN PUBLIC KEY-----`).
-    pub public_pem: String,
-}
 
 /// One consistent read of the whole store (revoked keys included), from which the
 /// in-memory key snapshot is built.
@@ -216,25 +105,6 @@ pub(crate) enum StoreError {
     /// No Redis client could be made from the URL and CA file given.
     #[error(transparent)]
     Link(#[from] crate::redis_link::LinkError),
-}
-
-/// One change to a project's settings: what each `project set-*` command stores. One
-/// store call applies one change, so every store writes it in one place.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum ProjectChange {
-    /// The publish quota.
-    RateLimit(RateLimit),
-    /// The history setting (a store in cluster mode also forgets the project's history:
-    /// no position taken before the change may be recovered).
-    History(HistorySpec),
-    /// The project's own WebSocket connection limit; `None` clears it.
-    MaxConnections(Option<u64>),
-    /// Whether client events are allowed on its private and presence channels.
-    ClientEvents(bool),
-    /// Whether the Pusher protocol (WebSocket and REST) is allowed.
-    Pusher(bool),
-    /// The webhook; `None` turns it off.
-    Webhook(Option<WebhookSpec>),
 }
 
 /// Projects and keys, wherever they live. Methods take `&mut self` because a store is a
@@ -317,16 +187,6 @@ pub(crate) fn open_store(
         Some(url) => Ok(Box::new(RedisStore::open(url, redis_ca_file)?)),
         None => Ok(Box::new(SqliteStore::open(data_dir)?)),
     }
-}
-
-/// A Pusher app id for a test's hand-made [`ProjectRecord`]: the same for the same id
-/// (rebuilds keep a project's state only while its app id stays), distinct in practice.
-#[cfg(test)]
-pub(crate) fn test_app_id(project_id: &str) -> u64 {
-    let h = project_id
-        .bytes()
-        .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
-    FIRST_PUSHER_APP_ID + h % 1_000_000_000
 }
 
 /// Check a project name: non-empty after trimming, at most [`MAX_PROJECT_NAME_CHARS`]

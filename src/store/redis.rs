@@ -50,12 +50,14 @@ use std::time::Duration;
 use base64::Engine as _;
 
 use super::{
-    mint_token_secret, rotated_expiry, unix_now, validate_project_name, KeyRecord, ProjectChange,
-    ProjectRecord, Store, StoreContents, StoreError, TokenKeyAlg, TokenKeyRecord,
-    FIRST_PUSHER_APP_ID,
+    mint_token_secret, rotated_expiry, unix_now, validate_project_name, Store, StoreContents,
+    StoreError,
 };
 use crate::apikey::{generate_id, hash_key, key_prefix, KeyKind};
 use crate::history::HistorySpec;
+use crate::project::{
+    KeyRecord, ProjectChange, ProjectRecord, TokenKeyAlg, TokenKeyRecord, FIRST_PUSHER_APP_ID,
+};
 use crate::quota::RateLimit;
 use crate::redis_link::PREFIX;
 

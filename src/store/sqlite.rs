@@ -30,12 +30,14 @@ use rusqlite::types::Value;
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 
 use super::{
-    mint_token_secret, rotated_expiry, validate_project_name, HookKinds, KeyRecord, ProjectChange,
-    ProjectRecord, Store, StoreContents, StoreError, TokenKeyAlg, TokenKeyRecord,
-    TokenSecretRecord, WebhookSpec, FIRST_PUSHER_APP_ID,
+    mint_token_secret, rotated_expiry, validate_project_name, Store, StoreContents, StoreError,
 };
 use crate::apikey::{generate_id, hash_key, key_prefix, KeyHash, KeyKind};
 use crate::history::HistorySpec;
+use crate::project::{
+    HookKinds, KeyRecord, ProjectChange, ProjectRecord, TokenKeyAlg, TokenKeyRecord,
+    TokenSecretRecord, WebhookSpec, FIRST_PUSHER_APP_ID,
+};
 use crate::quota::RateLimit;
 use crate::sealed::MasterKey;
 

@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 
-pub(crate) use crate::store::HookKind;
+pub(crate) use crate::project::HookKind;
 
 use crate::auth::KeyCache;
 use crate::config::Config;
@@ -540,7 +540,8 @@ mod tests {
 
     #[test]
     fn emit_queues_only_what_a_webhook_wants_and_counts_what_does_not_fit() {
-        use crate::store::{HookKinds, ProjectRecord, StoreContents, WebhookSpec};
+        use crate::project::{HookKinds, ProjectRecord, WebhookSpec};
+        use crate::store::StoreContents;
         let record = |id: &str, events: Option<HookKinds>| ProjectRecord {
             id: id.into(),
             name: id.into(),
@@ -548,7 +549,7 @@ mod tests {
             history: crate::history::HistorySpec::OFF,
             max_connections: None,
             client_events: true,
-            pusher_app_id: crate::store::test_app_id(id),
+            pusher_app_id: crate::project::test_app_id(id),
             pusher: true,
             webhook: events.map(|events| WebhookSpec {
                 url: "http://127.0.0.1:9/".into(),
@@ -603,7 +604,8 @@ mod tests {
     #[test]
     #[ignore = "a measurement: cargo test --release --lib webhook::tests::emit_cost -- --ignored --nocapture"]
     fn emit_cost() {
-        use crate::store::{HookKinds, ProjectRecord, StoreContents, WebhookSpec};
+        use crate::project::{HookKinds, ProjectRecord, WebhookSpec};
+        use crate::store::StoreContents;
         let record = |id: &str, hooked: bool| ProjectRecord {
             id: id.into(),
             name: id.into(),
@@ -611,7 +613,7 @@ mod tests {
             history: crate::history::HistorySpec::OFF,
             max_connections: None,
             client_events: true,
-            pusher_app_id: crate::store::test_app_id(id),
+            pusher_app_id: crate::project::test_app_id(id),
             pusher: true,
             webhook: hooked.then(|| WebhookSpec {
                 url: "http://127.0.0.1:9/".into(),

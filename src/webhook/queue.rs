@@ -37,7 +37,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::HookEvent;
-use crate::store::HookKind;
+use crate::project::HookKind;
 
 /// How long events are collected into one request.
 pub(crate) const BATCH_WINDOW: Duration = Duration::from_secs(1);

@@ -1,8 +1,8 @@
 //! Unit tests of the key snapshot: lookups, rebuilds, app ids, webhooks.
 use super::*;
 use crate::apikey::{generate_key, key_prefix};
+use crate::project::{KeyRecord, ProjectRecord};
 use crate::quota::RateLimit;
-use crate::store::{KeyRecord, ProjectRecord};
 
 fn project(id: &str, rate: &str) -> ProjectRecord {
     ProjectRecord {
@@ -13,7 +13,7 @@ fn project(id: &str, rate: &str) -> ProjectRecord {
         max_connections: None,
         client_events: false,
         webhook: None,
-        pusher_app_id: crate::store::test_app_id(id),
+        pusher_app_id: crate::project::test_app_id(id),
         pusher: true,
     }
 }
@@ -110,7 +110,7 @@ fn rebuild_preserves_project_state_and_applies_new_limits() {
 
 #[test]
 fn a_webhook_carries_the_oldest_public_key_and_the_newest_secret() {
-    use crate::store::{HookKind, HookKinds, WebhookSpec};
+    use crate::project::{HookKind, HookKinds, WebhookSpec};
     let master = MasterKey::random();
     let secret = |id: &str, clear: &str, expires_at: Option<i64>| TokenSecretRecord {
         id: id.into(),

@@ -91,10 +91,11 @@ fn mailboxes_of(rec: &Recorder) -> crate::shard::mailbox::Mailboxes {
 /// A session of project index 0 ("prj_p") whose token secret is `secret`.
 fn private_setup(secret: &str) -> (ClientSession, Rc<WsConn>, Rc<Shard>, Rc<Expiry>) {
     use crate::auth::KeyCache;
+    use crate::project::{ProjectRecord, TokenSecretRecord};
     use crate::sealed::MasterKey;
     use crate::shard::mailbox::Mailboxes;
     use crate::shard::ShardSetup;
-    use crate::store::{ProjectRecord, StoreContents, TokenSecretRecord};
+    use crate::store::StoreContents;
     let master = MasterKey::random();
     let sealed = master.seal("prj_p", secret.as_bytes()).unwrap();
     let keys = KeyCache::with_master(master);

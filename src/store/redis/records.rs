@@ -11,11 +11,12 @@ use serde::{Deserialize, Serialize};
 use super::k;
 use crate::apikey::{KeyHash, KeyKind};
 use crate::history::HistorySpec;
-use crate::quota::RateLimit;
-use crate::store::{
-    HookKinds, KeyRecord, ProjectRecord, StoreError, TokenKeyAlg, TokenKeyRecord,
-    TokenSecretRecord, WebhookSpec,
+use crate::project::{
+    HookKinds, KeyRecord, ProjectRecord, TokenKeyAlg, TokenKeyRecord, TokenSecretRecord,
+    WebhookSpec,
 };
+use crate::quota::RateLimit;
+use crate::store::StoreError;
 
 #[derive(Serialize, Deserialize)]
 pub(super) struct StoredProject {

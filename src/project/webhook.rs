@@ -2,8 +2,8 @@
 //! https://) and which event kinds it sends ([`HookKinds`]). Set with `ringcast project
 //! set-webhook`; read by the key snapshot, which the webhook sender consults.
 //!
-//! The kinds live here, at the bottom of the layers, because the store, the key
-//! snapshot and the sender all name them; `crate::webhook` re-exports [`HookKind`].
+//! The kinds live with the project because the store, the key snapshot and the sender
+//! all name them; `crate::webhook` re-exports [`HookKind`].
 //! Invariant: a [`WebhookSpec`] that exists has a URL [`validate_url`] accepted and at
 //! least one event kind.
 
