@@ -50,7 +50,7 @@ pub enum ConfigError {
     },
 }
 
-/// The server's configuration. Field docs state default and unit; the README's
+/// The server's configuration. Field docs state default and unit; docs/configuration.md's
 /// configuration table mirrors them.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
@@ -189,7 +189,7 @@ pub struct Config {
     /// WebSocket upgrades this node completes per second (all workers, burst one
     /// second's worth); over it the upgrade is closed at once with 1013
     /// `retry_after=<s>` (Pusher 4100). 0 = off. Default sized from a measurement
-    /// (README, "Admission").
+    /// (docs/production.md, "Admission").
     pub max_upgrades_per_second: u32,
     /// Seconds over which shutdown spreads its 1001 closes. Default 5; 0 closes all
     /// at once. The process exits within this plus `shutdown_grace_ms` plus 1 s.
@@ -221,7 +221,7 @@ fn list_or_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D
 }
 
 /// `max_upgrades_per_second`'s default: about half of what one node completed per
-/// second on the 2-core reference machine (README, "Admission"), so that a reconnect
+/// second on the 2-core reference machine (docs/production.md, "Admission"), so that a reconnect
 /// storm leaves room for the connections already held.
 pub(crate) const DEFAULT_MAX_UPGRADES_PER_SECOND: u32 = 2000;
 

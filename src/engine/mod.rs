@@ -28,7 +28,7 @@
 //!   raw or multishot operation to its ring, and the legacy driver needs this backend
 //!   anyway (CI runs the whole suite on it). The cost per connection is the same (a
 //!   kernel registration, no user memory); the difference is one `epoll_ctl` per
-//!   connection's life instead of one SQE. See README, "Architecture".
+//!   connection's life instead of one SQE. See docs/architecture.md.
 
 use std::cell::{Cell, RefCell};
 use std::io;

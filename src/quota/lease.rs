@@ -7,7 +7,7 @@
 //! from Redis's own clock (`TIME`, so node clocks never matter) and grants at most the
 //! block asked for.
 //!
-//! Bounds (stated in the README):
+//! Bounds (stated in docs/protocol.md, where it describes quotas in cluster mode):
 //! - While Redis answers, every publish accepted anywhere spent a token Redis granted, so
 //!   the cluster never accepts more than the project's limit (`count` burst, then `count`
 //!   per period). Tokens a node leased and did not use are lost when it stops: the

@@ -452,7 +452,7 @@ fn serve(
     tracing::info!("shutting down");
     shared.shutting_down.store(true, Ordering::SeqCst);
     mailboxes.control(|| Envelope::Shutdown);
-    // The closes are spread over `drain_spread_s`, then the grace (README, "Admission").
+    // The closes are spread over `drain_spread_s`, then the grace (docs/production.md, "Admission").
     let deadline = Instant::now()
         + Duration::from_secs(shared.config.drain_spread_s)
         + Duration::from_millis(shared.config.shutdown_grace_ms + 500);
