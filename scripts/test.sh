@@ -71,7 +71,7 @@ if ! python3 -c 'import jwt' >/dev/null 2>&1; then
   python3 -m pip install -q pyjwt
 fi
 # Pusher's Python server SDK, pinned: tests/pusher_sdk.rs (through
-# tests/support/pusher_sdk.py) drives ringcast's Pusher REST API and channel auth with it.
+# tests/common/pusher_sdk.py) drives ringcast's Pusher REST API and channel auth with it.
 if ! python3 -c 'import pusher' >/dev/null 2>&1; then
   python3 -m pip install -q pusher==3.3.4
 fi

@@ -6,8 +6,7 @@
 //! "another worker" is chosen, never hoped for.
 
 mod common;
-#[path = "support/cluster.rs"]
-mod support;
+use common::cluster as support;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

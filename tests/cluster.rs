@@ -6,8 +6,8 @@
 //! `RINGCAST_REQUIRE_TOOLS=1` (CI sets it), which turns the skip into a failure.
 
 mod common;
-#[path = "support/cluster.rs"]
-mod support;
+use common::cluster as support;
+use common::unix_now;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -378,13 +378,6 @@ fn hs256(secret: &str, claims: Value) -> String {
         &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()),
     )
     .unwrap()
-}
-
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
 }
 
 #[test]

@@ -7,8 +7,7 @@
 //! `RINGCAST_REQUIRE_TOOLS=1` (CI sets it).
 
 mod common;
-#[path = "support/cluster.rs"]
-mod support;
+use common::cluster as support;
 
 use std::time::{Duration, Instant};
 

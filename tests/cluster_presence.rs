@@ -4,8 +4,7 @@
 //! clean shutdown) to show that its members and subscriptions go with its lease.
 
 mod common;
-#[path = "support/cluster.rs"]
-mod support;
+use common::cluster as support;
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 

@@ -12,8 +12,7 @@
 //! both), it never skips.
 
 mod common;
-#[path = "support/cluster.rs"]
-mod support;
+use common::cluster as support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

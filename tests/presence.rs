@@ -5,8 +5,9 @@
 //! "another worker" is chosen, never hoped for.
 
 mod common;
+use common::unix_now;
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use common::{
     cli, close_code, expect_silence, next_json, parse_response, send_json, set_timeout, Options,
@@ -35,13 +36,6 @@ fn project(server: &Server, name: &str) -> Project {
     };
     server.wait_key(&p.secret);
     p
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
 }
 
 fn token_with(secret: &str, claims: Value) -> String {

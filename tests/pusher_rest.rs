@@ -6,8 +6,8 @@
 //! `info` of 4.3, quota of 4.4).
 
 mod common;
-#[path = "support/cluster.rs"]
-mod support;
+use common::cluster as support;
+use common::unix_now;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -55,13 +55,6 @@ fn app(s: &Server, name: &str, rate: &str) -> App {
         get(s, &app, "/channels", &[]).0 != 401
     });
     app
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
 }
 
 fn md5_hex(body: &[u8]) -> String {

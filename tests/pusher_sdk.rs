@@ -6,16 +6,17 @@
 //! WebSocket, and a webhook ringcast sent valid to its `validate_webhook`. The SDK also
 //! refuses non-numeric app ids, so this shows ours are numeric.
 //!
-//! The SDK runs in `tests/support/pusher_sdk.py`, one call per stdin line, one JSON
+//! The SDK runs in `tests/common/pusher_sdk.py`, one call per stdin line, one JSON
 //! answer per stdout line. Skipped, with a message, when `python3 -c "import pusher"`
 //! fails, unless `RINGCAST_REQUIRE_TOOLS=1` (CI sets it), which makes that a failure
 //! (`python3 -m pip install -q pusher==3.3.4`, as scripts/test.sh does).
 
 mod common;
+use common::unix_now;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use common::{
     cli, expect_silence, next_json, send_json, set_timeout, wait_for, Options, Server, Ws,
@@ -23,7 +24,7 @@ use common::{
 };
 use serde_json::{json, Value};
 
-const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/pusher_sdk.py");
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/common/pusher_sdk.py");
 
 fn sdk_installed() -> bool {
     Command::new("python3")
@@ -55,7 +56,7 @@ impl Sdk {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
-            .expect("run tests/support/pusher_sdk.py");
+            .expect("run tests/common/pusher_sdk.py");
         let stdin = child.stdin.take().unwrap();
         let stdout = BufReader::new(child.stdout.take().unwrap());
         Sdk {
@@ -88,13 +89,6 @@ impl Drop for Sdk {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
 }
 
 /// A native client subscribed to `channel`, and its connection id.

@@ -3,8 +3,9 @@
 //! with an HMAC implementation independent of the server's.
 
 mod common;
+use common::unix_now;
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use common::{
     cli, close_code, expect_silence, next_json, send_json, set_timeout, Options, Server, Ws,
@@ -100,13 +101,6 @@ fn next_event(ws: &mut Ws, event: &str) -> Value {
             return f;
         }
     }
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
 }
 
 #[test]

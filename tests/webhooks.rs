@@ -5,8 +5,7 @@
 //! HMAC signature with the project's token secret and its `X-Pusher-Key`.
 
 mod common;
-#[path = "support/cluster.rs"]
-mod support;
+use common::cluster as support;
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};

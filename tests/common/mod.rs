@@ -10,6 +10,8 @@
 
 #![allow(dead_code)]
 
+pub mod cluster;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -589,4 +591,12 @@ pub fn worker_of(connection_id: &str) -> String {
     assert!(node.parse::<u32>().is_ok(), "{connection_id}");
     let local: u64 = local.parse().expect("local part is decimal");
     (local >> 40).to_string()
+}
+
+/// Unix seconds now (token `exp`, Pusher's `auth_timestamp`).
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("the clock is after 1970")
+        .as_secs()
 }

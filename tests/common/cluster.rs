@@ -1,8 +1,6 @@
 //! Cluster test support shared by the cluster test files: a real `redis-server` on a
 //! free loopback port, `ringcast serve --redis URL` processes, the CLI against Redis.
-//! Included with `#[path]` (not every test binary needs it).
-
-#![allow(dead_code)]
+//! A test file names it as `use common::cluster as support;`.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -10,7 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::common::{self, next_json, parse_response, set_timeout, Ws};
+pub use super::Project;
+use super::{self as common, next_json, parse_response, set_timeout, Ws};
 use serde_json::{json, Value};
 
 /// A redis-server child on a fixed port, restartable on the same port and directory.
@@ -135,12 +134,9 @@ impl Drop for Redis {
     }
 }
 
-pub fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// [`common::wait_for`] with the cluster tests' limit (10 s).
+pub fn wait_for(what: &str, cond: impl FnMut() -> bool) {
+    common::wait_for(Duration::from_secs(10), what, cond)
 }
 
 /// The CLI against Redis.
@@ -160,12 +156,6 @@ pub fn cli(redis: &Redis, args: &[&str]) -> Value {
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).expect("CLI prints JSON")
-}
-
-pub struct Project {
-    pub id: String,
-    pub secret: String,
-    pub public: String,
 }
 
 pub fn project(redis: &Redis, name: &str, rate: &str) -> Project {
