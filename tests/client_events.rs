@@ -6,52 +6,22 @@
 //! "another worker" is chosen, never hoped for.
 
 mod common;
+use common::channel_token as token;
 use common::cluster as support;
+/// Every project here has its token secret in use.
+use common::Project as Private;
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use common::{cli, next_json, send_json, set_timeout, wait_for, Options, Server, Ws};
-use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use serde_json::{json, Value};
 
-struct Private {
-    id: String,
-    secret: String,
-    public: String,
-    token_secret: String,
-}
-
-fn from_create(v: &Value) -> Private {
-    Private {
-        id: v["project"]["id"].as_str().unwrap().into(),
-        secret: v["secret_key"].as_str().unwrap().into(),
-        public: v["public_key"].as_str().unwrap().into(),
-        token_secret: v["token_secret"].as_str().unwrap().into(),
-    }
-}
-
 fn project(server: &Server, name: &str, extra: &[&str]) -> Private {
-    let mut args = vec!["project", "create", name, "--rate-limit", "10000/s"];
+    let mut args = vec!["--rate-limit", "10000/s"];
     args.extend_from_slice(extra);
-    let v = cli(&server.data_dir, &args);
+    let (p, v) = server.project_json(name, &args);
     assert_eq!(v["project"]["client_events"], "off", "off by default: {v}");
-    let p = from_create(&v);
-    server.wait_key(&p.secret);
     p
-}
-
-fn token(secret: &str, channel: &str, sub: &str) -> String {
-    let exp = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-        + 600;
-    encode(
-        &Header::new(Algorithm::HS256),
-        &json!({"channel": channel, "exp": exp, "sub": sub}),
-        &EncodingKey::from_secret(secret.as_bytes()),
-    )
-    .unwrap()
 }
 
 /// A WebSocket and the worker it landed on (from its connection id).
@@ -488,7 +458,7 @@ fn client_events_are_not_kept_in_history_and_cost_quota() {
             "10/600s",
         ],
     );
-    let p = from_create(&v);
+    let p = Private::from_create(&v);
     s.wait_key(&p.secret); // one quota unit (the warm-up publish may spend it)
     let ch = "private-h";
     let (mut sender, _) = connect(&s.ws_url(&p.public));
@@ -547,7 +517,7 @@ fn cluster_relays_to_subscribers_on_other_nodes_with_user_id() {
         &redis,
         &["project", "create", "c", "--rate-limit", "10000/s"],
     );
-    let p = from_create(&v);
+    let p = Private::from_create(&v);
     a.wait_key(&p.secret);
     b.wait_key(&p.secret);
     let ch = "presence-cluster";

@@ -11,24 +11,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use common::{expect_silence, next_json, parse_response, send_json, set_timeout, Ws};
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use serde_json::{json, Value};
-use support::{Node, Redis};
-
-struct Project {
-    secret: String,
-    public: String,
-    token_secret: String,
-}
+use support::{Node, Project, Redis};
 
 fn project(redis: &Redis, nodes: &[&Node]) -> Project {
-    let v = support::cli(
-        redis,
-        &["project", "create", "p", "--rate-limit", "10000/s"],
-    );
-    let p = Project {
-        secret: v["secret_key"].as_str().unwrap().into(),
-        public: v["public_key"].as_str().unwrap().into(),
-        token_secret: v["token_secret"].as_str().unwrap().into(),
-    };
+    let p = support::project(redis, "p", "10000/s");
     for n in nodes {
         n.wait_key(&p.secret);
     }

@@ -16,30 +16,14 @@
 mod common;
 use common::cluster as support;
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use common::{next_json, parse_response, send_json, Ws};
-use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use serde_json::{json, Value};
-use support::{cli, Node, Redis};
-
-struct Project {
-    id: String,
-    secret: String,
-    public: String,
-    token_secret: String,
-}
+use support::{cli, Node, Project, Redis};
 
 fn project(redis: &Redis, args: &[&str], nodes: &[&Node]) -> Project {
     let mut all = vec!["project", "create", "p", "--rate-limit", "100000/s"];
     all.extend_from_slice(args);
-    let v = cli(redis, &all);
-    let p = Project {
-        id: v["project"]["id"].as_str().unwrap().into(),
-        secret: v["secret_key"].as_str().unwrap().into(),
-        public: v["public_key"].as_str().unwrap().into(),
-        token_secret: v["token_secret"].as_str().unwrap().into(),
-    };
+    let p = Project::from_create(&cli(redis, &all));
     for n in nodes {
         n.wait_key(&p.secret);
     }
@@ -126,17 +110,10 @@ fn names(listing: &Value) -> Vec<String> {
 
 /// A presence token for `user` on `channel`, with `info` `{"u": user}`.
 fn presence_token(p: &Project, channel: &str, user: &str) -> String {
-    let exp = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-        + 600;
-    encode(
-        &Header::new(Algorithm::HS256),
-        &json!({"channel": channel, "exp": exp, "sub": user, "info": {"u": user}}),
-        &EncodingKey::from_secret(p.token_secret.as_bytes()),
+    common::hs256(
+        &p.token_secret,
+        json!({"channel": channel, "exp": common::unix_now() + 600, "sub": user, "info": {"u": user}}),
     )
-    .unwrap()
 }
 
 fn sub(ws: &mut Ws, channel: &str, since: Option<(u64, &str)>) -> Value {

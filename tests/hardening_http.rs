@@ -72,25 +72,11 @@ fn read_response(r: &mut impl Read, pending: &mut Vec<u8>) -> (u16, Value) {
 }
 
 fn history_project(s: &Server, name: &str) -> Project {
-    let v = cli(
-        &s.data_dir,
-        &[
-            "project",
-            "create",
-            name,
-            "--rate-limit",
-            "100000/s",
-            "--history",
-            "1000/600s",
-        ],
-    );
-    let p = Project {
-        id: v["project"]["id"].as_str().unwrap().to_string(),
-        secret: v["secret_key"].as_str().unwrap().to_string(),
-        public: v["public_key"].as_str().unwrap().to_string(),
-    };
-    s.wait_key(&p.secret);
-    p
+    s.project_json(
+        name,
+        &["--rate-limit", "100000/s", "--history", "1000/600s"],
+    )
+    .0
 }
 
 /// The `i`-th message's data: 16 KiB, recognisable.

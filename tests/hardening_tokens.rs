@@ -5,6 +5,9 @@
 //! nothing. Tokens are made by the `jsonwebtoken` crate, keys by rcgen.
 
 mod common;
+use common::unix_now;
+/// Every project here has its token secret in use.
+use common::Project as App;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -15,33 +18,8 @@ use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use serde_json::{json, Value};
 use tungstenite::Message;
 
-struct App {
-    id: String,
-    secret: String,
-    public: String,
-    token_secret: String,
-}
-
 fn app(server: &Server, name: &str) -> App {
-    let v = cli(
-        &server.data_dir,
-        &["project", "create", name, "--rate-limit", "10000/s"],
-    );
-    let a = App {
-        id: v["project"]["id"].as_str().unwrap().into(),
-        secret: v["secret_key"].as_str().unwrap().into(),
-        public: v["public_key"].as_str().unwrap().into(),
-        token_secret: v["token_secret"].as_str().unwrap().into(),
-    };
-    server.wait_key(&a.secret);
-    a
-}
-
-fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
+    server.project(name, "10000/s")
 }
 
 /// Register a new P-256 public key for the project; returns its kid and private half.
@@ -66,7 +44,12 @@ fn add_es256_key(server: &Server, a: &App) -> (String, EncodingKey) {
 fn es256(kid: &str, key: &EncodingKey, channel: &str) -> String {
     let mut h = Header::new(Algorithm::ES256);
     h.kid = Some(kid.into());
-    encode(&h, &json!({"channel": channel, "exp": now() + 600}), key).unwrap()
+    encode(
+        &h,
+        &json!({"channel": channel, "exp": unix_now() + 600}),
+        key,
+    )
+    .unwrap()
 }
 
 /// An ES256 token naming `kid` with a signature nobody made (64 bytes that only a
@@ -75,7 +58,7 @@ fn forged(kid: &str, channel: &str, seed: u64) -> String {
     use base64::Engine as _;
     let b64 = |bytes: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
     let header = json!({"alg": "ES256", "typ": "JWT", "kid": kid}).to_string();
-    let claims = json!({"channel": channel, "exp": now() + 600}).to_string();
+    let claims = json!({"channel": channel, "exp": unix_now() + 600}).to_string();
     let sig: Vec<u8> = (0..64u64)
         .map(|i| (seed.wrapping_mul(6364136223846793005).wrapping_add(i * 97) >> 7) as u8)
         .collect();
@@ -90,7 +73,7 @@ fn forged(kid: &str, channel: &str, seed: u64) -> String {
 fn hs256(secret: &str, channel: &str) -> String {
     encode(
         &Header::new(Algorithm::HS256),
-        &json!({"channel": channel, "exp": now() + 600}),
+        &json!({"channel": channel, "exp": unix_now() + 600}),
         &EncodingKey::from_secret(secret.as_bytes()),
     )
     .unwrap()

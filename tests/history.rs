@@ -14,25 +14,8 @@ use serde_json::{json, Value};
 
 /// A project with history `spec` (e.g. "100/120s").
 fn history_project(s: &Server, name: &str, spec: &str) -> Project {
-    let v = cli(
-        &s.data_dir,
-        &[
-            "project",
-            "create",
-            name,
-            "--rate-limit",
-            "100000/s",
-            "--history",
-            spec,
-        ],
-    );
+    let (p, v) = s.project_json(name, &["--rate-limit", "100000/s", "--history", spec]);
     assert_eq!(v["project"]["history"], spec);
-    let p = Project {
-        id: v["project"]["id"].as_str().unwrap().to_string(),
-        secret: v["secret_key"].as_str().unwrap().to_string(),
-        public: v["public_key"].as_str().unwrap().to_string(),
-    };
-    s.wait_key(&p.secret);
     p
 }
 

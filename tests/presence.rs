@@ -5,7 +5,7 @@
 //! "another worker" is chosen, never hoped for.
 
 mod common;
-use common::unix_now;
+use common::{hs256, unix_now, Project};
 
 use std::time::Duration;
 
@@ -13,42 +13,14 @@ use common::{
     cli, close_code, expect_silence, next_json, parse_response, send_json, set_timeout, Options,
     Server, Ws,
 };
-use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use serde_json::{json, Value};
 
-struct Project {
-    id: String,
-    secret: String,
-    public: String,
-    token_secret: String,
-}
-
 fn project(server: &Server, name: &str) -> Project {
-    let v = cli(
-        &server.data_dir,
-        &["project", "create", name, "--rate-limit", "10000/s"],
-    );
-    let p = Project {
-        id: v["project"]["id"].as_str().unwrap().into(),
-        secret: v["secret_key"].as_str().unwrap().into(),
-        public: v["public_key"].as_str().unwrap().into(),
-        token_secret: v["token_secret"].as_str().unwrap().into(),
-    };
-    server.wait_key(&p.secret);
-    p
-}
-
-fn token_with(secret: &str, claims: Value) -> String {
-    encode(
-        &Header::new(Algorithm::HS256),
-        &claims,
-        &EncodingKey::from_secret(secret.as_bytes()),
-    )
-    .unwrap()
+    server.project(name, "10000/s")
 }
 
 fn token(p: &Project, channel: &str, user: &str) -> String {
-    token_with(
+    hs256(
         &p.token_secret,
         json!({"channel": channel, "exp": unix_now() + 600, "sub": user, "info": {"name": format!("name of {user}")}}),
     )
@@ -181,7 +153,7 @@ fn every_way_of_ending_makes_a_leave() {
 
     // Token expiry (exp + 5 s of leeway).
     let (mut c, _) = connect(&s, &p.public);
-    let short = token_with(
+    let short = hs256(
         &p.token_secret,
         json!({"channel": ch, "exp": unix_now() + 1, "sub": "by-expiry"}),
     );
@@ -257,7 +229,7 @@ fn presence_tokens_need_a_user_and_an_object_info() {
     let ch = "presence-t";
     let (mut ws, _) = connect(&s, &p.public);
     let refused = |ws: &mut Ws, claims: Value| {
-        let t = token_with(&p.token_secret, claims);
+        let t = hs256(&p.token_secret, claims);
         send_json(ws, json!({"type": "subscribe", "channel": ch, "token": t}));
         let v = next_json(ws);
         assert_eq!(v["type"], "error", "{v}");

@@ -3,6 +3,9 @@
 //! keys made by rcgen.
 
 mod common;
+/// Every project here has its token secret in use.
+use common::Project as Private;
+use common::{hs256, unix_now};
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -13,43 +16,8 @@ use common::{cli, next_json, send_json, set_timeout, subscribe, wait_for, Server
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use serde_json::{json, Value};
 
-struct Private {
-    id: String,
-    secret: String,
-    public: String,
-    token_secret: String,
-}
-
 fn project(server: &Server, name: &str) -> Private {
-    let v = cli(
-        &server.data_dir,
-        &["project", "create", name, "--rate-limit", "10000/s"],
-    );
-    let p = Private {
-        id: v["project"]["id"].as_str().unwrap().into(),
-        secret: v["secret_key"].as_str().unwrap().into(),
-        public: v["public_key"].as_str().unwrap().into(),
-        token_secret: v["token_secret"].as_str().unwrap().into(),
-    };
-    assert!(p.token_secret.starts_with("ts_"), "{v}");
-    server.wait_key(&p.secret);
-    p
-}
-
-fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-}
-
-fn hs256(secret: &str, claims: Value) -> String {
-    encode(
-        &Header::new(Algorithm::HS256),
-        &claims,
-        &EncodingKey::from_secret(secret.as_bytes()),
-    )
-    .unwrap()
+    server.project(name, "10000/s")
 }
 
 fn with_kid(alg: Algorithm, kid: &str, key: &EncodingKey, claims: Value) -> String {
@@ -177,7 +145,7 @@ fn valid_hs256_es256_and_eddsa_tokens_subscribe_and_receive() {
         &p,
         &key_file(dir.path(), "ed.pem", &ed.public_key_pem()),
     );
-    let exp = now() + 600;
+    let exp = unix_now() + 600;
     let mut ws = ws(&server, &p.public);
     subscribe(&mut ws, "sentinel");
 
@@ -190,7 +158,7 @@ fn valid_hs256_es256_and_eddsa_tokens_subscribe_and_receive() {
 
     let many = hs256(
         &p.token_secret,
-        json!({"channels": ["private-x", "private-b"], "exp": exp, "iat": now(), "nbf": now()}),
+        json!({"channels": ["private-x", "private-b"], "exp": exp, "iat": unix_now(), "nbf": unix_now()}),
     );
     expect_subscribed(&mut ws, "private-b", &many);
     expect_message(&server, &mut ws, &p, "private-b");
@@ -265,11 +233,11 @@ fn refused_tokens_answer_forbidden_and_deliver_nothing() {
             Algorithm::ES256,
             &kid,
             &ec_key,
-            json!({"channel": "private-ok", "exp": now() + 60}),
+            json!({"channel": "private-ok", "exp": unix_now() + 60}),
         ),
     );
 
-    let exp = now() + 600;
+    let exp = unix_now() + 600;
     let b64 = |v: &Value| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string());
     let claims = |c: &str| json!({"channel": c, "exp": exp});
     let mut cases: Vec<(&str, Option<String>)> = vec![
@@ -290,14 +258,14 @@ fn refused_tokens_answer_forbidden_and_deliver_nothing() {
             "private-expired",
             Some(hs256(
                 &p.token_secret,
-                json!({"channel": "private-expired", "exp": now() - 10}),
+                json!({"channel": "private-expired", "exp": unix_now() - 10}),
             )),
         ),
         (
             "private-nbf",
             Some(hs256(
                 &p.token_secret,
-                json!({"channel": "private-nbf", "exp": exp, "nbf": now() + 60}),
+                json!({"channel": "private-nbf", "exp": exp, "nbf": unix_now() + 60}),
             )),
         ),
         (
@@ -427,7 +395,7 @@ fn expiry_unsubscribes_at_exp_plus_five_seconds_unless_refreshed() {
     let p = project(&server, "shop");
     let mut ws = ws(&server, &p.public);
     subscribe(&mut ws, "sentinel");
-    let exp = now() + 1;
+    let exp = unix_now() + 1;
     let claims = |c: &str, exp: u64| json!({"channel": c, "exp": exp, "sub": "u1"});
     expect_subscribed(
         &mut ws,
@@ -450,14 +418,14 @@ fn expiry_unsubscribes_at_exp_plus_five_seconds_unless_refreshed() {
         &mut ws,
         json!({"type": "refresh", "channel": "private-short", "token": other_user}),
     );
-    let expired_refresh = hs256(&p.token_secret, claims("private-short", now() - 30));
+    let expired_refresh = hs256(&p.token_secret, claims("private-short", unix_now() - 30));
     expect_forbidden(
         &mut ws,
         json!({"type": "refresh", "channel": "private-short", "token": expired_refresh}),
     );
 
     // A refresh in time moves private-kept's expiry.
-    let new_exp = now() + 600;
+    let new_exp = unix_now() + 600;
     send_json(
         &mut ws,
         json!({"type": "refresh", "channel": "private-kept", "token": hs256(&p.token_secret, claims("private-kept", new_exp))}),
@@ -494,7 +462,7 @@ fn expiry_unsubscribes_at_exp_plus_five_seconds_unless_refreshed() {
     expect_subscribed(
         &mut ws,
         "private-short",
-        &hs256(&p.token_secret, claims("private-short", now() + 600)),
+        &hs256(&p.token_secret, claims("private-short", unix_now() + 600)),
     );
     expect_message(&server, &mut ws, &p, "private-short");
 }
@@ -504,7 +472,7 @@ fn exp_and_nbf_get_exactly_five_seconds_of_leeway() {
     let server = Server::start();
     let p = project(&server, "shop");
     let mut ws = ws(&server, &p.public);
-    let n = now();
+    let n = unix_now();
     expect_subscribed(
         &mut ws,
         "private-a",
@@ -545,7 +513,7 @@ fn exp_and_nbf_get_exactly_five_seconds_of_leeway() {
     let ended = next_json(&mut ws);
     assert_eq!(ended["reason"], "token_expired");
     assert_eq!(ended["channel"], "private-a");
-    assert!(now() <= n + 3);
+    assert!(unix_now() <= n + 3);
 }
 
 #[test]
@@ -553,7 +521,7 @@ fn rotation_keeps_the_old_secret_for_the_grace_only() {
     let server = Server::start();
     let p = project(&server, "shop");
     let mut ws = ws(&server, &p.public);
-    let exp = now() + 600;
+    let exp = unix_now() + 600;
     let old = |c: &str| hs256(&p.token_secret, json!({"channel": c, "exp": exp}));
     expect_subscribed(&mut ws, "private-0", &old("private-0"));
 

@@ -4,6 +4,8 @@
 
 mod common;
 use common::unix_now;
+/// Every project here has its token secret in use.
+use common::Project as App;
 
 use std::time::Duration;
 
@@ -15,28 +17,8 @@ use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use serde_json::{json, Value};
 use sha2::Sha256;
 
-struct App {
-    id: String,
-    secret: String,
-    public: String,
-    token_secret: String,
-    app_id: String,
-}
-
 fn app(server: &Server, name: &str) -> App {
-    let v = cli(
-        &server.data_dir,
-        &["project", "create", name, "--rate-limit", "10000/s"],
-    );
-    let a = App {
-        id: v["project"]["id"].as_str().unwrap().into(),
-        secret: v["secret_key"].as_str().unwrap().into(),
-        public: v["public_key"].as_str().unwrap().into(),
-        token_secret: v["token_secret"].as_str().unwrap().into(),
-        app_id: v["project"]["pusher_app_id"].as_str().unwrap().into(),
-    };
-    server.wait_key(&a.secret);
-    a
+    server.project(name, "10000/s")
 }
 
 fn pusher_url(s: &Server, key: &str, query: &str) -> String {

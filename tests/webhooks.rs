@@ -5,7 +5,10 @@
 //! HMAC signature with the project's token secret and its `X-Pusher-Key`.
 
 mod common;
+use common::channel_token as token;
 use common::cluster as support;
+/// Every project here has its token secret in use.
+use common::Project as Private;
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -17,7 +20,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use common::{
     cli, next_json, send_json, set_timeout, wait_for, Options, Server, Ws, ALLOW_PRIVATE_WEBHOOKS,
 };
-use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use serde_json::{json, Value};
 
 /// One request the receiver got.
@@ -158,46 +160,16 @@ fn allowed() -> Options {
     }
 }
 
-struct Private {
-    id: String,
-    secret: String,
-    public: String,
-    token_secret: String,
-}
-
 /// A project with client events on, its keys known to the server.
 fn project(server: &Server, name: &str) -> Private {
-    let v = cli(
-        &server.data_dir,
-        &["project", "create", name, "--rate-limit", "10000/s"],
-    );
+    let (p, v) = server.project_json(name, &["--rate-limit", "10000/s"]);
     assert_eq!(v["project"]["webhook"], "off", "off by default: {v}");
-    let p = Private {
-        id: v["project"]["id"].as_str().unwrap().into(),
-        secret: v["secret_key"].as_str().unwrap().into(),
-        public: v["public_key"].as_str().unwrap().into(),
-        token_secret: v["token_secret"].as_str().unwrap().into(),
-    };
     cli(
         &server.data_dir,
         &["project", "set-limits", &p.id, "--client-events", "on"],
     );
     server.wait_key(&p.secret);
     p
-}
-
-fn token(secret: &str, channel: &str, sub: &str) -> String {
-    let exp = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-        + 600;
-    encode(
-        &Header::new(Algorithm::HS256),
-        &json!({"channel": channel, "exp": exp, "sub": sub}),
-        &EncodingKey::from_secret(secret.as_bytes()),
-    )
-    .unwrap()
 }
 
 /// A connection subscribed to `channel`, and its connection id.
@@ -708,16 +680,7 @@ fn cluster_transitions_are_sent_once() {
         Node::start_env(&redis, &[ALLOW_PRIVATE_WEBHOOKS]),
         Node::start_env(&redis, &[ALLOW_PRIVATE_WEBHOOKS]),
     );
-    let created = support::cli(
-        &redis,
-        &["project", "create", "c", "--rate-limit", "1000/s"],
-    );
-    let p = Private {
-        id: created["project"]["id"].as_str().unwrap().into(),
-        secret: created["secret_key"].as_str().unwrap().into(),
-        public: created["public_key"].as_str().unwrap().into(),
-        token_secret: created["token_secret"].as_str().unwrap().into(),
-    };
+    let p = support::project(&redis, "c", "1000/s");
     let receiver = Receiver::start(&[]);
     support::cli(&redis, &["project", "set-webhook", &p.id, &receiver.url()]);
     na.wait_key(&p.secret);
@@ -860,16 +823,7 @@ fn webhooks_in_cluster_mode() {
     use support::{Node, Redis};
     let Some(redis) = Redis::start() else { return };
     let node = Node::start_env(&redis, &[ALLOW_PRIVATE_WEBHOOKS]);
-    let created = support::cli(
-        &redis,
-        &["project", "create", "c", "--rate-limit", "1000/s"],
-    );
-    let p = Private {
-        id: created["project"]["id"].as_str().unwrap().into(),
-        secret: created["secret_key"].as_str().unwrap().into(),
-        public: created["public_key"].as_str().unwrap().into(),
-        token_secret: created["token_secret"].as_str().unwrap().into(),
-    };
+    let p = support::project(&redis, "c", "1000/s");
     support::cli(
         &redis,
         &["project", "set-limits", &p.id, "--client-events", "on"],

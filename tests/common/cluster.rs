@@ -159,12 +159,10 @@ pub fn cli(redis: &Redis, args: &[&str]) -> Value {
 }
 
 pub fn project(redis: &Redis, name: &str, rate: &str) -> Project {
-    let v = cli(redis, &["project", "create", name, "--rate-limit", rate]);
-    Project {
-        id: v["project"]["id"].as_str().unwrap().to_string(),
-        secret: v["secret_key"].as_str().unwrap().to_string(),
-        public: v["public_key"].as_str().unwrap().to_string(),
-    }
+    Project::from_create(&cli(
+        redis,
+        &["project", "create", name, "--rate-limit", rate],
+    ))
 }
 
 /// One `ringcast serve --redis URL` process.

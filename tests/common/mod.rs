@@ -50,12 +50,38 @@ pub fn cli(data_dir: &Path, args: &[&str]) -> Value {
     serde_json::from_slice(&out.stdout).expect("CLI prints JSON")
 }
 
-/// A project's id and keys.
+/// A project's id and keys, as `project create` printed them.
 #[derive(Clone, Debug)]
 pub struct Project {
     pub id: String,
+    /// The secret key (`sk_...`).
     pub secret: String,
+    /// The public key (`pk_...`).
     pub public: String,
+    /// The token secret (`ts_...`): signs channel tokens; the Pusher app secret.
+    pub token_secret: String,
+    /// The Pusher app id (digits, as a string).
+    pub app_id: String,
+}
+
+impl Project {
+    /// From the JSON `ringcast project create` prints.
+    pub fn from_create(v: &Value) -> Project {
+        fn field(f: &Value) -> String {
+            f.as_str()
+                .expect("project create prints this field")
+                .to_owned()
+        }
+        let p = Project {
+            id: field(&v["project"]["id"]),
+            secret: field(&v["secret_key"]),
+            public: field(&v["public_key"]),
+            token_secret: field(&v["token_secret"]),
+            app_id: field(&v["project"]["pusher_app_id"]),
+        };
+        assert!(p.token_secret.starts_with("ts_"), "{v}");
+        p
+    }
 }
 
 pub struct Server {
@@ -328,18 +354,19 @@ impl Server {
     }
 
     pub fn project(&self, name: &str, rate: &str) -> Project {
-        let v = cli(
-            &self.data_dir,
-            &["project", "create", name, "--rate-limit", rate],
-        );
-        let p = Project {
-            id: v["project"]["id"].as_str().unwrap().to_string(),
-            secret: v["secret_key"].as_str().unwrap().to_string(),
-            public: v["public_key"].as_str().unwrap().to_string(),
-        };
+        self.project_json(name, &["--rate-limit", rate]).0
+    }
+
+    /// `project create NAME ARGS...`: the project, once the server knows its keys, and
+    /// the JSON the CLI printed.
+    pub fn project_json(&self, name: &str, args: &[&str]) -> (Project, Value) {
+        let mut all = vec!["project", "create", name];
+        all.extend_from_slice(args);
+        let v = cli(&self.data_dir, &all);
+        let p = Project::from_create(&v);
         // The server sees new keys within its refresh interval.
         self.wait_key(&p.secret);
-        p
+        (p, v)
     }
 
     /// Wait until the server refuses a public key (after `key revoke`): its upgrade
@@ -599,4 +626,23 @@ pub fn unix_now() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .expect("the clock is after 1970")
         .as_secs()
+}
+
+/// A JWT over `claims`, HS256 with `secret` (channel and connection tokens).
+pub fn hs256(secret: &str, claims: Value) -> String {
+    use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
+    encode(
+        &Header::new(Algorithm::HS256),
+        &claims,
+        &EncodingKey::from_secret(secret.as_bytes()),
+    )
+    .expect("HS256 signs any claims")
+}
+
+/// A channel token for user `sub` on `channel`, valid for ten minutes.
+pub fn channel_token(secret: &str, channel: &str, sub: &str) -> String {
+    hs256(
+        secret,
+        serde_json::json!({"channel": channel, "exp": unix_now() + 600, "sub": sub}),
+    )
 }
