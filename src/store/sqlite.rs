@@ -347,20 +347,8 @@ fn read_projects(
     args: impl rusqlite::Params,
 ) -> Result<Vec<ProjectRecord>, StoreError> {
     let mut stmt = conn.prepare_cached(&format!("{SELECT_PROJECTS} {filter}"))?;
-    let rows = stmt.query_map(args, |r| {
-        Ok::<RawProject, _>((
-            r.get(0)?,
-            r.get(1)?,
-            r.get(2)?,
-            r.get(3)?,
-            r.get(4)?,
-            r.get(5)?,
-            r.get(6)?,
-            r.get(7)?,
-            r.get(8)?,
-            r.get(9)?,
-        ))
-    })?;
+    // Columns in the order of the SELECT, into the tuple type.
+    let rows = stmt.query_map(args, |r| RawProject::try_from(r))?;
     rows.map(|row| {
         let (
             id,
@@ -416,17 +404,8 @@ fn read_keys(
     args: impl rusqlite::Params,
 ) -> Result<Vec<KeyRecord>, StoreError> {
     let mut stmt = conn.prepare_cached(&format!("{SELECT_KEYS} {filter}"))?;
-    let rows = stmt.query_map(args, |r| {
-        Ok::<RawKey, _>((
-            r.get(0)?,
-            r.get(1)?,
-            r.get(2)?,
-            r.get(3)?,
-            r.get(4)?,
-            r.get(5)?,
-            r.get(6)?,
-        ))
-    })?;
+    // Columns in the order of the SELECT, into the tuple type.
+    let rows = stmt.query_map(args, |r| RawKey::try_from(r))?;
     rows.map(|row| {
         let (id, project_id, kind, revoked, prefix, hash, public_key) = row?;
         let kind = KeyKind::parse(&kind)
