@@ -180,23 +180,13 @@ impl PublishParser {
             |nodes| batch_fields(nodes, limits.max_messages),
             Err(ApiError::InvalidJson.into()),
         )?;
-        // simd-json accepted the body, so the scanner finds the array it walked.
-        let array = top_level_value(body, b"messages").ok_or(ApiError::InvalidJson)?;
-        let mut spans = array_elements(body, array);
-        let mut out = Vec::with_capacity(fields.len());
-        for (index, f) in fields.into_iter().enumerate() {
-            let at = |error| BatchError {
-                error,
-                index: Some(index),
-            };
-            let span = spans.next().ok_or(ApiError::InvalidJson)?;
-            if span.len() > limits.max_message_bytes {
-                return Err(at(ApiError::PayloadTooLarge));
-            }
-            let msg = &body[span];
-            out.push(f.finish(msg).map_err(at)?);
-        }
-        Ok(out)
+        finish_batch(
+            body,
+            b"messages",
+            fields,
+            limits.max_message_bytes,
+            Fields::finish,
+        )
     }
 }
 
@@ -263,17 +253,58 @@ fn batch_fields<'a>(
         "must be an array of messages",
         max_messages,
     )?;
+    each_element(nodes, at, len, message_fields)
+}
+
+/// Each of the `len` objects of the array at tape node `at`, read by `fields` (which
+/// returns the nodes each spans), or the first error with its index. Shared by the
+/// native and the Pusher batch.
+pub(super) fn each_element<'a, F>(
+    nodes: &[Node<'a>],
+    at: usize,
+    len: usize,
+    fields: impl Fn(&[Node<'a>], usize) -> Result<(F, usize), ApiError>,
+) -> Result<Vec<F>, BatchError> {
     let mut out = Vec::with_capacity(len);
     let mut i = at + 1;
     for index in 0..len {
         let node = nodes.get(i).ok_or(ApiError::InvalidJson)?;
-        let (fields, span) = message_fields(nodes, i).map_err(|error| BatchError {
+        let (f, span) = fields(nodes, i).map_err(|error| BatchError {
             error,
             index: Some(index),
         })?;
         debug_assert_eq!(span, node_span(node));
-        out.push(fields);
+        out.push(f);
         i += span;
+    }
+    Ok(out)
+}
+
+/// The second half of a batch parse, shared by the native and the Pusher batch: each
+/// element of the top-level array `key` (the scanner finds it again, since simd-json
+/// accepted the body) is finished with its fields, and may be at most
+/// `max_message_bytes` long (the single-publish limit), or the first error with its
+/// index.
+pub(super) fn finish_batch<'a, F, T>(
+    body: &'a [u8],
+    key: &[u8],
+    fields: Vec<F>,
+    max_message_bytes: usize,
+    finish: impl Fn(F, &'a [u8]) -> Result<T, ApiError>,
+) -> Result<Vec<T>, BatchError> {
+    let array = top_level_value(body, key).ok_or(ApiError::InvalidJson)?;
+    let mut spans = array_elements(body, array);
+    let mut out = Vec::with_capacity(fields.len());
+    for (index, f) in fields.into_iter().enumerate() {
+        let at = |error| BatchError {
+            error,
+            index: Some(index),
+        };
+        let span = spans.next().ok_or(ApiError::InvalidJson)?;
+        if span.len() > max_message_bytes {
+            return Err(at(ApiError::PayloadTooLarge));
+        }
+        out.push(finish(f, &body[span]).map_err(at)?);
     }
     Ok(out)
 }

@@ -22,9 +22,9 @@
 use simd_json::Node;
 
 use super::parse::{
-    array_elements, batch_array, channel_list, kind, name_field, object_fields, socket_id_field,
-    top_level_value, BatchError, BatchLimits, Channels, Kind, Publish, PublishParser,
-    RESERVED_EVENT_PREFIXES,
+    batch_array, channel_list, each_element, finish_batch, kind, name_field, object_fields,
+    socket_id_field, top_level_value, BatchError, BatchLimits, Channels, Kind, Publish,
+    PublishParser, RESERVED_EVENT_PREFIXES,
 };
 use crate::error::ApiError;
 
@@ -128,40 +128,21 @@ impl PublishParser {
             |nodes| batch_fields(nodes, limits.max_messages),
             Err(ApiError::InvalidJson.into()),
         )?;
-        // simd-json accepted the body, so the scanner finds the array it walked.
-        let array = top_level_value(body, b"batch").ok_or(ApiError::InvalidJson)?;
-        let mut spans = array_elements(body, array);
-        let mut out = Vec::with_capacity(fields.len());
-        for (index, f) in fields.into_iter().enumerate() {
-            let at = |error| BatchError {
-                error,
-                index: Some(index),
-            };
-            let span = spans.next().ok_or(ApiError::InvalidJson)?;
-            // Each event obeys the single-publish size limit, as a native batch message.
-            if span.len() > limits.max_message_bytes {
-                return Err(at(ApiError::PayloadTooLarge));
-            }
-            out.push(f.finish(&body[span]).map_err(at)?);
-        }
-        Ok(out)
+        // Each event obeys the single-publish size limit, as a native batch message.
+        finish_batch(
+            body,
+            b"batch",
+            fields,
+            limits.max_message_bytes,
+            Fields::finish,
+        )
     }
 }
 
 /// `{"batch": [ ... ]}`: every event's fields, or the first error with its index.
 fn batch_fields<'a>(nodes: &[Node<'a>], max_events: usize) -> Result<Vec<Fields<'a>>, BatchError> {
     let (at, len) = batch_array(nodes, "batch", "must be an array of events", max_events)?;
-    let mut out = Vec::with_capacity(len);
-    let mut i = at + 1;
-    for index in 0..len {
-        let (fields, span) = event_fields(nodes, i, true).map_err(|error| BatchError {
-            error,
-            index: Some(index),
-        })?;
-        out.push(fields);
-        i += span;
-    }
-    Ok(out)
+    each_element(nodes, at, len, |nodes, i| event_fields(nodes, i, true))
 }
 
 /// The event object at tape node `at` (`in_batch`: one of `batch_events`, which names
