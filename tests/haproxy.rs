@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use common::{next_json, set_timeout, Ws};
 use serde_json::{json, Value};
-use support::{project, wait_for, wait_listening, Node, Redis};
+use support::{project, wait_for, Node, Redis};
 use tungstenite::stream::MaybeTlsStream;
 use tungstenite::Message;
 
@@ -180,39 +180,10 @@ impl Drop for HaProxy {
 
 /// A cluster node that trusts HAProxy (127.0.0.1) for the client address.
 fn node(redis: &Redis) -> Node {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let cfg = dir.path().join("ringcast.toml");
-    std::fs::write(
-        &cfg,
+    Node::start_config(
+        redis,
         "trusted_proxies = [\"127.0.0.1\"]\nws_connect_rate_per_ip = 1\ndrain_spread_s = 1\n",
     )
-    .unwrap();
-    let mut child = Command::new(common::bin())
-        .arg("--data-dir")
-        .arg(&data)
-        .args(["--redis", &redis.url()])
-        .env("RINGCAST_MASTER_KEY_FILE", redis.master_key_file())
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--workers",
-            "2",
-            "--config",
-        ])
-        .arg(&cfg)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn ringcast serve");
-    let addr = wait_listening(&mut child, &data);
-    Node {
-        addr,
-        child,
-        _dir: dir,
-    }
 }
 
 /// The node part of a `connection_id` (`<node>.<local>`).

@@ -179,14 +179,29 @@ impl Node {
 
     /// [`Node::start`] with extra environment (e.g. [`common::ALLOW_PRIVATE_WEBHOOKS`]).
     pub fn start_env(redis: &Redis, env: &[(&str, &str)]) -> Node {
+        Node::spawn(redis, env, None)
+    }
+
+    /// [`Node::start`] with a configuration file of this TOML.
+    pub fn start_config(redis: &Redis, toml: &str) -> Node {
+        Node::spawn(redis, &[], Some(toml))
+    }
+
+    fn spawn(redis: &Redis, env: &[(&str, &str)], toml: Option<&str>) -> Node {
         let dir = tempfile::tempdir().unwrap();
         let data: PathBuf = dir.path().join("data");
-        let mut child = Command::new(common::bin())
-            .arg("--data-dir")
+        let mut cmd = Command::new(common::bin());
+        cmd.arg("--data-dir")
             .arg(&data)
             .args(["--redis", &redis.url()])
             .env("RINGCAST_MASTER_KEY_FILE", redis.master_key_file())
-            .args(["serve", "--listen", "127.0.0.1:0", "--workers", "2"])
+            .args(["serve", "--listen", "127.0.0.1:0", "--workers", "2"]);
+        if let Some(toml) = toml {
+            let cfg = dir.path().join("ringcast.toml");
+            std::fs::write(&cfg, toml).unwrap();
+            cmd.arg("--config").arg(cfg);
+        }
+        let mut child = cmd
             .env("RUST_LOG", "warn")
             .envs(env.iter().copied())
             .stdout(Stdio::piped())
