@@ -42,9 +42,10 @@
 //!    without a task per connection), [`metrics`] (per-worker counters rendered as
 //!    Prometheus text), [`quota`] (per-project GCRA on atomics), [`redis_link`] (the
 //!    Redis client, timeouts and backoff every cluster-mode part shares), [`apikey`],
-//!    [`sealed`], [`cli`], [`close`], [`ids`], [`json`], [`names`], [`reply`] (key
-//!    kinds and hashing, the sealed master key, argument parsing, close codes, ids,
-//!    JSON escaping, channel names, one-shot answers from a control-plane thread).
+//!    [`sealed`], [`cli`], [`close`], [`ids`], [`json`], [`names`], [`percent`], [`reply`]
+//!    (key kinds and hashing, the sealed master key, argument parsing, close codes, ids,
+//!    JSON escaping, channel names, URL percent-decoding, one-shot answers from a
+//!    control-plane thread).
 //!
 //! Invariants that hold across modules: the hot path never blocks and never allocates
 //! per subscriber; one published message is encoded once into one `Bytes` that every
@@ -77,6 +78,7 @@ mod json;
 mod metrics;
 mod names;
 mod node;
+mod percent;
 mod presence;
 mod project;
 mod publish;

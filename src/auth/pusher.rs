@@ -102,35 +102,13 @@ pub fn parse_query(raw: &[u8]) -> Result<Query, QueryError> {
     Ok(Query { params })
 }
 
-/// Percent-decode `%XX` escapes (`+` stays `+`); also the `{channel}` segment of a REST
-/// path.
+/// Percent-decode `%XX` escapes (`+` stays `+`: the signature covers the raw text); also
+/// the `{channel}` segment of a REST path.
 pub(crate) fn percent_decode(raw: &[u8]) -> Result<String, QueryError> {
-    let mut out = Vec::with_capacity(raw.len());
-    let mut i = 0;
-    while i < raw.len() {
-        if raw[i] == b'%' {
-            let hi = raw.get(i + 1).and_then(|&b| hex_digit(b));
-            let lo = raw.get(i + 2).and_then(|&b| hex_digit(b));
-            let (Some(hi), Some(lo)) = (hi, lo) else {
-                return Err(QueryError::Percent);
-            };
-            out.push(hi << 4 | lo);
-            i += 3;
-        } else {
-            out.push(raw[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| QueryError::Utf8)
-}
-
-fn hex_digit(b: u8) -> Option<u8> {
-    match b {
-        b'0'..=b'9' => Some(b - b'0'),
-        b'a'..=b'f' => Some(b - b'a' + 10),
-        b'A'..=b'F' => Some(b - b'A' + 10),
-        _ => None,
-    }
+    crate::percent::decode(raw, crate::percent::Plus::Literal).map_err(|e| match e {
+        crate::percent::PercentError::Escape => QueryError::Percent,
+        crate::percent::PercentError::Utf8 => QueryError::Utf8,
+    })
 }
 
 /// The `auth_key` parameter: which public key signed the request. The caller checks it

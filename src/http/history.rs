@@ -209,27 +209,7 @@ impl Params {
 /// Decode a query value (`%XX` escapes, `+` as a space); `None` when the result is not
 /// UTF-8 or an escape is malformed.
 pub(crate) fn percent_decode(raw: &[u8]) -> Option<String> {
-    let mut out = Vec::with_capacity(raw.len());
-    let mut i = 0;
-    while i < raw.len() {
-        match raw[i] {
-            b'%' => {
-                let hex = raw.get(i + 1..i + 3)?;
-                let hex = std::str::from_utf8(hex).ok()?;
-                out.push(u8::from_str_radix(hex, 16).ok()?);
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).ok()
+    crate::percent::decode(raw, crate::percent::Plus::Space).ok()
 }
 
 #[cfg(test)]
