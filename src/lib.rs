@@ -16,8 +16,8 @@
 //!    `/health`, the publish endpoint, the WebSocket and Pusher upgrades, the Pusher
 //!    REST API, the response writer.
 //! 7. node: [`node`]: what all workers of a node share (config, key snapshot,
-//!    mailboxes, cluster bridge, health flags); how an accepted publish leaves its
-//!    worker.
+//!    mailboxes, cluster bridge, health flags); how an accepted publish or client event
+//!    leaves its worker (the one `publish::Fanout`).
 //! 6. requests: [`publish`] (parse with simd-json, validate, quota, encode once, hand to
 //!    the mailboxes), [`client`] (the client protocol on a WebSocket, native and Pusher,
 //!    per connection), [`error`] (the one table of REST rejections).

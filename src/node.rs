@@ -3,8 +3,9 @@
 //!
 //! Read-mostly; nothing here is locked on the hot path. A [`Node`] is made once by the
 //! server at start and handed to every worker behind an `Arc`. It is also how an
-//! accepted publish leaves its worker ([`Fanout`]): into the mailboxes of the workers
-//! that want its channel, then (cluster mode) to the other nodes.
+//! accepted publish or client event leaves its worker ([`Fanout`], the one way out):
+//! into the mailboxes of the workers that want its channel, then (cluster mode) to the
+//! other nodes.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -55,14 +56,6 @@ impl Node {
         // WebSockets are closed. A 202 answered while shutdown begins is best-effort
         // (RELIABILITY.md).
         self.shutting_down.load(Ordering::Acquire)
-    }
-}
-
-impl crate::client::EventRelay for Node {
-    /// A client event leaves like a one-channel publish: the local mailboxes, then (in
-    /// cluster mode) the relay to the other nodes. Never through history.
-    fn relay(&self, msg: Arc<Broadcast>) -> bool {
-        !self.is_shutting_down() && Fanout::broadcast(self, msg)
     }
 }
 

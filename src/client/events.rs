@@ -26,6 +26,7 @@ use bytes::Bytes;
 
 use crate::auth::ProjectState;
 use crate::ids::{IdGen, SocketId};
+use crate::publish::Fanout;
 use crate::quota::now_ns;
 use crate::shard::mailbox::Broadcast;
 use crate::webhook::{HookEvent, HookKind, Webhooks};
@@ -38,17 +39,11 @@ pub(crate) const MAX_PER_SECOND: usize = 10;
 /// Prefix every client event name carries.
 pub(crate) const EVENT_PREFIX: &str = "client-";
 
-/// Where an accepted client event goes: the mailboxes of the node's workers that have
-/// subscribers of its channel and, in cluster mode, the other nodes. The node
-/// implements it (it is above this layer).
-pub(crate) trait EventRelay {
-    /// `false` when it cannot be taken now (a mailbox is full, or shutting down).
-    fn relay(&self, msg: Arc<Broadcast>) -> bool;
-}
-
 /// What every session of one worker shares for client events.
 pub(crate) struct EventContext {
-    relay: Arc<dyn EventRelay + Send + Sync>,
+    /// Where an accepted event goes: where a publish goes (the mailboxes of the node's
+    /// workers and, in cluster mode, the other nodes), never through history.
+    relay: Arc<dyn Fanout + Send + Sync>,
     ids: Rc<IdGen>,
     /// This worker's index (a sender is (worker, connection id)).
     worker: usize,
@@ -60,7 +55,7 @@ pub(crate) struct EventContext {
 
 impl EventContext {
     pub(crate) fn new(
-        relay: Arc<dyn EventRelay + Send + Sync>,
+        relay: Arc<dyn Fanout + Send + Sync>,
         ids: Rc<IdGen>,
         worker: usize,
         max_data_bytes: usize,
@@ -204,7 +199,8 @@ pub(crate) fn relay(
         frame,
         Some(SocketId::local(ctx.worker, conn_id)),
     ));
-    if !ctx.relay.relay(msg) {
+    // Not while shutting down: a 202-like acceptance the closing workers might drop.
+    if ctx.relay.shutting_down() || !ctx.relay.broadcast(msg) {
         project.quota.refund_n(1);
         return Err(Refusal::Unavailable);
     }

@@ -22,7 +22,7 @@ pub(crate) mod subs;
 
 pub(crate) use admit::Admission;
 pub(crate) use ctx::SessionCtx;
-pub(crate) use events::{EventContext, EventRelay};
+pub(crate) use events::EventContext;
 pub(crate) use frames::connected_frame;
 pub(crate) use private::Expiry;
 pub(crate) use pusher::PusherSession;

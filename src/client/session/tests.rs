@@ -62,17 +62,32 @@ fn setup(max: usize) -> (ClientSession, Rc<WsConn>, Rc<Shard>, Arc<Recorder>) {
 }
 
 /// Client events relayed into `mailboxes` (worker 0's shard drains them).
-struct TestRelay(crate::shard::mailbox::Mailboxes);
+struct TestRelay(crate::shard::mailbox::Mailboxes, crate::history::History);
 
-impl crate::client::EventRelay for TestRelay {
-    fn relay(&self, msg: Arc<crate::shard::mailbox::Broadcast>) -> bool {
+impl crate::publish::Fanout for TestRelay {
+    fn broadcast(&self, msg: Arc<crate::shard::mailbox::Broadcast>) -> bool {
         self.0.broadcast(msg)
+    }
+    fn broadcast_batch(&self, batch: crate::shard::mailbox::BroadcastBatch) -> bool {
+        self.0.broadcast_batch(batch)
+    }
+    fn shutting_down(&self) -> bool {
+        false
+    }
+    fn history(&self) -> &crate::history::History {
+        &self.1
+    }
+    fn cluster(&self) -> Option<&Arc<crate::cluster::Cluster>> {
+        None
     }
 }
 
 fn test_events(mailboxes: crate::shard::mailbox::Mailboxes) -> Rc<EventContext> {
     EventContext::new(
-        Arc::new(TestRelay(mailboxes)),
+        Arc::new(TestRelay(
+            mailboxes,
+            crate::history::History::new(0, crate::history::Recoveries::Allowed),
+        )),
         Rc::new(crate::ids::IdGen::new(0)),
         0,
         64 * 1024,
