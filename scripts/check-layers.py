@@ -20,30 +20,51 @@ import sys
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
 CRATE_REF = re.compile(r"\bcrate::([a-z_][a-z0-9_]*)")
+# `use crate::{a, b::c}`: every first segment inside the braces.
+CRATE_GROUP = re.compile(r"\bcrate::\{([^}]*)\}")
 SUPER_REF = re.compile(r"\bsuper::([a-z_][a-z0-9_]*)")
 LAYER_LINE = re.compile(r"^//! (\d+)\. [a-z-]+: (.*)$")
 DOC_LINE = re.compile(r"^//!    (\S.*)$")
 LINK = re.compile(r"\[`([a-z_][a-z0-9_]*)`\]")
 
 
+def strip_parens(text):
+    """The text outside parentheses: a layer names its modules outside them, and may
+    mention others inside them (descriptions) without placing them."""
+    out, depth = [], 0
+    for ch in text:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth = max(depth - 1, 0)
+        elif depth == 0:
+            out.append(ch)
+    return "".join(out)
+
+
 def layers():
-    """Map each module named in lib.rs's layer list to its layer number: a layer is a
-    `//! N. name: ...` line and the `//!    ...` lines indented under it."""
-    found, current = {}, None
+    """Map each module named in lib.rs's layer list to its layer number, and list the
+    names given twice. A layer is a `//! N. name: ...` line and the `//!    ...` lines
+    indented under it; its modules are the `[`name`]` links outside parentheses."""
+    texts, current = {}, None
     with open(os.path.join(ROOT, "lib.rs"), encoding="utf-8") as f:
         for raw in f:
             line = raw.rstrip("\n")
             m = LAYER_LINE.match(line)
             if m:
-                current, text = int(m.group(1)), m.group(2)
+                current = int(m.group(1))
+                texts[current] = texts.get(current, "") + " " + m.group(2)
             elif current is not None and DOC_LINE.match(line):
-                text = DOC_LINE.match(line).group(1)
+                texts[current] += " " + DOC_LINE.match(line).group(1)
             else:
                 current = None
-                continue
-            for name in LINK.findall(text):
-                found.setdefault(name, current)
-    return found
+    found, twice = {}, []
+    for number, text in sorted(texts.items()):
+        for name in LINK.findall(strip_parens(text)):
+            if name in found:
+                twice.append(name)
+            found.setdefault(name, number)
+    return found, twice
 
 
 def code_lines(path):
@@ -123,7 +144,13 @@ def main():
         if sibling:
             sibling_graphs.setdefault(parts[0], {}).setdefault(sibling, set())
         for n, line in code_lines(os.path.join(ROOT, rel)):
-            for target in CRATE_REF.findall(line):
+            grouped = [
+                seg.strip().split("::")[0].split()[0]
+                for group in CRATE_GROUP.findall(line)
+                for seg in group.split(",")
+                if seg.strip()
+            ]
+            for target in CRATE_REF.findall(line) + grouped:
                 if me and target in tops and target != me:
                     top_graph[me].add(target)
                     where.setdefault((me, target), f"{rel}:{n}")
@@ -139,11 +166,17 @@ def main():
                         sibling_graphs[parts[0]][sibling].add(target)
                         where.setdefault((f"{me}/{sibling}", f"{me}/{target}"), f"{rel}:{n}")
     failed = False
-    layer = layers()
+    layer, twice = layers()
     for t in sorted(tops):
         if t not in layer:
             failed = True
             print(f"module {t} is in no layer of src/lib.rs's layer list")
+    for name in sorted(set(twice)):
+        failed = True
+        print(f"module {name} is named in two layers of src/lib.rs's layer list")
+    for name in sorted(set(layer) - tops):
+        failed = True
+        print(f"src/lib.rs's layer list names {name}, which is no module of src/")
     for a in sorted(top_graph):
         for b in sorted(top_graph[a]):
             if a in layer and b in layer and layer[b] > layer[a]:

@@ -9,6 +9,8 @@
 //!   only loads, and sums the workers.
 //! - **Deliveries are counted once per broadcast per worker** (the fan-out adds how
 //!   many connections took the frame), never once per subscriber.
+//! - A leaf of the layers: it names no other module (`shard`, `ws`, `http` and the
+//!   server write to it; the metrics listener reads it).
 //! - A thread without metrics installed (unit tests, the Autobahn echo example, the
 //!   CLI) pays one thread-local read and a branch: every helper is a no-op there.
 //! - No label carries a channel, key or connection id: labels are the API, the HTTP

@@ -6,7 +6,7 @@
 mod common;
 use common::cluster as support;
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use common::{expect_silence, next_json, parse_response, send_json, set_timeout, Ws};
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
@@ -22,11 +22,7 @@ fn project(redis: &Redis, nodes: &[&Node]) -> Project {
 }
 
 fn join(ws: &mut Ws, p: &Project, channel: &str, user: &str) -> Value {
-    let exp = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-        + 600;
+    let exp = common::unix_now() + 600;
     let token = encode(
         &Header::new(Algorithm::HS256),
         &json!({"channel": channel, "exp": exp, "sub": user, "info": {"u": user}}),

@@ -14,7 +14,7 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use common::*;
 use hmac::{Hmac, Mac};
@@ -203,10 +203,7 @@ fn hex(bytes: &[u8]) -> String {
 
 /// The signed query of a Pusher REST request (`body_md5` of `body` when it is not empty).
 fn signed_query(app: &App, method: &str, path: &str, body: &[u8], secret: &str) -> String {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
+    let now = common::unix_now();
     let mut pairs = vec![
         format!("auth_key={}", app.key),
         format!("auth_timestamp={now}"),

@@ -9,7 +9,7 @@
 mod common;
 
 use std::sync::{Arc, Barrier};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use common::*;
 use hmac::{Hmac, Mac};
@@ -348,10 +348,7 @@ fn pusher_post(
     let key = app["public_key"].as_str().unwrap();
     let secret = app["token_secret"].as_str().unwrap();
     let path = format!("/apps/{app_id}{path}");
-    let ts = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
+    let ts = common::unix_now();
     let query = format!(
         "auth_key={key}&auth_timestamp={ts}&auth_version=1.0&body_md5={}",
         hex(&Md5::digest(body.as_bytes()))

@@ -2,7 +2,8 @@
 //! `auth` string of a private or presence subscribe (design: docs/design/pusher.md,
 //! sections 1.5 and 4.1).
 //!
-//! Pure functions over borrowed input; the caller supplies the clock and the project's
+//! Pure functions over borrowed input, naming no module but the percent-decoder
+//! (`crate::percent`); the caller supplies the clock and the project's
 //! token secrets in force (the newest, plus the previous one during a rotation's grace).
 //! Invariants:
 //! - Every HMAC check is `ring::hmac::verify` (constant time) on the 32 decoded bytes of

@@ -104,8 +104,9 @@ use crate::redis_link::{MAX_BACKOFF, MIN_BACKOFF};
 /// Why the cluster bridge could not start.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ClusterError {
-    #[error("invalid Redis URL: {0}")]
-    Url(String),
+    /// No Redis client from the URL and CA file (the message says which).
+    #[error(transparent)]
+    Link(#[from] crate::redis_link::LinkError),
     #[error("cannot start cluster thread: {0}")]
     Thread(#[from] std::io::Error),
 }
@@ -160,8 +161,7 @@ impl Cluster {
         keys: Arc<KeyCache>,
         mailboxes: Mailboxes,
     ) -> Result<(Arc<Cluster>, Vec<JoinHandle<()>>), ClusterError> {
-        let client = crate::redis_link::client(url, ca_file)
-            .map_err(|e| ClusterError::Url(e.to_string()))?;
+        let client = crate::redis_link::client(url, ca_file)?;
         let (relay_tx, relay_rx) = crossbeam_channel::bounded(RELAY_QUEUE);
         // Unbounded on purpose: losing an interest change would silently cut a channel
         // off. Its size is bounded by subscribe/unsubscribe traffic, which the thread

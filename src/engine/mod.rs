@@ -10,6 +10,8 @@
 //! hands each parked record its turn ([`Ready::ready`]), synchronously, on the worker.
 //!
 //! Invariants:
+//! - A leaf of the layers: it knows only its [`Ready`] records, never a connection,
+//!   a project or a channel.
 //! - A slot is keyed by a [`Token`]: index and generation. A slot is reused only after
 //!   [`Engine::release`], which bumps the generation, so a readiness reported for a
 //!   connection that has ended (its event was already collected) finds a stale token

@@ -1,7 +1,8 @@
 //! The node's presence and occupancy hub: who is in each presence channel (per user, not
 //! per connection) and how many subscribers each channel has across all workers. It
 //! runs on its own control-plane thread and owns that state alone, so nothing on the
-//! fan-out path ever takes a lock for it.
+//! fan-out path ever takes a lock for it. It answers joins through the mailboxes and REST
+//! queries through [`crate::reply`].
 //!
 //! Inputs, in one FIFO queue (so what one worker says arrives in the order it said it):
 //! subscriber-count changes and presence leaves from every shard (through

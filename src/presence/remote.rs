@@ -5,7 +5,7 @@
 //! - `occ:<pid>`: hash channel → subscribers on every node; `occn:<node>`: hash
 //!   `<pid>\n<channel>` → this node's share (so a dead node's share can be taken back);
 //!   `occl:<pid>`: sorted set of the occupied names, for prefix listings (kept by the
-//!   count and reap scripts here, read by [`super::listing`]).
+//!   count and reap scripts of `super::scripts`, read by [`super::listing`]).
 //! - `pres:<pid>:<channel>`: hash user → connections on every node; `presi:…`: user →
 //!   info of its first connection; `preso:…`: sorted set user by join sequence
 //!   (`preseq`), for join order; `presn:<node>`: hash `<pid>\n<channel>\n<user>` → this

@@ -238,4 +238,23 @@ mod tests {
             .unwrap();
         assert!(matches!(err, StoreError::Redis(_)), "{err}");
     }
+
+    #[test]
+    fn an_unreadable_redis_ca_file_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("no-such-ca.pem");
+        let err = open_store(dir.path(), Some("rediss://127.0.0.1:1"), Some(&ca))
+            .err()
+            .unwrap();
+        assert!(
+            matches!(
+                err,
+                StoreError::Link(crate::redis_link::LinkError::CaFile { .. })
+            ),
+            "{err}"
+        );
+        let text = err.to_string();
+        assert!(text.starts_with("cannot read the Redis CA file "), "{text}");
+        assert!(text.contains("no-such-ca.pem"), "{text}");
+    }
 }

@@ -1,6 +1,7 @@
 //! Webhooks: tell a project's backend, in Pusher's webhook format, when its channels are
 //! occupied or vacated, when presence members come and go, and (if it asks) about
-//! client events. Set per project with `ringcast project set-webhook`.
+//! client events. Set per project with `ringcast project set-webhook`. Above `auth` and
+//! `store`; named by `client`, `node` and `server`.
 //!
 //! Shape: [`Webhooks::emit`] (any thread: a worker for client events; the presence hub
 //! reports transitions through the [`crate::presence::Transitions`] impl) puts an event on one bounded queue; one scheduler thread

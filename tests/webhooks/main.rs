@@ -161,7 +161,9 @@ fn allowed() -> Options {
     }
 }
 
-/// A project with client events on, its keys known to the server.
+/// A project with client events on, its keys known to the server (the switch reaches the
+/// server within its refresh: a test that sends events waits with
+/// `wait_client_events_on`).
 fn project(server: &Server, name: &str) -> Private {
     let (p, v) = server.project_json(name, &["--rate-limit", "10000/s"]);
     assert_eq!(v["project"]["webhook"], "off", "off by default: {v}");
@@ -169,7 +171,6 @@ fn project(server: &Server, name: &str) -> Private {
         &server.data_dir,
         &["project", "set-limits", &p.id, "--client-events", "on"],
     );
-    server.wait_key(&p.secret);
     p
 }
 
