@@ -160,7 +160,9 @@ pub use ws::conn::{
     read_loop, start_parked, write_loop, PlainWriter, ReadCtx, ReadLimits, Session, WsConn,
 };
 pub use ws::frame::{decode_frame, frame, Opcode};
-pub use ws::handshake::write_switching;
+pub use ws::deflate::configure as configure_compression;
+pub use ws::deflate::negotiate::acceptable as deflate_offer_acceptable;
+pub use ws::handshake::{write_switching, write_switching_with};
 pub use ws::message::{Assembler, Incoming};
 
 /// Hooks for the criterion benches: the fan-out and the mailboxes without sockets.

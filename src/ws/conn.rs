@@ -201,6 +201,10 @@ pub struct WsConn {
     /// The client protocol: which frame of a broadcast it takes and which codes its
     /// closes carry. Set before the connection is shared, never changed.
     dialect: Dialect,
+    /// permessage-deflate was agreed (`ws::deflate`): large message frames go
+    /// compressed, compressed client frames are accepted. Set before the connection is
+    /// shared, never changed; it lives in padding (the record's size is unchanged).
+    compresses: bool,
 }
 
 impl WsConn {
@@ -226,6 +230,7 @@ impl WsConn {
             last_seen: Cell::new(now_s),
             coalesce_ms: Cell::new(0),
             dialect: Dialect::Native,
+            compresses: false,
         }
     }
 
@@ -247,6 +252,18 @@ impl WsConn {
     #[inline]
     pub fn dialect(&self) -> Dialect {
         self.dialect
+    }
+
+    /// This connection agreed to permessage-deflate (before it is shared).
+    pub fn with_compression(mut self, on: bool) -> WsConn {
+        self.compresses = on;
+        self
+    }
+
+    /// Whether this connection agreed to permessage-deflate.
+    #[inline]
+    pub fn compresses(&self) -> bool {
+        self.compresses
     }
 
     pub fn is_open(&self) -> bool {
@@ -322,7 +339,16 @@ impl WsConn {
     /// Queue a frame of this connection's own (a reply). Returns `false` when the
     /// connection is closing or was just closed for exceeding its backlog. Never
     /// blocks, never copies the frame.
+    /// On a connection that agreed to permessage-deflate, a data frame at or above the
+    /// node's threshold (a history or recovery replay, an echo) goes compressed.
     pub fn send(self: &Rc<Self>, frame: Bytes) -> bool {
+        if self.compresses {
+            if let Some(small) = super::deflate::codec::compress_large(&frame) {
+                let saved = (frame.len() - small.len()) as u64;
+                crate::metrics::with(|m| m.compressed(1, saved));
+                return self.enqueue(&small, true);
+            }
+        }
         self.enqueue(&frame, true)
     }
 

@@ -8,6 +8,7 @@
 //! transport the server runs). Close codes come from the one table in `crate::close`.
 
 pub(crate) mod conn;
+pub(crate) mod deflate;
 pub(crate) mod frame;
 pub(crate) mod handshake;
 pub(crate) mod message;
