@@ -140,7 +140,7 @@ async fn serve(mut stream: TcpStream, id: u64, started: Instant, engine: Rc<Engi
     let deflate = head
         .ws_extensions
         .as_ref()
-        .is_some_and(|r| deflate_offer_acceptable(&buf[r.clone()]));
+        .and_then(|r| deflate_offer_acceptable(&buf[r.clone()]));
     match validate_upgrade(&head, &buf) {
         Ok(key) => write_switching_with(&mut out, key, deflate),
         Err(err) => {

@@ -118,18 +118,20 @@ pub(crate) fn handle(
 /// Whether this upgrade (native or Pusher) gets permessage-deflate: `ws_compression` is
 /// on, the client offers it in a form the server honours (`ws::deflate::negotiate`), and
 /// it is not Safari 15.0–15.3 (which mishandles `client_no_context_takeover`).
-pub(crate) fn agrees_to_deflate(svc: &Service, head: &RequestHead, req: &[u8]) -> bool {
+/// The server window agreed (bits), or `None`.
+pub(crate) fn agrees_to_deflate(svc: &Service, head: &RequestHead, req: &[u8]) -> Option<u8> {
     if !svc.config().ws_compression.is_on() {
-        return false;
+        return None;
     }
-    let Some(offer) = &head.ws_extensions else {
-        return false;
-    };
+    let offer = head.ws_extensions.as_ref()?;
     let safari_15 = head
         .user_agent
         .as_ref()
         .is_some_and(|ua| negotiate::mishandles_no_context_takeover(&req[ua.clone()]));
-    !safari_15 && negotiate::acceptable(&req[offer.clone()])
+    if safari_15 {
+        return None;
+    }
+    negotiate::acceptable(&req[offer.clone()])
 }
 
 /// Run an upgraded connection: the pending HTTP answers (the 101 last) are its first

@@ -18,8 +18,9 @@ use crate::ws::conn::WsConn;
 /// The frames of one broadcast as its subscribers ask for them, looked up once each.
 pub(super) struct Pick<'a> {
     msg: &'a Broadcast,
-    /// Per dialect (native, Pusher): the compressed frame, once asked for.
-    deflated: [Option<Option<&'a Bytes>>; 2],
+    /// Per dialect (native, Pusher): the compressed frame, once asked for, and the
+    /// plain payload's length (a connection with a small window takes only short ones).
+    deflated: [Option<(Option<&'a Bytes>, usize)>; 2],
     /// Compressed frames sent, and bytes they saved against the plain ones.
     compressed: u64,
     saved: u64,
@@ -40,23 +41,34 @@ impl<'a> Pick<'a> {
     pub(super) fn frame(&mut self, conn: &WsConn) -> Option<&'a Bytes> {
         let dialect = conn.dialect();
         if conn.compresses() {
-            let msg = self.msg;
-            let i = usize::from(dialect == Dialect::Pusher);
-            if let Some(f) = *self.deflated[i].get_or_insert_with(|| msg.deflated_for(dialect)) {
-                return Some(f);
+            if let (Some(f), len) = self.deflated(dialect) {
+                if conn.deflate_fits(len) {
+                    return Some(f);
+                }
             }
         }
         self.msg.frame_for(dialect)
     }
 
+    /// The compressed frame for `dialect` and the plain payload's length.
+    #[inline]
+    fn deflated(&mut self, dialect: Dialect) -> (Option<&'a Bytes>, usize) {
+        let msg = self.msg;
+        let i = usize::from(dialect == Dialect::Pusher);
+        *self.deflated[i].get_or_insert_with(|| {
+            let len = msg.frame_for(dialect).map_or(0, |f| payload_len(f));
+            (msg.deflated_for(dialect), len)
+        })
+    }
+
     /// What a compressing native connection receives (the channel has no Pusher
     /// subscriber here: the native-only loop).
     #[inline]
-    fn native_deflated(&mut self) -> &'a Bytes {
-        let msg = self.msg;
-        self.deflated[0]
-            .get_or_insert_with(|| msg.deflated_for(Dialect::Native))
-            .unwrap_or(&msg.frame)
+    fn native_deflated(&mut self, conn: &WsConn) -> &'a Bytes {
+        match self.deflated(Dialect::Native) {
+            (Some(f), len) if conn.deflate_fits(len) => f,
+            _ => &self.msg.frame,
+        }
     }
 
     /// `frame` (from [`Pick::frame`]) went to a connection: count it if compressed.
@@ -71,7 +83,7 @@ impl<'a> Pick<'a> {
 
     /// The plain frame's length for the compressed `frame`.
     fn plain_len(&self, frame: &Bytes) -> usize {
-        let native = self.deflated[0].flatten();
+        let native = self.deflated[0].and_then(|(f, _)| f);
         if native.is_some_and(|n| std::ptr::eq(n, frame)) {
             self.msg.frame.len()
         } else {
@@ -85,6 +97,12 @@ impl<'a> Pick<'a> {
             crate::metrics::with(|m| m.compressed(self.compressed, self.saved));
         }
     }
+}
+
+/// A server frame's payload length (at most the frame's: any other frame is treated as
+/// too long for a small window).
+fn payload_len(frame: &[u8]) -> usize {
+    crate::ws::frame::data_payload(frame).map_or(frame.len(), |(_, p)| p.len())
 }
 
 /// Deliver one broadcast to a registry's subscribers of its channel. Returns how many
@@ -109,7 +127,7 @@ pub(super) fn fan_out_skipping(registry: &Registry, msg: &Broadcast, skip: u64) 
                 continue;
             }
             let frame = if conn.compresses() {
-                pick.native_deflated()
+                pick.native_deflated(conn)
             } else {
                 &msg.frame
             };

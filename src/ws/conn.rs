@@ -201,10 +201,11 @@ pub struct WsConn {
     /// The client protocol: which frame of a broadcast it takes and which codes its
     /// closes carry. Set before the connection is shared, never changed.
     dialect: Dialect,
-    /// permessage-deflate was agreed (`ws::deflate`): large message frames go
-    /// compressed, compressed client frames are accepted. Set before the connection is
-    /// shared, never changed; it lives in padding (the record's size is unchanged).
-    compresses: bool,
+    /// permessage-deflate was agreed (`ws::deflate`) with this server window in bits
+    /// (0: not agreed): large message frames go compressed, compressed client frames
+    /// are accepted. Set before the connection is shared, never changed; it lives in
+    /// padding (the record's size is unchanged).
+    deflate_window: u8,
 }
 
 impl WsConn {
@@ -230,7 +231,7 @@ impl WsConn {
             last_seen: Cell::new(now_s),
             coalesce_ms: Cell::new(0),
             dialect: Dialect::Native,
-            compresses: false,
+            deflate_window: 0,
         }
     }
 
@@ -254,16 +255,25 @@ impl WsConn {
         self.dialect
     }
 
-    /// This connection agreed to permessage-deflate (before it is shared).
-    pub fn with_compression(mut self, on: bool) -> WsConn {
-        self.compresses = on;
+    /// This connection agreed to permessage-deflate with server window `window` (bits,
+    /// 8 to 15; before it is shared).
+    pub fn with_compression(mut self, window: Option<u8>) -> WsConn {
+        self.deflate_window = window.map_or(0, |w| w.clamp(8, 15));
         self
     }
 
     /// Whether this connection agreed to permessage-deflate.
     #[inline]
     pub fn compresses(&self) -> bool {
-        self.compresses
+        self.deflate_window != 0
+    }
+
+    /// Whether a compressed message of `payload` bytes (uncompressed) fits the window
+    /// this connection agreed to: any with 15 bits (deflate's own window), else at most
+    /// 2^window bytes (no context takeover: no reference reaches before the message).
+    #[inline]
+    pub fn deflate_fits(&self, payload: usize) -> bool {
+        self.deflate_window >= 15 || payload <= 1usize << self.deflate_window
     }
 
     pub fn is_open(&self) -> bool {
@@ -342,7 +352,7 @@ impl WsConn {
     /// On a connection that agreed to permessage-deflate, a data frame at or above the
     /// node's threshold (a history or recovery replay, an echo) goes compressed.
     pub fn send(self: &Rc<Self>, frame: Bytes) -> bool {
-        if self.compresses {
+        if self.compresses() && self.deflate_fits(frame.len().saturating_sub(2)) {
             if let Some(small) = super::deflate::codec::compress_large(&frame) {
                 let saved = (frame.len() - small.len()) as u64;
                 crate::metrics::with(|m| m.compressed(1, saved));

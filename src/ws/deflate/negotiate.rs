@@ -4,9 +4,13 @@
 //! An offer is honoured when it is `permessage-deflate` with, at most once each:
 //! `server_no_context_takeover`, `client_no_context_takeover` (no value),
 //! `client_max_window_bits` (with no value or 8..=15: it only says the client accepts a
-//! limit, and the server sets none), `server_max_window_bits=15`. The answer is always
-//! [`RESPONSE`]. A smaller `server_max_window_bits` is declined: the one compressed frame
-//! of a message is shared by every subscriber and made with the full window. Any other
+//! limit, and the server sets none), `server_max_window_bits` (8..=15). The answer is
+//! [`RESPONSE`], plus `server_max_window_bits=N` when the client asked for N below 15.
+//! That window is honoured without a compressor of its own: the one compressed frame of
+//! a message is shared by every subscriber and made with the full window, but deflate
+//! never refers further back than the message's own start (no context takeover), so
+//! a message of at most 2^N bytes fits any window of N bits; such a connection gets
+//! larger messages uncompressed (`WsConn::deflate_fits`). Any other
 //! parameter, a repeated one or a bad value makes that offer invalid; the next offer is
 //! tried; none left: no extension (the connection proceeds uncompressed, RFC 6455
 //! §9.1). Nothing here allocates.
@@ -18,10 +22,23 @@
 pub(crate) const RESPONSE: &[u8] =
     b"permessage-deflate; server_no_context_takeover; client_no_context_takeover";
 
-/// Whether one of the offers in `header` (a `Sec-WebSocket-Extensions` value, offers
-/// comma-separated, parameters semicolon-separated) can be agreed.
-pub fn acceptable(header: &[u8]) -> bool {
-    split_outside_quotes(header, b',').any(offer_ok)
+/// The first of the offers in `header` (a `Sec-WebSocket-Extensions` value, offers
+/// comma-separated, parameters semicolon-separated) that can be agreed: the server's
+/// window in bits (15 unless the offer asked for less), or `None`.
+pub fn acceptable(header: &[u8]) -> Option<u8> {
+    split_outside_quotes(header, b',').find_map(offer_ok)
+}
+
+/// Append the answer's extension line for server window `window` (from [`acceptable`]).
+pub(crate) fn write_response(out: &mut Vec<u8>, window: u8) {
+    out.extend_from_slice(RESPONSE);
+    if window < 15 {
+        out.extend_from_slice(b"; server_max_window_bits=");
+        if window >= 10 {
+            out.push(b'1');
+        }
+        out.push(b'0' + window % 10);
+    }
 }
 
 /// Whether this user agent is Safari 15.0–15.3 (macOS or iOS): `Version/15.N` with N
@@ -47,15 +64,16 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
 
-/// One offer: `permessage-deflate` and its parameters.
-fn offer_ok(offer: &[u8]) -> bool {
+/// One offer: `permessage-deflate` and its parameters; the server window it asks for.
+fn offer_ok(offer: &[u8]) -> Option<u8> {
     let mut parts = split_outside_quotes(offer, b';').map(trim);
     if !parts
         .next()
         .is_some_and(|name| name.eq_ignore_ascii_case(b"permessage-deflate"))
     {
-        return false;
+        return None;
     }
+    let mut window = 15;
     let mut seen = [false; 4];
     for param in parts {
         let (name, value) = match param.iter().position(|&b| b == b'=') {
@@ -69,16 +87,17 @@ fn offer_ok(offer: &[u8]) -> bool {
         } else if name.eq_ignore_ascii_case(b"client_max_window_bits") {
             (2, value.is_none_or(|v| window_bits(v).is_some()))
         } else if name.eq_ignore_ascii_case(b"server_max_window_bits") {
-            (3, value.and_then(window_bits) == Some(15))
+            window = value.and_then(window_bits).unwrap_or(0);
+            (3, window != 0)
         } else {
-            return false;
+            return None;
         };
         if !ok || seen[slot] {
-            return false;
+            return None;
         }
         seen[slot] = true;
     }
-    true
+    Some(window)
 }
 
 /// A window size parameter's value: 8 to 15, decimal digits only (RFC 7692 §7.1.2).
@@ -143,11 +162,22 @@ mod tests {
             "PerMessage-Deflate ;  client_max_window_bits=\"10\"",
             "permessage-deflate; server_max_window_bits=15",
             // A first offer we cannot honour, then one we can.
-            "permessage-deflate; server_max_window_bits=10, permessage-deflate",
+            "permessage-deflate; server_max_window_bits=7, permessage-deflate",
             "x-webkit-deflate-frame, permessage-deflate; client_max_window_bits",
         ] {
-            assert!(acceptable(offer.as_bytes()), "{offer}");
+            assert_eq!(acceptable(offer.as_bytes()), Some(15), "{offer}");
         }
+        let small = b"permessage-deflate; server_no_context_takeover; server_max_window_bits=9";
+        assert_eq!(acceptable(small), Some(9));
+        let mut out = Vec::new();
+        write_response(&mut out, 9);
+        assert!(out.ends_with(b"client_no_context_takeover; server_max_window_bits=9"));
+        out.clear();
+        write_response(&mut out, 12);
+        assert!(out.ends_with(b"; server_max_window_bits=12"));
+        out.clear();
+        write_response(&mut out, 15);
+        assert_eq!(out, RESPONSE);
     }
 
     #[test]
@@ -155,7 +185,7 @@ mod tests {
         for offer in [
             "",
             "x-webkit-deflate-frame",
-            "permessage-deflate; server_max_window_bits=10",
+            "permessage-deflate; server_max_window_bits=7",
             "permessage-deflate; server_max_window_bits",
             "permessage-deflate; client_max_window_bits=7",
             "permessage-deflate; client_max_window_bits=16",
@@ -169,7 +199,7 @@ mod tests {
             ";;;",
             "permessage-deflate; client_max_window_bits=\"1,5\"",
         ] {
-            assert!(!acceptable(offer.as_bytes()), "{offer}");
+            assert_eq!(acceptable(offer.as_bytes()), None, "{offer}");
         }
     }
 
