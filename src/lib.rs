@@ -174,6 +174,9 @@ pub mod bench {
     pub use crate::shard::interest::channel_hash;
     pub use crate::shard::mailbox::{Broadcast, BroadcastBatch, Mailboxes};
     pub use crate::shard::registry::Registry;
+    /// permessage-deflate of one message (raw deflate, sync flush, tail removed): what
+    /// the first worker with a compressing subscriber pays once per message.
+    pub use crate::ws::deflate::codec::deflate as deflate_message;
 
     /// A node's channel history on its own: what a history publish does under its lock.
     pub struct HistoryBench(crate::history::History);
