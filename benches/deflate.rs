@@ -9,7 +9,8 @@ use ringcast::bench::deflate_message;
 /// A realistic JSON message of about `n` bytes: an order-book style list of objects with
 /// repeated field names and varied values.
 fn json(n: usize) -> Vec<u8> {
-    let mut s = String::from(r#"{"type":"message","channel":"orders","event":"update","data":{"items":["#);
+    let mut s =
+        String::from(r#"{"type":"message","channel":"orders","event":"update","data":{"items":["#);
     let mut i = 0u64;
     while s.len() < n {
         let x = i.wrapping_mul(2_654_435_761) % 100_000;
@@ -30,7 +31,12 @@ fn deflate(c: &mut Criterion) {
     for size in [200usize, 512, 2048, 16 * 1024, 64 * 1024] {
         let data = json(size);
         let z = deflate_message(&data).expect("deflate");
-        eprintln!("deflate {} B JSON -> {} B ({:.2})", data.len(), z.len(), z.len() as f64 / data.len() as f64);
+        eprintln!(
+            "deflate {} B JSON -> {} B ({:.2})",
+            data.len(),
+            z.len(),
+            z.len() as f64 / data.len() as f64
+        );
         group.throughput(Throughput::Bytes(data.len() as u64));
         group.bench_with_input(BenchmarkId::from_parameter(size), &data, |b, d| {
             b.iter(|| deflate_message(d))

@@ -108,8 +108,7 @@ impl Disconnect {
     pub const MESSAGE_TOO_LARGE: Disconnect = d(code::TOO_BIG, "message too large");
     /// A compressed message inflating past the message limit (inflating stopped there).
     pub const INFLATED_TOO_LARGE: Disconnect = d(code::TOO_BIG, "inflated message too large");
-    pub const INVALID_COMPRESSED: Disconnect =
-        d(code::INVALID_PAYLOAD, "invalid compressed data");
+    pub const INVALID_COMPRESSED: Disconnect = d(code::INVALID_PAYLOAD, "invalid compressed data");
     pub const TOO_MANY_FRAGMENTS: Disconnect = d(code::TOO_BIG, "message in too many fragments");
 
     // Decided by the client protocol and the server.

@@ -28,7 +28,8 @@
 //!   WebSockets, mailbox (the only cross-core path), interest filter, admission, stop
 //!   state, fan-out.
 //! - [`ws`]: WebSocket as pure transport: handshake answer, frame codec, reassembly,
-//!   the connection's reader and writer. Knows no project, key or channel.
+//!   permessage-deflate (negotiation, once-per-message deflate, bounded inflate), the
+//!   connection's reader and writer. Knows no project, key or channel.
 //! - [`engine`]: leaf: one per worker, wakes parked idle connections by readiness
 //!   (a private epoll instance awaited through monoio) without a task per connection;
 //!   knows only its `Ready` records.
@@ -159,9 +160,9 @@ pub use http::upgrade::validate as validate_upgrade;
 pub use ws::conn::{
     read_loop, start_parked, write_loop, PlainWriter, ReadCtx, ReadLimits, Session, WsConn,
 };
-pub use ws::frame::{decode_frame, frame, Opcode};
 pub use ws::deflate::configure as configure_compression;
 pub use ws::deflate::negotiate::acceptable as deflate_offer_acceptable;
+pub use ws::frame::{decode_frame, frame, Opcode};
 pub use ws::handshake::{write_switching, write_switching_with};
 pub use ws::message::{Assembler, Incoming};
 
@@ -174,9 +175,12 @@ pub mod bench {
     pub use crate::shard::interest::channel_hash;
     pub use crate::shard::mailbox::{Broadcast, BroadcastBatch, Mailboxes};
     pub use crate::shard::registry::Registry;
+
     /// permessage-deflate of one message (raw deflate, sync flush, tail removed): what
     /// the first worker with a compressing subscriber pays once per message.
-    pub use crate::ws::deflate::codec::deflate as deflate_message;
+    pub fn deflate_message(data: &[u8]) -> Option<Vec<u8>> {
+        crate::ws::deflate::codec::deflate(data)
+    }
 
     /// A node's channel history on its own: what a history publish does under its lock.
     pub struct HistoryBench(crate::history::History);

@@ -14,7 +14,10 @@ use std::process::{Command, Stdio};
 use common::Server;
 use serde_json::{json, Value};
 
-const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/ws_compression.py");
+const SCRIPT: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/support/ws_compression.py"
+);
 
 fn websockets_installed() -> bool {
     let ok = Command::new("python3")

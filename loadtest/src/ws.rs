@@ -46,8 +46,7 @@ pub fn inflate(payload: &[u8], out: &mut Vec<u8>) -> bool {
                 }
                 out.reserve(input.len().max(256) * 4);
                 let before = d.total_in();
-                if d
-                    .decompress_vec(input, out, flate2::FlushDecompress::Sync)
+                if d.decompress_vec(input, out, flate2::FlushDecompress::Sync)
                     .is_err()
                 {
                     return false;
@@ -334,10 +333,12 @@ mod tests {
         write_upgrade_request(&mut up, "h", "/p");
         assert!(String::from_utf8_lossy(&up).contains("Extensions: permessage-deflate"));
         set_compression(false);
-        let data = br#"{"type":"message","data":"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}"#;
+        let data =
+            br#"{"type":"message","data":"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}"#;
         let mut c = flate2::Compress::new(flate2::Compression::default(), false);
         let mut z = Vec::with_capacity(256);
-        c.compress_vec(data, &mut z, flate2::FlushCompress::Sync).unwrap();
+        c.compress_vec(data, &mut z, flate2::FlushCompress::Sync)
+            .unwrap();
         assert!(z.ends_with(&[0, 0, 0xff, 0xff]));
         z.truncate(z.len() - 4);
         let mut out = Vec::new();

@@ -253,7 +253,11 @@ mod tests {
         let full = client_frame(0x81, &[b'a'; 300], [9, 8, 7, 6]);
         for cut in [1, 2, 3, 5, 8, 100, full.len() - 1] {
             let mut part = full[..cut].to_vec();
-            assert_eq!(decode_frame(&mut part, 1024, false).unwrap(), None, "cut {cut}");
+            assert_eq!(
+                decode_frame(&mut part, 1024, false).unwrap(),
+                None,
+                "cut {cut}"
+            );
         }
     }
 
@@ -276,17 +280,27 @@ mod tests {
         );
         let mut fragmented_ping = client_frame(0x09, b"x", [1, 1, 1, 1]);
         assert_eq!(
-            decode_frame(&mut fragmented_ping, 1024, false).unwrap_err().code,
+            decode_frame(&mut fragmented_ping, 1024, false)
+                .unwrap_err()
+                .code,
             PROTOCOL_ERROR
         );
         let mut big = client_frame(0x81, &[0u8; 200], [1, 1, 1, 1]);
-        assert_eq!(decode_frame(&mut big, 100, false).unwrap_err().code, TOO_BIG);
+        assert_eq!(
+            decode_frame(&mut big, 100, false).unwrap_err().code,
+            TOO_BIG
+        );
     }
 
     #[test]
     fn rsv1_only_where_deflate_was_agreed() {
         let mut rsv1 = client_frame(0xC1, b"x", [1, 1, 1, 1]);
-        assert!(decode_frame(&mut rsv1.clone(), 1024, true).unwrap().unwrap().compressed);
+        assert!(
+            decode_frame(&mut rsv1.clone(), 1024, true)
+                .unwrap()
+                .unwrap()
+                .compressed
+        );
         assert_eq!(
             decode_frame(&mut rsv1, 1024, false).unwrap_err().code,
             PROTOCOL_ERROR

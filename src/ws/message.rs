@@ -263,18 +263,23 @@ mod tests {
         // Not UTF-8 while compressed: checked only once inflated.
         let mut p1 = vec![0xff, 0x01];
         assert!(matches!(
-            a.push_frame(Opcode::Text, false, true, &mut p1, 100).unwrap(),
+            a.push_frame(Opcode::Text, false, true, &mut p1, 100)
+                .unwrap(),
             Incoming::None
         ));
         let mut p2 = vec![0xfe];
-        match a.push_frame(Opcode::Continuation, true, false, &mut p2, 100).unwrap() {
+        match a
+            .push_frame(Opcode::Continuation, true, false, &mut p2, 100)
+            .unwrap()
+        {
             Incoming::Compressed(Opcode::Text, data) => assert_eq!(data, &[0xff, 0x01, 0xfe]),
             other => panic!("{other:?}"),
         }
         a.release();
         let mut one = vec![0xff];
         assert!(matches!(
-            a.push_frame(Opcode::Binary, true, true, &mut one, 100).unwrap(),
+            a.push_frame(Opcode::Binary, true, true, &mut one, 100)
+                .unwrap(),
             Incoming::Compressed(Opcode::Binary, _)
         ));
         // The next uncompressed fragmented message is checked again.

@@ -218,7 +218,9 @@ mod tests {
         assert!(mishandles_no_context_takeover(ios.as_bytes()));
         let chrome = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/120.0.0.0 Safari/537.36";
         assert!(!mishandles_no_context_takeover(chrome.as_bytes()));
-        assert!(!mishandles_no_context_takeover(b"Python/3.12 websockets/13.0"));
+        assert!(!mishandles_no_context_takeover(
+            b"Python/3.12 websockets/13.0"
+        ));
         assert!(!mishandles_no_context_takeover(b""));
     }
 }
