@@ -54,7 +54,7 @@ use monoio::net::TcpStream;
 use monoio::time::Sleep;
 use monoio::BufResult;
 
-use super::frame::{self, decode_frame, Opcode};
+use super::frame::{self, decode_frame_with, Opcode};
 use super::message::{Assembler, Incoming};
 use crate::close::code::SLOW_CONSUMER;
 use crate::close::{Dialect, Disconnect};

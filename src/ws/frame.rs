@@ -60,9 +60,15 @@ pub struct FrameView {
     pub consumed: usize,
 }
 
-/// Decode the frame at the start of `buf`, unmasking its payload in place. `deflate`:
-/// the connection negotiated permessage-deflate (RSV1 may start a data message).
-pub fn decode_frame(
+/// Decode the frame at the start of `buf`, unmasking its payload in place (a connection
+/// without permessage-deflate: RSV1 is a protocol error).
+pub fn decode_frame(buf: &mut [u8], max_payload: usize) -> Result<Option<FrameView>, Disconnect> {
+    decode_frame_with(buf, max_payload, false)
+}
+
+/// [`decode_frame`]; `deflate`: the connection agreed to permessage-deflate (RSV1 may
+/// start a data message).
+pub(crate) fn decode_frame_with(
     buf: &mut [u8],
     max_payload: usize,
     deflate: bool,
@@ -241,7 +247,7 @@ mod tests {
     #[test]
     fn decodes_and_unmasks() {
         let mut buf = client_frame(0x81, b"hello websocket world", [1, 2, 3, 4]);
-        let f = decode_frame(&mut buf, 1024, false).unwrap().unwrap();
+        let f = decode_frame(&mut buf, 1024).unwrap().unwrap();
         assert!(f.fin);
         assert_eq!(f.opcode, Opcode::Text);
         assert_eq!(&buf[f.payload.clone()], b"hello websocket world");
@@ -253,11 +259,7 @@ mod tests {
         let full = client_frame(0x81, &[b'a'; 300], [9, 8, 7, 6]);
         for cut in [1, 2, 3, 5, 8, 100, full.len() - 1] {
             let mut part = full[..cut].to_vec();
-            assert_eq!(
-                decode_frame(&mut part, 1024, false).unwrap(),
-                None,
-                "cut {cut}"
-            );
+            assert_eq!(decode_frame(&mut part, 1024).unwrap(), None, "cut {cut}");
         }
     }
 
@@ -265,57 +267,52 @@ mod tests {
     fn protocol_violations() {
         let mut unmasked = vec![0x81, 0x02, b'h', b'i'];
         assert_eq!(
-            decode_frame(&mut unmasked, 1024, false).unwrap_err().code,
+            decode_frame(&mut unmasked, 1024).unwrap_err().code,
             PROTOCOL_ERROR
         );
         let mut rsv = client_frame(0xC1, b"x", [1, 1, 1, 1]);
         assert_eq!(
-            decode_frame(&mut rsv, 1024, false).unwrap_err().code,
+            decode_frame(&mut rsv, 1024).unwrap_err().code,
             PROTOCOL_ERROR
         );
         let mut reserved = client_frame(0x83, b"x", [1, 1, 1, 1]);
         assert_eq!(
-            decode_frame(&mut reserved, 1024, false).unwrap_err().code,
+            decode_frame(&mut reserved, 1024).unwrap_err().code,
             PROTOCOL_ERROR
         );
         let mut fragmented_ping = client_frame(0x09, b"x", [1, 1, 1, 1]);
         assert_eq!(
-            decode_frame(&mut fragmented_ping, 1024, false)
-                .unwrap_err()
-                .code,
+            decode_frame(&mut fragmented_ping, 1024).unwrap_err().code,
             PROTOCOL_ERROR
         );
         let mut big = client_frame(0x81, &[0u8; 200], [1, 1, 1, 1]);
-        assert_eq!(
-            decode_frame(&mut big, 100, false).unwrap_err().code,
-            TOO_BIG
-        );
+        assert_eq!(decode_frame(&mut big, 100).unwrap_err().code, TOO_BIG);
     }
 
     #[test]
     fn rsv1_only_where_deflate_was_agreed() {
         let mut rsv1 = client_frame(0xC1, b"x", [1, 1, 1, 1]);
         assert!(
-            decode_frame(&mut rsv1.clone(), 1024, true)
+            decode_frame_with(&mut rsv1.clone(), 1024, true)
                 .unwrap()
                 .unwrap()
                 .compressed
         );
         assert_eq!(
-            decode_frame(&mut rsv1, 1024, false).unwrap_err().code,
+            decode_frame(&mut rsv1, 1024).unwrap_err().code,
             PROTOCOL_ERROR
         );
         // Never on a continuation or a control frame.
         for first in [0xC0, 0xC9, 0xC8] {
             let mut f = client_frame(first, b"", [1, 1, 1, 1]);
             assert_eq!(
-                decode_frame(&mut f, 1024, true).unwrap_err().code,
+                decode_frame_with(&mut f, 1024, true).unwrap_err().code,
                 PROTOCOL_ERROR
             );
         }
         let mut rsv2 = client_frame(0xA1, b"x", [1, 1, 1, 1]);
         assert_eq!(
-            decode_frame(&mut rsv2, 1024, true).unwrap_err().code,
+            decode_frame_with(&mut rsv2, 1024, true).unwrap_err().code,
             PROTOCOL_ERROR
         );
     }

@@ -184,7 +184,7 @@ pub(super) fn process<S: Session>(
             // Back-pressure: the rest waits in the buffer (see `read_loop`).
             break;
         }
-        let view = match decode_frame(&mut buf[off..], limits.max_message, conn.compresses()) {
+        let view = match decode_frame_with(&mut buf[off..], limits.max_message, conn.compresses()) {
             Ok(Some(v)) => v,
             Ok(None) => break,
             Err(reason) => {
@@ -311,7 +311,7 @@ pub(super) fn contains_close(buf: &mut [u8], limits: ReadLimits) -> bool {
     let mut off = 0;
     while off < buf.len() {
         // Closing: RSV1 is tolerated, only the close frame is looked for.
-        match decode_frame(&mut buf[off..], limits.max_message, true) {
+        match decode_frame_with(&mut buf[off..], limits.max_message, true) {
             Ok(Some(v)) if v.opcode == Opcode::Close => return true,
             Ok(Some(v)) => off += v.consumed,
             Ok(None) => return false,
