@@ -154,3 +154,87 @@ pub(super) fn fan_out_skipping(registry: &Registry, msg: &Broadcast, skip: u64) 
     pick.count();
     delivered
 }
+
+#[cfg(test)]
+mod tests {
+    use std::rc::Rc;
+
+    use super::*;
+    use crate::publish::encode::message_frame;
+    use crate::ws::deflate::codec::inflate;
+    use crate::ws::frame::data_payload;
+
+    fn conn(id: u64, dialect: Dialect, window: Option<u8>) -> Rc<WsConn> {
+        Rc::new(
+            WsConn::new(id, -1, 1 << 20, 0)
+                .with_dialect(dialect)
+                .with_compression(window),
+        )
+    }
+
+    /// The payload of a queued frame, inflated when RSV1 is set.
+    fn text(frame: &[u8]) -> Vec<u8> {
+        if frame[0] & 0x40 == 0 {
+            return data_payload(frame).unwrap().1.to_vec();
+        }
+        let mut plain = frame.to_vec();
+        plain[0] &= !0x40;
+        let mut out = Vec::new();
+        inflate(data_payload(&plain).unwrap().1, 1 << 20, &mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn each_subscriber_gets_the_one_frame_it_agreed_to() {
+        let data = format!(
+            "[{}]",
+            vec!["{\"k\":\"some value\",\"n\":12345}"; 60].join(",")
+        );
+        let frame = message_frame("c", "e", data.as_bytes(), "id1");
+        let msg = Broadcast::plain(1, "c".into(), frame.clone());
+        let mut registry = Registry::new();
+        let plain = conn(1, Dialect::Native, None);
+        let deflating = conn(2, Dialect::Native, Some(15));
+        let deflating2 = conn(3, Dialect::Native, Some(15));
+        // A 9-bit window takes compressed only messages of at most 512 bytes.
+        let small_window = conn(4, Dialect::Native, Some(9));
+        for c in [&plain, &deflating, &deflating2, &small_window] {
+            registry.subscribe(1, "c", c);
+        }
+        assert_eq!(fan_out_skipping(&registry, &msg, 0), 4);
+        let got: Vec<Bytes> = [&plain, &deflating, &deflating2, &small_window]
+            .iter()
+            .map(|c| c.take_queued().remove(0))
+            .collect();
+        assert_eq!(got[0], frame);
+        assert_eq!(got[0][0], 0x81);
+        assert_eq!(got[1][0], 0xC1);
+        assert!(got[1].len() * 3 < frame.len());
+        // Compressed once: both compressing subscribers hold the same bytes.
+        assert_eq!(got[1].as_ptr(), got[2].as_ptr());
+        assert_eq!(text(&got[1]), text(&frame));
+        assert_eq!(got[3], frame);
+
+        // With a Pusher subscriber on the channel: each protocol's compressed form.
+        let pusher = conn(5, Dialect::Pusher, Some(15));
+        registry.subscribe(1, "c", &pusher);
+        let msg = Broadcast::plain(1, "c".into(), frame.clone());
+        assert_eq!(fan_out_skipping(&registry, &msg, 0), 5);
+        let p = pusher.take_queued().remove(0);
+        assert_eq!(p[0], 0xC1);
+        assert_eq!(text(&p), text(msg.frame_for(Dialect::Pusher).unwrap()));
+        assert_eq!(deflating.take_queued().remove(0)[0], 0xC1);
+        assert_eq!(plain.take_queued().remove(0), frame);
+    }
+
+    #[test]
+    fn small_messages_go_plain_to_everyone() {
+        let frame = message_frame("c", "e", b"{\"a\":1}", "id1");
+        let msg = Broadcast::plain(1, "c".into(), frame.clone());
+        let mut registry = Registry::new();
+        let deflating = conn(1, Dialect::Native, Some(15));
+        registry.subscribe(1, "c", &deflating);
+        assert_eq!(fan_out_skipping(&registry, &msg, 0), 1);
+        assert_eq!(deflating.take_queued(), vec![frame]);
+    }
+}
