@@ -1,6 +1,7 @@
 //! Criterion bench of permessage-deflate's one-shot compression (issue 23): the raw
-//! deflate (flate2 on zlib-rs, level 6, sync flush) of one typical JSON message of 200 B
-//! to 64 KiB, which a node pays once per message whatever its fan-out. The compressed
+//! deflate (flate2 on zlib-rs, level 6, sync flush: what the server runs) of one typical
+//! JSON message of 200 B to 64 KiB, which a node pays once per message whatever its
+//! fan-out, beside libdeflate (`libdeflater`, level 6) on the same input. The compressed
 //! size of each is printed once, so the ratio is seen beside the time.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
@@ -38,8 +39,23 @@ fn deflate(c: &mut Criterion) {
             z.len() as f64 / data.len() as f64
         );
         group.throughput(Throughput::Bytes(data.len() as u64));
-        group.bench_with_input(BenchmarkId::from_parameter(size), &data, |b, d| {
+        group.bench_with_input(BenchmarkId::new("flate2_zlib_rs", size), &data, |b, d| {
             b.iter(|| deflate_message(d))
+        });
+        // libdeflate at the same level; its output is a complete deflate stream (no
+        // sync flush), which a permessage-deflate sender may use as it is.
+        let mut ld =
+            libdeflater::Compressor::new(libdeflater::CompressionLvl::new(6).expect("level"));
+        let mut out = vec![0u8; ld.deflate_compress_bound(data.len())];
+        let n = ld.deflate_compress(&data, &mut out).expect("libdeflate");
+        eprintln!(
+            "libdeflate {} B JSON -> {} B ({:.2})",
+            data.len(),
+            n,
+            n as f64 / data.len() as f64
+        );
+        group.bench_with_input(BenchmarkId::new("libdeflate", size), &data, |b, d| {
+            b.iter(|| ld.deflate_compress(d, &mut out))
         });
     }
     group.finish();
