@@ -8,6 +8,11 @@
 //! connection engine and the writer (`engine`, `ws::conn`), on one monoio runtime. Only the [`Session`] differs: every text
 //! and binary message is sent back with the same opcode, which is all the suite needs.
 //!
+//! permessage-deflate: an acceptable offer is agreed (the server's negotiation,
+//! `ws::deflate`), with the compression threshold at 0 so that every echo goes
+//! compressed: Autobahn's groups 12 and 13 then test the server's inflater and
+//! compressor both.
+//!
 //! Invariants: nothing here re-implements framing or the handshake (then the suite would
 //! test this file, not ringcast); any path is accepted, since the suite picks its own.
 //! Limits are raised above the server's defaults because case group 9 sends messages of
@@ -21,8 +26,9 @@ use std::time::Instant;
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 use monoio::net::{TcpListener, TcpStream};
 use ringcast::{
-    frame, parse_head, start_parked, validate_upgrade, write_error, write_switching, Disconnect,
-    Engine, Extra, Opcode, PlainWriter, ReadCtx, ReadLimits, Session, WsConn,
+    configure_compression, deflate_offer_acceptable, frame, parse_head, start_parked,
+    validate_upgrade, write_error, write_switching_with, Disconnect, Engine, Extra, Opcode,
+    PlainWriter, ReadCtx, ReadLimits, Session, WsConn,
 };
 
 /// Largest message echoed: group 9 sends up to 16 MiB; headroom for reassembly.
@@ -90,6 +96,7 @@ fn main() {
             listener.local_addr().expect("local addr")
         );
         let started = Instant::now();
+        configure_compression(0);
         let engine = ringcast::install_engine().expect("connection engine");
         let mut next_id = 0u64;
         loop {
@@ -130,8 +137,12 @@ async fn serve(mut stream: TcpStream, id: u64, started: Instant, engine: Rc<Engi
         }
     };
     let mut out = Vec::new();
+    let deflate = head
+        .ws_extensions
+        .as_ref()
+        .and_then(|r| deflate_offer_acceptable(&buf[r.clone()]));
     match validate_upgrade(&head, &buf) {
-        Ok(key) => write_switching(&mut out, key),
+        Ok(key) => write_switching_with(&mut out, key, deflate),
         Err(err) => {
             write_error(&mut out, err, Extra::default());
             let _ = stream.write_all(out).await;
@@ -154,7 +165,11 @@ async fn serve(mut stream: TcpStream, id: u64, started: Instant, engine: Rc<Engi
     drop(stream);
     // SAFETY: `fd` is fresh and owned by nothing else.
     let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-    let conn = Rc::new(WsConn::new(id, fd, SEND_BACKLOG, 0).owning(owned));
+    let conn = Rc::new(
+        WsConn::new(id, fd, SEND_BACKLOG, 0)
+            .owning(owned)
+            .with_compression(deflate),
+    );
     // Replies go by direct send, a writer task only with a backlog.
     conn.start_writer(PlainWriter::new(fd), bytes::Bytes::new());
     let ctx = READ_CTX.with(|c| {

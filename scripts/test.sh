@@ -75,6 +75,11 @@ fi
 if ! python3 -c 'import pusher' >/dev/null 2>&1; then
   python3 -m pip install -q pusher==3.3.4
 fi
+# websockets, pinned: tests/compression.rs (through tests/common/ws_compression.py)
+# negotiates permessage-deflate with it.
+if ! python3 -c 'import websockets' >/dev/null 2>&1; then
+  python3 -m pip install -q websockets==15.0.1
+fi
 
 if [ "${SKIP_CARGO_TEST:-0}" != 1 ]; then
   step "cargo test --workspace"

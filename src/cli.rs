@@ -303,6 +303,10 @@ limit_args! {
     /// Proxies whose PROXY header or X-Forwarded-For names the client: addresses or
     /// CIDRs, comma-separated (or a TOML list). Default none.
     trusted_proxies => "RINGCAST_TRUSTED_PROXIES",
+    /// permessage-deflate on WebSocket upgrades: on or off. Default on.
+    ws_compression => "RINGCAST_WS_COMPRESSION",
+    /// Smallest message payload sent compressed, bytes (0: all). Default 512.
+    ws_compression_min_bytes => "RINGCAST_WS_COMPRESSION_MIN_BYTES",
 }
 
 #[derive(Debug, Subcommand)]

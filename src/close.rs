@@ -106,6 +106,9 @@ impl Disconnect {
         d(code::INVALID_PAYLOAD, "close reason is not UTF-8");
     pub const FRAME_TOO_LARGE: Disconnect = d(code::TOO_BIG, "frame too large");
     pub const MESSAGE_TOO_LARGE: Disconnect = d(code::TOO_BIG, "message too large");
+    /// A compressed message inflating past the message limit (inflating stopped there).
+    pub const INFLATED_TOO_LARGE: Disconnect = d(code::TOO_BIG, "inflated message too large");
+    pub const INVALID_COMPRESSED: Disconnect = d(code::INVALID_PAYLOAD, "invalid compressed data");
     pub const TOO_MANY_FRAGMENTS: Disconnect = d(code::TOO_BIG, "message in too many fragments");
 
     // Decided by the client protocol and the server.

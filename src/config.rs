@@ -198,6 +198,10 @@ pub struct Config {
     /// `X-Forwarded-For` names the client address. Default empty (none trusted).
     #[serde(deserialize_with = "list_or_text")]
     pub trusted_proxies: Vec<String>,
+    /// permessage-deflate on WebSocket upgrades: `on` (default) or `off`.
+    pub ws_compression: crate::ws::deflate::Compression,
+    /// Smallest message payload sent compressed, bytes (0: all). Default 512.
+    pub ws_compression_min_bytes: usize,
 }
 
 /// A list given as a TOML array, or as one text of comma-separated items (how an
@@ -276,6 +280,8 @@ impl Default for Config {
             max_upgrades_per_second: DEFAULT_MAX_UPGRADES_PER_SECOND,
             drain_spread_s: 5,
             trusted_proxies: Vec::new(),
+            ws_compression: crate::ws::deflate::Compression::On,
+            ws_compression_min_bytes: crate::ws::deflate::DEFAULT_MIN_BYTES,
         }
     }
 }
@@ -648,6 +654,10 @@ impl Config {
                 &self.max_upgrades_per_second,
                 "0 (off) to 10000000",
             );
+        }
+        if self.ws_compression_min_bytes > 16 << 20 {
+            let v = self.ws_compression_min_bytes;
+            return bad("ws_compression_min_bytes", &v, "0 to 16777216 bytes");
         }
         if self.drain_spread_s > 600 {
             return bad("drain_spread_s", &self.drain_spread_s, "0 to 600 seconds");

@@ -33,8 +33,8 @@
 //!    signature verification), [`store`] (SQLite/Redis project and key store),
 //!    [`config`] (every knob, its default and unit).
 //! 2. transports: [`ws`] (WebSocket as pure transport: handshake answer, frame codec,
-//!    reassembly, the connection's reader and writer; knows no project, key or
-//!    channel), [`tls`] (the rustls transport), [`history`] (offsets, epochs, the
+//!    reassembly, permessage-deflate (negotiation, once-per-message deflate, bounded
+//!    inflate), the connection's reader and writer; knows no project, key or channel), [`tls`] (the rustls transport), [`history`] (offsets, epochs, the
 //!    per-node ring buffers), [`pusher_frame`] (Pusher protocol 7 server frames),
 //!    [`admission`] (the node-wide upgrade rate, the shutdown drain spread, trusted
 //!    proxies).
@@ -152,8 +152,10 @@ pub use http::upgrade::validate as validate_upgrade;
 pub use ws::conn::{
     read_loop, start_parked, write_loop, PlainWriter, ReadCtx, ReadLimits, Session, WsConn,
 };
+pub use ws::deflate::configure as configure_compression;
+pub use ws::deflate::negotiate::acceptable as deflate_offer_acceptable;
 pub use ws::frame::{decode_frame, frame, Opcode};
-pub use ws::handshake::write_switching;
+pub use ws::handshake::{write_switching, write_switching_with};
 pub use ws::message::{Assembler, Incoming};
 
 /// Hooks for the criterion benches: the fan-out and the mailboxes without sockets.
@@ -165,6 +167,12 @@ pub mod bench {
     pub use crate::shard::interest::channel_hash;
     pub use crate::shard::mailbox::{Broadcast, BroadcastBatch, Mailboxes};
     pub use crate::shard::registry::Registry;
+
+    /// permessage-deflate of one message (raw deflate, sync flush, tail removed): what
+    /// the first worker with a compressing subscriber pays once per message.
+    pub fn deflate_message(data: &[u8]) -> Option<Vec<u8>> {
+        crate::ws::deflate::codec::deflate(data)
+    }
 
     /// A node's channel history on its own: what a history publish does under its lock.
     pub struct HistoryBench(crate::history::History);

@@ -128,6 +128,8 @@ pub(crate) struct WorkerMetrics {
     idempotency_key_reused: Cell64,
     idempotency_keys_evicted: Cell64,
     upgrades_refused: Cell64,
+    compressed_frames: Cell64,
+    compression_saved: Cell64,
 }
 
 impl WorkerMetrics {
@@ -152,6 +154,13 @@ impl WorkerMetrics {
 
     pub(crate) fn bytes_sent(&self, n: u64) {
         self.bytes_sent.add(n);
+    }
+
+    /// `frames` permessage-deflate frames handed to connections, `saved` bytes fewer
+    /// than their plain forms.
+    pub(crate) fn compressed(&self, frames: u64, saved: u64) {
+        self.compressed_frames.add(frames);
+        self.compression_saved.add(saved);
     }
 
     pub(crate) fn slow_consumer_close(&self) {
@@ -301,7 +310,7 @@ impl Metrics {
             env!("CARGO_PKG_VERSION")
         );
 
-        let simple: [Family; 12] = [
+        let simple: [Family; 14] = [
             (
                 "ringcast_connections",
                 "gauge",
@@ -331,6 +340,18 @@ impl Metrics {
                 "counter",
                 "WebSocket bytes written to clients (before TLS).",
                 |w| w.bytes_sent.get(),
+            ),
+            (
+                "ringcast_compressed_frames_total",
+                "counter",
+                "Message frames handed to connections compressed (permessage-deflate).",
+                |w| w.compressed_frames.get(),
+            ),
+            (
+                "ringcast_compression_saved_bytes_total",
+                "counter",
+                "Bytes those compressed frames saved against their plain forms.",
+                |w| w.compression_saved.get(),
             ),
             (
                 "ringcast_slow_consumer_closes_total",

@@ -125,6 +125,10 @@ pub struct Common {
     /// keyed publish costs beside an unkeyed one.
     #[arg(long, global = true)]
     pub idempotency_keys: bool,
+    /// Subscribers offer permessage-deflate (no context takeover) and inflate what
+    /// arrives compressed: benchmarks of compression on vs off.
+    #[arg(long, global = true)]
+    pub compression: bool,
 }
 
 #[derive(Subcommand)]
@@ -166,6 +170,7 @@ fn main() {
 
 fn dispatch(cli: &Cli) -> Result<Value, String> {
     let c = &cli.common;
+    ws::set_compression(c.compression);
     match &cli.mode {
         // The floor talks to no server: it must run without keys or a target.
         Mode::Floor(a) => scenario::floor::run(a),

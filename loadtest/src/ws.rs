@@ -7,6 +7,59 @@
 //!   `Ok(None)` (nothing consumed), a protocol violation is `Err`.
 //! - A server frame with the MASK bit is refused (RFC 6455 §5.1: servers never mask).
 //! - Client frames are always masked, as servers must close on unmasked client frames.
+//! - permessage-deflate (`--compression`, [`set_compression`]): the upgrade offers it
+//!   (no context takeover either way), RSV1 is accepted on a server data frame and its
+//!   payload inflated ([`inflate`]) by one per-thread inflater, reset per message. Off,
+//!   nothing is offered and RSV1 stays a protocol error. Clients send uncompressed
+//!   (allowed: compression is per message and optional).
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static COMPRESSION: AtomicBool = AtomicBool::new(false);
+
+/// Offer permessage-deflate on every upgrade from now on (set once, at start).
+pub fn set_compression(on: bool) {
+    COMPRESSION.store(on, Ordering::Relaxed);
+}
+
+fn compression() -> bool {
+    COMPRESSION.load(Ordering::Relaxed)
+}
+
+thread_local! {
+    static INFLATER: RefCell<flate2::Decompress> = RefCell::new(flate2::Decompress::new(false));
+}
+
+/// Inflate one compressed message's payload into `out` (cleared first); `false` when it
+/// is not valid deflate data or inflates past `MAX_FRAME_PAYLOAD`.
+pub fn inflate(payload: &[u8], out: &mut Vec<u8>) -> bool {
+    out.clear();
+    INFLATER.with(|d| {
+        let mut d = d.borrow_mut();
+        d.reset(false);
+        for part in [payload, &[0, 0, 0xff, 0xff][..]] {
+            let mut input = part;
+            loop {
+                if out.len() as u64 > MAX_FRAME_PAYLOAD {
+                    return false;
+                }
+                out.reserve(input.len().max(256) * 4);
+                let before = d.total_in();
+                if d.decompress_vec(input, out, flate2::FlushDecompress::Sync)
+                    .is_err()
+                {
+                    return false;
+                }
+                input = &input[(d.total_in() - before) as usize..];
+                if input.is_empty() && out.len() < out.capacity() {
+                    break;
+                }
+            }
+        }
+        true
+    })
+}
 
 /// Continuation frame.
 pub const OP_CONT: u8 = 0x0;
@@ -37,6 +90,8 @@ pub struct FrameHead {
     pub opcode: u8,
     /// Bytes of header (2, 4 or 10: server frames carry no mask key).
     pub header_len: usize,
+    /// RSV1: a permessage-deflate compressed message (only with `--compression`).
+    pub compressed: bool,
     pub payload_len: usize,
 }
 
@@ -82,7 +137,8 @@ pub fn parse_frame(buf: &[u8]) -> Result<Option<FrameHead>, FrameError> {
     }
     let b0 = buf[0];
     let b1 = buf[1];
-    if b0 & 0x70 != 0 {
+    let compressed = b0 & 0x40 != 0;
+    if b0 & 0x30 != 0 || (compressed && !compression()) {
         return Err(FrameError::Reserved);
     }
     if b1 & 0x80 != 0 {
@@ -128,6 +184,7 @@ pub fn parse_frame(buf: &[u8]) -> Result<Option<FrameHead>, FrameError> {
         fin,
         opcode,
         header_len,
+        compressed,
         payload_len,
     }))
 }
@@ -164,8 +221,14 @@ pub fn write_upgrade_request(out: &mut Vec<u8>, host: &str, path: &str) {
     let _ = write!(
         out,
         "GET {path} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-         Sec-WebSocket-Key: {HANDSHAKE_KEY}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+         Sec-WebSocket-Key: {HANDSHAKE_KEY}\r\nSec-WebSocket-Version: 13\r\n"
     );
+    if compression() {
+        out.extend_from_slice(
+            b"Sec-WebSocket-Extensions: permessage-deflate; server_no_context_takeover; client_no_context_takeover\r\n",
+        );
+    }
+    out.extend_from_slice(b"\r\n");
 }
 
 /// The status code of a close frame's payload (1005 "no status" when absent).
@@ -223,7 +286,7 @@ mod tests {
             parse_frame(&[0x81, 0x85, 0, 0, 0, 0, 1]),
             Err(FrameError::Masked)
         );
-        assert_eq!(parse_frame(&[0xC1, 0]), Err(FrameError::Reserved));
+        assert_eq!(parse_frame(&[0xA1, 0]), Err(FrameError::Reserved));
         assert_eq!(parse_frame(&[0x83, 0]), Err(FrameError::UnknownOpcode(3)));
         assert_eq!(parse_frame(&[0x09, 0]), Err(FrameError::BadControl));
         assert_eq!(
@@ -254,6 +317,34 @@ mod tests {
         encode_client_frame(OP_TEXT, &[b'a'; 200], &mut seed, &mut long);
         assert_eq!(&long[1..4], &[0x80 | 126, 0, 200]);
         assert_eq!(long.len(), 4 + 4 + 200);
+    }
+
+    #[test]
+    fn compressed_frames_only_with_compression_and_inflate() {
+        let frame = [0xC1, 0x01, 0x00];
+        set_compression(false);
+        assert_eq!(parse_frame(&frame), Err(FrameError::Reserved));
+        let mut up = Vec::new();
+        write_upgrade_request(&mut up, "h", "/p");
+        assert!(!String::from_utf8_lossy(&up).contains("permessage-deflate"));
+        set_compression(true);
+        assert!(parse_frame(&frame).unwrap().unwrap().compressed);
+        up.clear();
+        write_upgrade_request(&mut up, "h", "/p");
+        assert!(String::from_utf8_lossy(&up).contains("Extensions: permessage-deflate"));
+        set_compression(false);
+        let data =
+            br#"{"type":"message","data":"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}"#;
+        let mut c = flate2::Compress::new(flate2::Compression::default(), false);
+        let mut z = Vec::with_capacity(256);
+        c.compress_vec(data, &mut z, flate2::FlushCompress::Sync)
+            .unwrap();
+        assert!(z.ends_with(&[0, 0, 0xff, 0xff]));
+        z.truncate(z.len() - 4);
+        let mut out = Vec::new();
+        assert!(inflate(&z, &mut out));
+        assert_eq!(out, data);
+        assert!(!inflate(&[0xff, 0xff, 0xff], &mut out));
     }
 
     #[test]

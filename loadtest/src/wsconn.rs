@@ -20,6 +20,11 @@ use mio::net::TcpStream;
 use std::io;
 use std::time::Instant;
 
+thread_local! {
+    /// The thread's buffer for inflated messages (`--compression`), reused.
+    static INFLATED: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
 /// Reads per readiness event before yielding to other connections. A connection that
 /// still has data is reported `more_input` so the loop comes back to it.
 const MAX_READS_PER_EVENT: usize = 16;
@@ -281,6 +286,16 @@ impl WsConn {
             let payload = &buf[pos + head.header_len..pos + head.total_len()];
             pos += head.total_len();
             match head.opcode {
+                ws::OP_TEXT | ws::OP_BINARY if head.fin && head.compressed => {
+                    let mut inflated = INFLATED.with(std::cell::Cell::take);
+                    if ws::inflate(payload, &mut inflated) {
+                        self.on_message(&inflated, target, sink);
+                    } else {
+                        self.fail("bad compressed frame from server", sink);
+                        return buf.len();
+                    }
+                    INFLATED.with(|c| c.set(inflated));
+                }
                 ws::OP_TEXT | ws::OP_BINARY if head.fin => self.on_message(payload, target, sink),
                 ws::OP_TEXT | ws::OP_BINARY | ws::OP_CONT => sink(Ev::Fragmented),
                 ws::OP_PING => {

@@ -219,3 +219,33 @@ fn admission_keys_by_file_env_and_flag_with_their_checks() {
         assert!(err.to_string().contains(key), "{key}={value}: {err}");
     }
 }
+
+#[test]
+fn ws_compression_keys_default_override_and_validate() {
+    let mut args = ServeArgs::default();
+    let loaded = Config::load_sourced(&args, Path::new("./d"), None, None).unwrap();
+    assert!(loaded.config.ws_compression.is_on());
+    assert_eq!(loaded.config.ws_compression_min_bytes, 512);
+    let shown = loaded.show();
+    assert_eq!(shown["ws_compression"]["value"], "on");
+    assert_eq!(shown["ws_compression_min_bytes"]["value"], 512);
+
+    args.limits.ws_compression = Some("off".into());
+    args.limits.ws_compression_min_bytes = Some("0".into());
+    args.sources.insert("ws_compression", "env");
+    let loaded = Config::load_sourced(&args, Path::new("./d"), None, None).unwrap();
+    assert!(!loaded.config.ws_compression.is_on());
+    assert_eq!(loaded.config.ws_compression_min_bytes, 0);
+    assert_eq!(loaded.show()["ws_compression"]["source"], "env");
+
+    args.limits.ws_compression = Some("maybe".into());
+    let err = Config::load_sourced(&args, Path::new("./d"), None, None).unwrap_err();
+    assert!(err.to_string().contains("ws_compression"), "{err}");
+    args.limits.ws_compression = Some("on".into());
+    args.limits.ws_compression_min_bytes = Some("16777217".into());
+    let err = Config::load_sourced(&args, Path::new("./d"), None, None).unwrap_err();
+    assert!(
+        err.to_string().contains("ws_compression_min_bytes"),
+        "{err}"
+    );
+}

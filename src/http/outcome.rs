@@ -35,6 +35,9 @@ pub(crate) struct Upgrade {
     pub slot: ProjectSlot,
     /// The client protocol it speaks (`/api/v1/ws` native, `/app/{key}` Pusher).
     pub dialect: Dialect,
+    /// permessage-deflate was agreed in the 101 (`ws::deflate`), with this server
+    /// window in bits.
+    pub deflate: Option<u8>,
 }
 
 /// Answer with an error from the table.

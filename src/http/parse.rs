@@ -50,6 +50,11 @@ pub struct RequestHead {
     pub upgrade_websocket: bool,
     pub ws_key: Option<Range<usize>>,
     pub ws_version: Option<Range<usize>>,
+    /// `Sec-WebSocket-Extensions` (the upgrade's permessage-deflate offer). Several such
+    /// headers: the first that mentions `permessage-deflate`.
+    pub ws_extensions: Option<Range<usize>>,
+    /// `User-Agent` (upgrades only look at it: Safari 15.0–15.3 gets no compression).
+    pub user_agent: Option<Range<usize>>,
     pub http10: bool,
     /// The last `X-Forwarded-For` header (read only for a trusted proxy's requests).
     pub forwarded_for: Option<Range<usize>>,
@@ -218,6 +223,17 @@ pub fn parse_head(
             head.ws_key = Some(range_of(trim(value)));
         } else if name.eq_ignore_ascii_case("sec-websocket-version") {
             head.ws_version = Some(range_of(trim(value)));
+        } else if name.eq_ignore_ascii_case("sec-websocket-extensions") {
+            let deflate = |v: &[u8]| memchr::memmem::find(v, b"permessage-deflate").is_some();
+            let keep = head
+                .ws_extensions
+                .as_ref()
+                .is_some_and(|r| deflate(&buf[r.clone()]));
+            if !keep {
+                head.ws_extensions = Some(range_of(value));
+            }
+        } else if name.eq_ignore_ascii_case("user-agent") {
+            head.user_agent = Some(range_of(value));
         } else if name.eq_ignore_ascii_case("x-forwarded-for") {
             head.forwarded_for = Some(range_of(value));
         }

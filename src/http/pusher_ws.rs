@@ -75,12 +75,14 @@ pub(crate) fn handle(
     let Some(slot) = ProjectSlot::take(&entry.project.ws_connections, limit) else {
         return refuse(out, ws_key, Disconnect::PUSHER_OVER_CAPACITY);
     };
-    write_switching(out, ws_key);
+    let deflate = super::upgrade::agrees_to_deflate(svc, head, req);
+    crate::ws::handshake::write_switching_with(out, ws_key, deflate);
     Outcome::Upgrade(Upgrade {
         project: Arc::clone(&entry.project),
         key_id: entry.key_id.as_str().into(),
         slot,
         dialect: Dialect::Pusher,
+        deflate,
     })
 }
 

@@ -30,7 +30,8 @@ use crate::pusher_frame;
 use crate::shard::{ConnGuard, ProjectSlot, Shard};
 use crate::tls::TlsReader;
 use crate::ws::conn::{read_loop, start_parked, PlainWriter, ReadLimits, Session, WsConn, WsRead};
-use crate::ws::handshake::write_switching;
+use crate::ws::deflate::negotiate;
+use crate::ws::handshake::write_switching_with;
 
 /// Check the upgrade request (RFC 6455 §4.2.1); returns the `Sec-WebSocket-Key` value.
 pub fn validate<'a>(head: &RequestHead, buf: &'a [u8]) -> Result<&'a [u8], ApiError> {
@@ -103,13 +104,34 @@ pub(crate) fn handle(
             ApiError::Unavailable(Unavailable::ProjectConnectionLimit),
         );
     };
-    write_switching(out, ws_key);
+    let deflate = agrees_to_deflate(svc, head, req);
+    write_switching_with(out, ws_key, deflate);
     Outcome::Upgrade(Upgrade {
         project: Arc::clone(&entry.project),
         key_id: entry.key_id.as_str().into(),
         slot,
         dialect: Dialect::Native,
+        deflate,
     })
+}
+
+/// Whether this upgrade (native or Pusher) gets permessage-deflate: `ws_compression` is
+/// on, the client offers it in a form the server honours (`ws::deflate::negotiate`), and
+/// it is not Safari 15.0–15.3 (which mishandles `client_no_context_takeover`).
+/// The server window agreed (bits), or `None`.
+pub(crate) fn agrees_to_deflate(svc: &Service, head: &RequestHead, req: &[u8]) -> Option<u8> {
+    if !svc.config().ws_compression.is_on() {
+        return None;
+    }
+    let offer = head.ws_extensions.as_ref()?;
+    let safari_15 = head
+        .user_agent
+        .as_ref()
+        .is_some_and(|ua| negotiate::mishandles_no_context_takeover(&req[ua.clone()]));
+    if safari_15 {
+        return None;
+    }
+    negotiate::acceptable(&req[offer.clone()])
 }
 
 /// Run an upgraded connection: the pending HTTP answers (the 101 last) are its first
@@ -146,7 +168,8 @@ pub(crate) fn start<S: Transport>(
         cfg.send_backlog_bytes,
         shard.clock(),
     )
-    .with_dialect(upgrade.dialect);
+    .with_dialect(upgrade.dialect)
+    .with_compression(upgrade.deflate);
     let tls = match io {
         WsIo::Plain(owned) => {
             conn = conn.owning(owned);

@@ -209,6 +209,8 @@ fn refused(format: LogFormat, e: anyhow::Error) -> anyhow::Error {
 
 fn start(args: &ServeArgs, config: Config) -> anyhow::Result<()> {
     let tls = load_tls(&config)?;
+    // Node-wide: every worker shares a message's one compressed frame.
+    crate::ws::deflate::configure(config.ws_compression_min_bytes);
     let mut store = crate::store::open_store(
         &config.data_dir,
         config.redis.as_deref(),

@@ -48,6 +48,11 @@ pub struct Broadcast {
     /// of the channel (`None` inside: the native frame has no Pusher form). Never
     /// touched on channels without Pusher subscribers, so they pay nothing for it.
     pusher: OnceLock<Option<Bytes>>,
+    /// The permessage-deflate forms of the native and the Pusher frame (`ws::deflate`),
+    /// made by the first worker that has a compressing subscriber of the channel (`None`
+    /// inside: below `ws_compression_min_bytes`, or it would not shrink). Untouched
+    /// while no subscriber compresses.
+    deflated: [OnceLock<Option<Bytes>>; 2],
 }
 
 impl Broadcast {
@@ -68,6 +73,7 @@ impl Broadcast {
             frame,
             except,
             pusher: OnceLock::new(),
+            deflated: [OnceLock::new(), OnceLock::new()],
         }
     }
 
@@ -92,6 +98,24 @@ impl Broadcast {
                 .get_or_init(|| super::dialect::pusher_frame(&self.frame, &self.channel))
                 .as_ref(),
         }
+    }
+}
+
+impl Broadcast {
+    /// The compressed frame a connection speaking `dialect` that agreed to
+    /// permessage-deflate receives, or `None` (it gets [`Broadcast::frame_for`]'s):
+    /// compressed at most once per message for the whole node, like the Pusher frame.
+    #[inline]
+    pub fn deflated_for(&self, dialect: Dialect) -> Option<&Bytes> {
+        let slot = match dialect {
+            Dialect::Native => &self.deflated[0],
+            Dialect::Pusher => &self.deflated[1],
+        };
+        slot.get_or_init(|| {
+            let plain = self.frame_for(dialect)?;
+            crate::ws::deflate::codec::compress_large(plain)
+        })
+        .as_ref()
     }
 }
 

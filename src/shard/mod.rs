@@ -20,6 +20,7 @@
 #![cfg_attr(not(feature = "bench"), allow(unreachable_pub))]
 
 mod dialect;
+mod fanout;
 pub(crate) mod interest;
 pub(crate) mod mailbox;
 mod members;
@@ -38,7 +39,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use crate::auth::{KeyCache, ProjectState};
-use crate::close::{Dialect, Disconnect};
+use crate::close::Disconnect;
 use crate::history::History;
 use crate::ws::conn::{WorkerBacklog, WsConn};
 use crate::ws::frame::{self, Opcode};
@@ -48,6 +49,10 @@ use mailbox::{Broadcast, Envelope, Mailbox};
 use members::{KeyId, Member, Members};
 use registry::{Registry, Subscribed, Unsubscribed};
 use stop::StopSignal;
+
+#[cfg(feature = "bench")]
+pub use fanout::fan_out;
+use fanout::{fan_out_skipping, Pick};
 
 /// Told when this core gains its first subscriber of a channel or loses its last one
 /// (cluster mode: the node subscribes in Redis only to channels someone here wants).
@@ -713,20 +718,23 @@ impl Shard {
         let mut waiting: Vec<u64> = a.replies.iter().map(|(c, _)| c.id).collect();
         waiting.sort_unstable();
         let mut delivered = 0;
+        let mut pick = Pick::new(msg);
         for conn in subs.values() {
             if conn.id == skip {
                 continue;
             }
-            let Some(frame) = msg.frame_for(conn.dialect()) else {
+            let Some(frame) = pick.frame(conn) else {
                 continue;
             };
             if waiting.binary_search(&conn.id).is_ok() {
                 a.replies.push((conn.clone(), Held::Shared(frame.clone())));
                 delivered += 1;
             } else if conn.send_shared(frame) {
+                pick.sent(frame);
                 delivered += 1;
             }
         }
+        pick.count();
         delivered
     }
 
@@ -740,48 +748,6 @@ impl Shard {
     pub(crate) fn release_interest(&self, project: u32, channel: &str) {
         self.mailbox.interest.remove(channel_hash(project, channel));
     }
-}
-
-/// Deliver one broadcast to a registry's subscribers of its channel. Returns how many
-/// connections took the frame. (The shard itself calls [`fan_out_skipping`].)
-#[cfg(feature = "bench")]
-pub fn fan_out(registry: &Registry, msg: &Broadcast) -> usize {
-    fan_out_skipping(registry, msg, 0)
-}
-
-/// [`fan_out`] leaving out connection `skip` (a client event's sender; 0: nobody, no
-/// connection has id 0). One integer compare per subscriber, nothing allocated.
-fn fan_out_skipping(registry: &Registry, msg: &Broadcast, skip: u64) -> usize {
-    let Some(subs) = registry.subscribers(msg.project, &msg.channel) else {
-        return 0;
-    };
-    let mut delivered = 0;
-    if subs.pusher() == 0 {
-        // Only native subscribers here: the Pusher frame is never looked at.
-        for conn in subs.values() {
-            if conn.id != skip && conn.send_shared(&msg.frame) {
-                delivered += 1;
-            }
-        }
-        return delivered;
-    }
-    let pusher = msg.frame_for(Dialect::Pusher);
-    for conn in subs.values() {
-        if conn.id == skip {
-            continue;
-        }
-        let frame = match conn.dialect() {
-            Dialect::Native => &msg.frame,
-            Dialect::Pusher => match pusher {
-                Some(f) => f,
-                None => continue,
-            },
-        };
-        if conn.send_shared(frame) {
-            delivered += 1;
-        }
-    }
-    delivered
 }
 
 #[cfg(test)]

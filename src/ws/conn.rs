@@ -54,7 +54,7 @@ use monoio::net::TcpStream;
 use monoio::time::Sleep;
 use monoio::BufResult;
 
-use super::frame::{self, decode_frame, Opcode};
+use super::frame::{self, decode_frame_with, Opcode};
 use super::message::{Assembler, Incoming};
 use crate::close::code::SLOW_CONSUMER;
 use crate::close::{Dialect, Disconnect};
@@ -201,6 +201,11 @@ pub struct WsConn {
     /// The client protocol: which frame of a broadcast it takes and which codes its
     /// closes carry. Set before the connection is shared, never changed.
     dialect: Dialect,
+    /// permessage-deflate was agreed (`ws::deflate`) with this server window in bits
+    /// (0: not agreed): large message frames go compressed, compressed client frames
+    /// are accepted. Set before the connection is shared, never changed; it lives in
+    /// padding (the record's size is unchanged).
+    deflate_window: u8,
 }
 
 impl WsConn {
@@ -226,6 +231,7 @@ impl WsConn {
             last_seen: Cell::new(now_s),
             coalesce_ms: Cell::new(0),
             dialect: Dialect::Native,
+            deflate_window: 0,
         }
     }
 
@@ -247,6 +253,27 @@ impl WsConn {
     #[inline]
     pub fn dialect(&self) -> Dialect {
         self.dialect
+    }
+
+    /// This connection agreed to permessage-deflate with server window `window` (bits,
+    /// 8 to 15; before it is shared).
+    pub fn with_compression(mut self, window: Option<u8>) -> WsConn {
+        self.deflate_window = window.map_or(0, |w| w.clamp(8, 15));
+        self
+    }
+
+    /// Whether this connection agreed to permessage-deflate.
+    #[inline]
+    pub fn compresses(&self) -> bool {
+        self.deflate_window != 0
+    }
+
+    /// Whether a compressed message of `payload` bytes (uncompressed) fits the window
+    /// this connection agreed to: any with 15 bits (deflate's own window), else at most
+    /// 2^window bytes (no context takeover: no reference reaches before the message).
+    #[inline]
+    pub fn deflate_fits(&self, payload: usize) -> bool {
+        self.deflate_window >= 15 || payload <= 1usize << self.deflate_window
     }
 
     pub fn is_open(&self) -> bool {
@@ -322,7 +349,16 @@ impl WsConn {
     /// Queue a frame of this connection's own (a reply). Returns `false` when the
     /// connection is closing or was just closed for exceeding its backlog. Never
     /// blocks, never copies the frame.
+    /// On a connection that agreed to permessage-deflate, a data frame at or above the
+    /// node's threshold (a history or recovery replay, an echo) goes compressed.
     pub fn send(self: &Rc<Self>, frame: Bytes) -> bool {
+        if self.compresses() && self.deflate_fits(frame.len().saturating_sub(2)) {
+            if let Some(small) = super::deflate::codec::compress_large(&frame) {
+                let saved = (frame.len() - small.len()) as u64;
+                crate::metrics::with(|m| m.compressed(1, saved));
+                return self.enqueue(&small, true);
+            }
+        }
         self.enqueue(&frame, true)
     }
 

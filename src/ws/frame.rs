@@ -2,8 +2,8 @@
 //!
 //! Decoding: [`decode_frame`] reads one client frame from the start of a buffer. It uses
 //! `tungstenite::protocol::frame::FrameHeader::parse` for the header, then enforces what
-//! a server must: client frames are masked (else 1002), no RSV bits without a negotiated
-//! extension (1002), no reserved opcodes (1002), control frames are final and at most
+//! a server must: client frames are masked (else 1002), no RSV bits but RSV1 on the first
+//! frame of a data message of a connection that negotiated permessage-deflate (1002), no reserved opcodes (1002), control frames are final and at most
 //! 125 bytes (1002), and no frame payload beyond the configured maximum (1009, decided
 //! from the header before any payload is buffered). The payload is unmasked in place.
 //! Incomplete input is `Ok(None)` and consumes nothing.
@@ -54,12 +54,25 @@ pub struct FrameView {
     pub fin: bool,
     pub opcode: Opcode,
     pub payload: Range<usize>,
+    /// RSV1: the message this frame starts is compressed (permessage-deflate).
+    pub compressed: bool,
     /// Bytes of the buffer this frame occupied.
     pub consumed: usize,
 }
 
-/// Decode the frame at the start of `buf`, unmasking its payload in place.
+/// Decode the frame at the start of `buf`, unmasking its payload in place (a connection
+/// without permessage-deflate: RSV1 is a protocol error).
 pub fn decode_frame(buf: &mut [u8], max_payload: usize) -> Result<Option<FrameView>, Disconnect> {
+    decode_frame_with(buf, max_payload, false)
+}
+
+/// [`decode_frame`]; `deflate`: the connection agreed to permessage-deflate (RSV1 may
+/// start a data message).
+pub(crate) fn decode_frame_with(
+    buf: &mut [u8],
+    max_payload: usize,
+    deflate: bool,
+) -> Result<Option<FrameView>, Disconnect> {
     let mut cursor = Cursor::new(&*buf);
     let (header, len) = match FrameHeader::parse(&mut cursor) {
         Ok(Some(h)) => h,
@@ -67,7 +80,7 @@ pub fn decode_frame(buf: &mut [u8], max_payload: usize) -> Result<Option<FrameVi
         Err(_) => return Err(Disconnect::MALFORMED_HEADER),
     };
     let header_len = cursor.position() as usize;
-    if header.rsv1 || header.rsv2 || header.rsv3 {
+    if (header.rsv1 && !deflate) || header.rsv2 || header.rsv3 {
         return Err(Disconnect::RESERVED_BITS);
     }
     let opcode = match header.opcode {
@@ -82,6 +95,10 @@ pub fn decode_frame(buf: &mut [u8], max_payload: usize) -> Result<Option<FrameVi
     let Some(mask) = header.mask else {
         return Err(Disconnect::UNMASKED);
     };
+    // RSV1 marks the first frame of a compressed message only (RFC 7692 §6.1).
+    if header.rsv1 && !matches!(opcode, Opcode::Text | Opcode::Binary) {
+        return Err(Disconnect::RESERVED_BITS);
+    }
     if opcode.is_control() && (len > 125 || !header.is_final) {
         return Err(Disconnect::INVALID_CONTROL);
     }
@@ -98,6 +115,7 @@ pub fn decode_frame(buf: &mut [u8], max_payload: usize) -> Result<Option<FrameVi
         fin: header.is_final,
         opcode,
         payload,
+        compressed: header.rsv1,
         consumed: header_len + len,
     }))
 }
@@ -130,7 +148,16 @@ pub(crate) fn header_len(len: usize) -> usize {
 
 /// Append an unmasked, final frame header.
 pub(crate) fn write_header(out: &mut Vec<u8>, opcode: Opcode, len: usize) {
-    out.push(0x80 | opcode.byte());
+    write_header_bits(out, 0x80 | opcode.byte(), len);
+}
+
+/// [`write_header`] with RSV1 set: a permessage-deflate compressed message.
+pub(crate) fn write_header_rsv1(out: &mut Vec<u8>, opcode: Opcode, len: usize) {
+    write_header_bits(out, 0xC0 | opcode.byte(), len);
+}
+
+fn write_header_bits(out: &mut Vec<u8>, first: u8, len: usize) {
+    out.push(first);
     if len < 126 {
         out.push(len as u8);
     } else if len <= 0xffff {
@@ -153,7 +180,20 @@ pub fn frame(opcode: Opcode, payload: &[u8]) -> Bytes {
 /// The payload of one complete, final, unmasked text frame with a minimal length header
 /// covering exactly the rest of `frame` (what [`frame`] builds); `None` for anything else.
 pub(crate) fn text_payload(frame: &[u8]) -> Option<&[u8]> {
-    if frame.len() < 2 || frame[0] != 0x81 || frame[1] & 0x80 != 0 {
+    match data_payload(frame)? {
+        (Opcode::Text, payload) => Some(payload),
+        _ => None,
+    }
+}
+
+/// [`text_payload`] for a text or a binary frame, with its opcode.
+pub(crate) fn data_payload(frame: &[u8]) -> Option<(Opcode, &[u8])> {
+    let opcode = match frame.first()? {
+        0x81 => Opcode::Text,
+        0x82 => Opcode::Binary,
+        _ => return None,
+    };
+    if frame.len() < 2 || frame[1] & 0x80 != 0 {
         return None;
     }
     let (len, header) = match frame[1] {
@@ -166,7 +206,7 @@ pub(crate) fn text_payload(frame: &[u8]) -> Option<&[u8]> {
     };
     let payload = &frame[header..];
     let minimal = header_len(payload.len()) == header;
-    (len == payload.len() as u64 && minimal).then_some(payload)
+    (len == payload.len() as u64 && minimal).then_some((opcode, payload))
 }
 
 /// A close frame with a code and a reason (the reason is cut to fit 125 bytes).
@@ -247,6 +287,34 @@ mod tests {
         );
         let mut big = client_frame(0x81, &[0u8; 200], [1, 1, 1, 1]);
         assert_eq!(decode_frame(&mut big, 100).unwrap_err().code, TOO_BIG);
+    }
+
+    #[test]
+    fn rsv1_only_where_deflate_was_agreed() {
+        let mut rsv1 = client_frame(0xC1, b"x", [1, 1, 1, 1]);
+        assert!(
+            decode_frame_with(&mut rsv1.clone(), 1024, true)
+                .unwrap()
+                .unwrap()
+                .compressed
+        );
+        assert_eq!(
+            decode_frame(&mut rsv1, 1024).unwrap_err().code,
+            PROTOCOL_ERROR
+        );
+        // Never on a continuation or a control frame.
+        for first in [0xC0, 0xC9, 0xC8] {
+            let mut f = client_frame(first, b"", [1, 1, 1, 1]);
+            assert_eq!(
+                decode_frame_with(&mut f, 1024, true).unwrap_err().code,
+                PROTOCOL_ERROR
+            );
+        }
+        let mut rsv2 = client_frame(0xA1, b"x", [1, 1, 1, 1]);
+        assert_eq!(
+            decode_frame_with(&mut rsv2, 1024, true).unwrap_err().code,
+            PROTOCOL_ERROR
+        );
     }
 
     #[test]

@@ -26,6 +26,9 @@ const DEFAULT_MAX_FRAGMENTS: usize = 64;
 pub enum Incoming<'a> {
     None,
     Message(Opcode, &'a mut [u8]),
+    /// A whole permessage-deflate message, still compressed (the caller inflates it and
+    /// checks text for UTF-8 then).
+    Compressed(Opcode, &'a mut [u8]),
     Ping(&'a [u8]),
     Pong,
     /// The peer closed; the code to answer with.
@@ -53,6 +56,9 @@ struct Partial {
     /// Text only: `parts[..valid_to]` is known to be valid UTF-8; what follows it is an
     /// incomplete sequence of at most 3 bytes, to be finished by the next fragment.
     valid_to: u32,
+    /// The message is compressed (RSV1 on its first frame): no UTF-8 check until it is
+    /// inflated.
+    compressed: bool,
 }
 
 impl Default for Assembler {
@@ -70,11 +76,26 @@ impl Assembler {
         }
     }
 
-    /// Feed one frame. `payload` is already unmasked.
+    /// Feed one uncompressed frame. `payload` is already unmasked.
     pub fn push<'a>(
         &'a mut self,
         opcode: Opcode,
         fin: bool,
+        payload: &'a mut [u8],
+        max_message: usize,
+    ) -> Result<Incoming<'a>, Disconnect> {
+        self.push_frame(opcode, fin, false, payload, max_message)
+    }
+
+    /// Feed one frame; `compressed`: RSV1 was set on it (the decoder allows that only on
+    /// the first frame of a data message of a connection that agreed to deflate).
+    /// `max_message` bounds the compressed bytes collected here; the inflated size is
+    /// bounded by the caller.
+    pub fn push_frame<'a>(
+        &'a mut self,
+        opcode: Opcode,
+        fin: bool,
+        compressed: bool,
         payload: &'a mut [u8],
         max_message: usize,
     ) -> Result<Incoming<'a>, Disconnect> {
@@ -86,6 +107,9 @@ impl Assembler {
             Opcode::Text | Opcode::Binary => {
                 if self.collecting() {
                     return Err(Disconnect::INTERLEAVED_MESSAGE);
+                }
+                if fin && compressed {
+                    return Ok(Incoming::Compressed(opcode, payload));
                 }
                 if fin {
                     if opcode == Opcode::Text && std::str::from_utf8(payload).is_err() {
@@ -99,8 +123,10 @@ impl Assembler {
                         parts: Vec::new(),
                         fragments: 0,
                         valid_to: 0,
+                        compressed: false,
                     })
                 });
+                p.compressed = compressed;
                 p.fragments = 0;
                 p.count_fragment(false, max_fragments)?;
                 p.opcode = Some(opcode);
@@ -127,6 +153,9 @@ impl Assembler {
                     return Ok(Incoming::None);
                 }
                 p.opcode = None;
+                if p.compressed {
+                    return Ok(Incoming::Compressed(op, &mut p.parts));
+                }
                 Ok(Incoming::Message(op, &mut p.parts))
             }
         }
@@ -168,7 +197,7 @@ impl Partial {
     /// can never become valid UTF-8; an incomplete sequence at the very end is fine
     /// unless this is the final fragment (the next fragment may finish it).
     fn check_text(&mut self, fin: bool) -> Result<(), Disconnect> {
-        if self.opcode != Some(Opcode::Text) {
+        if self.opcode != Some(Opcode::Text) || self.compressed {
             return Ok(());
         }
         match std::str::from_utf8(&self.parts[self.valid_to as usize..]) {
@@ -226,6 +255,36 @@ mod tests {
             Incoming::Message(Opcode::Text, data) => assert_eq!(data, b"hello"),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn compressed_messages_are_handed_over_whole_and_unchecked() {
+        let mut a = Assembler::default();
+        // Not UTF-8 while compressed: checked only once inflated.
+        let mut p1 = vec![0xff, 0x01];
+        assert!(matches!(
+            a.push_frame(Opcode::Text, false, true, &mut p1, 100)
+                .unwrap(),
+            Incoming::None
+        ));
+        let mut p2 = vec![0xfe];
+        match a
+            .push_frame(Opcode::Continuation, true, false, &mut p2, 100)
+            .unwrap()
+        {
+            Incoming::Compressed(Opcode::Text, data) => assert_eq!(data, &[0xff, 0x01, 0xfe]),
+            other => panic!("{other:?}"),
+        }
+        a.release();
+        let mut one = vec![0xff];
+        assert!(matches!(
+            a.push_frame(Opcode::Binary, true, true, &mut one, 100)
+                .unwrap(),
+            Incoming::Compressed(Opcode::Binary, _)
+        ));
+        // The next uncompressed fragmented message is checked again.
+        let mut bad = vec![0xff];
+        assert!(a.push(Opcode::Text, false, &mut bad, 100).is_err());
     }
 
     #[test]

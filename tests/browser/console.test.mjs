@@ -28,6 +28,9 @@ async function watch(page, key, channels) {
   await page.fill("#channels", channels.join(", "));
   await page.click("#connect");
   await page.waitForSelector('#state[data-state="connected"]');
+  // Chromium offers permessage-deflate and the server agrees (ws_compression is on).
+  assert.equal(await page.getAttribute("#state", "data-compressed"), "true");
+  assert.match(await page.textContent("#state"), /compressed/);
   for (const c of channels) {
     await page.waitForSelector(`.chip[data-channel="${c}"][data-state="subscribed"]`);
   }

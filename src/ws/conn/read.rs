@@ -184,7 +184,7 @@ pub(super) fn process<S: Session>(
             // Back-pressure: the rest waits in the buffer (see `read_loop`).
             break;
         }
-        let view = match decode_frame(&mut buf[off..], limits.max_message) {
+        let view = match decode_frame_with(&mut buf[off..], limits.max_message, conn.compresses()) {
             Ok(Some(v)) => v,
             Ok(None) => break,
             Err(reason) => {
@@ -197,7 +197,13 @@ pub(super) fn process<S: Session>(
         let start = off;
         off += view.consumed;
         let payload = &mut buf[start + view.payload.start..start + view.payload.end];
-        let incoming = match asm.push(view.opcode, view.fin, payload, limits.max_message) {
+        let incoming = match asm.push_frame(
+            view.opcode,
+            view.fin,
+            view.compressed,
+            payload,
+            limits.max_message,
+        ) {
             Ok(i) => i,
             Err(reason) => {
                 conn.close(reason);
@@ -226,6 +232,13 @@ pub(super) fn process<S: Session>(
                     Ok(())
                 }
             }
+            Incoming::Compressed(op, data) => {
+                if conn.is_open() {
+                    on_compressed(conn, session, op, data, limits.max_message)
+                } else {
+                    Ok(())
+                }
+            }
         };
         asm.release();
         if let Err(reason) = outcome {
@@ -236,6 +249,40 @@ pub(super) fn process<S: Session>(
         }
     }
     (off, keep_reading)
+}
+
+thread_local! {
+    /// The worker's buffer for inflated messages (one message at a time, synchronously).
+    static INFLATED: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+}
+
+/// Inflated buffers up to this size are kept for the next message; a larger one goes.
+const KEEP_INFLATED: usize = 64 * 1024;
+
+/// A compressed message: inflate it (bounded by `max_message`: over it, 1009, and the
+/// inflater stops there), check text, hand it to the session.
+fn on_compressed<S: Session>(
+    conn: &Rc<WsConn>,
+    session: &mut S,
+    opcode: Opcode,
+    data: &[u8],
+    max_message: usize,
+) -> Result<(), Disconnect> {
+    use crate::ws::deflate::codec::{inflate, InflateError};
+    let mut out = INFLATED.with(Cell::take);
+    let result = match inflate(data, max_message, &mut out) {
+        Err(InflateError::TooLarge) => Err(Disconnect::INFLATED_TOO_LARGE),
+        Err(InflateError::Invalid) => Err(Disconnect::INVALID_COMPRESSED),
+        Ok(()) if opcode == Opcode::Text && std::str::from_utf8(&out).is_err() => {
+            Err(Disconnect::INVALID_UTF8)
+        }
+        Ok(()) => session.on_message(conn, opcode, &mut out),
+    };
+    if out.capacity() <= KEEP_INFLATED {
+        out.clear();
+        INFLATED.with(|c| c.set(out));
+    }
+    result
 }
 
 /// Whether `buf` starts with a whole frame (its header says how long it is). Cheap: reads
@@ -263,7 +310,8 @@ pub(super) fn has_frame(buf: &[u8]) -> bool {
 pub(super) fn contains_close(buf: &mut [u8], limits: ReadLimits) -> bool {
     let mut off = 0;
     while off < buf.len() {
-        match decode_frame(&mut buf[off..], limits.max_message) {
+        // Closing: RSV1 is tolerated, only the close frame is looked for.
+        match decode_frame_with(&mut buf[off..], limits.max_message, true) {
             Ok(Some(v)) if v.opcode == Opcode::Close => return true,
             Ok(Some(v)) => off += v.consumed,
             Ok(None) => return false,

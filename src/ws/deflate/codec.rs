@@ -1,0 +1,210 @@
+//! Raw deflate for permessage-deflate (RFC 7692 §7.2), one message at a time.
+//!
+//! [`compress_frame`] turns a complete server text frame into its compressed form (RSV1
+//! set, the payload deflated and flushed with the trailing `00 00 ff ff` removed), or
+//! `None` when that would not be smaller. [`inflate`] appends the `00 00 ff ff` a client
+//! left off and inflates into a buffer, stopping as soon as the output passes the
+//! limit: a small frame that would inflate to gigabytes costs at most `limit` bytes and
+//! the work to produce them.
+//!
+//! Library: flate2 on its zlib-rs backend (pure Rust, already in the dependency tree),
+//! level 6 at window 15. Both states are per worker thread and reset for every message
+//! (no context takeover), so no connection holds any of it.
+
+use std::cell::RefCell;
+
+use bytes::Bytes;
+use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress, Status};
+
+use crate::ws::frame::{data_payload, header_len, write_header_rsv1};
+
+/// The empty stored block every sync flush ends with (RFC 7692 §7.2.1).
+const TAIL: [u8; 4] = [0x00, 0x00, 0xff, 0xff];
+/// Output grown this much at a time while inflating.
+const CHUNK: usize = 16 * 1024;
+
+thread_local! {
+    static DEFLATE: RefCell<Option<Compress>> = const { RefCell::new(None) };
+    static INFLATE: RefCell<Option<Decompress>> = const { RefCell::new(None) };
+}
+
+/// Why a compressed message was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub(crate) enum InflateError {
+    #[error("inflated message over the limit")]
+    TooLarge,
+    #[error("invalid compressed data")]
+    Invalid,
+}
+
+/// The compressed form of `frame` (a complete, final, unmasked text or binary frame as
+/// `ws::frame::frame` builds it), or `None` when it is not one or would not shrink.
+pub(crate) fn compress_frame(frame: &[u8]) -> Option<Bytes> {
+    let (opcode, payload) = data_payload(frame)?;
+    let body = deflate(payload)?;
+    if body.len() >= payload.len() {
+        return None;
+    }
+    let mut out = Vec::with_capacity(header_len(body.len()) + body.len());
+    write_header_rsv1(&mut out, opcode, body.len());
+    out.extend_from_slice(&body);
+    Some(Bytes::from(out))
+}
+
+/// [`compress_frame`] for a frame whose payload is at least the node's threshold
+/// (`ws_compression_min_bytes`); `None` below it.
+pub(crate) fn compress_large(frame: &[u8]) -> Option<Bytes> {
+    let (_, payload) = data_payload(frame)?;
+    if payload.len() < super::min_bytes() {
+        return None;
+    }
+    compress_frame(frame)
+}
+
+/// Raw deflate of `data`, sync-flushed, without the trailing `00 00 ff ff`.
+pub(crate) fn deflate(data: &[u8]) -> Option<Vec<u8>> {
+    DEFLATE.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        let c = slot.get_or_insert_with(|| Compress::new(Compression::new(6), false));
+        c.reset();
+        // Deflate's worst case is the input plus 5 bytes per stored block, plus the flush.
+        let mut out = Vec::with_capacity(data.len() + data.len() / 1024 * 5 + 64);
+        let mut input = data;
+        loop {
+            let before = c.total_in();
+            c.compress_vec(input, &mut out, FlushCompress::Sync).ok()?;
+            input = &input[(c.total_in() - before) as usize..];
+            if input.is_empty() && out.len() < out.capacity() {
+                break;
+            }
+            out.reserve(CHUNK);
+        }
+        if out.ends_with(&TAIL) {
+            out.truncate(out.len() - TAIL.len());
+        }
+        Some(out)
+    })
+}
+
+/// Inflate one message's compressed payload (the concatenated payloads of its frames)
+/// into `out` (cleared first). More than `limit` bytes: [`InflateError::TooLarge`], with
+/// at most `limit + 1` bytes produced.
+pub(crate) fn inflate(data: &[u8], limit: usize, out: &mut Vec<u8>) -> Result<(), InflateError> {
+    out.clear();
+    INFLATE.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        let d = slot.get_or_insert_with(|| Decompress::new(false));
+        d.reset(false);
+        let mut ended = false;
+        for part in [data, &TAIL[..]] {
+            let mut input = part;
+            while !ended {
+                let room = (limit + 1 - out.len()).min(CHUNK);
+                if room == 0 {
+                    return Err(InflateError::TooLarge);
+                }
+                let len = out.len();
+                out.resize(len + room, 0);
+                let (in0, out0) = (d.total_in(), d.total_out());
+                let status = d
+                    .decompress(input, &mut out[len..], FlushDecompress::Sync)
+                    .map_err(|_| InflateError::Invalid);
+                let produced = (d.total_out() - out0) as usize;
+                out.truncate(len + produced);
+                let status = status?;
+                input = &input[(d.total_in() - in0) as usize..];
+                if out.len() > limit {
+                    return Err(InflateError::TooLarge);
+                }
+                ended = status == Status::StreamEnd;
+                // Done with this part once its input is used up and the output was not
+                // what stopped the inflater.
+                if input.is_empty() && produced < room {
+                    break;
+                }
+                if produced == 0 && status == Status::BufError && !input.is_empty() {
+                    return Err(InflateError::Invalid);
+                }
+            }
+        }
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ws::frame::{frame, Opcode};
+
+    fn json(n: usize) -> Vec<u8> {
+        let mut s = String::from("{\"items\":[");
+        let mut i = 0;
+        while s.len() < n {
+            s.push_str(&format!(
+                "{{\"id\":{i},\"name\":\"item {i}\",\"price\":{}.99,\"tags\":[\"a\",\"b\"]}},",
+                i % 97
+            ));
+            i += 1;
+        }
+        s.push_str("{}]}");
+        s.into_bytes()
+    }
+
+    #[test]
+    fn round_trips_and_shrinks() {
+        for n in [600, 2048, 16 * 1024, 200 * 1024] {
+            let data = json(n);
+            let f = frame(Opcode::Text, &data);
+            let c = compress_frame(&f).expect("JSON shrinks");
+            assert_eq!(c[0], 0xC1, "FIN + RSV1 + text");
+            assert!(c.len() < f.len() / 2, "{n}: {} vs {}", c.len(), f.len());
+            let hl = c.len() - deflate(&data).unwrap().len();
+            assert_eq!(hl, header_len(c.len() - hl));
+            let mut out = Vec::new();
+            inflate(&c[hl..], data.len(), &mut out).unwrap();
+            assert_eq!(out, data);
+        }
+    }
+
+    #[test]
+    fn incompressible_frames_stay_plain() {
+        let data: Vec<u8> = (0..1000u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8 & 0x3f | 0x40)
+            .collect();
+        let f = frame(Opcode::Text, &data);
+        if let Some(c) = compress_frame(&f) {
+            assert!(c.len() < f.len());
+        }
+        assert!(compress_frame(&frame(Opcode::Binary, b"xx")).is_none());
+        assert!(compress_frame(b"").is_none());
+    }
+
+    #[test]
+    fn inflating_stops_at_the_limit() {
+        // 10 MB of zeros deflates to about 10 KB: a bomb for a 64 KiB limit.
+        let bomb = deflate(&vec![0u8; 10_000_000]).unwrap();
+        assert!(bomb.len() < 20_000);
+        let mut out = Vec::new();
+        assert_eq!(
+            inflate(&bomb, 65_536, &mut out),
+            Err(InflateError::TooLarge)
+        );
+        assert!(out.len() <= 65_537);
+        // Exactly at the limit is fine.
+        let exact = deflate(&[7u8; 1000]).unwrap();
+        inflate(&exact, 1000, &mut out).unwrap();
+        assert_eq!(out.len(), 1000);
+        assert_eq!(inflate(&exact, 999, &mut out), Err(InflateError::TooLarge));
+    }
+
+    #[test]
+    fn garbage_is_invalid() {
+        let mut out = Vec::new();
+        assert_eq!(
+            inflate(&[0xff, 0xff, 0xff, 0xff, 0x00], 1000, &mut out),
+            Err(InflateError::Invalid)
+        );
+        inflate(&[], 1000, &mut out).unwrap();
+        assert!(out.is_empty());
+    }
+}
