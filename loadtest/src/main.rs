@@ -129,6 +129,11 @@ pub struct Common {
     /// arrives compressed: benchmarks of compression on vs off.
     #[arg(long, global = true)]
     pub compression: bool,
+    /// `--pad` fills the message with realistic JSON records (order lines: ids, SKUs,
+    /// names, prices, states, timestamps, varying per message) instead of one run of
+    /// `x`, which deflates to nothing: what compression saves on real traffic.
+    #[arg(long, global = true)]
+    pub pad_json: bool,
 }
 
 #[derive(Subcommand)]
@@ -171,6 +176,7 @@ fn main() {
 fn dispatch(cli: &Cli) -> Result<Value, String> {
     let c = &cli.common;
     ws::set_compression(c.compression);
+    target::set_pad_json(c.pad_json);
     match &cli.mode {
         // The floor talks to no server: it must run without keys or a target.
         Mode::Floor(a) => scenario::floor::run(a),

@@ -208,8 +208,100 @@ pub fn pusher_signed_query(
     format!("{params}&auth_signature={sig}")
 }
 
-/// Append our stamp `{"t":T,"seq":S[,"pad":"xx.."]}` to `out`; escaped for the inside
-/// of a JSON string when `escaped` (Pusher's `data` is a string).
+static PAD_JSON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// `--pad-json`: pad with realistic records instead of `x` (set once, at start).
+pub fn set_pad_json(on: bool) {
+    PAD_JSON.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+const NAMES: [&str; 8] = [
+    "Blue cotton t-shirt",
+    "Espresso beans 1 kg",
+    "Wireless mouse",
+    "Running shoes",
+    "Desk lamp, warm white",
+    "Notebook A5 dotted",
+    "Stainless water bottle",
+    "USB-C cable 2 m",
+];
+const STATES: [&str; 4] = ["pending", "paid", "shipped", "delivered"];
+
+/// Append `,"items":[{...},...]` of realistic order lines until `pad` bytes were added
+/// (quotes as `q`): ids, SKUs and prices drawn from `seq` by a small LCG, so messages
+/// differ from each other as real ones do.
+fn write_items(out: &mut Vec<u8>, seq: u64, pad: usize, q: &[u8]) {
+    let start = out.len();
+    let mut x = seq
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let mut next = || {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        x >> 33
+    };
+    let s = |out: &mut Vec<u8>, text: &str| {
+        out.extend_from_slice(q);
+        out.extend_from_slice(text.as_bytes());
+        out.extend_from_slice(q);
+    };
+    out.push(b',');
+    s(out, "items");
+    out.extend_from_slice(b":[");
+    let mut first = true;
+    while out.len() - start < pad {
+        if !first {
+            out.push(b',');
+        }
+        first = false;
+        let r = next();
+        out.push(b'{');
+        s(out, "id");
+        let _ = write!(out, ":{},", 100_000 + r % 900_000);
+        s(out, "sku");
+        out.push(b':');
+        s(
+            out,
+            &format!(
+                "SKU-{:04}-{}",
+                r % 10_000,
+                ["S", "M", "L", "XL"][(r % 4) as usize]
+            ),
+        );
+        out.push(b',');
+        s(out, "name");
+        out.push(b':');
+        s(out, NAMES[(r % 8) as usize]);
+        out.push(b',');
+        s(out, "price");
+        let _ = write!(out, ":{}.{:02},", 1 + r % 200, r % 100);
+        s(out, "qty");
+        let _ = write!(out, ":{},", 1 + r % 5);
+        s(out, "status");
+        out.push(b':');
+        s(out, STATES[(r % 4) as usize]);
+        out.push(b',');
+        s(out, "updated_at");
+        out.push(b':');
+        s(
+            out,
+            &format!(
+                "2026-11-{:02}T{:02}:{:02}:{:02}Z",
+                1 + r % 28,
+                r % 24,
+                r % 60,
+                (r >> 8) % 60
+            ),
+        );
+        out.push(b'}');
+    }
+    out.push(b']');
+}
+
+/// Append our stamp `{"t":T,"seq":S[,"pad":"xx.."]}` to `out` (with `--pad-json`,
+/// `,"items":[...]` instead of `pad`); escaped for the inside of a JSON string when
+/// `escaped` (Pusher's `data` is a string).
 fn write_stamp(out: &mut Vec<u8>, t: u64, seq: u64, pad: usize, escaped: bool) {
     let q: &[u8] = if escaped { b"\\\"" } else { b"\"" };
     // Writes into a Vec cannot fail.
@@ -222,7 +314,9 @@ fn write_stamp(out: &mut Vec<u8>, t: u64, seq: u64, pad: usize, escaped: bool) {
     out.extend_from_slice(b"seq");
     out.extend_from_slice(q);
     let _ = write!(out, ":{seq}");
-    if pad > 0 {
+    if pad > 0 && PAD_JSON.load(std::sync::atomic::Ordering::Relaxed) {
+        write_items(out, seq, pad, q);
+    } else if pad > 0 {
         out.push(b',');
         out.extend_from_slice(q);
         out.extend_from_slice(b"pad");

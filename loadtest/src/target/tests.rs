@@ -383,3 +383,21 @@ fn classifies_pusher_frames() {
     assert_eq!(t.classify(b""), Inbound::Other);
     assert_eq!(t.classify(b"\"event\":\"lt\""), Inbound::Other);
 }
+
+#[test]
+fn realistic_padding_is_json_of_at_least_the_size_and_differs_per_message() {
+    // `write_items` directly: flipping `--pad-json` here would race other tests.
+    let stamp = |seq: u64| {
+        let mut out = format!("{{\"t\":7,\"seq\":{seq}").into_bytes();
+        write_items(&mut out, seq, 1024, b"\"");
+        out.push(b'}');
+        out
+    };
+    let (a, b) = (stamp(1), stamp(2));
+    let v: serde_json::Value = serde_json::from_slice(&a).expect("valid JSON");
+    assert_eq!(v["seq"], 1);
+    assert!(v["items"].as_array().is_some_and(|i| !i.is_empty()), "{v}");
+    assert!(a.len() >= 1024, "{}", a.len());
+    assert_ne!(a, b);
+    assert_eq!(parse_stamp(&a), Some((7, 1)));
+}
