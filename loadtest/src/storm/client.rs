@@ -286,8 +286,10 @@ impl Client {
                     let p = &self.input[start..end];
                     let code = ws::close_code(p);
                     let reason = std::str::from_utf8(p.get(2..).unwrap_or(&[])).unwrap_or("");
-                    if code == 1013 {
+                    if code == 1013 && self.was_ready {
                         c.refused_1013 += 1;
+                    } else if code == 1013 {
+                        c.refused_1013_first += 1;
                     }
                     let ask = super::backoff::close_delay(
                         code,

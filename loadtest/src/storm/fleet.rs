@@ -154,7 +154,7 @@ impl Fleet {
                     self.down_until[node] = now + Duration::from_millis(DOWN_MS);
                 }
                 let any_up = self.down_until.iter().any(|&d| d <= now);
-                if failover && any_up {
+                if failover && any_up && self.clients[i].was_ready {
                     // The balancer tries another backend at once.
                     let next = self.pick(now);
                     self.connect(i, next, names, c);
@@ -217,7 +217,14 @@ pub fn run(plan: &Plan, names: &Names, c: &mut Counters) -> Result<Vec<Client>, 
             f.timers.pop();
             let i = i as usize;
             if f.clients[i].phase == Phase::Idle {
-                let node = f.pick(now);
+                // Until its first Ready a client stays on its home node, so the fleet
+                // starts with the placement the run asked for (a refused first connect
+                // retries there); after a loss it goes where the balancer sends it.
+                let node = if f.clients[i].was_ready {
+                    f.pick(now)
+                } else {
+                    plan.home
+                };
                 f.connect(i, node, names, c);
             }
         }

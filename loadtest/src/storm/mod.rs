@@ -93,7 +93,9 @@ pub struct Counters {
     pub attempts: u64,
     pub losses: u64,
     pub messages: u64,
+    /// 1013 on a reconnect (the storm) and on a first connect (the fleet's start-up).
     pub refused_1013: u64,
+    pub refused_1013_first: u64,
     pub close_codes: BTreeMap<u16, u64>,
     pub refused_status: BTreeMap<u16, u64>,
     pub failures: BTreeMap<&'static str, u64>,
@@ -350,7 +352,7 @@ fn run_clients(
         "clients_with_loss": clients_with_loss,
         "recovered_true": k.recovered_true, "recovered_false": k.recovered_false,
         "foreign_epoch": foreign, "before_start": before, "tracks_never_started": unstarted,
-        "refused_1013": k.refused_1013,
+        "refused_1013": k.refused_1013, "refused_1013_first_connect": k.refused_1013_first,
         "close_codes": k.close_codes.iter().map(|(c, n)| (c.to_string(), *n)).collect::<BTreeMap<_, _>>(),
         "refused_status": k.refused_status.iter().map(|(c, n)| (c.to_string(), *n)).collect::<BTreeMap<_, _>>(),
         "failures": k.failures,
