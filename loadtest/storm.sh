@@ -194,7 +194,7 @@ run_one() {
   local refused=""
   for i in $(seq 0 $((NODES - 1))); do
     refused="$refused $(curl -fs "http://127.0.0.1:$((BASE_PORT + 50 + i))/metrics" 2>/dev/null \
-      | awk '/^ringcast_upgrades_refused_total/ {s += $2} END {print s + 0}')"
+      | awk '/^ringcast_upgrades_refused_total/ {s += $2} END {print s + 0}' || true)"
   done
   touch "$TMP/stop"
   local fail=0 p
