@@ -75,7 +75,10 @@ pub fn retry_after(reason: &str) -> Option<u64> {
         if p > 0 && (b[p - 1].is_ascii_lowercase() || b[p - 1] == b'_') {
             continue;
         }
-        let digits = b[p + pat.len()..].iter().take_while(|c| c.is_ascii_digit()).count();
+        let digits = b[p + pat.len()..]
+            .iter()
+            .take_while(|c| c.is_ascii_digit())
+            .count();
         if (1..=4).contains(&digits) {
             let s = &reason[p + pat.len()..p + pat.len() + digits];
             return s.parse().ok();
@@ -87,9 +90,12 @@ pub fn retry_after(reason: &str) -> Option<u64> {
 /// The wait before the next attempt: the larger of the close's own ask and the backoff
 /// (the JS client's `_lost`).
 pub fn next_delay(attempt: u32, close: Option<u64>, r_backoff: f64) -> u64 {
-    close
-        .unwrap_or(0)
-        .max(backoff_delay(attempt, MIN_RECONNECT_MS, MAX_RECONNECT_MS, r_backoff))
+    close.unwrap_or(0).max(backoff_delay(
+        attempt,
+        MIN_RECONNECT_MS,
+        MAX_RECONNECT_MS,
+        r_backoff,
+    ))
 }
 
 #[cfg(test)]
@@ -112,14 +118,29 @@ mod tests {
 
     #[test]
     fn close_delay_matches_the_js_tests() {
-        assert_eq!(close_delay(1013, "retry_after=3", 500, 3000, 0.0), Some(3000));
-        assert_eq!(close_delay(1013, "retry_after=3", 500, 3000, 0.5), Some(3500));
-        assert_eq!(close_delay(1013, "retry_after=0", 500, 3000, 0.0), Some(1000));
-        assert_eq!(close_delay(1013, "retry_after=9999", 500, 3000, 0.0), Some(60_000));
+        assert_eq!(
+            close_delay(1013, "retry_after=3", 500, 3000, 0.0),
+            Some(3000)
+        );
+        assert_eq!(
+            close_delay(1013, "retry_after=3", 500, 3000, 0.5),
+            Some(3500)
+        );
+        assert_eq!(
+            close_delay(1013, "retry_after=0", 500, 3000, 0.0),
+            Some(1000)
+        );
+        assert_eq!(
+            close_delay(1013, "retry_after=9999", 500, 3000, 0.0),
+            Some(60_000)
+        );
         assert_eq!(close_delay(1013, "xretry_after=3", 500, 3000, 0.0), None);
         assert_eq!(close_delay(1013, "retry_after=12345", 500, 3000, 0.0), None);
         assert_eq!(close_delay(1013, "", 500, 3000, 0.0), None);
-        assert_eq!(close_delay(1013, "busy; retry_after=2", 500, 3000, 0.0), Some(2000));
+        assert_eq!(
+            close_delay(1013, "busy; retry_after=2", 500, 3000, 0.0),
+            Some(2000)
+        );
         assert_eq!(close_delay(1001, "", 500, 3000, 0.0), Some(500));
         assert_eq!(close_delay(1001, "", 500, 3000, 1.0), Some(3000));
         assert_eq!(close_delay(1006, "", 500, 3000, 0.3), None);

@@ -349,7 +349,10 @@ impl Client {
                 self.phase = Phase::Subscribing;
                 self.pending_subs = 2;
                 let own = names.own(self.idx);
-                for (i, ch) in [names.common.as_str(), own.as_str()].into_iter().enumerate() {
+                for (i, ch) in [names.common.as_str(), own.as_str()]
+                    .into_iter()
+                    .enumerate()
+                {
                     let t = &self.tracks[i];
                     let frame = if t.started {
                         format!(

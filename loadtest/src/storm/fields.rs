@@ -19,11 +19,17 @@ pub fn str_field<'a>(frame: &'a [u8], key: &str) -> Option<&'a [u8]> {
 /// The unsigned integer value of `"key":N`.
 pub fn u64_field(frame: &[u8], key: &str) -> Option<u64> {
     let at = find_key(frame, key)?;
-    let digits = frame[at..].iter().take_while(|b| b.is_ascii_digit()).count();
+    let digits = frame[at..]
+        .iter()
+        .take_while(|b| b.is_ascii_digit())
+        .count();
     if digits == 0 || digits > 19 {
         return None;
     }
-    std::str::from_utf8(&frame[at..at + digits]).ok()?.parse().ok()
+    std::str::from_utf8(&frame[at..at + digits])
+        .ok()?
+        .parse()
+        .ok()
 }
 
 /// `"key":true` / `"key":false`.

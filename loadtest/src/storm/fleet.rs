@@ -172,7 +172,9 @@ pub fn run(plan: &Plan, names: &Names, c: &mut Counters) -> Result<Vec<Client>, 
     let n = plan.nodes.len();
     let mut f = Fleet {
         poll,
-        clients: (0..plan.clients).map(|k| Client::new(plan.first_client + k)).collect(),
+        clients: (0..plan.clients)
+            .map(|k| Client::new(plan.first_client + k))
+            .collect(),
         timers: BinaryHeap::new(),
         down_until: vec![Instant::now(); n],
         rr: plan.home,
@@ -202,8 +204,9 @@ pub fn run(plan: &Plan, names: &Names, c: &mut Counters) -> Result<Vec<Client>, 
         let due = if plan.connect_rate == 0 {
             f.clients.len()
         } else {
-            ((now.duration_since(started).as_secs_f64() * f64::from(plan.connect_rate)) as usize + 1)
-                .min(f.clients.len())
+            ((now.duration_since(started).as_secs_f64() * f64::from(plan.connect_rate)) as usize
+                + 1)
+            .min(f.clients.len())
         };
         while next_first < due {
             f.connect(next_first, plan.home, names, c);

@@ -170,7 +170,9 @@ mod tests {
 
     #[test]
     fn accepted_file_round_trip() {
-        let a = Accepted::parse("ltall 2 9f3a01c2\nltall 1 9f3a01c2\nltu3 1 abcdef01\nbad line\nltall 2 9f3a01c2\n");
+        let a = Accepted::parse(
+            "ltall 2 9f3a01c2\nltall 1 9f3a01c2\nltu3 1 abcdef01\nbad line\nltall 2 9f3a01c2\n",
+        );
         assert_eq!(a.offsets("ltall", &E), &[1, 2, 2]);
         assert_eq!(a.offsets("ltall", b"00000000"), &[] as &[u64]);
         assert_eq!(a.offsets("ltu3", b"abcdef01"), &[1]);
