@@ -33,7 +33,9 @@
 # OTHER_CLIENTS, GEN_MAX (9,900), MODE, ADMISSIONS ("2000 0"), COMMON_RATE (2),
 # OWN_RATE (200), WARM (5 s of publishing before the signal), AFTER (5 s after all are
 # back), BACK_TIMEOUT (120 s), HISTORY (2000/600s), CONNECT_RATE (first connects/s per
-# generator, 800), BASE_PORT (28500), REDIS_PORT (28499), RESULTS, KEEP_TMP=1.
+# generator, 800), BALANCE (leastconn: reconnects go to the node holding the fewest
+# connections, by the nodes' fd counts sampled every 0.5 s, as HAProxy's leastconn would;
+# roundrobin: each generator rotates over the live nodes), BASE_PORT (28500), REDIS_PORT (28499), RESULTS, KEEP_TMP=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RC="${RC_BIN:-target/release/ringcast}"
@@ -51,9 +53,11 @@ AFTER="${AFTER:-5}"
 BACK_TIMEOUT="${BACK_TIMEOUT:-120}"
 HISTORY="${HISTORY:-2000/600s}"
 CONNECT_RATE="${CONNECT_RATE:-800}"
+BALANCE="${BALANCE:-leastconn}"
 BASE_PORT="${BASE_PORT:-28500}"
 REDIS_PORT="${REDIS_PORT:-28499}"
 RESULTS="${RESULTS:-/dev/null}"
+case "$BALANCE" in leastconn | roundrobin) ;; *) echo "storm.sh: BALANCE is leastconn or roundrobin" >&2; exit 1 ;; esac
 case "$MODE" in kill | term | rolling) ;; *) echo "storm.sh: MODE is kill, term or rolling" >&2; exit 1 ;; esac
 [ -x "$RC" ] || { echo "storm.sh: no ringcast binary at $RC (cargo build --release, or RC_BIN)" >&2; exit 1; }
 [ -x "$LT" ] || { echo "storm.sh: no loadtest binary at $LT (cargo build --release -p loadtest, or LT_BIN)" >&2; exit 1; }
@@ -131,7 +135,7 @@ run_one() {
       per=$((n / gens + (k <= n % gens ? 1 : 0)))
       "$LT" --label "storm/n$i/g$k" "${common[@]}" --role clients --clients "$per" \
         --first-client "$first" --home-node "$i" --connect-rate "$CONNECT_RATE" \
-        --status-file "$TMP/status-$g" >"$TMP/gen-$g.json" 2>"$TMP/gen-$g.err" &
+        --status-file "$TMP/status-$g" --loads-file "$TMP/loads" >"$TMP/gen-$g.json" 2>"$TMP/gen-$g.err" &
       GEN_PIDS+=("$!")
       PIDS+=("$!")
       first=$((first + per))
@@ -149,14 +153,25 @@ run_one() {
   local pub_pid=$!
   PIDS+=("$pub_pid")
   # /proc samples of every node every 0.5 s: t_ms node cpu_ticks rss fds.
+  # With BALANCE=leastconn the same fds are the balancer's view (TMP/loads, read by the
+  # generators every 500 ms; a dead node counts as full).
   (
     while [ ! -e "$TMP/stop" ]; do
       t=$(now_ms)
+      loads=""
       for j in $(seq 0 $((NODES - 1))); do
         p=$(cat "$TMP/node$j.pid")
-        [ -d "/proc/$p" ] || continue
-        echo "$t $j $(cpu_ticks "$p") $(rss_of "$p") $(ls "/proc/$p/fd" 2>/dev/null | wc -l)"
+        if [ ! -d "/proc/$p" ] || grep -q '^State:.*Z' "/proc/$p/status" 2>/dev/null; then
+          loads="$loads 999999999"
+          continue
+        fi
+        fds=$(ls "/proc/$p/fd" 2>/dev/null | wc -l)
+        loads="$loads $fds"
+        echo "$t $j $(cpu_ticks "$p") $(rss_of "$p") $fds"
       done
+      if [ "$BALANCE" = leastconn ]; then
+        echo "$loads" >"$TMP/loads.tmp" && mv "$TMP/loads.tmp" "$TMP/loads"
+      fi
       sleep 0.5
     done
   ) >"$TMP/samples" &
@@ -201,10 +216,10 @@ run_one() {
   wait "$pub_pid" || fail=1
   for p in "${GEN_PIDS[@]}"; do wait "$p" || fail=1; done
   [ "$fail" = 0 ] || { echo "storm.sh: a generator or the publisher reported a failure" >&2; tail -n 3 "$TMP"/gen-*.err "$TMP/pub.err" >&2 || true; }
-  python3 - "$TMP" "$MODE" "$adm" "$NODES" "$HZ" "[${events%,}]" "$load_before" "$(cut -d' ' -f1-3 /proc/loadavg)" "$fds0" "$refused" "$RESULTS" <<'PY'
+  python3 - "$TMP" "$MODE" "$adm" "$NODES" "$HZ" "[${events%,}]" "$load_before" "$(cut -d' ' -f1-3 /proc/loadavg)" "$fds0" "$refused" "$RESULTS" "$BALANCE" <<'PY'
 import glob, json, sys
 tmp, mode, adm, nodes, hz = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-results = sys.argv[11]
+results, balance = sys.argv[11], sys.argv[12]
 events = json.loads(sys.argv[6]); load_before, load_after = sys.argv[7], sys.argv[8]
 fds0 = [int(x) for x in sys.argv[9].split()]; refused_metric = [int(float(x)) for x in sys.argv[10].split()]
 gens = [json.loads(l) for f in sorted(glob.glob(tmp + "/gen-*.json")) for l in open(f) if l.strip()]
@@ -242,7 +257,7 @@ last_back = max((g.get("last_back_unix_ms", 0) for g in gens), default=0)
 lost, dups = s("lost"), s("duplicates")
 rec_t, rec_f = s("recovered_true"), s("recovered_false")
 out = {
-    "mode": "storm", "variant": mode, "max_upgrades_per_second": adm, "nodes": nodes,
+    "mode": "storm", "variant": mode, "balance": balance, "max_upgrades_per_second": adm, "nodes": nodes,
     "clients": s("clients"), "generators": len(gens), "events": events,
     "all_back_ms_after_signal": back_after,
     "last_client_back_ms_after_signal": (last_back - t0) if last_back else None,

@@ -42,6 +42,10 @@ pub struct Plan {
     /// Connects started per second during the first connect (0: unpaced).
     pub connect_rate: u32,
     pub source_ips: usize,
+    /// The balancer's view, if given: one line of connection counts (one per node, in
+    /// `nodes` order), rewritten by the script; then a reconnect goes to the least
+    /// loaded live node instead of round-robin.
+    pub loads_file: Option<PathBuf>,
 }
 
 pub fn unix_ms() -> u64 {
@@ -56,6 +60,9 @@ struct Fleet {
     timers: BinaryHeap<Reverse<(Instant, u32)>>,
     down_until: Vec<Instant>,
     rr: usize,
+    /// Least-loaded: the last counts read from the loads file, plus what this process
+    /// sent to each node since (other processes' picks show at the next reading).
+    loads: Option<Vec<u64>>,
     rng: Rng,
     nodes: Vec<SocketAddr>,
     source_ips: usize,
@@ -88,9 +95,23 @@ impl Fleet {
         }
     }
 
-    /// The next node round-robin, skipping nodes known down (all down: the next one).
+    /// The node a balancer would pick: least loaded when the script gives the loads,
+    /// else round-robin; nodes known down are skipped (all down: the next one).
     fn pick(&mut self, now: Instant) -> usize {
         let n = self.nodes.len();
+        if let Some(loads) = self.loads.as_mut() {
+            let best = (1..=n)
+                .map(|k| (self.rr + k) % n)
+                .filter(|&j| self.down_until[j] <= now)
+                .min_by_key(|&j| loads.get(j).copied().unwrap_or(u64::MAX));
+            if let Some(j) = best {
+                self.rr = j;
+                if let Some(l) = loads.get_mut(j) {
+                    *l += 1;
+                }
+                return j;
+            }
+        }
         for _ in 0..n {
             self.rr = (self.rr + 1) % n;
             if self.down_until[self.rr] <= now {
@@ -98,6 +119,20 @@ impl Fleet {
             }
         }
         self.rr
+    }
+
+    /// Read the balancer's view (a missing or short file keeps round-robin).
+    fn read_loads(&mut self, path: &std::path::Path) {
+        let Ok(text) = std::fs::read_to_string(path) else {
+            return;
+        };
+        let v: Vec<u64> = text
+            .split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        if v.len() == self.nodes.len() {
+            self.loads = Some(v);
+        }
     }
 
     /// Wait as the JS client would, then reconnect (through the timer heap).
@@ -178,6 +213,7 @@ pub fn run(plan: &Plan, names: &Names, c: &mut Counters) -> Result<Vec<Client>, 
         timers: BinaryHeap::new(),
         down_until: vec![Instant::now(); n],
         rr: plan.home,
+        loads: None,
         rng: Rng::new(u64::from(plan.first_client) ^ u64::from(std::process::id())),
         nodes: plan.nodes.clone(),
         source_ips: plan.source_ips.max(1),
@@ -248,6 +284,9 @@ pub fn run(plan: &Plan, names: &Names, c: &mut Counters) -> Result<Vec<Client>, 
         }
         if now.duration_since(last_status) >= Duration::from_millis(500) {
             last_status = now;
+            if let Some(p) = &plan.loads_file {
+                f.read_loads(p);
+            }
             if let Some(p) = &plan.status_file {
                 let lost_now = f.clients.iter().filter(|x| x.lost_at.is_some()).count();
                 let tmp = p.with_extension("tmp");

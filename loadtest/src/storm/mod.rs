@@ -70,6 +70,11 @@ pub struct StormArgs {
     /// Clients: rewritten every 500 ms with `<ready> <total> <lost now>`.
     #[arg(long)]
     pub status_file: Option<PathBuf>,
+    /// Clients: the balancer's view, one line of connection counts per node (in --nodes
+    /// order), re-read every 500 ms; reconnects then go to the least loaded live node.
+    /// Without it: round-robin.
+    #[arg(long)]
+    pub loads_file: Option<PathBuf>,
     /// Publisher: written at the end; clients: read at the end.
     #[arg(long)]
     pub accepted_file: Option<PathBuf>,
@@ -272,6 +277,7 @@ fn run_clients(
         status_file: a.status_file.clone(),
         connect_rate: a.connect_rate,
         source_ips: c.source_ips,
+        loads_file: a.loads_file.clone(),
     };
     let mut k = Counters::default();
     let clients = fleet::run(&plan, &names, &mut k)?;
