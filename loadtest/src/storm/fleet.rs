@@ -100,11 +100,7 @@ impl Fleet {
     fn pick(&mut self, now: Instant) -> usize {
         let n = self.nodes.len();
         if let Some(loads) = self.loads.as_mut() {
-            let best = (1..=n)
-                .map(|k| (self.rr + k) % n)
-                .filter(|&j| self.down_until[j] <= now)
-                .min_by_key(|&j| loads.get(j).copied().unwrap_or(u64::MAX));
-            if let Some(j) = best {
+            if let Some(j) = least_loaded(loads, &self.down_until, now, self.rr) {
                 self.rr = j;
                 if let Some(l) = loads.get_mut(j) {
                     *l += 1;
@@ -199,6 +195,21 @@ impl Fleet {
             }
         }
     }
+}
+
+/// The live node with the fewest connections; ties go to the first after `after`
+/// (so equal nodes are taken in turn). `None` when every node is down.
+fn least_loaded(
+    loads: &[u64],
+    down_until: &[Instant],
+    now: Instant,
+    after: usize,
+) -> Option<usize> {
+    let n = down_until.len();
+    (1..=n)
+        .map(|k| (after + k) % n)
+        .filter(|&j| down_until[j] <= now)
+        .min_by_key(|&j| loads.get(j).copied().unwrap_or(u64::MAX))
 }
 
 /// Run the fleet until the plan's end; the counters and every client's record.
@@ -330,4 +341,24 @@ pub fn run(plan: &Plan, names: &Names, c: &mut Counters) -> Result<Vec<Client>, 
     c.lost_at_end = f.clients.iter().filter(|x| x.lost_at.is_some()).count() as u32;
     c.never_ready = f.clients.iter().filter(|x| !x.was_ready).count() as u32;
     Ok(f.clients)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn least_loaded_skips_down_nodes_and_rotates_ties() {
+        let now = Instant::now();
+        let up = [now; 4];
+        assert_eq!(least_loaded(&[5, 3, 3, 9], &up, now, 0), Some(1));
+        assert_eq!(least_loaded(&[5, 3, 3, 9], &up, now, 1), Some(2));
+        let mut down = up;
+        down[1] = now + Duration::from_secs(2);
+        assert_eq!(least_loaded(&[5, 3, 4, 9], &down, now, 0), Some(2));
+        // A short loads line counts as full, never as empty.
+        assert_eq!(least_loaded(&[5], &up, now, 0), Some(0));
+        let all_down = [now + Duration::from_secs(2); 4];
+        assert_eq!(least_loaded(&[0, 0, 0, 0], &all_down, now, 0), None);
+    }
 }
