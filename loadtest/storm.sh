@@ -241,7 +241,10 @@ peak_ups = {i: max(ups.get(i, {0: 0}).values()) for i in survivors}
 # /proc samples: peak CPU (% of one core over each 0.5 s step), RSS and fds, after the signal.
 samples = {}
 for line in open(tmp + "/samples"):
-    t, j, ticks, rss, fds = (int(float(x)) for x in line.split())
+    parts = line.split()
+    if len(parts) != 5:  # a node that died between two reads of one sample
+        continue
+    t, j, ticks, rss, fds = (int(float(x)) for x in parts)
     samples.setdefault(j, []).append((t, ticks, rss, fds))
 peak = {}
 for j in survivors:
