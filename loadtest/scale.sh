@@ -37,7 +37,6 @@ REDIS_PORT="${REDIS_PORT:-28399}"
 export RINGCAST_MAX_UPGRADES_PER_SECOND="${RINGCAST_MAX_UPGRADES_PER_SECOND:-0}"
 [ -x "$RC" ] || { echo "scale.sh: no ringcast binary at $RC (cargo build --release, or RC_BIN)" >&2; exit 1; }
 [ -x "$LT" ] || { echo "scale.sh: no loadtest binary at $LT (cargo build --release -p loadtest, or LT_BIN)" >&2; exit 1; }
-command -v redis-server >/dev/null || { echo "scale.sh: redis-server is missing: apt-get install -y redis-server" >&2; exit 1; }
 PER_GEN=$(( SUBS / GENS ))
 [ "$PER_GEN" -lt 19000 ] || { echo "scale.sh: $PER_GEN subscribers per generator: raise GENS_PER_NODE (< 19,000 each)" >&2; exit 1; }
 
@@ -54,38 +53,14 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
-  --maxclients 10000 --dir "$TMP" >"$TMP/redis.log" 2>&1 &
-REDIS_PID=$!
-PIDS+=("$REDIS_PID")
-for _ in $(seq 1 100); do redis-cli -p "$REDIS_PORT" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
-REDIS_URL="redis://127.0.0.1:$REDIS_PORT"
-head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$TMP/master.key"
-chmod 600 "$TMP/master.key"
-export RINGCAST_MASTER_KEY_FILE="$TMP/master.key"
-"$RC" --redis "$REDIS_URL" project create scale --rate-limit 10000000/s >"$TMP/keys.json"
-SK="$(sed -n 's/.*"secret_key":"\(sk_[^"]*\)".*/\1/p' "$TMP/keys.json")"
-PK="$(sed -n 's/.*"public_key":"\(pk_[^"]*\)".*/\1/p' "$TMP/keys.json")"
-[ -n "$SK" ] && [ -n "$PK" ] || { echo "scale.sh: no keys from: $(cat "$TMP/keys.json")" >&2; exit 1; }
+# shellcheck source=loadtest/lib-cluster.sh
+. loadtest/lib-cluster.sh
+cluster_redis
+cluster_project scale --rate-limit 10000000/s
 
 NODE_PIDS=()
-for i in $(seq 0 $((NODES - 1))); do
-  mkdir -p "$TMP/n$i"
-  "$RC" --redis "$REDIS_URL" serve --data-dir "$TMP/n$i" --listen "127.0.0.1:$((BASE_PORT + i))" \
-    --workers 1 >"$TMP/node$i.log" 2>&1 &
-  NODE_PIDS+=("$!")
-  PIDS+=("$!")
-done
-for i in $(seq 0 $((NODES - 1))); do
-  for _ in $(seq 1 100); do curl -fs "http://127.0.0.1:$((BASE_PORT + i))/health" >/dev/null && break; sleep 0.1; done
-done
-
-cpu_ticks() { # sum of utime+stime (clock ticks) of the given pids
-  local t=0 p
-  for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done
-  echo "$t"
-}
-rss_of() { awk '/VmRSS/ {print $2 * 1024}' "/proc/$1/status"; }
+for i in $(seq 0 $((NODES - 1))); do cluster_node "$i"; done
+for i in $(seq 0 $((NODES - 1))); do cluster_wait_health "$i" || true; done
 RSS0_LINE=""
 for p in "${NODE_PIDS[@]}"; do RSS0_LINE="$RSS0_LINE,$(rss_of "$p")"; done
 CPU0=$(cpu_ticks "${NODE_PIDS[@]}" "$REDIS_PID")

@@ -15,6 +15,8 @@
 //!   `stats.rs` histograms and /proc readings, `trend.rs` soak slopes, `ramp.rs` the
 //!   ramp's rate search, `floor.rs` the kernel floor (`floor_pace.rs` its rate-matched
 //!   rounds, `floor_reader.rs` its reader thread or process).
+//! - `storm/` the reconnect storm: reconnecting clients that count lost and duplicated
+//!   messages, and a publisher that fails over with its `Idempotency-Key`.
 //!
 //! Invariants: only loopback targets; every phase is bounded in time; the harness's
 //! own CPU is always reported beside the server's so a reader can tell which one was
@@ -31,6 +33,7 @@ mod ramp;
 mod report;
 mod scenario;
 mod stats;
+mod storm;
 mod subrun;
 mod subs;
 mod target;
@@ -151,6 +154,9 @@ enum Mode {
     Soak(soak::SoakArgs),
     /// The kernel floor: one pre-encoded frame written to N loopback sockets.
     Floor(scenario::floor::FloorArgs),
+    /// Reconnect storm (issue 26): reconnecting clients with `since`, or the failover
+    /// publisher; lost and duplicated messages counted (loadtest/storm.sh runs it).
+    Storm(storm::StormArgs),
 }
 
 fn main() {
@@ -180,6 +186,7 @@ fn dispatch(cli: &Cli) -> Result<Value, String> {
     match &cli.mode {
         // The floor talks to no server: it must run without keys or a target.
         Mode::Floor(a) => scenario::floor::run(a),
+        Mode::Storm(a) => storm::run(c, a),
         Mode::Publish(a) => publish::run(c, &make_target(c)?, a),
         Mode::Fanout(a) => fanout::run(c, &make_target(c)?, a),
         Mode::Ramp(a) => scenario::ramp::run(c, &make_target(c)?, a),
