@@ -46,10 +46,12 @@ pub fn inflate(payload: &[u8], out: &mut Vec<u8>) -> bool {
                 }
                 out.reserve(input.len().max(256) * 4);
                 let before = d.total_in();
-                if d.decompress_vec(input, out, flate2::FlushDecompress::Sync)
-                    .is_err()
-                {
-                    return false;
+                match d.decompress_vec(input, out, flate2::FlushDecompress::Sync) {
+                    Err(_) => return false,
+                    // A final block (BFINAL, allowed by RFC 7692): the message is whole,
+                    // and nothing after it would ever be consumed.
+                    Ok(flate2::Status::StreamEnd) => return true,
+                    Ok(_) => {}
                 }
                 input = &input[(d.total_in() - before) as usize..];
                 if input.is_empty() && out.len() < out.capacity() {

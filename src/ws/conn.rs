@@ -255,10 +255,12 @@ impl WsConn {
         self.dialect
     }
 
-    /// This connection agreed to permessage-deflate with server window `window` (bits,
-    /// 8 to 15; before it is shared).
+    /// This connection agreed to permessage-deflate: `window` is the agreement
+    /// (`ws::deflate::negotiate::acceptable`: the server window in bits, 8 to 15, and
+    /// whether the answer named it); before it is shared.
     pub fn with_compression(mut self, window: Option<u8>) -> WsConn {
-        self.deflate_window = window.map_or(0, |w| w.clamp(8, 15));
+        self.deflate_window =
+            window.map_or(0, |w| super::deflate::negotiate::window(w).clamp(8, 15));
         self
     }
 
@@ -355,8 +357,12 @@ impl WsConn {
         if self.compresses() && self.deflate_fits(frame.len().saturating_sub(2)) {
             if let Some(small) = super::deflate::codec::compress_large(&frame) {
                 let saved = (frame.len() - small.len()) as u64;
-                crate::metrics::with(|m| m.compressed(1, saved));
-                return self.enqueue(&small, true);
+                // Counted only when it was taken (not by a closing connection).
+                let taken = self.enqueue(&small, true);
+                if taken {
+                    crate::metrics::with(|m| m.compressed(1, saved));
+                }
+                return taken;
             }
         }
         self.enqueue(&frame, true)

@@ -5,7 +5,9 @@
 //! `server_no_context_takeover`, `client_no_context_takeover` (no value),
 //! `client_max_window_bits` (with no value or 8..=15: it only says the client accepts a
 //! limit, and the server sets none), `server_max_window_bits` (8..=15). The answer is
-//! [`RESPONSE`], plus `server_max_window_bits=N` when the client asked for N below 15.
+//! [`RESPONSE`], plus `server_max_window_bits=N` whenever the offer named it (N as
+//! offered, 15 included: RFC 7692 §7.1.2.1 accepts the parameter by repeating it, and
+//! Python's `websockets` refuses an answer that leaves it out).
 //! That window is honoured without a compressor of its own: the one compressed frame of
 //! a message is shared by every subscriber and made with the full window, but deflate
 //! never refers further back than the message's own start (no context takeover), so
@@ -22,17 +24,28 @@
 pub(crate) const RESPONSE: &[u8] =
     b"permessage-deflate; server_no_context_takeover; client_no_context_takeover";
 
+/// Added to an agreement (see [`acceptable`]) when the offer named
+/// `server_max_window_bits`: the answer must repeat it.
+const ECHO: u8 = 16;
+
+/// The server window in bits (8 to 15) of an agreement from [`acceptable`].
+pub(crate) fn window(agreed: u8) -> u8 {
+    agreed & 15
+}
+
 /// The first of the offers in `header` (a `Sec-WebSocket-Extensions` value, offers
-/// comma-separated, parameters semicolon-separated) that can be agreed: the server's
-/// window in bits (15 unless the offer asked for less), or `None`.
+/// comma-separated, parameters semicolon-separated) that can be agreed, or `None`. The
+/// agreement is the server's window in bits (15 unless the offer asked for less, read it
+/// with [`window`]), plus a flag when the answer must name that window.
 pub fn acceptable(header: &[u8]) -> Option<u8> {
     split_outside_quotes(header, b',').find_map(offer_ok)
 }
 
-/// Append the answer's extension line for server window `window` (from [`acceptable`]).
-pub(crate) fn write_response(out: &mut Vec<u8>, window: u8) {
+/// Append the answer's extension line for an agreement from [`acceptable`].
+pub(crate) fn write_response(out: &mut Vec<u8>, agreed: u8) {
     out.extend_from_slice(RESPONSE);
-    if window < 15 {
+    if agreed & ECHO != 0 {
+        let window = window(agreed);
         out.extend_from_slice(b"; server_max_window_bits=");
         if window >= 10 {
             out.push(b'1');
@@ -41,10 +54,23 @@ pub(crate) fn write_response(out: &mut Vec<u8>, window: u8) {
     }
 }
 
-/// Whether this user agent is Safari 15.0–15.3 (macOS or iOS): `Version/15.N` with N
-/// from 0 to 3 and `Safari/`, and none of the other browsers that put `Safari/` in
-/// their user agent (Chrome, Chromium, Edge, Opera).
+/// Whether this user agent runs WebKit 15.0–15.3: Safari (macOS or iOS: `Version/15.N`
+/// with N from 0 to 3 and `Safari/`, and none of the other browsers that put `Safari/`
+/// in their user agent: Chrome, Chromium, Edge, Opera), or any browser or web view on
+/// iOS/iPadOS 15.0–15.3 (`CPU iPhone OS 15_N` / `CPU OS 15_N` with `AppleWebKit`): every
+/// iOS browser is the system WebKit, whatever its name (Chrome's `CriOS`, `FxiOS`).
 pub(crate) fn mishandles_no_context_takeover(user_agent: &[u8]) -> bool {
+    let ios_15_early = [&b"CPU iPhone OS 15_"[..], b"CPU OS 15_"].iter().any(|p| {
+        find(user_agent, p).is_some_and(|at| {
+            matches!(
+                &user_agent[at + p.len()..],
+                [b'0'..=b'3', rest @ ..] if !rest.first().is_some_and(u8::is_ascii_digit)
+            )
+        })
+    });
+    if ios_15_early && find(user_agent, b"AppleWebKit").is_some() {
+        return true;
+    }
     let Some(at) = find(user_agent, b"Version/15.") else {
         return false;
     };
@@ -97,7 +123,7 @@ fn offer_ok(offer: &[u8]) -> Option<u8> {
         }
         seen[slot] = true;
     }
-    Some(window)
+    Some(if seen[3] { window | ECHO } else { window })
 }
 
 /// A window size parameter's value: 8 to 15, decimal digits only (RFC 7692 §7.1.2).
@@ -160,7 +186,6 @@ mod tests {
             "permessage-deflate; server_no_context_takeover; client_no_context_takeover; client_max_window_bits=12",
             "permessage-deflate",
             "PerMessage-Deflate ;  client_max_window_bits=\"10\"",
-            "permessage-deflate; server_max_window_bits=15",
             // A first offer we cannot honour, then one we can.
             "permessage-deflate; server_max_window_bits=7, permessage-deflate",
             "x-webkit-deflate-frame, permessage-deflate; client_max_window_bits",
@@ -168,15 +193,26 @@ mod tests {
             assert_eq!(acceptable(offer.as_bytes()), Some(15), "{offer}");
         }
         let small = b"permessage-deflate; server_no_context_takeover; server_max_window_bits=9";
-        assert_eq!(acceptable(small), Some(9));
+        let agreed = acceptable(small).unwrap();
+        assert_eq!(window(agreed), 9);
         let mut out = Vec::new();
-        write_response(&mut out, 9);
+        write_response(&mut out, agreed);
         assert!(out.ends_with(b"client_no_context_takeover; server_max_window_bits=9"));
+        // Offered at 15: accepted by repeating it (RFC 7692 §7.1.2.1).
+        let full = acceptable(b"permessage-deflate; server_max_window_bits=15").unwrap();
+        assert_eq!(window(full), 15);
         out.clear();
-        write_response(&mut out, 12);
+        write_response(&mut out, full);
+        assert!(out.ends_with(b"; server_max_window_bits=15"));
+        out.clear();
+        write_response(
+            &mut out,
+            acceptable(b"permessage-deflate; server_max_window_bits=12").unwrap(),
+        );
         assert!(out.ends_with(b"; server_max_window_bits=12"));
+        // Not offered: not named.
         out.clear();
-        write_response(&mut out, 15);
+        write_response(&mut out, acceptable(b"permessage-deflate").unwrap());
         assert_eq!(out, RESPONSE);
     }
 
@@ -216,6 +252,12 @@ mod tests {
         }
         let ios = "Mozilla/5.0 (iPhone; CPU iPhone OS 15_2 like Mac OS X) AppleWebKit/605.1.15 (KHTML, like Gecko) Version/15.2 Mobile/15E148 Safari/604.1";
         assert!(mishandles_no_context_takeover(ios.as_bytes()));
+        let crios = "Mozilla/5.0 (iPhone; CPU iPhone OS 15_1 like Mac OS X) AppleWebKit/605.1.15 (KHTML, like Gecko) CriOS/96.0.4664.53 Mobile/15E148 Safari/604.1";
+        assert!(mishandles_no_context_takeover(crios.as_bytes()));
+        let ipad = "Mozilla/5.0 (iPad; CPU OS 15_3 like Mac OS X) AppleWebKit/605.1.15 (KHTML, like Gecko) FxiOS/40.0 Mobile/15E148 Safari/605.1.15";
+        assert!(mishandles_no_context_takeover(ipad.as_bytes()));
+        let ios_15_4 = "Mozilla/5.0 (iPhone; CPU iPhone OS 15_4 like Mac OS X) AppleWebKit/605.1.15 (KHTML, like Gecko) CriOS/100.0 Mobile/15E148 Safari/604.1";
+        assert!(!mishandles_no_context_takeover(ios_15_4.as_bytes()));
         let chrome = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/120.0.0.0 Safari/537.36";
         assert!(!mishandles_no_context_takeover(chrome.as_bytes()));
         assert!(!mishandles_no_context_takeover(
