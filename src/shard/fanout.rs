@@ -18,21 +18,29 @@ use crate::ws::conn::WsConn;
 /// The frames of one broadcast as its subscribers ask for them, looked up once each.
 pub(super) struct Pick<'a> {
     msg: &'a Broadcast,
-    /// Per dialect (native, Pusher): the compressed frame, once asked for, and the
-    /// plain payload's length (a connection with a small window takes only short ones).
-    deflated: [Option<(Option<&'a Bytes>, usize)>; 2],
-    /// Compressed frames sent, and bytes they saved against the plain ones.
-    compressed: u64,
-    saved: u64,
+    /// Per dialect (native, Pusher): the plain payload's length, once asked for (a
+    /// connection with a small window takes only short ones; it is checked before
+    /// anything is deflated, so a message nobody can take compressed is never deflated).
+    plain: [Option<usize>; 2],
+    /// Per dialect: the compressed frame, once asked for (`None` inside: it would not
+    /// shrink, or is under the threshold).
+    deflated: [Option<Option<&'a Bytes>>; 2],
+    /// Per dialect: compressed frames sent. The bytes saved follow from these and the
+    /// two frames' lengths, once per fan-out ([`Pick::count`]).
+    compressed: [u64; 2],
+}
+
+fn slot(dialect: Dialect) -> usize {
+    usize::from(dialect == Dialect::Pusher)
 }
 
 impl<'a> Pick<'a> {
     pub(super) fn new(msg: &'a Broadcast) -> Pick<'a> {
         Pick {
             msg,
+            plain: [None, None],
             deflated: [None, None],
-            compressed: 0,
-            saved: 0,
+            compressed: [0, 0],
         }
     }
 
@@ -41,60 +49,59 @@ impl<'a> Pick<'a> {
     pub(super) fn frame(&mut self, conn: &WsConn) -> Option<&'a Bytes> {
         let dialect = conn.dialect();
         if conn.compresses() {
-            if let (Some(f), len) = self.deflated(dialect) {
-                if conn.deflate_fits(len) {
-                    return Some(f);
-                }
+            if let Some(f) = self.deflated(dialect, conn) {
+                return Some(f);
             }
         }
         self.msg.frame_for(dialect)
     }
 
-    /// The compressed frame for `dialect` and the plain payload's length.
+    /// The compressed frame for `dialect` if `conn`'s window takes it; deflated (once
+    /// for the node) only then.
     #[inline]
-    fn deflated(&mut self, dialect: Dialect) -> (Option<&'a Bytes>, usize) {
+    fn deflated(&mut self, dialect: Dialect, conn: &WsConn) -> Option<&'a Bytes> {
         let msg = self.msg;
-        let i = usize::from(dialect == Dialect::Pusher);
-        *self.deflated[i].get_or_insert_with(|| {
-            let len = msg.frame_for(dialect).map_or(0, |f| payload_len(f));
-            (msg.deflated_for(dialect), len)
-        })
+        let i = slot(dialect);
+        let len = *self.plain[i]
+            .get_or_insert_with(|| msg.frame_for(dialect).map_or(0, |f| payload_len(f)));
+        if !conn.deflate_fits(len) {
+            return None;
+        }
+        *self.deflated[i].get_or_insert_with(|| msg.deflated_for(dialect))
     }
 
     /// What a compressing native connection receives (the channel has no Pusher
     /// subscriber here: the native-only loop).
     #[inline]
     fn native_deflated(&mut self, conn: &WsConn) -> &'a Bytes {
-        match self.deflated(Dialect::Native) {
-            (Some(f), len) if conn.deflate_fits(len) => f,
-            _ => &self.msg.frame,
-        }
+        self.deflated(Dialect::Native, conn)
+            .unwrap_or(&self.msg.frame)
     }
 
-    /// `frame` (from [`Pick::frame`]) went to a connection: count it if compressed.
+    /// `frame` (from [`Pick::frame`]) went to a connection speaking `dialect`: count it
+    /// if compressed (RSV1).
     #[inline]
-    pub(super) fn sent(&mut self, frame: &Bytes) {
+    pub(super) fn sent(&mut self, dialect: Dialect, frame: &Bytes) {
         if frame.first().is_some_and(|b| b & 0x40 != 0) {
-            self.compressed += 1;
-            let plain = self.plain_len(frame);
-            self.saved += plain.saturating_sub(frame.len()) as u64;
+            self.compressed[slot(dialect)] += 1;
         }
     }
 
-    /// The plain frame's length for the compressed `frame`.
-    fn plain_len(&self, frame: &Bytes) -> usize {
-        let native = self.deflated[0].and_then(|(f, _)| f);
-        if native.is_some_and(|n| std::ptr::eq(n, frame)) {
-            self.msg.frame.len()
-        } else {
-            self.msg.frame_for(Dialect::Pusher).map_or(0, Bytes::len)
-        }
-    }
-
-    /// Write the counters (once per fan-out).
+    /// Write the counters (once per fan-out): frames sent compressed, and the bytes they
+    /// saved (per dialect, the plain frame's length less the compressed one's).
     pub(super) fn count(&self) {
-        if self.compressed > 0 {
-            crate::metrics::with(|m| m.compressed(self.compressed, self.saved));
+        let mut frames = 0;
+        let mut saved = 0;
+        for (i, dialect) in [Dialect::Native, Dialect::Pusher].into_iter().enumerate() {
+            let n = self.compressed[i];
+            if let (true, Some(Some(small))) = (n > 0, self.deflated[i]) {
+                let plain = self.msg.frame_for(dialect).map_or(0, Bytes::len);
+                frames += n;
+                saved += n * plain.saturating_sub(small.len()) as u64;
+            }
+        }
+        if frames > 0 {
+            crate::metrics::with(|m| m.compressed(frames, saved));
         }
     }
 }
@@ -132,7 +139,7 @@ pub(super) fn fan_out_skipping(registry: &Registry, msg: &Broadcast, skip: u64) 
                 &msg.frame
             };
             if conn.send_shared(frame) {
-                pick.sent(frame);
+                pick.sent(Dialect::Native, frame);
                 delivered += 1;
             }
         }
@@ -147,7 +154,7 @@ pub(super) fn fan_out_skipping(registry: &Registry, msg: &Broadcast, skip: u64) 
             continue;
         };
         if conn.send_shared(frame) {
-            pick.sent(frame);
+            pick.sent(conn.dialect(), frame);
             delivered += 1;
         }
     }

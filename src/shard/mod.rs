@@ -730,7 +730,7 @@ impl Shard {
                 a.replies.push((conn.clone(), Held::Shared(frame.clone())));
                 delivered += 1;
             } else if conn.send_shared(frame) {
-                pick.sent(frame);
+                pick.sent(conn.dialect(), frame);
                 delivered += 1;
             }
         }

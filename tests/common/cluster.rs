@@ -2,8 +2,8 @@
 //! free loopback port, `ringcast serve --redis URL` processes, the CLI against Redis.
 //! A test file names it as `use common::cluster as support;`.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -217,18 +217,11 @@ impl Node {
     }
 
     pub fn raw(&self, bytes: &[u8]) -> Vec<u8> {
-        let mut s = TcpStream::connect(self.addr).expect("connect");
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        s.write_all(bytes).expect("write");
-        let mut out = Vec::new();
-        let _ = s.read_to_end(&mut out);
-        out
+        common::raw_to(self.addr, bytes)
     }
 
     pub fn health(&self) -> (u16, Value) {
-        let resp = self.raw(b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
-        let (s, _, v) = parse_response(&resp);
-        (s, v)
+        common::health_answer(&self.raw(common::HEALTH_REQUEST))
     }
 
     pub fn publish(&self, key: &str, channel: &str, data: Value) -> (u16, String, Value) {

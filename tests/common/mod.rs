@@ -345,12 +345,7 @@ impl Server {
 
     /// Send raw bytes as plaintext, whatever the server speaks; read until it closes.
     pub fn raw_plain(&self, bytes: &[u8]) -> Vec<u8> {
-        let mut s = TcpStream::connect(self.addr).expect("connect");
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let _ = s.write_all(bytes);
-        let mut out = Vec::new();
-        let _ = s.read_to_end(&mut out);
-        out
+        raw_to(self.addr, bytes)
     }
 
     pub fn project(&self, name: &str, rate: &str) -> Project {
@@ -428,9 +423,7 @@ impl Server {
     }
 
     pub fn health(&self) -> (u16, Value) {
-        let resp = self.raw(b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
-        let (s, _, v) = parse_response(&resp);
-        (s, v)
+        health_answer(&self.raw(HEALTH_REQUEST))
     }
 
     pub fn ws_url(&self, key: &str) -> String {
@@ -645,4 +638,24 @@ pub fn channel_token(secret: &str, channel: &str, sub: &str) -> String {
         secret,
         serde_json::json!({"channel": channel, "exp": unix_now() + 600, "sub": sub}),
     )
+}
+
+/// Send raw bytes to `addr` in plaintext on a new connection and read until it closes
+/// (10 s at most per read).
+pub fn raw_to(addr: SocketAddr, bytes: &[u8]) -> Vec<u8> {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let _ = s.write_all(bytes);
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    out
+}
+
+/// `GET /health`, the connection closed after the answer.
+pub const HEALTH_REQUEST: &[u8] = b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n";
+
+/// The status and JSON of a `/health` answer.
+pub fn health_answer(resp: &[u8]) -> (u16, Value) {
+    let (s, _, v) = parse_response(resp);
+    (s, v)
 }

@@ -44,15 +44,23 @@ pub(crate) enum InflateError {
 /// `ws::frame::frame` builds it), or `None` when it is not one or would not shrink.
 pub(crate) fn compress_frame(frame: &[u8]) -> Option<Bytes> {
     let (opcode, payload) = data_payload(frame)?;
-    let body = deflate(payload)?;
-    if body.len() >= payload.len() {
+    // Deflated behind room for the longest header (10 bytes), which is written into
+    // that room once the length is known: one buffer, no copy of the body.
+    let mut out = vec![0; MAX_HEADER];
+    deflate_into(payload, &mut out)?;
+    let body = out.len() - MAX_HEADER;
+    if body >= payload.len() {
         return None;
     }
-    let mut out = Vec::with_capacity(header_len(body.len()) + body.len());
-    write_header_rsv1(&mut out, opcode, body.len());
-    out.extend_from_slice(&body);
-    Some(Bytes::from(out))
+    let start = MAX_HEADER - header_len(body);
+    let mut head = Vec::with_capacity(MAX_HEADER);
+    write_header_rsv1(&mut head, opcode, body);
+    out[start..MAX_HEADER].copy_from_slice(&head);
+    Some(Bytes::from(out).slice(start..))
 }
+
+/// The longest server frame header (a 64-bit length).
+const MAX_HEADER: usize = 10;
 
 /// [`compress_frame`] for a frame whose payload is at least the node's threshold
 /// (`ws_compression_min_bytes`); `None` below it.
@@ -64,18 +72,27 @@ pub(crate) fn compress_large(frame: &[u8]) -> Option<Bytes> {
     compress_frame(frame)
 }
 
-/// Raw deflate of `data`, sync-flushed, without the trailing `00 00 ff ff`.
+/// Raw deflate of `data`, sync-flushed, without the trailing `00 00 ff ff` (the bench
+/// and the tests; the server deflates straight into its frame, [`compress_frame`]).
+#[cfg(any(test, feature = "bench"))]
 pub(crate) fn deflate(data: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    deflate_into(data, &mut out)?;
+    Some(out)
+}
+
+/// [`deflate`] appended to `out`.
+fn deflate_into(data: &[u8], out: &mut Vec<u8>) -> Option<()> {
     DEFLATE.with(|cell| {
         let mut slot = cell.borrow_mut();
         let c = slot.get_or_insert_with(|| Compress::new(Compression::new(1), false));
         c.reset();
         // Deflate's worst case is the input plus 5 bytes per stored block, plus the flush.
-        let mut out = Vec::with_capacity(data.len() + data.len() / 1024 * 5 + 64);
+        out.reserve(data.len() + data.len() / 1024 * 5 + 64);
         let mut input = data;
         loop {
             let before = c.total_in();
-            c.compress_vec(input, &mut out, FlushCompress::Sync).ok()?;
+            c.compress_vec(input, out, FlushCompress::Sync).ok()?;
             input = &input[(c.total_in() - before) as usize..];
             if input.is_empty() && out.len() < out.capacity() {
                 break;
@@ -85,7 +102,7 @@ pub(crate) fn deflate(data: &[u8]) -> Option<Vec<u8>> {
         if out.ends_with(&TAIL) {
             out.truncate(out.len() - TAIL.len());
         }
-        Some(out)
+        Some(())
     })
 }
 
