@@ -34,9 +34,11 @@
 //!    [`config`] (every knob, its default and unit).
 //! 2. transports: [`ws`] (WebSocket as pure transport: handshake answer, frame codec,
 //!    reassembly, permessage-deflate (negotiation, once-per-message deflate, bounded
-//!    inflate), the connection's reader and writer; knows no project, key or channel), [`tls`] (the rustls transport), [`history`] (offsets, epochs, the
-//!    per-node ring buffers), [`pusher_frame`] (Pusher protocol 7 server frames),
-//!    [`admission`] (the node-wide upgrade rate, the shutdown drain spread, trusted
+//!    inflate), the connection's reader and writer; knows no project, key or channel),
+//!    [`wire`] (every byte format written to a socket or to Redis: the native, Pusher
+//!    protocol 7 and cluster relay frames and payloads, and the checks of relayed ones),
+//!    [`tls`] (the rustls transport), [`history`] (offsets, epochs, the per-node ring
+//!    buffers), [`admission`] (the node-wide upgrade rate, the shutdown drain spread, trusted
 //!    proxies).
 //! 1. leaves: [`engine`] (per worker, wakes parked idle connections by readiness
 //!    without a task per connection), [`metrics`] (per-worker counters rendered as
@@ -82,7 +84,6 @@ mod percent;
 mod presence;
 mod project;
 mod publish;
-mod pusher_frame;
 mod quota;
 mod redis_link;
 mod reply;
@@ -93,6 +94,7 @@ mod store;
 mod tls;
 pub mod tools;
 mod webhook;
+mod wire;
 mod ws;
 
 // The binary: argument parsing and the two entry points.
@@ -118,8 +120,8 @@ pub use auth::pusher::{
     QueryError as PusherQueryError, RestAuthError as PusherRestAuthError,
 };
 pub use http::parse::parse_head;
-pub use publish::encode::message_frame;
 pub use publish::parse::PublishParser;
+pub use wire::native::message_frame;
 
 /// Private-channel token verification on its own (the `jwt_token` fuzz target): the
 /// one entry point a `subscribe`/`refresh` token goes through, [`token::TokenKeys::verify`]

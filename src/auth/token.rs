@@ -67,8 +67,8 @@ pub struct Grant {
     pub info: Option<String>,
 }
 
-/// Largest `info` claim, as compact JSON text.
-pub(crate) const MAX_INFO_BYTES: usize = 1024;
+// Largest `info` claim, as compact JSON text: the presence frames' limit.
+pub(crate) use crate::wire::native::MAX_INFO_BYTES;
 
 /// Why a token was refused: the `forbidden` error frame's message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

@@ -31,7 +31,7 @@ use crate::quota::now_ns;
 use crate::shard::mailbox::Broadcast;
 use crate::webhook::{HookEvent, HookKind, Webhooks};
 
-use super::frames::client_event_frame;
+use crate::wire::native::client_event_frame;
 
 /// Client events one connection may send in any one second (Pusher's limit).
 pub(crate) const MAX_PER_SECOND: usize = 10;

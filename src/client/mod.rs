@@ -14,16 +14,15 @@
 pub(crate) mod admit;
 pub(crate) mod ctx;
 pub(crate) mod events;
-pub(crate) mod frames;
 pub(crate) mod private;
 pub(crate) mod pusher;
 pub(crate) mod session;
 pub(crate) mod subs;
 
+pub(crate) use crate::wire::native::connected_frame;
 pub(crate) use admit::Admission;
 pub(crate) use ctx::SessionCtx;
 pub(crate) use events::EventContext;
-pub(crate) use frames::connected_frame;
 pub(crate) use private::Expiry;
 pub(crate) use pusher::PusherSession;
 pub(crate) use session::ClientSession;

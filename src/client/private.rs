@@ -27,7 +27,7 @@ use crate::auth::token::LEEWAY_S;
 use crate::shard::Shard;
 use crate::ws::conn::WsConn;
 
-use super::frames::unsubscribed_with_reason;
+use crate::wire::native::unsubscribed_with_reason;
 
 /// Channels whose subscribers need a token signed by the application (`presence-`
 /// channels are private channels too).

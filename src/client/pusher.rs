@@ -40,9 +40,9 @@ use crate::auth::ProjectState;
 use crate::close::Disconnect;
 use crate::ids::{SocketId, SocketIdText};
 use crate::presence::{Hub, Join};
-use crate::pusher_frame;
 use crate::shard::mailbox::PresenceAnswer;
 use crate::shard::{is_presence, PresenceDone};
+use crate::wire::pusher as pusher_frame;
 use crate::ws::conn::{ReadCtx, Session, WsConn};
 use crate::ws::frame::Opcode;
 

@@ -38,14 +38,14 @@ use crate::ws::frame::Opcode;
 use super::admit::Budget;
 use super::ctx::SessionCtx;
 use super::events::{self, ClientEvent, RateLog, Refusal};
-use super::frames::{
-    channel_error_frame, error_frame, refreshed_frame, reply, subscribed, subscribed_presence, PONG,
-};
 use super::private::{needs_token, unix_now, Grant};
 use super::subs::Subs;
 use crate::presence::{Hub, Join};
 use crate::shard::mailbox::PresenceAnswer;
 use crate::shard::{is_presence, PresenceDone};
+use crate::wire::native::{
+    channel_error_frame, error_frame, refreshed_frame, reply, subscribed, subscribed_presence, PONG,
+};
 
 /// A subscribe's `since`: the last position the client saw.
 struct Since<'a> {

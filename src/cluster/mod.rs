@@ -47,7 +47,10 @@ pub(crate) mod idempotency;
 pub(crate) mod inbound;
 pub(crate) mod leases;
 pub(crate) mod outbound;
-pub(crate) mod wire;
+
+// The relay's payloads and frame checks (`crate::wire::relay`), under the name the
+// bridge's files import them by (`super::wire`).
+use crate::wire::relay as wire;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

@@ -67,7 +67,7 @@ pub(crate) fn handle(
                 Ok(read) => {
                     let entries = read.entries.iter().filter_map(|k| {
                         let (event, data, id) =
-                            crate::cluster::wire::split_body(&k.body, k.data_start)?;
+                            crate::wire::native::split_body(&k.body, k.data_start)?;
                         Some((event, data, id, k.offset))
                     });
                     write_history(&mut out, &params, read.position, entries, max_bytes);

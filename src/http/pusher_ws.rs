@@ -20,8 +20,8 @@ use super::upgrade::validate;
 use super::Service;
 use crate::apikey::KeyKind;
 use crate::close::{Dialect, Disconnect};
-use crate::pusher_frame;
 use crate::shard::ProjectSlot;
+use crate::wire::pusher as pusher_frame;
 use crate::ws::frame::close_frame;
 use crate::ws::handshake::write_switching;
 

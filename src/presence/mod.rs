@@ -47,7 +47,7 @@ use crate::json::write_json_str;
 use crate::reply::ReplyTx;
 use crate::shard::mailbox::{Broadcast, Envelope, Mailboxes, PresenceAnswer};
 use crate::shard::ChannelWatch;
-use crate::ws::frame::{self, Opcode};
+use crate::wire::native::{presence_frame, MAX_USER_ID_CHARS};
 
 /// Most channels one occupancy listing returns. The hub answers one more when there are
 /// more (at most `MAX_LISTED + 1`), so the listing can say it was cut.
@@ -536,10 +536,6 @@ impl Local {
     }
 }
 
-/// Longest user id, in characters: what a single node accepts as a token's `sub` or a
-/// Pusher `channel_data.user_id`.
-const MAX_USER_ID_CHARS: usize = 128;
-
 /// A member read back from Redis (cluster mode), checked as a single node checks what a
 /// token or a Pusher `channel_data` gives it, before it reaches any client: `None` drops
 /// a member whose user id is empty or longer than 128 characters; an `info` that is not
@@ -616,23 +612,6 @@ pub(crate) fn write_members<'a>(
         out.push(b'}');
     }
     out.push(b']');
-}
-
-/// `{"type":"presence","channel":...,"action":"join"|"leave","user_id":...[,"info":{...}]}`.
-pub(crate) fn presence_frame(channel: &str, action: &str, user: &str, info: Option<&str>) -> Bytes {
-    let mut json = Vec::with_capacity(80 + channel.len() + user.len());
-    json.extend_from_slice(b"{\"type\":\"presence\",\"channel\":");
-    write_json_str(&mut json, channel);
-    json.extend_from_slice(b",\"action\":\"");
-    json.extend_from_slice(action.as_bytes());
-    json.extend_from_slice(b"\",\"user_id\":");
-    write_json_str(&mut json, user);
-    if let Some(info) = info {
-        json.extend_from_slice(b",\"info\":");
-        json.extend_from_slice(info.as_bytes());
-    }
-    json.push(b'}');
-    frame::frame(Opcode::Text, &json)
 }
 
 #[cfg(test)]

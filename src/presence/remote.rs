@@ -52,9 +52,7 @@ pub(crate) const LEASE: Duration = Duration::from_secs(20);
 pub(crate) const TICK: Duration = Duration::from_secs(2);
 /// Most subscriber-count changes sent to Redis in one pipeline.
 const MAX_PIPELINE: usize = 512;
-/// Payload version of a presence frame relayed through Redis (see `cluster::wire`):
-/// the version byte, the origin node id (8 bytes, little endian), the frame.
-pub(crate) const VERSION_PRESENCE: u8 = 3;
+pub(crate) use crate::wire::relay::VERSION_PRESENCE;
 
 /// What cluster mode needs at start.
 pub(crate) struct Setup {
@@ -396,10 +394,7 @@ impl Remote {
     /// PUBLISH a presence frame on the channel's Redis channel for the other nodes.
     fn relay(&mut self, project: u32, channel: &str, frame: &Bytes) {
         let Some(pid) = self.pid(project) else { return };
-        let mut payload = Vec::with_capacity(9 + frame.len());
-        payload.push(VERSION_PRESENCE);
-        payload.extend_from_slice(&self.setup.node_id.to_le_bytes());
-        payload.extend_from_slice(frame);
+        let payload = crate::wire::relay::encode_presence(self.setup.node_id, frame);
         let Some(conn) = self.conn.as_mut() else {
             return;
         };

@@ -1,5 +1,5 @@
 //! The publish endpoints' work once the HTTP layer has authenticated the key and read
-//! the body: parse and validate ([`parse`]), apply the quota, encode once ([`encode`])
+//! the body: parse and validate ([`parse`]), apply the quota, encode once (`crate::wire::native`)
 //! and hand the encoded frames to the mailbox of every worker that has subscribers of
 //! their channels ([`Fanout`]). One message to one channel is one frame and one
 //! envelope; a message to several channels, or a batch, is one frame per message per
@@ -21,7 +21,6 @@
 //! passes one, and the request is published by Redis' idempotent script
 //! ([`keyed_publish`]), which answers a retry from what it stored.
 
-pub(crate) mod encode;
 pub(crate) mod idempotency;
 pub(crate) mod parse;
 pub(crate) mod pusher;
@@ -37,6 +36,7 @@ use crate::history::{Entry, History, HistorySpec, Position};
 use crate::ids::{Id, IdGen};
 use crate::quota::{now_ns, Decision};
 use crate::shard::mailbox::{Broadcast, BroadcastBatch};
+use crate::wire::native as encode;
 
 pub(crate) use parse::PublishParser;
 use parse::{BatchError, BatchLimits, Publish};
@@ -242,7 +242,7 @@ fn history_items(msgs: &[Publish<'_>], accepted: &Accepted, units: u32) -> Vec<I
     for (msg, id) in msgs.iter().zip(id_strs(accepted)) {
         for &channel in msg.channels.as_slice() {
             let (body, data_start) =
-                crate::cluster::wire::message_body(channel, msg.event, msg.data, id);
+                crate::wire::native::message_body(channel, msg.event, msg.data, id);
             items.push(Item {
                 channel: channel.into(),
                 body,
@@ -345,10 +345,10 @@ fn keyed_publish(
                 let frame = encode::message_frame(channel, msg.event, msg.data, id);
                 // Origin 0: every node delivers it, this one included.
                 let payload = match msg.except {
-                    Some(e) => crate::cluster::wire::encode_payload_except(0, e, &frame),
-                    None => crate::cluster::wire::encode_payload(0, &frame),
+                    Some(e) => crate::wire::relay::encode_payload_except(0, e, &frame),
+                    None => crate::wire::relay::encode_payload(0, &frame),
                 };
-                let name = crate::cluster::wire::redis_channel(project.id.as_str(), channel);
+                let name = crate::wire::relay::redis_channel(project.id.as_str(), channel);
                 frames.push((name, payload));
             }
         }

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::pusher_frame;
+use crate::wire::pusher as pusher_frame;
 use crate::ws::frame::text_payload;
 
 /// The fields of a native broadcast frame the Pusher form needs, borrowed.

@@ -167,21 +167,9 @@ mod tests {
     use std::rc::Rc;
 
     use super::*;
+    use crate::wire::native::message_frame;
     use crate::ws::deflate::codec::inflate;
     use crate::ws::frame::data_payload;
-    use crate::ws::frame::{frame, Opcode};
-
-    /// A native message frame (as `publish::encode` builds it; not named here, it is a
-    /// layer above).
-    fn message_frame(channel: &str, event: &str, data: &[u8], id: &str) -> Bytes {
-        let mut json = format!(
-            "{{\"type\":\"message\",\"channel\":\"{channel}\",\"event\":\"{event}\",\"data\":"
-        )
-        .into_bytes();
-        json.extend_from_slice(data);
-        json.extend_from_slice(format!(",\"id\":\"{id}\"}}").as_bytes());
-        frame(Opcode::Text, &json)
-    }
 
     fn conn(id: u64, dialect: Dialect, window: Option<u8>) -> Rc<WsConn> {
         Rc::new(

@@ -2,66 +2,20 @@
 //! text frame (design: docs/design/pusher.md, section 1.2).
 //!
 //! Invariants:
-//! - Every encoder works from borrowed parts and makes one allocation: the frame. The
-//!   payload is written twice over the same code, once into a byte counter and once into
-//!   a buffer of exactly that size behind [`frame::write_header`], so the header is right
-//!   and nothing is copied again. [`pong`] makes none (a static frame).
+//! - Every encoder works from borrowed parts and makes one allocation: the frame
+//!   (`super::write::build`: counted, then written into a buffer of exactly that size).
+//!   [`pong`] makes none (a static frame).
 //! - The output is valid JSON for any `&str` input: names and user ids go through
-//!   [`json::escape_chunks`]; the parts documented as JSON text (`data_json`,
+//!   `crate::json::escape_chunks`; the parts documented as JSON text (`data_json`,
 //!   `user_info_json`, the event and user id literals) are the caller's to have checked,
 //!   and are copied or escaped byte for byte, never parsed or re-serialised.
 //! - `data` of every frame but `pusher:error` is a JSON string holding JSON text (Pusher's
 //!   double encoding). Text inside that string is escaped once more: a quote in a channel
 //!   name becomes `\\\"` on the wire.
-//!
-//! A leaf above `json` and `ws::frame` only, so the shard may call it.
 
 use bytes::Bytes;
 
-use crate::json;
-use crate::ws::frame::{self, Opcode};
-
-/// Where an encoder writes its payload: a byte counter or the frame buffer.
-trait Sink {
-    fn put(&mut self, bytes: &[u8]);
-}
-
-/// Counts what would be written.
-struct Count(usize);
-
-impl Sink for Count {
-    fn put(&mut self, bytes: &[u8]) {
-        self.0 += bytes.len();
-    }
-}
-
-impl Sink for Vec<u8> {
-    fn put(&mut self, bytes: &[u8]) {
-        self.extend_from_slice(bytes);
-    }
-}
-
-/// Writes what it is given into the inner sink as the inside of a JSON string. Nested,
-/// it escapes twice (text inside a JSON document inside a JSON string).
-struct Esc<'a>(&'a mut dyn Sink);
-
-impl Sink for Esc<'_> {
-    fn put(&mut self, bytes: &[u8]) {
-        json::escape_chunks(bytes, |chunk| self.0.put(chunk));
-    }
-}
-
-/// `s` as a JSON string literal.
-fn str_lit(out: &mut dyn Sink, s: &str) {
-    out.put(b"\"");
-    Esc(&mut *out).put(s.as_bytes());
-    out.put(b"\"");
-}
-
-fn num(out: &mut dyn Sink, n: u64) {
-    let mut buf = [0u8; 20];
-    out.put(crate::json::decimal(n, &mut buf));
-}
+use super::write::{build, num, str_lit, Esc, Sink};
 
 /// `"data":"<inner>"`: `inner` writes a JSON document, which lands escaped into a string.
 fn data_string(out: &mut dyn Sink, inner: impl Fn(&mut dyn Sink)) {
@@ -75,24 +29,6 @@ fn channel_field(out: &mut dyn Sink, channel: &str) {
     out.put(b"\"channel\":");
     str_lit(out, channel);
     out.put(b",");
-}
-
-/// A text frame whose payload `write` produces: counted first, then written into one
-/// buffer of the exact size.
-fn build(write: impl Fn(&mut dyn Sink)) -> Bytes {
-    let mut count = Count(0);
-    write(&mut count);
-    let len = count.0;
-    let total = frame::header_len(len) + len;
-    let mut out = Vec::with_capacity(total);
-    frame::write_header(&mut out, Opcode::Text, len);
-    write(&mut out);
-    debug_assert_eq!(
-        out.len(),
-        total,
-        "the counted and the written payload differ"
-    );
-    Bytes::from(out)
 }
 
 /// `{"event":"pusher:connection_established","data":"{\"socket_id\":\"…\",\"activity_timeout\":N}"}`.
@@ -295,6 +231,7 @@ pub(crate) fn presence_data(members_json: &str) -> Result<String, PresenceDataEr
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ws::frame::{self, Opcode};
     use serde_json::{json, Value};
 
     /// The payload of a server text frame, checked to be one whole frame.

@@ -1,5 +1,6 @@
-//! What travels through Redis: the pub/sub channel name of a (project, channel) pair and
-//! the payload of one relayed publish.
+//! What travels through Redis: the pub/sub channel name of a (project, channel) pair, the
+//! payload of one relayed publish or presence change, and the checks a received frame
+//! passes before any client gets it.
 //!
 //! - Channel: `ringcast:m:<project id>:<channel>`. Project ids (`prj_` + hex) never
 //!   contain `:`, so the first `:` after the prefix splits the two unambiguously, and a
@@ -16,13 +17,18 @@
 //! - History payload ([`VERSION_HISTORY`], cluster mode with history on): the same
 //!   header, then `<offset>,<epoch>,<body>` in ASCII, written by the publish script in
 //!   Redis (`cluster::history`), which alone knows the position. `body` is the message
-//!   JSON without its closing brace and position ([`message_body`]); every node,
-//!   the origin included, turns it into the frame once ([`frame_with_position`]).
+//!   JSON without its closing brace and position ([`super::native::message_body`], from
+//!   `super::native`, which spells the message JSON once); every node, the origin
+//!   included, turns it into the frame once ([`frame_with_position`]): the bytes the
+//!   origin would have built locally.
+//!
+//! - Presence payload ([`VERSION_PRESENCE`]): the same header, then a presence frame
+//!   (`super::native::presence_frame`) as the presence hub of the origin wrote it.
 //!
 //! Decoding never panics on foreign input: anything malformed is `None`.
 //!
 //! Whoever can write to Redis can publish on these channels, so a received frame is not
-//! trusted as bytes: [`check_frame`] requires exactly what `publish::encode` produces (one
+//! trusted as bytes: [`check_frame`] requires exactly what `super::native` produces (one
 //! final, unmasked text frame with a minimal length header that covers exactly the
 //! payload, holding a JSON object of `type` = `"message"`, the `channel` of the Redis
 //! channel it came on, a valid `event`, `data` as an object or a string, a string `id`,
@@ -30,8 +36,11 @@
 //! make a browser receive a close, a ping, a binary frame, broken JSON or a frame of
 //! another channel.
 
+// A relayed history body becomes its frame on every node; the cluster reads it here.
+pub(crate) use super::native::frame_with_position;
 pub(crate) use crate::names::{redis_channel, CHANNEL_PREFIX};
 
+use super::native::{MAX_INFO_BYTES, MAX_USER_ID_CHARS};
 use crate::ids::SocketId;
 
 /// Payload format version; a node drops payloads of another version (a mixed-version
@@ -46,6 +55,10 @@ pub(crate) const VERSION_HISTORY: u8 = 2;
 /// publish with a `socket_id` naming it): [`VERSION`]'s header, then the connection's
 /// node prefix (4 bytes) and local id (8 bytes), little endian, then the frame.
 pub(crate) const VERSION_EXCEPT: u8 = 4;
+
+/// Payload format of a presence frame (the presence hub's join or leave): [`VERSION`]'s
+/// header, then the frame.
+pub(crate) const VERSION_PRESENCE: u8 = 3;
 
 /// Bytes before the frame in a payload.
 pub(crate) const HEADER_LEN: usize = 9;
@@ -96,6 +109,15 @@ pub(crate) fn encode_payload_except(origin: u64, except: SocketId, frame: &[u8])
     out.push(VERSION_EXCEPT);
     out.extend_from_slice(&origin.to_le_bytes());
     out.extend_from_slice(&except_bytes(except));
+    out.extend_from_slice(frame);
+    out
+}
+
+/// The payload for presence `frame` of node `origin`.
+pub(crate) fn encode_presence(origin: u64, frame: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_LEN + frame.len());
+    out.push(VERSION_PRESENCE);
+    out.extend_from_slice(&origin.to_le_bytes());
     out.extend_from_slice(frame);
     out
 }
@@ -156,7 +178,8 @@ pub(crate) fn check_frame(frame: &[u8], channel: &str) -> bool {
 /// Whether `frame` is exactly a presence frame of `channel` as the presence hub writes
 /// it: `{"type":"presence","channel":…,"action":"join"|"leave","user_id":"…"}`, plus an
 /// object `info` on a join, nothing else; the user id and `info` within what a single
-/// node accepts from clients (1 to 128 characters; at most 1 KiB of compact JSON).
+/// node accepts from clients (1 to [`MAX_USER_ID_CHARS`] characters; at most
+/// [`MAX_INFO_BYTES`] of compact JSON).
 pub(crate) fn check_presence_frame(frame: &[u8], channel: &str) -> bool {
     let Some(payload) = frame_payload(frame) else {
         return false;
@@ -166,24 +189,19 @@ pub(crate) fn check_presence_frame(frame: &[u8], channel: &str) -> bool {
     };
     let text = |k: &str| fields.get(k).and_then(|v| v.as_str());
     let info = match (text("action"), fields.get("info")) {
-        (Some("join"), Some(i))
-            if i.is_object() && i.to_string().len() <= crate::auth::token::MAX_INFO_BYTES =>
-        {
-            1
-        }
+        (Some("join"), Some(i)) if i.is_object() && i.to_string().len() <= MAX_INFO_BYTES => 1,
         (Some("join"), None) | (Some("leave"), None) => 0,
         _ => return false,
     };
     fields.len() == 4 + info
         && text("type") == Some("presence")
         && text("channel") == Some(channel)
-        && text("user_id").is_some_and(|u| (1..=128).contains(&u.chars().count()))
+        && text("user_id").is_some_and(|u| (1..=MAX_USER_ID_CHARS).contains(&u.chars().count()))
 }
 
-/// Split a presence payload ([`crate::presence::remote::VERSION_PRESENCE`]) into its
-/// origin node and frame.
+/// Split a presence payload ([`VERSION_PRESENCE`]) into its origin node and frame.
 pub(crate) fn decode_presence(payload: &[u8]) -> Option<(u64, &[u8])> {
-    if payload.len() < HEADER_LEN || payload[0] != crate::presence::remote::VERSION_PRESENCE {
+    if payload.len() < HEADER_LEN || payload[0] != VERSION_PRESENCE {
         return None;
     }
     let origin = u64::from_le_bytes(payload[1..HEADER_LEN].try_into().ok()?);
@@ -258,81 +276,10 @@ pub(crate) fn parse_offset(text: &[u8]) -> Option<u64> {
         .filter(|&o| o > 0)
 }
 
-/// The JSON of a message without its position and closing brace, and where `data`
-/// starts in it: what the publish script keeps and relays.
-pub(crate) fn message_body(channel: &str, event: &str, data: &[u8], id: &str) -> (Vec<u8>, usize) {
-    use crate::json::{json_str_len, write_json_str};
-    const A: &[u8] = b"{\"type\":\"message\",\"channel\":";
-    const B: &[u8] = b",\"event\":";
-    const C: &[u8] = b",\"data\":";
-    const D: &[u8] = b",\"id\":\"";
-    let len = A.len()
-        + json_str_len(channel)
-        + B.len()
-        + json_str_len(event)
-        + C.len()
-        + data.len()
-        + D.len()
-        + id.len()
-        + 1;
-    let mut out = Vec::with_capacity(len);
-    out.extend_from_slice(A);
-    write_json_str(&mut out, channel);
-    out.extend_from_slice(B);
-    write_json_str(&mut out, event);
-    out.extend_from_slice(C);
-    let data_start = out.len();
-    out.extend_from_slice(data);
-    out.extend_from_slice(D);
-    out.extend_from_slice(id.as_bytes());
-    out.push(b'"');
-    (out, data_start)
-}
-
-/// The WebSocket frame of a history message: `body` with its position and closing
-/// brace, in one exactly-sized allocation.
-pub(crate) fn frame_with_position(body: &[u8], offset: u64, epoch: &str) -> bytes::Bytes {
-    use crate::ws::frame::{header_len, write_header, Opcode};
-    const E: &[u8] = b",\"offset\":";
-    const F: &[u8] = b",\"epoch\":\"";
-    let mut digits = [0u8; 20];
-    let offset_text = crate::json::decimal(offset, &mut digits);
-    let len = body.len() + E.len() + offset_text.len() + F.len() + epoch.len() + 2;
-    let mut out = Vec::with_capacity(header_len(len) + len);
-    write_header(&mut out, Opcode::Text, len);
-    out.extend_from_slice(body);
-    out.extend_from_slice(E);
-    out.extend_from_slice(offset_text);
-    out.extend_from_slice(F);
-    // Epochs are alphanumeric (checked on decode, made by ringcast): no escaping.
-    out.extend_from_slice(epoch.as_bytes());
-    out.extend_from_slice(b"\"}");
-    debug_assert_eq!(out.len(), out.capacity());
-    bytes::Bytes::from(out)
-}
-
-/// Split a kept body into (event, data, id) for REST history; `None` when it is not
-/// what [`message_body`] makes.
-pub(crate) fn split_body(body: &[u8], data_start: usize) -> Option<(String, &[u8], &str)> {
-    const B: &[u8] = b",\"event\":";
-    const C: &[u8] = b",\"data\":";
-    const D: &[u8] = b",\"id\":\"";
-    let head = body.get(..data_start)?;
-    let head = head.strip_suffix(C)?;
-    // A `,"` never occurs inside a JSON string (a quote in it is escaped), so the
-    // first `,"event":` is the field.
-    let at = memchr::memmem::find(head, B)?;
-    let event: String = serde_json::from_slice(&head[at + B.len()..]).ok()?;
-    let tail = &body[data_start..];
-    let id_at = memchr::memmem::rfind(tail, D)?;
-    let data = &tail[..id_at];
-    let id = tail[id_at + D.len()..].strip_suffix(b"\"")?;
-    Some((event, data, std::str::from_utf8(id).ok()?))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::native::{message_body, message_frame, split_body};
 
     #[test]
     fn presence_frames_from_redis_are_checked_exactly() {
@@ -366,19 +313,9 @@ mod tests {
             "a".repeat(1100)
         );
         assert!(!check_presence_frame(&f(&big_info), "presence-r"));
-        let mut payload = vec![crate::presence::remote::VERSION_PRESENCE];
-        payload.extend_from_slice(&7u64.to_le_bytes());
-        payload.extend_from_slice(&ok);
+        let payload = encode_presence(7, &ok);
         assert_eq!(decode_presence(&payload), Some((7, &ok[..])));
         assert_eq!(decode_presence(&payload[..5]), None);
-    }
-
-    /// A message frame as a publish encodes it (`publish::encode::message_frame`, which
-    /// this layer may not name: the publish layer sits above it).
-    fn message_frame(channel: &str, event: &str, data: &[u8], id: &str) -> bytes::Bytes {
-        let (mut body, _) = message_body(channel, event, data, id);
-        body.push(b'}');
-        crate::ws::frame::frame(crate::ws::frame::Opcode::Text, &body)
     }
 
     #[test]
@@ -405,7 +342,7 @@ mod tests {
         let extra = crate::ws::frame::frame(crate::ws::frame::Opcode::Text, json);
         assert!(!check_frame(&extra, "news"), "an unknown field");
         // A client event on a presence channel carries its sender's user id
-        // (`client::frames::client_event_frame`, also above this layer).
+        // (`native::client_event_frame`).
         let json = br#"{"type":"message","channel":"presence-r","event":"client-t","data":{},"id":"x","user_id":"u1"}"#;
         let user = crate::ws::frame::frame(crate::ws::frame::Opcode::Text, json);
         assert!(
