@@ -36,9 +36,8 @@ use crate::close::Disconnect;
 use crate::history::spec::HistorySpec;
 use crate::ids::SocketId;
 use crate::presence::{Hub, Join};
-use crate::shard::mailbox::{HistoryReady, PresenceAnswer};
-use crate::shard::registry::Subscribed;
-use crate::shard::{is_presence, PresenceDone};
+use crate::shard::mailbox::PresenceAnswer;
+use crate::shard::{is_presence, JoinRequest, PresenceDone};
 use crate::ws::conn::{ReadCtx, Session, WsConn};
 use crate::ws::frame::Opcode;
 
@@ -280,157 +279,26 @@ impl<C: Codec> ClientSession<C> {
         grant
     }
 
-    /// Join `channel` (room and budget were checked): at once without history, through
-    /// the history (position, replay, the ordering rule) with it, or answer again when
-    /// held already.
+    /// Join `channel` (room and budget were checked), or answer again when held: the
+    /// shard carries every step (history position, replay, the ordering rule).
     fn subscribe(&mut self, conn: &Rc<WsConn>, channel: &str, since: Option<&Since<'_>>) {
-        let spec = if C::HISTORY {
+        let again = self.subscriptions.contains(channel);
+        let history = if C::HISTORY {
             self.project.history.get()
         } else {
             HistorySpec::default()
         };
-        let subscribed = |position: Option<(u64, &str)>, recovered: Option<bool>| {
-            reply::<C>(Reply::Subscribed {
-                channel,
-                position,
-                recovered,
-            })
+        let req = JoinRequest {
+            project: self.project.index,
+            channel,
+            history,
+            since: since.map(|s| (s.offset, s.epoch)),
+            again,
         };
-        if self.subscriptions.contains(channel) {
-            // Already live on this channel: nothing to replay (it would duplicate).
-            if spec.is_on() && self.ask_cluster(conn, channel, None, since.is_some(), true) {
-                return;
-            }
-            let frame = if spec.is_on() {
-                let pos =
-                    self.ctx
-                        .shard
-                        .history()
-                        .lock()
-                        .position(self.project.index, channel, spec);
-                subscribed(Some((pos.offset, pos.epoch.as_str())), since.map(|_| false))
-            } else {
-                subscribed(None, since.map(|_| false))
-            };
-            // Behind the first answer if that one still waits for the cluster.
-            if let Some(frame) = frame {
-                self.ctx
-                    .shard
-                    .reply_when_live(self.project.index, channel, conn, frame);
-            }
-            return;
-        }
-        if !spec.is_on() {
-            let t = self.ctx.shard.subscribe(self.project.index, channel, conn);
-            debug_assert_ne!(t, Subscribed::Already, "the session and the registry agree");
+        self.ctx.shard.join(conn, req, subscribed::<C>);
+        if !again {
             self.subscriptions.push(channel);
-            // `since` on a channel without history: nothing can be recovered. The shard
-            // holds the answer until the subscription is live cluster-wide.
-            if let Some(frame) = subscribed(None, since.map(|_| false)) {
-                self.ctx
-                    .shard
-                    .reply_when_live(self.project.index, channel, conn, frame);
-            }
-            return;
         }
-        // A history channel in cluster mode: Redis knows its position.
-        let wanted = since.map(|s| (s.offset, Box::<str>::from(s.epoch)));
-        if self.ask_cluster(conn, channel, wanted, since.is_some(), false) {
-            self.subscriptions.push(channel);
-            return;
-        }
-        // A history channel. Under the history lock (no publish of the channel can get
-        // an offset meanwhile), only: move out what this worker's mailbox already holds
-        // (frames at or below the position read next, which the new subscriber must not
-        // get), make later publishes of the channel reach this mailbox, and read the
-        // position and the missed frames. After releasing it: fan the moved envelopes
-        // out (the new subscriber is not registered yet, so it gets none of them), then
-        // register it; every later frame has a higher offset and sits in the mailbox
-        // until the worker drains it, after this synchronous code, so it reaches the
-        // subscriber live, after the replay. No fan-out happens under the lock.
-        // A replay larger than half the connection's send backlog is not attempted
-        // (recovered: false): it would close the connection with 4008, and the client
-        // would reconnect with the same `since` forever.
-        let budget = conn.backlog_limit() / 2;
-        let (mail, position, replay) = {
-            let mut history = self.ctx.shard.history().lock();
-            let mail = self.ctx.shard.take_mail();
-            self.ctx.shard.hold_interest(self.project.index, channel);
-            let (position, replay) = match since {
-                None => (history.position(self.project.index, channel, spec), None),
-                Some(s) => {
-                    let r = history.recover(
-                        self.project.index,
-                        channel,
-                        spec,
-                        s.offset,
-                        s.epoch,
-                        budget,
-                    );
-                    (r.position, r.frames)
-                }
-            };
-            (mail, position, replay)
-        };
-        for envelope in mail {
-            self.ctx.shard.handle(envelope);
-        }
-        let t = self.ctx.shard.subscribe(self.project.index, channel, conn);
-        debug_assert_ne!(t, Subscribed::Already, "the session and the registry agree");
-        self.ctx.shard.release_interest(self.project.index, channel);
-        self.subscriptions.push(channel);
-        let recovered = since.map(|_| replay.is_some());
-        // The answer and the replay leave once the subscription is live cluster-wide,
-        // in this order (the shard holds them together while it waits).
-        if let Some(frame) = subscribed(Some((position.offset, position.epoch.as_str())), recovered)
-        {
-            self.ctx
-                .shard
-                .reply_when_live(self.project.index, channel, conn, frame);
-        }
-        // Replayed messages are deliveries too (counted once per recovery).
-        let mut replayed = 0u64;
-        for frame in replay.into_iter().flatten() {
-            replayed += u64::from(self.ctx.shard.reply_when_live(
-                self.project.index,
-                channel,
-                conn,
-                frame,
-            ));
-        }
-        if replayed > 0 {
-            crate::metrics::with(|m| m.deliveries(replayed));
-        }
-    }
-
-    /// Cluster mode: have the cluster answer a subscribe to a history channel. The
-    /// shard runs the continuation when Redis' answer reaches this worker's mailbox,
-    /// between the messages the position covers and the later ones: the subscriber
-    /// is registered there (unless `again`: it already is), so the replay and the live
-    /// messages meet with no gap and no duplicate. `false`: not in cluster mode.
-    fn ask_cluster(
-        &self,
-        conn: &Rc<WsConn>,
-        channel: &str,
-        since: Option<(u64, Box<str>)>,
-        recovering: bool,
-        again: bool,
-    ) -> bool {
-        let spec = self.project.history.get();
-        let project = self.project.index;
-        let budget = conn.backlog_limit() / 2;
-        let c = conn.clone();
-        let ch: Box<str> = channel.into();
-        let done: crate::shard::HistoryDone = Box::new(move |shard, ready| {
-            if !again {
-                let t = shard.subscribe(project, &ch, &c);
-                debug_assert_ne!(t, Subscribed::Already, "the session and the registry agree");
-            }
-            history_answer::<C>(&c, &ch, recovering, ready);
-        });
-        self.ctx
-            .shard
-            .history_subscribe(conn.id, project, channel, since, spec, budget, done)
     }
 
     /// Ask the hub to add this connection to the channel's members; the answer arrives
@@ -613,46 +481,17 @@ fn send_reply<C: Codec>(conn: &Rc<WsConn>, r: Reply<'_>) {
     }
 }
 
-/// Send a cluster-mode history subscribe's answer: the position Redis gave (none when
-/// Redis could not be asked), then the replay.
-fn history_answer<C: Codec>(
-    conn: &Rc<WsConn>,
+/// The protocol's answer to a subscribe that went live (`shard::Answer`).
+fn subscribed<C: Codec>(
     channel: &str,
-    recovering: bool,
-    ready: HistoryReady,
-) {
-    match ready {
-        HistoryReady::Position {
-            offset,
-            epoch,
-            replay,
-        } => {
-            let recovered = recovering.then_some(replay.is_some());
-            send_reply::<C>(
-                conn,
-                Reply::Subscribed {
-                    channel,
-                    position: Some((offset, &epoch)),
-                    recovered,
-                },
-            );
-            let mut replayed = 0u64;
-            for frame in replay.into_iter().flatten() {
-                replayed += u64::from(conn.send(frame));
-            }
-            if replayed > 0 {
-                crate::metrics::with(|m| m.deliveries(replayed));
-            }
-        }
-        HistoryReady::Unknown => send_reply::<C>(
-            conn,
-            Reply::Subscribed {
-                channel,
-                position: None,
-                recovered: recovering.then_some(false),
-            },
-        ),
-    }
+    position: Option<(u64, &str)>,
+    recovered: Option<bool>,
+) -> Option<bytes::Bytes> {
+    C::reply(Reply::Subscribed {
+        channel,
+        position,
+        recovered,
+    })
 }
 
 impl<C: Codec> Session for ClientSession<C> {
