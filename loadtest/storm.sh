@@ -266,6 +266,7 @@ out = {
     "last_client_back_ms_after_signal": (last_back - t0) if last_back else None,
     "clients_lost_connection": s("losses"), "attempts": s("attempts"),
     "recovered_true": rec_t, "recovered_false": rec_f,
+    "recovered_false_fresh": s("recovered_false_fresh"),
     "expected": s("expected"), "messages": s("messages"), "lost": lost, "duplicates": dups,
     "foreign_epoch": s("foreign_epoch"),
     "refused_1013_clients": s("refused_1013"),

@@ -320,6 +320,27 @@ pub(crate) fn parse_public_key(text: &[u8]) -> Result<(TokenKeyAlg, String), Pub
     Err(PublicKeyError::Unsupported)
 }
 
+/// What the unit tests of token checks share: the clock and an HS256 signer.
+#[cfg(test)]
+pub(crate) mod test_tokens {
+    use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
+
+    /// Unix seconds now.
+    pub(crate) fn now() -> u64 {
+        jsonwebtoken::get_current_timestamp()
+    }
+
+    /// `claims` signed with HS256 and `secret`.
+    pub(crate) fn hs(secret: &str, claims: serde_json::Value) -> String {
+        encode(
+            &Header::new(Algorithm::HS256),
+            &claims,
+            &EncodingKey::from_secret(secret.as_bytes()),
+        )
+        .expect("HS256 signs any claims")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -328,18 +349,7 @@ mod tests {
 
     const SECRET: &str = "ts_testsecrettestsecrettestsecrettestsecret12";
 
-    fn now() -> u64 {
-        jsonwebtoken::get_current_timestamp()
-    }
-
-    fn hs(secret: &str, claims: serde_json::Value) -> String {
-        encode(
-            &Header::new(Algorithm::HS256),
-            &claims,
-            &EncodingKey::from_secret(secret.as_bytes()),
-        )
-        .unwrap()
-    }
+    use super::test_tokens::{hs, now};
 
     fn keys() -> TokenKeys {
         let mut k = TokenKeys::default();

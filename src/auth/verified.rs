@@ -110,21 +110,9 @@ fn digest(project: u32, channel: &str, token: &str) -> [u8; 32] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
     use serde_json::json;
 
-    fn now() -> u64 {
-        jsonwebtoken::get_current_timestamp()
-    }
-
-    fn hs(secret: &str, claims: serde_json::Value) -> String {
-        encode(
-            &Header::new(Algorithm::HS256),
-            &claims,
-            &EncodingKey::from_secret(secret.as_bytes()),
-        )
-        .unwrap()
-    }
+    use crate::auth::token::test_tokens::{hs, now};
 
     #[test]
     fn a_replayed_token_is_checked_once_per_snapshot_and_channel() {

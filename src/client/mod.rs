@@ -1,10 +1,14 @@
-//! ringcast's client protocol over an established WebSocket: what a browser may say
-//! ([`session`]), the frames the server answers with ([`frames`]), private
-//! channels' grants and per-worker expiry timer ([`private`]), and client events
-//! relayed between the subscribers of a private channel ([`events`]), and what a
-//! subscribe may cost a worker ([`admit`]: each connection's budget, the cache of
-//! verified tokens); the Pusher
-//! protocol 7 as a second session type over the same parts ([`pusher`]).
+//! ringcast's client protocols over an established WebSocket, as one session core with
+//! a codec per protocol (sans-IO in the shape of quinn-proto): a codec ([`codec`]:
+//! native or Pusher protocol 7) decodes a frame into a [`command`], the core
+//! ([`session`]) applies it and answers with a reply or a refusal from the one table of
+//! client errors ([`error`]), which the codec writes in its protocol. Around the core:
+//! what a credential proves ([`credential`]), private channels' grants and per-worker
+//! expiry timer ([`private`]), client events relayed between the subscribers of a
+//! private channel ([`events`]), what a subscribe may cost a worker ([`admit`]: each
+//! connection's budget, the cache of verified tokens), the channels one connection
+//! holds ([`subs`]). The frames themselves are written by `crate::wire` (native and
+//! Pusher).
 //!
 //! Sits above the shard core (it subscribes through [`crate::shard::Shard`], which
 //! mirrors transitions to the interest filter and the cluster) and above the transport
@@ -12,10 +16,13 @@
 //! connection belongs to; the transport does not.
 
 pub(crate) mod admit;
+pub(crate) mod codec;
+pub(crate) mod command;
+pub(crate) mod credential;
 pub(crate) mod ctx;
+pub(crate) mod error;
 pub(crate) mod events;
 pub(crate) mod private;
-pub(crate) mod pusher;
 pub(crate) mod session;
 pub(crate) mod subs;
 
@@ -24,5 +31,4 @@ pub(crate) use admit::Admission;
 pub(crate) use ctx::SessionCtx;
 pub(crate) use events::EventContext;
 pub(crate) use private::Expiry;
-pub(crate) use pusher::PusherSession;
-pub(crate) use session::ClientSession;
+pub(crate) use session::{NativeSession, PusherSession};

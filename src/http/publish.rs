@@ -187,13 +187,19 @@ fn refuse_known(out: &mut Vec<u8>, project: &ProjectState, err: ApiError) -> Out
     }
 }
 
-fn write_answer(out: &mut Vec<u8>, answer: &Answer) {
-    let mut extra = Extra {
+/// The headers every publish answer carries, native or Pusher: the project's rate,
+/// `Retry-After`, the failing batch index.
+pub(super) fn answer_extra(answer: &Answer) -> Extra {
+    Extra {
         rate: Some(rate_headers(&answer.rate)),
         retry_after_s: answer.retry_after_s,
         error_index: answer.index,
         ..Extra::default()
-    };
+    }
+}
+
+fn write_answer(out: &mut Vec<u8>, answer: &Answer) {
+    let mut extra = answer_extra(answer);
     match &answer.outcome {
         Ok(Accepted::Replayed(stored)) => {
             extra.replayed = true;
@@ -219,7 +225,7 @@ fn write_answer(out: &mut Vec<u8>, answer: &Answer) {
     }
 }
 
-fn rate_headers(d: &Decision) -> RateHeaders {
+pub(super) fn rate_headers(d: &Decision) -> RateHeaders {
     RateHeaders {
         limit: d.limit,
         remaining: d.remaining,

@@ -41,7 +41,8 @@ use std::time::Instant;
 
 use super::outcome::{answer, Outcome};
 use super::parse::{is_json_media_type, Method, RequestHead};
-use super::response::{write_error, write_json, write_json_with, Extra, RateHeaders};
+use super::publish::{answer_extra, rate_headers};
+use super::response::{write_error, write_json, write_json_with, Extra};
 use super::{ApiError, Service};
 use crate::apikey::KeyKind;
 use crate::auth::cache::KeySnapshot;
@@ -57,7 +58,7 @@ use crate::presence::{ChannelInfo, Hub, Query as HubQuery, MAX_LISTED};
 use crate::publish::parse::{validate_name, BatchLimits};
 use crate::publish::pusher::Info;
 use crate::publish::{Accepted, Answer, Decided, Keyed};
-use crate::quota::{now_ns, Decision};
+use crate::quota::now_ns;
 use crate::reply::reply;
 
 /// The parameters a request may carry besides the endpoint's own: the signature's.
@@ -429,12 +430,7 @@ fn record(answer: &Answer, started: Option<Instant>) {
 }
 
 fn write_answer(out: &mut Vec<u8>, answer: &Answer, ok_body: &[u8]) {
-    let mut extra = Extra {
-        rate: Some(rate_headers(&answer.rate)),
-        retry_after_s: answer.retry_after_s,
-        error_index: answer.index,
-        ..Extra::default()
-    };
+    let mut extra = answer_extra(answer);
     match &answer.outcome {
         Ok(Accepted::Replayed(stored)) => {
             extra.replayed = true;
@@ -442,14 +438,6 @@ fn write_answer(out: &mut Vec<u8>, answer: &Answer, ok_body: &[u8]) {
         }
         Ok(_) => write_json(out, 200, ok_body, extra),
         Err(err) => write_error(out, pusher_error(*err), extra),
-    }
-}
-
-fn rate_headers(d: &Decision) -> RateHeaders {
-    RateHeaders {
-        limit: d.limit,
-        remaining: d.remaining,
-        reset_s: d.reset_s,
     }
 }
 

@@ -21,7 +21,7 @@ use super::parse::{query_param, Method, RequestHead};
 use super::transport::{Transport, WsIo};
 use super::{ApiError, Service};
 use crate::apikey::KeyKind;
-use crate::client::{connected_frame, ClientSession, PusherSession};
+use crate::client::{connected_frame, NativeSession, PusherSession};
 use crate::close::Dialect;
 use crate::engine;
 use crate::error::Unavailable;
@@ -212,7 +212,7 @@ pub(crate) fn start<S: Transport>(
     };
     match upgrade.dialect {
         Dialect::Native => {
-            let session = ClientSession::new(svc.sessions.clone(), upgrade.project);
+            let session = NativeSession::new(svc.sessions.clone(), upgrade.project);
             read_side(&svc, rd, conn, session, pending, held);
         }
         Dialect::Pusher => {

@@ -321,24 +321,8 @@ fn message_fields<'a>(nodes: &[Node<'a>], at: usize) -> Result<(Fields<'a>, usiz
         "socket_id" => socket_id = Some(kind(value)),
         _ => {}
     })?;
-    let channels = match (channel, channels) {
-        (Some(_), Some(_)) => {
-            return Err(ApiError::InvalidField(
-                "channels",
-                "cannot be combined with 'channel'",
-            ))
-        }
-        (None, None) => return Err(ApiError::MissingField("channel")),
-        (Some(c), None) => Channels::One(name_field("channel", Some(c))?),
-        (None, Some(at)) => channel_list(nodes, at)?,
-    };
-    let event = name_field("event", event)?;
-    if RESERVED_EVENT_PREFIXES.iter().any(|p| event.starts_with(p)) {
-        return Err(ApiError::InvalidField(
-            "event",
-            "must not start with 'pusher:' or 'pusher_internal:' (reserved)",
-        ));
-    }
+    let channels = channels_field(nodes, channel, channels)?;
+    let event = event_name("event", event)?;
     if let Kind::Other = data.ok_or(ApiError::MissingField("data"))? {
         return Err(ApiError::InvalidField(
             "data",
@@ -354,6 +338,38 @@ fn message_fields<'a>(nodes: &[Node<'a>], at: usize) -> Result<(Fields<'a>, usiz
         },
         span,
     ))
+}
+
+/// `channel` or `channels` (exactly one of them): the message's channels.
+pub(super) fn channels_field<'a>(
+    nodes: &[Node<'a>],
+    channel: Option<Kind<'a>>,
+    channels: Option<usize>,
+) -> Result<Channels<'a>, ApiError> {
+    match (channel, channels) {
+        (Some(_), Some(_)) => Err(ApiError::InvalidField(
+            "channels",
+            "cannot be combined with 'channel'",
+        )),
+        (None, None) => Err(ApiError::MissingField("channel")),
+        (Some(c), None) => Ok(Channels::One(name_field("channel", Some(c))?)),
+        (None, Some(at)) => channel_list(nodes, at),
+    }
+}
+
+/// An event name (field `field`): a valid name outside the reserved prefixes.
+pub(super) fn event_name<'a>(
+    field: &'static str,
+    value: Option<Kind<'a>>,
+) -> Result<&'a str, ApiError> {
+    let name = name_field(field, value)?;
+    if RESERVED_EVENT_PREFIXES.iter().any(|p| name.starts_with(p)) {
+        return Err(ApiError::InvalidField(
+            field,
+            "must not start with 'pusher:' or 'pusher_internal:' (reserved)",
+        ));
+    }
+    Ok(name)
 }
 
 /// `socket_id`, when present: the connection to leave out.

@@ -22,9 +22,9 @@
 use simd_json::Node;
 
 use super::parse::{
-    batch_array, channel_list, each_element, finish_batch, kind, name_field, object_fields,
+    batch_array, channels_field, each_element, event_name, finish_batch, kind, object_fields,
     socket_id_field, top_level_value, BatchError, BatchLimits, Channels, Kind, Publish,
-    PublishParser, RESERVED_EVENT_PREFIXES,
+    PublishParser,
 };
 use crate::error::ApiError;
 
@@ -163,30 +163,14 @@ fn event_fields<'a>(
         "info" => info = Some(kind(value)),
         _ => {}
     })?;
-    let channels = match (channel, channels) {
-        (Some(_), Some(_)) => {
-            return Err(ApiError::InvalidField(
-                "channels",
-                "cannot be combined with 'channel'",
-            ))
-        }
-        (None, Some(_)) if in_batch => {
-            return Err(ApiError::InvalidField(
-                "channels",
-                "is not accepted in batch_events: each event names one 'channel'",
-            ))
-        }
-        (None, None) => return Err(ApiError::MissingField("channel")),
-        (Some(c), None) => Channels::One(name_field("channel", Some(c))?),
-        (None, Some(at)) => channel_list(nodes, at)?,
-    };
-    let name = name_field("name", name)?;
-    if RESERVED_EVENT_PREFIXES.iter().any(|p| name.starts_with(p)) {
+    if in_batch && channel.is_none() && channels.is_some() {
         return Err(ApiError::InvalidField(
-            "name",
-            "must not start with 'pusher:' or 'pusher_internal:' (reserved)",
+            "channels",
+            "is not accepted in batch_events: each event names one 'channel'",
         ));
     }
+    let channels = channels_field(nodes, channel, channels)?;
+    let name = event_name("name", name)?;
     match data.ok_or(ApiError::MissingField("data"))? {
         Kind::Str(_) => {}
         _ => {

@@ -22,6 +22,7 @@
 mod dialect;
 mod fanout;
 pub(crate) mod interest;
+mod join;
 pub(crate) mod mailbox;
 mod members;
 pub(crate) mod registry;
@@ -53,6 +54,7 @@ use stop::StopSignal;
 #[cfg(feature = "bench")]
 pub use fanout::fan_out;
 use fanout::{fan_out_skipping, Pick};
+pub(crate) use join::{JoinRequest, PresenceDone};
 
 /// Told when this core gains its first subscriber of a channel or loses its last one
 /// (cluster mode: the node subscribes in Redis only to channels someone here wants).
@@ -94,18 +96,6 @@ pub(crate) fn is_presence(channel: &str) -> bool {
     channel.starts_with("presence-")
 }
 
-/// What to do once the presence hub answered a join (made by the client layer).
-pub(crate) type PresenceDone = Box<dyn FnOnce(&Shard, mailbox::PresenceAnswer)>;
-
-/// A presence join waiting for [`Envelope::PresenceReady`].
-struct PendingPresence {
-    ticket: u64,
-    conn_id: u64,
-    project: u32,
-    channel: Box<str>,
-    done: PresenceDone,
-}
-
 /// Replies held until the cluster confirmed a channel's subscription (see
 /// [`InterestSink`]). Lives only for the Redis round trip of a first subscriber.
 struct Awaiting {
@@ -145,18 +135,6 @@ pub(crate) struct HistorySubscribe {
     pub ttl_s: u32,
     /// Most bytes a replay may queue (see `WsConn::cost_of`).
     pub budget: usize,
-}
-
-/// What to do once a [`HistorySubscribe`] is answered (made by the client layer).
-pub(crate) type HistoryDone = Box<dyn FnOnce(&Shard, mailbox::HistoryReady)>;
-
-/// A subscribe waiting for [`Envelope::HistoryReady`].
-struct PendingHistory {
-    ticket: u64,
-    conn_id: u64,
-    project: u32,
-    channel: Box<str>,
-    done: HistoryDone,
 }
 
 /// `size_of` of a member's entry, for the per-connection budget (`http::upgrade::sizes`).
@@ -207,11 +185,9 @@ pub(crate) struct Shard {
     started: Instant,
     stop: StopSignal,
     history: Arc<History>,
-    /// Cluster-mode history subscribes waiting for Redis (few, short-lived).
-    pending_history: RefCell<Vec<PendingHistory>>,
+    /// Joins waiting for Redis or the presence hub (`join`).
+    pending: RefCell<Vec<join::Pending>>,
     watch: Option<Arc<dyn ChannelWatch>>,
-    /// Presence joins waiting for the hub (few, short-lived).
-    pending_presence: RefCell<Vec<PendingPresence>>,
 }
 
 /// One admitted connection; the shard's open count drops when it does.
@@ -265,127 +241,9 @@ impl Shard {
             started: Instant::now(),
             stop: StopSignal::default(),
             history: setup.history,
-            pending_history: RefCell::new(Vec::new()),
+            pending: RefCell::new(Vec::new()),
             watch: setup.watch,
-            pending_presence: RefCell::new(Vec::new()),
         }
-    }
-
-    /// Wait for the presence hub's answer to a join of `conn_id` (sent by the caller
-    /// with the returned ticket); `done` runs when it arrives, in mailbox order, unless
-    /// the connection left the channel first.
-    pub(crate) fn presence_wait(
-        &self,
-        conn_id: u64,
-        project: u32,
-        channel: &str,
-        done: PresenceDone,
-    ) -> u64 {
-        let ticket = self.next_ticket.get() + 1;
-        self.next_ticket.set(ticket);
-        self.pending_presence.borrow_mut().push(PendingPresence {
-            ticket,
-            conn_id,
-            project,
-            channel: channel.into(),
-            done,
-        });
-        ticket
-    }
-
-    fn presence_ready(&self, ticket: u64, answer: mailbox::PresenceAnswer) {
-        let mut pending = self.pending_presence.borrow_mut();
-        let Some(at) = pending.iter().position(|p| p.ticket == ticket) else {
-            return; // the connection left first (and told the hub so)
-        };
-        let p = pending.swap_remove(at);
-        drop(pending);
-        (p.done)(self, answer);
-    }
-
-    /// Cluster mode: ask the cluster for a history channel's position (and replay)
-    /// and run `done` when it answers, in mailbox order (see [`InterestSink`]).
-    /// Meanwhile the channel's messages reach this mailbox (they go to the channel's
-    /// other subscribers). `false` (and `done` dropped) when not in cluster mode.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn history_subscribe(
-        &self,
-        conn_id: u64,
-        project: u32,
-        channel: &str,
-        since: Option<(u64, Box<str>)>,
-        spec: crate::history::HistorySpec,
-        budget: usize,
-        done: HistoryDone,
-    ) -> bool {
-        let Some(sink) = &self.sink else {
-            return false;
-        };
-        let ticket = self.next_ticket.get() + 1;
-        self.next_ticket.set(ticket);
-        self.mailbox.interest.add(channel_hash(project, channel));
-        let asked = sink.history_subscribe(HistorySubscribe {
-            worker: self.index,
-            ticket,
-            project,
-            channel: channel.into(),
-            since,
-            size: spec.size,
-            ttl_s: spec.ttl_s,
-            budget,
-        });
-        if !asked {
-            self.mailbox.interest.remove(channel_hash(project, channel));
-            return false;
-        }
-        self.pending_history.borrow_mut().push(PendingHistory {
-            ticket,
-            conn_id,
-            project,
-            channel: channel.into(),
-            done,
-        });
-        true
-    }
-
-    /// The cluster answered a history subscribe: run its continuation, then give back
-    /// the interest it held.
-    fn history_ready(&self, ticket: u64, ready: mailbox::HistoryReady) {
-        let mut pending = self.pending_history.borrow_mut();
-        let Some(at) = pending.iter().position(|p| p.ticket == ticket) else {
-            return; // cancelled (unsubscribed or closed): its hold was given back then
-        };
-        let p = pending.swap_remove(at);
-        drop(pending);
-        (p.done)(self, ready);
-        self.release_history_hold(p.project, &p.channel);
-    }
-
-    /// Forget `conn_id`'s waiting history subscribe of a channel (it unsubscribed or
-    /// closed first).
-    fn cancel_history(&self, project: u32, channel: &str, conn_id: u64) {
-        let mut pending = self.pending_history.borrow_mut();
-        let Some(at) = pending
-            .iter()
-            .position(|p| p.conn_id == conn_id && p.project == project && &*p.channel == channel)
-        else {
-            return;
-        };
-        let p = pending.swap_remove(at);
-        drop(pending);
-        self.release_history_hold(p.project, &p.channel);
-    }
-
-    fn release_history_hold(&self, project: u32, channel: &str) {
-        self.mailbox.interest.remove(channel_hash(project, channel));
-        if let Some(sink) = &self.sink {
-            sink.interest(self.index, project, channel, false, 0);
-        }
-    }
-
-    /// The node's channel history.
-    pub(crate) fn history(&self) -> &History {
-        &self.history
     }
 
     pub(crate) fn index(&self) -> usize {
@@ -594,9 +452,7 @@ impl Shard {
     /// Unsubscribe, mirroring a last subscriber gone into the interest filter and the
     /// cluster.
     pub(crate) fn unsubscribe(&self, project: u32, channel: &str, conn_id: u64) -> Unsubscribed {
-        if self.sink.is_some() {
-            self.cancel_history(project, channel, conn_id);
-        }
+        self.cancel_pending(project, channel, conn_id);
         let t = self
             .registry
             .borrow_mut()
@@ -609,9 +465,6 @@ impl Shard {
         }
         if is_presence(channel) {
             if let Some(watch) = &self.watch {
-                self.pending_presence.borrow_mut().retain(|p| {
-                    !(p.conn_id == conn_id && p.project == project && &*p.channel == channel)
-                });
                 watch.leave(self.index, conn_id, project, channel);
             }
         }

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::ids::SocketId;
+use crate::shard::join::HistoryDone;
 use crate::shard::mailbox::Mailboxes;
 
 /// A shard on its own, with a mailbox and an optional recording interest sink.

@@ -335,7 +335,12 @@ impl Client {
                 let t = &mut self.tracks[slot(ch)];
                 match fields::bool_field(f, "recovered") {
                     Some(true) => c.recovered_true += 1,
-                    Some(false) => c.recovered_false += 1,
+                    Some(false) => {
+                        c.recovered_false += 1;
+                        if t.last == 0 {
+                            c.recovered_false_fresh += 1;
+                        }
+                    }
                     None => t.start_at(off, ep),
                 }
                 self.pending_subs = self.pending_subs.saturating_sub(1);

@@ -106,6 +106,11 @@ pub struct Counters {
     pub failures: BTreeMap<&'static str, u64>,
     pub recovered_true: u64,
     pub recovered_false: u64,
+    /// `recovered: false` on a resubscribe whose `since` was offset 0 (the channel had
+    /// never been published to when the client last heard of it): a history-less
+    /// channel whose first epoch turned with its window (RELIABILITY.md, "A subscribe to
+    /// a fresh history channel"), nothing missed; the rest is a real unrecovered gap.
+    pub recovered_false_fresh: u64,
     pub server_errors: u64,
     pub other_frames: u64,
     pub unpositioned: u64,
@@ -357,6 +362,7 @@ fn run_clients(
         "expected": expected, "lost": lost, "duplicates": dups,
         "clients_with_loss": clients_with_loss,
         "recovered_true": k.recovered_true, "recovered_false": k.recovered_false,
+        "recovered_false_fresh": k.recovered_false_fresh,
         "foreign_epoch": foreign, "before_start": before, "tracks_never_started": unstarted,
         "refused_1013": k.refused_1013, "refused_1013_first_connect": k.refused_1013_first,
         "close_codes": k.close_codes.iter().map(|(c, n)| (c.to_string(), *n)).collect::<BTreeMap<_, _>>(),

@@ -1,6 +1,8 @@
 //! Unit tests of `client::session`.
 
 use super::*;
+use crate::client::codec::{nesting_depth, MAX_CLIENT_JSON_DEPTH};
+use crate::client::private::unix_now;
 use crate::client::{EventContext, Expiry};
 use crate::shard::tests::{shard, Recorder};
 use crate::shard::Shard;
@@ -17,7 +19,7 @@ fn frames(conn: &WsConn) -> Vec<serde_json::Value> {
         .collect()
 }
 
-fn send(session: &mut ClientSession, conn: &Rc<WsConn>, text: &str) -> Result<(), Disconnect> {
+fn send(session: &mut NativeSession, conn: &Rc<WsConn>, text: &str) -> Result<(), Disconnect> {
     let mut payload = text.as_bytes().to_vec();
     let result = session.on_message(conn, Opcode::Text, &mut payload);
     // The recorder confirms interest through the mailbox, as the cluster would.
@@ -25,7 +27,7 @@ fn send(session: &mut ClientSession, conn: &Rc<WsConn>, text: &str) -> Result<()
     result
 }
 
-fn setup(max: usize) -> (ClientSession, Rc<WsConn>, Rc<Shard>, Arc<Recorder>) {
+fn setup(max: usize) -> (NativeSession, Rc<WsConn>, Rc<Shard>, Arc<Recorder>) {
     let rec = Arc::new(Recorder::default());
     let (shard, mailboxes) = shard(Some(rec.clone()));
     *rec.1.lock().unwrap() = Some(mailboxes);
@@ -44,7 +46,7 @@ fn setup(max: usize) -> (ClientSession, Rc<WsConn>, Rc<Shard>, Arc<Recorder>) {
     });
     let events = test_events(mailboxes_of(&rec));
     (
-        ClientSession::new(
+        NativeSession::new(
             SessionCtx::new(
                 shard.clone(),
                 Expiry::new(shard.clone()),
@@ -104,7 +106,7 @@ fn mailboxes_of(rec: &Recorder) -> crate::shard::mailbox::Mailboxes {
 }
 
 /// A session of project index 0 ("prj_p") whose token secret is `secret`.
-fn private_setup(secret: &str) -> (ClientSession, Rc<WsConn>, Rc<Shard>, Rc<Expiry>) {
+fn private_setup(secret: &str) -> (NativeSession, Rc<WsConn>, Rc<Shard>, Rc<Expiry>) {
     use crate::auth::KeyCache;
     use crate::project::{ProjectRecord, TokenSecretRecord};
     use crate::sealed::MasterKey;
@@ -154,7 +156,7 @@ fn private_setup(secret: &str) -> (ClientSession, Rc<WsConn>, Rc<Shard>, Rc<Expi
     let expiry = Expiry::new(shard.clone());
     let conn = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
     let events = test_events(mailboxes.clone());
-    let session = ClientSession::new(
+    let session = NativeSession::new(
         SessionCtx::new(
             shard.clone(),
             expiry.clone(),

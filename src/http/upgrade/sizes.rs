@@ -11,7 +11,7 @@ use std::mem::size_of;
 
 use monoio::net::TcpStream;
 
-use crate::client::{ClientSession, PusherSession};
+use crate::client::{NativeSession, PusherSession};
 use crate::tls::{TlsReader, TlsWriter};
 use crate::ws::conn::{FrameBatch, PlainWriter, ReadLimits, WsConn};
 
@@ -87,11 +87,11 @@ fn research_sizes() {
 
     type Held = (ConnGuard, ProjectSlot);
     future_of!(
-        "reader_task<TlsReader, ClientSession> (wss)",
-        reader_task::<TlsReader, ClientSession>,
+        "reader_task<TlsReader, NativeSession> (wss)",
+        reader_task::<TlsReader, NativeSession>,
         TlsReader,
         Rc<WsConn>,
-        ClientSession,
+        NativeSession,
         ReadLimits,
         Rc<Shard>,
         Vec<u8>,
@@ -112,8 +112,8 @@ fn research_sizes() {
         Bytes
     );
     record_row(
-        "Parked<ClientSession, Held> (boxed in the engine)",
-        size_of::<crate::ws::conn::Parked<ClientSession, Held>>(),
+        "Parked<NativeSession, Held> (boxed in the engine)",
+        size_of::<crate::ws::conn::Parked<NativeSession, Held>>(),
     );
     record_row(
         "Parked<PusherSession, Held> (boxed in the engine)",
@@ -122,8 +122,8 @@ fn research_sizes() {
     record_row("WsConn (in RcBox: +16)", size_of::<WsConn>());
     record_row("RcBox<WsConn>", size_of::<WsConn>() + 16);
     record_row(
-        "ClientSession (inline in the reader future)",
-        size_of::<ClientSession>(),
+        "NativeSession (inline in the reader future)",
+        size_of::<NativeSession>(),
     );
     record_row(
         "PusherSession (inline in the reader future)",
