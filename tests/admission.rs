@@ -64,10 +64,9 @@ fn limited(mut attempt: impl FnMut() -> u16) -> (usize, usize) {
 
 #[test]
 fn upgrades_over_the_node_rate_are_closed_with_1013_and_a_retry_after() {
-    let s = Server::start_with(Options {
-        config: "max_upgrades_per_second = 3\nmetrics_listen = \"127.0.0.1:0\"\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config(
+        "max_upgrades_per_second = 3\nmetrics_listen = \"127.0.0.1:0\"\n",
+    ));
     let p = s.project("storm", "1000/s");
     let mut accepted = Vec::new();
     let mut waits = Vec::new();
@@ -117,10 +116,7 @@ fn upgrades_over_the_node_rate_are_closed_with_1013_and_a_retry_after() {
 
 #[test]
 fn pusher_upgrades_over_the_node_rate_get_4100() {
-    let s = Server::start_with(Options {
-        config: "max_upgrades_per_second = 2\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("max_upgrades_per_second = 2\n"));
     let v = cli(
         &s.data_dir,
         &["project", "create", "pusher", "--rate-limit", "1000/s"],
@@ -152,10 +148,7 @@ fn pusher_upgrades_over_the_node_rate_get_4100() {
 
 #[test]
 fn shutdown_spreads_its_1001_closes_over_drain_spread_s() {
-    let mut s = Server::start_with(Options {
-        config: "drain_spread_s = 2\n".into(),
-        ..Options::default()
-    });
+    let mut s = Server::start_with(Options::config("drain_spread_s = 2\n"));
     let p = s.project("drain", "1000/s");
     let start = Instant::now();
     let readers: Vec<_> = (0..20)
@@ -192,10 +185,7 @@ fn shutdown_spreads_its_1001_closes_over_drain_spread_s() {
 
 #[test]
 fn proxy_headers_from_a_trusted_peer_name_the_client() {
-    let s = Server::start_with(Options {
-        config: "trusted_proxies = [\"127.0.0.0/8\"]\nws_connect_rate_per_ip = 1\nmax_upgrades_per_second = 0\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("trusted_proxies = [\"127.0.0.0/8\"]\nws_connect_rate_per_ip = 1\nmax_upgrades_per_second = 0\n"));
     let p = s.project("proxied", "1000/s");
     let path = format!("/api/v1/ws?key={}", p.public);
     // v1: the same client address is limited ...
@@ -239,10 +229,7 @@ fn proxy_headers_from_a_trusted_peer_name_the_client() {
 
 #[test]
 fn an_untrusted_peer_gets_no_say_about_the_client_address() {
-    let s = Server::start_with(Options {
-        config: "trusted_proxies = [\"10.0.0.0/8\"]\nws_connect_rate_per_ip = 1\nmax_upgrades_per_second = 0\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("trusted_proxies = [\"10.0.0.0/8\"]\nws_connect_rate_per_ip = 1\nmax_upgrades_per_second = 0\n"));
     let p = s.project("direct", "1000/s");
     let path = format!("/api/v1/ws?key={}", p.public);
     // A PROXY header from 127.0.0.1 (not trusted) is never parsed: it is a malformed
@@ -264,10 +251,7 @@ fn an_untrusted_peer_gets_no_say_about_the_client_address() {
 fn proxy_headers_before_tls() {
     let files = common::TlsFiles::generate();
     let s = Server::start_tls(
-        Options {
-            config: "trusted_proxies = [\"127.0.0.1\"]\nws_connect_rate_per_ip = 1\nmax_upgrades_per_second = 0\n".into(),
-            ..Options::default()
-        },
+        Options::config("trusted_proxies = [\"127.0.0.1\"]\nws_connect_rate_per_ip = 1\nmax_upgrades_per_second = 0\n"),
         &files,
     );
     let cfg = files.client_config(&[b"http/1.1"]);

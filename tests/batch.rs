@@ -420,11 +420,7 @@ fn a_batch_above_the_whole_burst_is_refused_without_retry_after() {
 /// with room for 4, one batch of 3 fits, a second does not (503), a single still does.
 #[test]
 fn the_mailbox_counts_a_batch_by_its_frames() {
-    let s = Server::start_with(Options {
-        workers: 1,
-        config: "mailbox_capacity = 4\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("mailbox_capacity = 4\n").workers(1));
     let p = s.project("frames", "100000/s");
     let mut ws = s.ws(&p.public);
     subscribe(&mut ws, "c");

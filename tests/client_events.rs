@@ -285,10 +285,7 @@ fn more_than_ten_a_second_are_dropped_with_rate_limited_and_the_connection_stays
 
 #[test]
 fn refusals_public_not_subscribed_bad_names_bad_and_large_data() {
-    let s = Server::start_with(Options {
-        config: "max_body_bytes = 1024\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("max_body_bytes = 1024\n"));
     let p = project(&s, "chat", &[]);
     let ch = "private-ok";
     let (mut sender, _) = connect(&s.ws_url(&p.public));
@@ -388,10 +385,7 @@ fn native_client_events_on_private_encrypted_channels_are_refused() {
 
 #[test]
 fn presence_channels_add_the_senders_user_id_and_metrics_count_them() {
-    let s = Server::start_with(Options {
-        config: "metrics_listen = \"127.0.0.1:0\"\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("metrics_listen = \"127.0.0.1:0\"\n"));
     let p = project(&s, "chat", &[]);
     let ch = "presence-room";
     let (mut sender, _) = connect(&s.ws_url(&p.public));

@@ -228,11 +228,9 @@ fn signed_query(app: &App, method: &str, path: &str, body: &[u8], secret: &str) 
 /// hold one answer on the server, not 40.
 #[test]
 fn channel_listings_stop_at_ten_thousand_and_say_so() {
-    let s = Server::start_with(Options {
-        workers: 1,
-        config: "max_subscriptions_per_connection = 20000\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(
+        Options::config("max_subscriptions_per_connection = 20000\n").workers(1),
+    );
     let app = pusher_app(&s, "many");
     let mut ws = s.ws(&app.key);
     let name = |i: usize| format!("c{i:05}-{}", "x".repeat(93));

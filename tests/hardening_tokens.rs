@@ -269,11 +269,12 @@ fn codes_of(ws: &mut Ws, frames: &[Value]) -> Vec<String> {
 /// held) keep their own answers and take nothing from the budget; refreshes are charged.
 #[test]
 fn subscribes_refused_for_another_reason_take_nothing_from_the_budget() {
-    let server = Server::start_with(Options {
-        workers: 1,
-        config: "max_subscriptions_per_connection = 3\nsubscribe_rate_per_connection = 1\n".into(),
-        ..Options::default()
-    });
+    let server = Server::start_with(
+        Options::config(
+            "max_subscriptions_per_connection = 3\nsubscribe_rate_per_connection = 1\n",
+        )
+        .workers(1),
+    );
     let a = app(&server, "a");
     let mut ws = server.ws(&a.public);
     // The burst: 3 subscribes.

@@ -74,10 +74,7 @@ fn the_same_key_and_body_twice_is_delivered_once_with_the_same_answer() {
 
 #[test]
 fn after_the_window_the_same_key_publishes_again() {
-    let s = Server::start_with(Options {
-        config: "idempotency_window_s = 1\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("idempotency_window_s = 1\n"));
     let p = s.project("window", "1000/s");
     let mut ws = s.ws(&p.public);
     subscribe(&mut ws, "w");
@@ -419,10 +416,9 @@ fn scrape(s: &Server) -> std::collections::HashMap<String, f64> {
 
 #[test]
 fn over_the_per_project_bound_the_oldest_keys_are_forgotten_and_counted() {
-    let s = Server::start_with(Options {
-        config: "idempotency_max_keys_per_project = 4\nmetrics_listen = \"127.0.0.1:0\"\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config(
+        "idempotency_max_keys_per_project = 4\nmetrics_listen = \"127.0.0.1:0\"\n",
+    ));
     let p = s.project("bound", "1000/s");
     let mut ws = s.ws(&p.public);
     subscribe(&mut ws, "m");

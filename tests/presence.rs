@@ -189,10 +189,7 @@ fn every_way_of_ending_makes_a_leave() {
 
 #[test]
 fn a_full_channel_refuses_new_users_but_not_new_tabs() {
-    let s = Server::start_with(Options {
-        config: "max_presence_members = 2\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("max_presence_members = 2\n"));
     let p = project(&s, "full");
     let ch = "presence-full";
     let (mut a, _) = connect(&s, &p.public);
@@ -357,10 +354,7 @@ fn occupancy_counts_subscribers_on_every_worker_by_prefix() {
 /// that is a leave too. The flood goes to a plain channel the observer is not in.
 #[test]
 fn a_slow_consumer_closed_with_4008_leaves() {
-    let s = Server::start_with(Options {
-        config: "send_backlog_bytes = 65536\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("send_backlog_bytes = 65536\n"));
     let p = project(&s, "slow");
     let ch = "presence-slow";
     let (mut obs, _) = connect(&s, &p.public);

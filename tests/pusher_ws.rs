@@ -87,10 +87,7 @@ fn next_event(ws: &mut Ws, event: &str) -> Value {
 
 #[test]
 fn the_handshake_gives_a_socket_id_and_the_heartbeat_as_activity_timeout() {
-    let s = Server::start_with(Options {
-        config: "heartbeat_s = 7\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("heartbeat_s = 7\n"));
     let a = app(&s, "hs");
     assert!(a.app_id.parse::<u64>().unwrap() >= 1_000_000);
     let url = pusher_url(&s, &a.public, "?protocol=7&client=js&version=8.6.0");
@@ -570,10 +567,7 @@ fn client_events_reach_the_others_of_both_protocols_and_are_rate_limited() {
 
 #[test]
 fn revocation_closes_with_4001_and_a_slow_consumer_with_4100() {
-    let s = Server::start_with(Options {
-        config: "send_backlog_bytes = 65536\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("send_backlog_bytes = 65536\n"));
     let a = app(&s, "closes");
     let (mut slow, _) = connect(&s, &a.public);
     subscribe(&mut slow, "flood", None, None);

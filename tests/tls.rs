@@ -201,13 +201,7 @@ fn plaintext_to_the_tls_port_is_refused_and_the_server_keeps_serving() {
 #[test]
 fn silent_tls_client_is_cut_at_the_header_timeout() {
     let files = TlsFiles::generate();
-    let s = Server::start_tls(
-        Options {
-            config: "header_read_timeout_ms = 300\n".into(),
-            ..Options::default()
-        },
-        &files,
-    );
+    let s = Server::start_tls(Options::config("header_read_timeout_ms = 300\n"), &files);
     let mut tcp = TcpStream::connect(s.addr).unwrap();
     tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let start = std::time::Instant::now();
@@ -321,11 +315,7 @@ fn tls_vs_plain_figures() {
     let subs = env("BENCH_SUBS", 200);
     let msgs = env("BENCH_MSGS", 500);
     let files = TlsFiles::generate();
-    let opts = || Options {
-        workers: 2,
-        config: "send_backlog_bytes = 67108864\n".into(),
-        ..Options::default()
-    };
+    let opts = || Options::config("send_backlog_bytes = 67108864\n").workers(2);
     let plain = Server::start_with(opts());
     let tls = Server::start_tls(opts(), &files);
     for (name, s) in [("plain", &plain), ("tls", &tls)] {

@@ -215,6 +215,21 @@ impl Default for Options {
     }
 }
 
+impl Options {
+    /// The default options with `config` as the config file's text.
+    pub fn config(config: &str) -> Options {
+        Options {
+            config: config.into(),
+            ..Options::default()
+        }
+    }
+
+    /// These options with `n` workers.
+    pub fn workers(self, n: usize) -> Options {
+        Options { workers: n, ..self }
+    }
+}
+
 /// The text of a line the server prints on stdout: the line itself, or with
 /// `--log-format json` the `fields.message` of its JSON object.
 pub fn start_line_text(line: &str) -> String {

@@ -414,10 +414,7 @@ fn eviction_by_size_and_by_ttl_answers_recovered_false() {
 
 #[test]
 fn the_byte_budget_drops_the_oldest_of_the_largest_channel_first() {
-    let s = Server::start_with(Options {
-        config: "history_max_bytes = 20000\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("history_max_bytes = 20000\n"));
     let h = history_project(&s, "budget", "1000/600s");
     for i in 0..5 {
         s.publish(&h.secret, "small", "e", json!({"i": i}));

@@ -288,10 +288,7 @@ fn query_body_and_route_refusals() {
 
 #[test]
 fn pusher_off_and_the_quota_answer_403() {
-    let s = Server::start_with(Options {
-        config: "metrics_listen = \"127.0.0.1:0\"\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("metrics_listen = \"127.0.0.1:0\"\n"));
     let a = app(&s, "slow", "2/s");
     let body = json!({"name": "e", "channel": "c", "data": "x"});
 

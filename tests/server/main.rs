@@ -162,10 +162,7 @@ fn every_publish_400_case() {
 
 #[test]
 fn publish_401_413_415_and_routing_errors() {
-    let s = Server::start_with(Options {
-        config: "max_body_bytes = 1024\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("max_body_bytes = 1024\n"));
     let p = s.project("a", "100000/s");
     let body = br#"{"channel":"c","event":"e","data":{}}"#;
     for (case, key) in [
@@ -258,11 +255,9 @@ fn rate_quota_gives_429_with_retry_after() {
 
 #[test]
 fn full_mailbox_gives_503_and_degraded_health() {
-    let s = Server::start_with(Options {
-        workers: 1,
-        config: "mailbox_capacity = 2\nmailbox_high_water_pct = 50\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(
+        Options::config("mailbox_capacity = 2\nmailbox_high_water_pct = 50\n").workers(1),
+    );
     let p = s.project("m", "100000/s");
     // A subscriber on the channel: workers without one are never sent the message.
     let mut ws = s.ws(&p.public);
@@ -311,10 +306,7 @@ fn pipelined_keep_alive_requests_are_all_answered() {
 
 #[test]
 fn slow_request_head_times_out_with_408() {
-    let s = Server::start_with(Options {
-        config: "header_read_timeout_ms = 300\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("header_read_timeout_ms = 300\n"));
     let start = Instant::now();
     let resp = s.raw(b"POST /api/v1/publish HTTP/1.1\r\nHost: t\r\n");
     let (status, _, v) = parse_response(&resp);

@@ -45,10 +45,7 @@ fn unsubscribe_stops_delivery() {
 
 #[test]
 fn client_protocol_replies_and_errors_keep_the_connection() {
-    let s = Server::start_with(Options {
-        config: "max_subscriptions_per_connection = 2\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("max_subscriptions_per_connection = 2\n"));
     let p = s.project("proto", "100000/s");
     let mut ws = s.ws(&p.public);
     send_json(&mut ws, json!({"type": "ping"}));
@@ -104,11 +101,7 @@ fn revoked_public_key_closes_open_sockets_with_4001() {
 
 #[test]
 fn stalled_subscriber_is_closed_with_4008_and_others_get_everything() {
-    let s = Server::start_with(Options {
-        workers: 2,
-        config: "send_backlog_bytes = 65536\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("send_backlog_bytes = 65536\n").workers(2));
     let p = s.project("slow", "1000000/s");
     let mut healthy = s.ws(&p.public);
     subscribe(&mut healthy, "c");
@@ -163,10 +156,7 @@ fn sigterm_closes_websockets_with_1001_and_exits_zero() {
 
 #[test]
 fn per_project_websocket_limit_answers_503_and_frees_on_close() {
-    let s = Server::start_with(Options {
-        config: "max_ws_connections_per_project = 2\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("max_ws_connections_per_project = 2\n"));
     let p = s.project("lim", "100/s");
     let other = s.project("other", "100/s");
     let first = s.ws(&p.public);
@@ -195,10 +185,7 @@ fn per_project_websocket_limit_answers_503_and_frees_on_close() {
 
 #[test]
 fn rate_headers_on_every_publish_answer_once_the_key_is_known() {
-    let s = Server::start_with(Options {
-        config: "max_body_bytes = 512\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("max_body_bytes = 512\n"));
     let p = s.project("hdr", "50/s");
     let big = format!(
         r#"{{"channel":"c","event":"e","data":"{}"}}"#,
@@ -257,10 +244,7 @@ fn head_health_has_no_body_and_keeps_the_stream_in_step() {
 #[test]
 fn messages_published_in_quick_succession_all_arrive_in_order() {
     // Write coalescing must never reorder, drop or hold back the last frame.
-    let s = Server::start_with(Options {
-        config: "write_coalesce_ms = 20\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("write_coalesce_ms = 20\n"));
     let p = s.project("co", "1000000/s");
     let mut ws = s.ws(&p.public);
     subscribe(&mut ws, "c");
@@ -373,10 +357,7 @@ fn console_is_served_only_when_turned_on() {
     .to_string();
     assert!(resp.starts_with("HTTP/1.1 404 "), "{resp}");
 
-    let on = Server::start_with(Options {
-        config: "console = true\n".into(),
-        ..Options::default()
-    });
+    let on = Server::start_with(Options::config("console = true\n"));
     let page = String::from_utf8_lossy(
         &on.raw(b"GET /console HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
     )
