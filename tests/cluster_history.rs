@@ -8,6 +8,7 @@
 
 mod common;
 use common::cluster as support;
+use common::subscribe_since as sub;
 
 use std::time::{Duration, Instant};
 
@@ -44,18 +45,6 @@ fn hist_project(redis: &Redis, name: &str, spec: &str, nodes: &[&Node]) -> Hist 
         n.wait_key(&p.secret);
     }
     p
-}
-
-/// Subscribe (optionally with `since`) and return the `subscribed` answer.
-fn sub(ws: &mut Ws, channel: &str, since: Option<(u64, &str)>) -> Value {
-    let mut frame = json!({"type": "subscribe", "channel": channel});
-    if let Some((offset, epoch)) = since {
-        frame["since"] = json!({"offset": offset, "epoch": epoch});
-    }
-    send_json(ws, frame);
-    let v = next_json(ws);
-    assert_eq!(v["type"], "subscribed", "{v}");
-    v
 }
 
 fn next_msg(ws: &mut Ws) -> Value {
@@ -218,10 +207,7 @@ fn publishes_racing_the_replay_leave_no_gap_and_no_duplicate() {
     let b = Node::start(&redis);
     let p = hist_project(&redis, "race", "10000/600s", &[&a, &b]);
     let mut first = b.ws(&p.public);
-    let epoch = sub(&mut first, "r", None)["epoch"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let epoch = common::subscribe_epoch(&mut first, "r");
     drop(first);
     for i in 0..20 {
         publish(&a, &p.secret, "r", json!(i.to_string()));
@@ -358,10 +344,7 @@ fn lost_history_in_redis_is_a_new_epoch_never_a_gap() {
     let b = Node::start(&redis);
     let p = hist_project(&redis, "lost", "100/600s", &[&a, &b]);
     let mut w = a.ws(&p.public);
-    let epoch = sub(&mut w, "l", None)["epoch"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let epoch = common::subscribe_epoch(&mut w, "l");
     for i in 0..3 {
         publish(&a, &p.secret, "l", json!(i.to_string()));
     }
@@ -412,10 +395,7 @@ fn redis_away_refuses_history_publishes_and_recoveries() {
     let a = Node::start(&redis);
     let p = hist_project(&redis, "away", "100/600s", &[&a]);
     let mut w = a.ws(&p.public);
-    let epoch = sub(&mut w, "x", None)["epoch"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let epoch = common::subscribe_epoch(&mut w, "x");
     publish(&a, &p.secret, "x", json!("1"));
     assert_eq!(next_msg(&mut w)["offset"], 1);
     redis.kill();
@@ -476,10 +456,7 @@ fn history_turned_off_and_on_again_is_a_new_epoch() {
     let a = Node::start(&redis);
     let p = hist_project(&redis, "toggle", "100/600s", &[&a]);
     let mut w = a.ws(&p.public);
-    let epoch = sub(&mut w, "t", None)["epoch"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let epoch = common::subscribe_epoch(&mut w, "t");
     publish(&a, &p.secret, "t", json!("kept"));
     assert_eq!(next_msg(&mut w)["offset"], 1);
     drop(w);

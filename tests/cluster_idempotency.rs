@@ -234,25 +234,10 @@ impl Drop for Proxy {
 /// A node whose Redis is at `port` (the proxy, or Redis itself), with `env` added.
 fn node_via(redis: &Redis, port: u16, env: &[(&str, &str)]) -> Node {
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let mut child = Command::new(common::bin())
-        .arg("--data-dir")
-        .arg(&data)
-        .args(["--redis", &format!("redis://127.0.0.1:{port}/")])
-        .env("RINGCAST_MASTER_KEY_FILE", redis.master_key_file())
-        .args(["serve", "--listen", "127.0.0.1:0", "--workers", "2"])
-        .env("RUST_LOG", "error")
-        .envs(env.iter().copied())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn ringcast serve");
-    let addr = support::wait_listening(&mut child, &data);
-    Node {
-        addr,
-        child,
-        _dir: dir,
-    }
+    let url = format!("redis://127.0.0.1:{port}/");
+    let mut cmd = support::node_command(&dir, &url, &redis.master_key_file(), 2);
+    cmd.env("RUST_LOG", "error").envs(env.iter().copied());
+    Node::launch(&mut cmd, dir)
 }
 
 #[test]

@@ -15,6 +15,7 @@
 
 mod common;
 use common::cluster as support;
+use common::subscribe_since as sub;
 
 use common::{next_json, parse_response, send_json, Ws};
 use serde_json::{json, Value};
@@ -114,17 +115,6 @@ fn presence_token(p: &Project, channel: &str, user: &str) -> String {
         &p.token_secret,
         json!({"channel": channel, "exp": common::unix_now() + 600, "sub": user, "info": {"u": user}}),
     )
-}
-
-fn sub(ws: &mut Ws, channel: &str, since: Option<(u64, &str)>) -> Value {
-    let mut frame = json!({"type": "subscribe", "channel": channel});
-    if let Some((offset, epoch)) = since {
-        frame["since"] = json!({"offset": offset, "epoch": epoch});
-    }
-    send_json(ws, frame);
-    let v = next_json(ws);
-    assert_eq!(v["type"], "subscribed", "{v}");
-    v
 }
 
 /// Finding 3: listings by prefix are exact, stop at 10,000 with `"truncated": true`, follow

@@ -266,44 +266,12 @@ fn redis_lost_and_back_are_logged_once_each_and_shown_by_the_metric() {
     };
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("node.log");
-    let data = dir.path().join("data");
-    let mut child = Command::new(bin())
-        .arg("--data-dir")
-        .arg(&data)
-        .args(["--redis", &redis.url()])
-        .env("RINGCAST_MASTER_KEY_FILE", redis.master_key_file())
-        .args(["serve", "--listen", "127.0.0.1:0", "--workers", "1"])
-        .args(["--metrics-listen", "127.0.0.1:0", "--log-format", "json"])
+    let mut cmd = node_command(&dir, &redis.url(), &redis.master_key_file(), 1);
+    cmd.args(["--metrics-listen", "127.0.0.1:0", "--log-format", "json"])
         .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .expect("spawn ringcast serve");
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let line = common::start_line_text(&line);
-            if let Some(rest) = line.strip_prefix("ringcast metrics on http://") {
-                let _ = tx.send(rest.trim_end_matches("/metrics").to_string());
-            }
-            if let Some(rest) = line.strip_prefix("ringcast listening on http://") {
-                let _ = tx.send(rest.split_whitespace().next().unwrap_or("").to_string());
-            }
-        }
-    });
-    let next_addr = || -> SocketAddr {
-        rx.recv_timeout(Duration::from_secs(20))
-            .expect("start lines")
-            .parse()
-            .unwrap()
-    };
-    let metrics = next_addr();
-    let node = Node {
-        addr: next_addr(),
-        child,
-        _dir: dir,
-    };
+        .stderr(std::fs::File::create(&log).unwrap());
+    let node = Node::launch(&mut cmd, dir);
+    let metrics = node.metrics.expect("the metrics start line");
     let connected = || scrape_value(metrics, "ringcast_cluster_connected");
     wait_for("cluster_connected 1", || connected() == Some(1.0));
     // A project whose publishes make the quota-lease thread lease from Redis.

@@ -307,24 +307,8 @@ fn rediss_with_an_acl_user_and_a_ca_file() {
 
     let start = |_: ()| {
         let d = tempfile::tempdir().unwrap();
-        let data = d.path().join("data");
-        let mut child = Command::new(common::bin())
-            .arg("--data-dir")
-            .arg(&data)
-            .args(["--redis", &url, "--redis-ca-file", &ca])
-            .args(["serve", "--listen", "127.0.0.1:0", "--workers", "1"])
-            .env("RINGCAST_MASTER_KEY_FILE", &master)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn ringcast serve");
-        let addr = wait_listening(&mut child, &data);
-        Node {
-            addr,
-            child,
-            _dir: d,
-        }
+        let mut cmd = node_command(&d, &url, &master, 1);
+        Node::launch(cmd.args(["--redis-ca-file", &ca]), d)
     };
     let a = start(());
     let b = start(());

@@ -36,7 +36,12 @@ pub type Ws = WebSocket<MaybeTlsStream<TcpStream>>;
 
 /// Run the CLI against `data_dir`, expecting success and one JSON object.
 pub fn cli(data_dir: &Path, args: &[&str]) -> Value {
-    let out = Command::new(bin())
+    cli_with(Command::new(bin()), data_dir, args)
+}
+
+/// [`cli`] with `cmd` (the binary, with any options or environment already given).
+pub fn cli_with(mut cmd: Command, data_dir: &Path, args: &[&str]) -> Value {
+    let out = cmd
         .arg("--data-dir")
         .arg(data_dir)
         .args(args)
@@ -585,6 +590,24 @@ pub fn subscribe(ws: &mut Ws, channel: &str) {
     let reply = next_json(ws);
     assert_eq!(reply["type"], "subscribed", "{reply}");
     assert_eq!(reply["channel"], channel);
+}
+
+/// Subscribe, with `since` (offset, epoch) when given, and return the `subscribed` answer.
+pub fn subscribe_since(ws: &mut Ws, channel: &str, since: Option<(u64, &str)>) -> Value {
+    let mut frame = serde_json::json!({"type": "subscribe", "channel": channel});
+    if let Some((offset, epoch)) = since {
+        frame["since"] = serde_json::json!({"offset": offset, "epoch": epoch});
+    }
+    send_json(ws, frame);
+    let reply = next_json(ws);
+    assert_eq!(reply["type"], "subscribed", "{reply}");
+    reply
+}
+
+/// Subscribe from now and return the channel's epoch, from the `subscribed` answer.
+pub fn subscribe_epoch(ws: &mut Ws, channel: &str) -> String {
+    let reply = subscribe_since(ws, channel, None);
+    reply["epoch"].as_str().expect("an epoch").to_string()
 }
 
 /// Read frames until the server closes; returns the close code.

@@ -5,6 +5,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+use common::subscribe_since as sub;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -18,17 +19,6 @@ fn history_project(s: &Server, name: &str, spec: &str) -> Project {
     let (p, v) = s.project_json(name, &["--rate-limit", "100000/s", "--history", spec]);
     assert_eq!(v["project"]["history"], spec);
     p
-}
-
-fn sub(ws: &mut Ws, channel: &str, since: Option<(u64, &str)>) -> Value {
-    let mut frame = json!({"type": "subscribe", "channel": channel});
-    if let Some((offset, epoch)) = since {
-        frame["since"] = json!({"offset": offset, "epoch": epoch});
-    }
-    send_json(ws, frame);
-    let reply = next_json(ws);
-    assert_eq!(reply["type"], "subscribed", "{reply}");
-    reply
 }
 
 fn get(s: &Server, key: &str, query: &str) -> (u16, Value) {
@@ -211,10 +201,7 @@ fn recovery_replays_the_missed_messages_then_goes_live() {
     let s = Server::start();
     let h = history_project(&s, "rec", "100/600s");
     let mut ws = s.ws(&h.public);
-    let epoch = sub(&mut ws, "c", None)["epoch"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let epoch = common::subscribe_epoch(&mut ws, "c");
     for i in 1..=3 {
         s.publish(&h.secret, "c", "e", json!({"i": i}));
     }
@@ -367,10 +354,7 @@ fn eviction_by_size_and_by_ttl_answers_recovered_false() {
     let s = Server::start();
     let h = history_project(&s, "size", "3/600s");
     let mut ws = s.ws(&h.public);
-    let epoch = sub(&mut ws, "c", None)["epoch"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let epoch = common::subscribe_epoch(&mut ws, "c");
     for i in 0..6 {
         s.publish(&h.secret, "c", "e", json!({"i": i}));
     }
@@ -392,10 +376,7 @@ fn eviction_by_size_and_by_ttl_answers_recovered_false() {
 
     let t = history_project(&s, "ttl", "100/1s");
     let mut ws = s.ws(&t.public);
-    let epoch = sub(&mut ws, "c", None)["epoch"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let epoch = common::subscribe_epoch(&mut ws, "c");
     s.publish(&t.secret, "c", "e", json!("old"));
     wait_for(Duration::from_secs(5), "the message to expire", || {
         get(&s, &t.secret, "channel=c").1["messages"]

@@ -36,10 +36,7 @@ fn one_projects_flood_leaves_another_projects_share_alone() {
     // B: one channel of 12 messages (about 8 KB, within its 20 KB share), a subscriber
     // that saw the first 2.
     let mut ws = s.ws(&b.public);
-    let epoch = sub(&mut ws, "orders", None)["epoch"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let epoch = subscribe_epoch(&mut ws, "orders");
     for i in 0..2 {
         s.publish(&b.secret, "orders", "e", json!({"i": i, "pad": pad}));
     }
@@ -85,10 +82,7 @@ fn a_restart_changes_the_epoch() {
     let mut s = Server::start();
     let h = history_project(&s, "restart", "100/600s");
     let mut ws = s.ws(&h.public);
-    let epoch = sub(&mut ws, "c", None)["epoch"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let epoch = subscribe_epoch(&mut ws, "c");
     s.publish(&h.secret, "c", "e", json!("1"));
     drop(ws);
     s.restart(Options::default());
