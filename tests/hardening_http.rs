@@ -17,10 +17,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use common::*;
-use hmac::{Hmac, Mac};
-use md5::{Digest, Md5};
 use serde_json::{json, Value};
-use sha2::Sha256;
 
 /// The server's resident memory, KiB.
 fn rss_kib(s: &Server) -> u64 {
@@ -197,10 +194,6 @@ fn pusher_app(s: &Server, name: &str) -> App {
     app
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// The signed query of a Pusher REST request (`body_md5` of `body` when it is not empty).
 fn signed_query(app: &App, method: &str, path: &str, body: &[u8], secret: &str) -> String {
     let now = common::unix_now();
@@ -210,16 +203,12 @@ fn signed_query(app: &App, method: &str, path: &str, body: &[u8], secret: &str) 
         "auth_version=1.0".to_string(),
     ];
     if !body.is_empty() {
-        pairs.push(format!("body_md5={}", hex(&Md5::digest(body))));
+        pairs.push(format!("body_md5={}", sign::md5_hex(body)));
     }
     pairs.sort();
     let query = pairs.join("&");
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
-    mac.update(format!("{method}\n{path}\n{query}").as_bytes());
-    format!(
-        "{query}&auth_signature={}",
-        hex(&mac.finalize().into_bytes())
-    )
+    let signature = sign::hmac_hex(secret, &format!("{method}\n{path}\n{query}"));
+    format!("{query}&auth_signature={signature}")
 }
 
 /// Finding 1, listings: 10,001 occupied channels (names of 100 characters) list as 10,000

@@ -12,10 +12,7 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use common::*;
-use hmac::{Hmac, Mac};
-use md5::{Digest, Md5};
 use serde_json::{json, Value};
-use sha2::Sha256;
 
 /// POST `body` to `path` with `key` and, if given, `Idempotency-Key: idem`.
 fn post(s: &Server, path: &str, key: &str, idem: Option<&str>, body: &str) -> (u16, String, Value) {
@@ -329,10 +326,6 @@ fn one_key_covers_a_whole_batch_and_a_multi_channel_publish() {
     expect_next_is_marker(&s, &p.secret, &mut ws, "a");
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// A signed Pusher REST POST with `Idempotency-Key: idem`.
 fn pusher_post(
     s: &Server,
@@ -348,11 +341,9 @@ fn pusher_post(
     let ts = common::unix_now();
     let query = format!(
         "auth_key={key}&auth_timestamp={ts}&auth_version=1.0&body_md5={}",
-        hex(&Md5::digest(body.as_bytes()))
+        sign::md5_hex(body.as_bytes())
     );
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
-    mac.update(format!("POST\n{path}\n{query}").as_bytes());
-    let sig = hex(&mac.finalize().into_bytes());
+    let sig = sign::hmac_hex(secret, &format!("POST\n{path}\n{query}"));
     let req = format!(
         "POST {path}?{query}&auth_signature={sig} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: {}\r\nContent-Type: application/json\r\nIdempotency-Key: {idem}\r\n\r\n{body}",
         body.len()

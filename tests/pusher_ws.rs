@@ -12,10 +12,8 @@ use std::time::Duration;
 use common::{
     cli, close_code, expect_silence, next_json, send_json, set_timeout, Options, Server, Ws,
 };
-use hmac::{Hmac, Mac};
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use serde_json::{json, Value};
-use sha2::Sha256;
 
 fn app(server: &Server, name: &str) -> App {
     server.project(name, "10000/s")
@@ -27,14 +25,11 @@ fn pusher_url(s: &Server, key: &str, query: &str) -> String {
 
 /// Connect as pusher-js does; returns the socket and its socket_id.
 fn connect(s: &Server, key: &str) -> (Ws, String) {
-    let url = pusher_url(s, key, "?protocol=7&client=js&version=8.6.0&flash=false");
-    let (mut ws, _) = tungstenite::connect(url).expect("ws connect");
-    set_timeout(&mut ws, Duration::from_secs(10));
-    let hello = next_json(&mut ws);
-    assert_eq!(hello["event"], "pusher:connection_established", "{hello}");
-    let data: Value = serde_json::from_str(hello["data"].as_str().unwrap()).unwrap();
-    let id = data["socket_id"].as_str().unwrap().to_string();
-    (ws, id)
+    common::pusher_connect(&pusher_url(
+        s,
+        key,
+        "?protocol=7&client=js&version=8.6.0&flash=false",
+    ))
 }
 
 /// The data of a Pusher frame, decoded once more when it is a string (double encoding).
@@ -43,16 +38,6 @@ fn data_of(frame: &Value) -> Value {
         Value::String(s) => serde_json::from_str(s).unwrap_or(Value::String(s.clone())),
         other => other.clone(),
     }
-}
-
-fn sign(secret: &str, text: &str) -> String {
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
-    mac.update(text.as_bytes());
-    mac.finalize()
-        .into_bytes()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
 
 fn subscribe(ws: &mut Ws, channel: &str, auth: Option<&str>, channel_data: Option<&str>) -> Value {
@@ -72,7 +57,11 @@ fn auth_for(a: &App, socket_id: &str, channel: &str, channel_data: Option<&str>)
         Some(d) => format!("{socket_id}:{channel}:{d}"),
         None => format!("{socket_id}:{channel}"),
     };
-    format!("{}:{}", a.public, sign(&a.token_secret, &text))
+    format!(
+        "{}:{}",
+        a.public,
+        common::sign::hmac_hex(&a.token_secret, &text)
+    )
 }
 
 /// Read frames until one with `event`; others are skipped.
@@ -290,7 +279,7 @@ fn private_channels_need_pushers_signature_over_the_socket_id() {
     let foreign_key = format!(
         "{}:{}",
         other.public,
-        sign(&a.token_secret, &format!("{id}:private-orders"))
+        common::sign::hmac_hex(&a.token_secret, &format!("{id}:private-orders"))
     );
     err(
         &subscribe(&mut ws, "private-orders", Some(&foreign_key), None),

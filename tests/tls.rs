@@ -31,24 +31,18 @@ fn https_health_and_publish() {
     assert_eq!(v["status"], "ok");
 
     let p = s.project("tls", "1000/s");
-    let mut resp = agent
-        .post(s.url("/api/v1/publish"))
-        .header("X-Api-Key", &p.secret)
-        .content_type("application/json")
-        .send(r#"{"channel":"news","event":"e","data":{"x":1}}"#)
-        .unwrap();
+    let mut resp = s.agent_publish(
+        &agent,
+        &p.secret,
+        r#"{"channel":"news","event":"e","data":{"x":1}}"#,
+    );
     assert_eq!(resp.status().as_u16(), 202);
     assert_eq!(resp.headers().get("ratelimit-limit").unwrap(), "1000");
     let v: Value = serde_json::from_str(&resp.body_mut().read_to_string().unwrap()).unwrap();
     assert!(v["id"].as_str().is_some_and(|id| !id.is_empty()));
 
     // Errors keep their contract over TLS too.
-    let resp = agent
-        .post(s.url("/api/v1/publish"))
-        .header("X-Api-Key", "sk_nope")
-        .content_type("application/json")
-        .send("{}")
-        .unwrap();
+    let resp = s.agent_publish(&agent, "sk_nope", "{}");
     assert_eq!(resp.status().as_u16(), 401);
 }
 

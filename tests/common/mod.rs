@@ -11,6 +11,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod sign;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -442,6 +443,22 @@ impl Server {
         out
     }
 
+    /// POST /api/v1/publish with `key` and the JSON `body` through `agent` (which keeps
+    /// its connection from one call to the next); the response, whatever its status.
+    pub fn agent_publish(
+        &self,
+        agent: &ureq::Agent,
+        key: &str,
+        body: &str,
+    ) -> ureq::http::Response<ureq::Body> {
+        agent
+            .post(self.url("/api/v1/publish"))
+            .header("X-Api-Key", key)
+            .content_type("application/json")
+            .send(body)
+            .expect("publish request")
+    }
+
     pub fn health(&self) -> (u16, Value) {
         health_answer(&self.raw(HEALTH_REQUEST))
     }
@@ -524,6 +541,14 @@ impl Drop for Server {
     }
 }
 
+/// A ureq agent for plaintext servers (statuses are not errors).
+pub fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into()
+}
+
 /// Poll `cond` every 20 ms until it holds; panic naming `what` after `limit`. Tests wait
 /// for conditions, never for fixed times.
 pub fn wait_for(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
@@ -590,6 +615,19 @@ pub fn subscribe(ws: &mut Ws, channel: &str) {
     let reply = next_json(ws);
     assert_eq!(reply["type"], "subscribed", "{reply}");
     assert_eq!(reply["channel"], channel);
+}
+
+/// Connect to a Pusher WebSocket URL (`ws://.../app/{key}?protocol=7...`) and read
+/// `pusher:connection_established`; returns the socket and its socket_id.
+pub fn pusher_connect(url: &str) -> (Ws, String) {
+    let (mut ws, _) = tungstenite::connect(url).expect("pusher connect");
+    set_timeout(&mut ws, Duration::from_secs(10));
+    let hello = next_json(&mut ws);
+    assert_eq!(hello["event"], "pusher:connection_established", "{hello}");
+    let data: Value = serde_json::from_str(hello["data"].as_str().expect("data is a string"))
+        .expect("data is JSON");
+    let id = data["socket_id"].as_str().expect("a socket_id").to_string();
+    (ws, id)
 }
 
 /// Subscribe, with `since` (offset, epoch) when given, and return the `subscribed` answer.

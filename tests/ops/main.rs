@@ -321,20 +321,12 @@ fn slow_consumer_closes_are_counted_and_logged_once_per_interval() {
         stalled.push(ws);
     }
     let blob = "x".repeat(8000);
-    let agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .build()
-        .new_agent();
+    let agent = agent();
     let mut sent = 0;
     while metric(&scrape(&s), "ringcast_slow_consumer_closes_total") < 2.0 {
         assert!(sent < 4000, "no slow-consumer close after {sent} publishes");
         let body = json!({"channel": "c", "event": "e", "data": {"pad": blob}});
-        let resp = agent
-            .post(s.url("/api/v1/publish"))
-            .header("X-Api-Key", &p.secret)
-            .content_type("application/json")
-            .send(body.to_string())
-            .unwrap();
+        let resp = s.agent_publish(&agent, &p.secret, &body.to_string());
         assert_eq!(resp.status().as_u16(), 202);
         sent += 1;
     }

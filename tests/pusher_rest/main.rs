@@ -18,10 +18,7 @@ use common::{
     cli, expect_silence, header, next_json, parse_response, send_json, set_timeout, wait_for,
     Options, Server, Ws,
 };
-use hmac::{Hmac, Mac};
-use md5::{Digest, Md5};
 use serde_json::{json, Value};
-use sha2::Sha256;
 
 /// A project seen as a Pusher app.
 struct App {
@@ -58,19 +55,7 @@ fn app(s: &Server, name: &str, rate: &str) -> App {
     app
 }
 
-fn md5_hex(body: &[u8]) -> String {
-    hex(&Md5::digest(body))
-}
-
-fn hmac_hex(secret: &str, msg: &str) -> String {
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
-    mac.update(msg.as_bytes());
-    hex(&mac.finalize().into_bytes())
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
+use common::sign::{hmac_hex, md5_hex};
 
 /// A request to sign: everything Pusher's signature covers, and what to change in it.
 #[derive(Clone)]
@@ -220,10 +205,7 @@ fn pusher_on(s: &Server, app: &App, channel: &str) -> Ws {
         "ws://{}/app/{}?protocol=7&client=t&version=1",
         s.addr, app.key
     );
-    let (mut ws, _) = tungstenite::connect(url).expect("pusher connect");
-    set_timeout(&mut ws, Duration::from_secs(10));
-    let hello = next_json(&mut ws);
-    assert_eq!(hello["event"], "pusher:connection_established", "{hello}");
+    let (mut ws, _) = common::pusher_connect(&url);
     send_json(
         &mut ws,
         json!({"event": "pusher:subscribe", "data": {"channel": channel}}),

@@ -131,37 +131,25 @@ fn rotated_secrets_verify_during_their_grace_only() {
         r.secret = secret.to_string();
         r.send(&s).0
     };
-    // With a grace: both verify.
-    let v = cli(
-        &s.data_dir,
-        &[
+    // Rotate with this grace; wait until the new secret verifies.
+    let rotate = |grace: &str, what: &str| {
+        let args = [
             "project",
             "rotate-token-secret",
             &a.project_id,
             "--grace",
-            "1h",
-        ],
-    );
-    let new = v["token_secret"].as_str().unwrap().to_string();
-    wait_for(Duration::from_secs(5), "the new secret", || {
-        signed(&new) == 200
-    });
+            grace,
+        ];
+        let v = cli(&s.data_dir, &args);
+        let secret = v["token_secret"].as_str().unwrap().to_string();
+        wait_for(Duration::from_secs(5), what, || signed(&secret) == 200);
+        secret
+    };
+    // With a grace: both verify.
+    let new = rotate("1h", "the new secret");
     assert_eq!(signed(&old), 200, "the old secret is in its grace");
     // Without: only the newest.
-    let v = cli(
-        &s.data_dir,
-        &[
-            "project",
-            "rotate-token-secret",
-            &a.project_id,
-            "--grace",
-            "0s",
-        ],
-    );
-    let newest = v["token_secret"].as_str().unwrap().to_string();
-    wait_for(Duration::from_secs(5), "the newest secret", || {
-        signed(&newest) == 200
-    });
+    let newest = rotate("0s", "the newest secret");
     assert_eq!(signed(&new), 401, "rotated out with no grace");
 }
 

@@ -10,13 +10,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::{json, Value};
 
-fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .build()
-        .into()
-}
-
 #[test]
 fn health_is_ok_and_ignores_keys() {
     let s = Server::start();
@@ -44,12 +37,11 @@ fn health_is_ok_and_ignores_keys() {
 fn publish_accepts_with_id_and_rate_headers() {
     let s = Server::start();
     let p = s.project("acme", "1000/s");
-    let mut resp = agent()
-        .post(s.url("/api/v1/publish"))
-        .header("X-Api-Key", &p.secret)
-        .content_type("application/json")
-        .send(r#"{"channel":"news","event":"e","data":{"x":1},"extra":"ignored"}"#)
-        .unwrap();
+    let mut resp = s.agent_publish(
+        &agent(),
+        &p.secret,
+        r#"{"channel":"news","event":"e","data":{"x":1},"extra":"ignored"}"#,
+    );
     assert_eq!(resp.status().as_u16(), 202);
     for h in ["ratelimit-limit", "ratelimit-remaining", "ratelimit-reset"] {
         assert!(resp.headers().get(h).is_some(), "missing {h}");
@@ -263,15 +255,7 @@ fn full_mailbox_gives_503_and_degraded_health() {
     let mut ws = s.ws(&p.public);
     subscribe(&mut ws, "c");
     // Pipelined in one write: the worker answers them all before draining its mailbox.
-    let body = r#"{"channel":"c","event":"e","data":{}}"#;
-    let one = format!(
-        "POST /api/v1/publish HTTP/1.1\r\nHost: t\r\nX-Api-Key: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        p.secret,
-        body.len()
-    );
-    let mut req = one.repeat(3);
-    req.push_str("GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
-    let resp = String::from_utf8(s.raw(req.as_bytes())).unwrap();
+    let resp = publishes_then_health(&s, &p.secret, r#"{"channel":"c","event":"e","data":{}}"#, 3);
     let statuses: Vec<&str> = resp.split("HTTP/1.1 ").skip(1).map(|r| &r[..3]).collect();
     assert_eq!(statuses, ["202", "202", "503", "503"], "{resp}");
     assert!(resp.contains("\"code\":\"unavailable\""));
@@ -287,19 +271,28 @@ fn full_mailbox_gives_503_and_degraded_health() {
     });
 }
 
+/// `n` publishes of `body` then `GET /health`, pipelined in one write on one connection;
+/// every answer, as text.
+fn publishes_then_health(s: &Server, key: &str, body: &str, n: usize) -> String {
+    let one = format!(
+        "POST /api/v1/publish HTTP/1.1\r\nHost: t\r\nX-Api-Key: {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut req = one.repeat(n);
+    req.push_str("GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+    String::from_utf8(s.raw(req.as_bytes())).unwrap()
+}
+
 #[test]
 fn pipelined_keep_alive_requests_are_all_answered() {
     let s = Server::start();
     let p = s.project("pl", "100000/s");
-    let body = r#"{"channel":"c","event":"e","data":"x"}"#;
-    let one = format!(
-        "POST /api/v1/publish HTTP/1.1\r\nHost: t\r\nX-Api-Key: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        p.secret,
-        body.len()
+    let resp = publishes_then_health(
+        &s,
+        &p.secret,
+        r#"{"channel":"c","event":"e","data":"x"}"#,
+        10,
     );
-    let mut req = one.repeat(10);
-    req.push_str("GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
-    let resp = String::from_utf8(s.raw(req.as_bytes())).unwrap();
     assert_eq!(resp.matches("HTTP/1.1 202 Accepted").count(), 10, "{resp}");
     assert_eq!(resp.matches("HTTP/1.1 200 OK").count(), 1);
 }

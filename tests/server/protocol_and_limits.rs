@@ -122,12 +122,7 @@ fn stalled_subscriber_is_closed_with_4008_and_others_get_everything() {
     let agent = agent();
     for i in 0..n {
         let body = json!({"channel": "c", "event": "e", "data": {"i": i, "pad": blob}});
-        let resp = agent
-            .post(s.url("/api/v1/publish"))
-            .header("X-Api-Key", &p.secret)
-            .content_type("application/json")
-            .send(body.to_string())
-            .unwrap();
+        let resp = s.agent_publish(&agent, &p.secret, &body.to_string());
         assert_eq!(resp.status().as_u16(), 202);
     }
     assert_eq!(reader.join().unwrap(), n);
