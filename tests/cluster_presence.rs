@@ -130,8 +130,7 @@ fn a_killed_nodes_members_and_subscribers_are_gone_within_30_s() {
     let mut doomed = b.ws(&p.public);
     join(&mut doomed, &p, ch, "doomed");
     expect_presence(&mut watcher, "join", "doomed");
-    let mut plain = b.ws(&p.public);
-    common::subscribe(&mut plain, "only-on-b");
+    let mut plain = b.ws_on(&p.public, "only-on-b");
     support::wait_for("b's subscriber to be counted", || {
         let (_, v) = get(&a, &p.secret, "/api/v1/channels/info?channel=only-on-b");
         v["subscribers"] == 1

@@ -158,8 +158,7 @@ fn forged_token_floods_are_rate_limited_and_cost_bounded_cpu() {
 
     // The other project's subscriber (a reader thread measuring publish->delivery) and
     // a paced publisher.
-    let mut sub = server.ws(&victim.public);
-    common::subscribe(&mut sub, "news");
+    let mut sub = server.ws_on(&victim.public, "news");
     let reader = std::thread::spawn(move || {
         let mut worst = Duration::ZERO;
         let mut n = 0u64;

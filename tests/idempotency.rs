@@ -44,8 +44,7 @@ fn expect_next_is_marker(s: &Server, secret: &str, ws: &mut Ws, channel: &str) {
 fn the_same_key_and_body_twice_is_delivered_once_with_the_same_answer() {
     let s = Server::start();
     let p = s.project("idem", "1000/s");
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "c");
+    let mut ws = s.ws_on(&p.public, "c");
     // Eight keys: both workers own some, so the claim crosses workers for some of them.
     for i in 0..8 {
         let key = format!("order-{i}");
@@ -73,8 +72,7 @@ fn the_same_key_and_body_twice_is_delivered_once_with_the_same_answer() {
 fn after_the_window_the_same_key_publishes_again() {
     let s = Server::start_with(Options::config("idempotency_window_s = 1\n"));
     let p = s.project("window", "1000/s");
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "w");
+    let mut ws = s.ws_on(&p.public, "w");
     let body = one("w", json!("x"));
     let (st, _, first) = post(&s, "/api/v1/publish", &p.secret, Some("k"), &body);
     assert_eq!(st, 202);
@@ -101,8 +99,7 @@ fn after_the_window_the_same_key_publishes_again() {
 fn the_same_key_with_another_body_is_422_and_publishes_nothing() {
     let s = Server::start();
     let p = s.project("reuse", "1000/s");
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "r");
+    let mut ws = s.ws_on(&p.public, "r");
     for i in 0..4 {
         let key = format!("k{i}");
         let (st, _, first) = post(
@@ -146,8 +143,7 @@ fn the_same_key_with_another_body_is_422_and_publishes_nothing() {
 fn racing_duplicates_are_delivered_once_and_the_others_replayed_or_409() {
     let s = Server::start();
     let p = s.project("race", "100000/s");
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "race");
+    let mut ws = s.ws_on(&p.public, "race");
     for round in 0..4 {
         let key = format!("race-{round}");
         let body = one("race", json!({"round": round}));
@@ -194,8 +190,7 @@ fn a_refused_request_leaves_the_key_free() {
     let s = Server::start();
     // A burst of 3: a batch of 4 messages can never be afforded (429, nothing spent).
     let p = s.project("refused", "3/s");
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "f");
+    let mut ws = s.ws_on(&p.public, "f");
     // 400 first (no event), then the fixed request with the same key: processed.
     let bad = json!({"channel": "f", "data": "no event"}).to_string();
     let (st, _, v) = post(&s, "/api/v1/publish", &p.secret, Some("k400"), &bad);
@@ -254,8 +249,7 @@ fn a_refused_request_leaves_the_key_free() {
 fn invalid_keys_are_refused_with_400_and_nothing_published() {
     let s = Server::start();
     let p = s.project("invalid", "1000/s");
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "i");
+    let mut ws = s.ws_on(&p.public, "i");
     let body = one("i", json!("1"));
     let long = "x".repeat(256);
     for key in [long.as_str(), "tab\there", "caf\u{e9}"] {
@@ -289,8 +283,7 @@ fn invalid_keys_are_refused_with_400_and_nothing_published() {
 fn one_key_covers_a_whole_batch_and_a_multi_channel_publish() {
     let s = Server::start();
     let p = s.project("batchkey", "1000/s");
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "a");
+    let mut ws = s.ws_on(&p.public, "a");
     subscribe(&mut ws, "b");
     let msgs: Vec<Value> = (0..3)
         .map(|i| json!({"channel": if i == 1 { "b" } else { "a" }, "event": "e", "data": i.to_string()}))
@@ -411,8 +404,7 @@ fn over_the_per_project_bound_the_oldest_keys_are_forgotten_and_counted() {
         "idempotency_max_keys_per_project = 4\nmetrics_listen = \"127.0.0.1:0\"\n",
     ));
     let p = s.project("bound", "1000/s");
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "m");
+    let mut ws = s.ws_on(&p.public, "m");
     let body = one("m", json!("same body, twenty keys"));
     for i in 0..20 {
         let (st, _, v) = post(
@@ -459,8 +451,7 @@ fn over_the_per_project_bound_the_oldest_keys_are_forgotten_and_counted() {
 fn the_publish_cli_sends_the_key_and_a_rerun_publishes_nothing() {
     let s = Server::start();
     let p = s.project("cli", "1000/s");
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "cli");
+    let mut ws = s.ws_on(&p.public, "cli");
     let base = s.url("");
     let run = || {
         std::process::Command::new(bin())

@@ -125,11 +125,9 @@ fn tls12_is_accepted() {
 fn wss_subscriber_receives_a_published_message() {
     let (s, _files) = start();
     let p = s.project("ws", "1000/s");
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "news");
+    let mut ws = s.ws_on(&p.public, "news");
     // A second subscriber on the same channel: fan-out over TLS reaches both.
-    let mut ws2 = s.ws(&p.public);
-    subscribe(&mut ws2, "news");
+    let mut ws2 = s.ws_on(&p.public, "news");
     for i in 0..20 {
         let (status, _) = s.publish(&p.secret, "news", "tick", json!({"i": i}));
         assert_eq!(status, 202);
@@ -392,8 +390,7 @@ fn fanout(s: &Server, p: &Project, subs: usize, msgs: usize) -> (usize, Duration
         let mut handles = Vec::new();
         for _ in 0..subs {
             handles.push(scope.spawn(|| {
-                let mut ws = s.ws(&p.public);
-                subscribe(&mut ws, "fan");
+                let mut ws = s.ws_on(&p.public, "fan");
                 ready.wait();
                 for _ in 0..msgs {
                     let m = next_json(&mut ws);

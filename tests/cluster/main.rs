@@ -53,8 +53,7 @@ fn cross_node_delivery_exactly_once_in_order() {
     redis.wait_numsub(&p.id, "news", 2);
 
     // Another project's subscriber on the same channel name gets nothing.
-    let mut foreign = b.ws(&other.public);
-    subscribe(&mut foreign, "news");
+    let mut foreign = b.ws_on(&other.public, "news");
 
     for i in 0..20 {
         assert_eq!(

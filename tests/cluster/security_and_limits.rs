@@ -134,8 +134,7 @@ fn frames_injected_through_redis_are_dropped() {
     let p = project(&redis, "inject", "100000/s");
     a.wait_key(&p.secret);
     b.wait_key(&p.secret);
-    let mut on_b = b.ws(&p.public);
-    subscribe(&mut on_b, "c");
+    let mut on_b = b.ws_on(&p.public, "c");
     redis.wait_numsub(&p.id, "c", 1);
     let mut c = redis.conn().expect("redis");
     let frame = |first: u8, payload: &[u8]| {
@@ -418,8 +417,7 @@ fn a_socket_id_of_another_node_is_left_out_there() {
     };
     let (mut left_out, id) = pusher(&b);
     let (mut other, _) = pusher(&b);
-    let mut native = b.ws(&p.public);
-    subscribe(&mut native, "chat");
+    let mut native = b.ws_on(&p.public, "chat");
     redis.wait_numsub(&p.id, "chat", 1);
     let body =
         json!({"channel": "chat", "event": "said", "data": {"n": 1}, "socket_id": id}).to_string();

@@ -234,6 +234,13 @@ impl Node {
     }
 
     /// Wait until this node accepts `secret` (keys arrive through the watcher).
+    /// [`Node::ws`], subscribed to `channel`.
+    pub fn ws_on(&self, key: &str, channel: &str) -> Ws {
+        let mut ws = self.ws(key);
+        common::subscribe(&mut ws, channel);
+        ws
+    }
+
     pub fn wait_key(&self, secret: &str) {
         wait_for("the node to know the key", || {
             self.publish(secret, "warmup", json!("x")).0 != 401

@@ -489,6 +489,13 @@ impl Server {
         ws
     }
 
+    /// [`Server::ws`], subscribed to `channel`.
+    pub fn ws_on(&self, key: &str, channel: &str) -> Ws {
+        let mut ws = self.ws(key);
+        subscribe(&mut ws, channel);
+        ws
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map(|c| c.id()).unwrap_or(0)
     }

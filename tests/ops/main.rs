@@ -316,8 +316,7 @@ fn slow_consumer_closes_are_counted_and_logged_once_per_interval() {
     let p = s.project("slow", "1000000/s");
     let mut stalled = Vec::new();
     for _ in 0..2 {
-        let mut ws = s.ws(&p.public);
-        subscribe(&mut ws, "c");
+        let mut ws = s.ws_on(&p.public, "c");
         stalled.push(ws);
     }
     let blob = "x".repeat(8000);
@@ -381,8 +380,7 @@ fn json_logs_are_one_object_per_line_and_never_hold_a_key() {
             .0,
         401
     );
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "c");
+    let mut ws = s.ws_on(&p.public, "c");
     assert!(tungstenite::connect(s.ws_url("pk_notarealkeyatall000000000000000")).is_err());
     cli(&s.data_dir, &["key", "revoke", &p.public]);
     assert_eq!(close_code(&mut ws), Some(4001));

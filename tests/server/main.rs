@@ -252,8 +252,7 @@ fn full_mailbox_gives_503_and_degraded_health() {
     );
     let p = s.project("m", "100000/s");
     // A subscriber on the channel: workers without one are never sent the message.
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "c");
+    let mut ws = s.ws_on(&p.public, "c");
     // Pipelined in one write: the worker answers them all before draining its mailbox.
     let resp = publishes_then_health(&s, &p.secret, r#"{"channel":"c","event":"e","data":{}}"#, 3);
     let statuses: Vec<&str> = resp.split("HTTP/1.1 ").skip(1).map(|r| &r[..3]).collect();
@@ -331,16 +330,14 @@ fn websocket_refuses_bad_keys_with_401() {
             other => panic!("{case}: expected 401, got {:?}", other.map(|_| ())),
         }
     }
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "ok");
+    let mut ws = s.ws_on(&p.public, "ok");
 }
 
 #[test]
 fn delivery_is_exact_channel_match_with_verbatim_data() {
     let s = Server::start();
     let p = s.project("d", "100000/s");
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "news");
+    let mut ws = s.ws_on(&p.public, "news");
     for other in ["News", "news ", "news/1", "new", "nEws"] {
         assert_eq!(s.publish(&p.secret, other, "e", json!({})).0, 202);
     }

@@ -30,8 +30,7 @@ fn hundreds_of_subscribers_over_two_workers_get_each_message_once() {
 fn unsubscribe_stops_delivery() {
     let s = Server::start();
     let p = s.project("u", "100000/s");
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "c");
+    let mut ws = s.ws_on(&p.public, "c");
     assert_eq!(s.publish(&p.secret, "c", "e", json!("one")).0, 202);
     assert_eq!(next_json(&mut ws)["data"], "one");
     send_json(&mut ws, json!({"type": "unsubscribe", "channel": "c"}));
@@ -83,10 +82,8 @@ fn revoked_public_key_closes_open_sockets_with_4001() {
     let s = Server::start();
     let p = s.project("rv", "100000/s");
     let other = s.project("keep", "100000/s");
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "c");
-    let mut keep = s.ws(&other.public);
-    subscribe(&mut keep, "c");
+    let mut ws = s.ws_on(&p.public, "c");
+    let mut keep = s.ws_on(&other.public, "c");
     let start = Instant::now();
     cli(&s.data_dir, &["key", "revoke", &p.public]);
     assert_eq!(close_code(&mut ws), Some(4001));
@@ -103,10 +100,8 @@ fn revoked_public_key_closes_open_sockets_with_4001() {
 fn stalled_subscriber_is_closed_with_4008_and_others_get_everything() {
     let s = Server::start_with(Options::config("send_backlog_bytes = 65536\n").workers(2));
     let p = s.project("slow", "1000000/s");
-    let mut healthy = s.ws(&p.public);
-    subscribe(&mut healthy, "c");
-    let mut stalled = s.ws(&p.public);
-    subscribe(&mut stalled, "c");
+    let mut healthy = s.ws_on(&p.public, "c");
+    let mut stalled = s.ws_on(&p.public, "c");
     // The stalled client stops reading; the healthy one reads on another thread.
     let n = 1500;
     let reader = std::thread::spawn(move || {
@@ -136,8 +131,7 @@ fn stalled_subscriber_is_closed_with_4008_and_others_get_everything() {
 fn sigterm_closes_websockets_with_1001_and_exits_zero() {
     let mut s = Server::start();
     let p = s.project("bye", "100000/s");
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "c");
+    let mut ws = s.ws_on(&p.public, "c");
     let start = Instant::now();
     // The reader may start after the close arrives: the frame waits in its socket.
     let reader = std::thread::spawn(move || close_code(&mut ws));
@@ -241,8 +235,7 @@ fn messages_published_in_quick_succession_all_arrive_in_order() {
     // Write coalescing must never reorder, drop or hold back the last frame.
     let s = Server::start_with(Options::config("write_coalesce_ms = 20\n"));
     let p = s.project("co", "1000000/s");
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "c");
+    let mut ws = s.ws_on(&p.public, "c");
     let body = r#"{"channel":"c","event":"e","data":{"i":N}}"#;
     let mut req = String::new();
     for i in 0..200 {
