@@ -406,7 +406,7 @@ fn presence_channels_add_the_senders_user_id_and_metrics_count_them() {
     send_json(&mut sender, event(ch, "client-hi", json!({})));
     assert_eq!(next_json(&mut peer)["user_id"], "alice");
     // The probe and two events; each one delivery.
-    let counters = scrape(&s);
+    let counters = s.scrape();
     assert_eq!(
         counters.get("ringcast_client_events_total"),
         Some(&3.0),
@@ -417,24 +417,6 @@ fn presence_channels_add_the_senders_user_id_and_metrics_count_them() {
         Some(&3.0),
         "{counters:?}"
     );
-}
-
-/// The counters of one scrape of the metrics listener.
-fn scrape(s: &Server) -> std::collections::HashMap<String, f64> {
-    use std::io::{Read, Write};
-    let addr = s.metrics.expect("the server prints its metrics address");
-    let mut conn = std::net::TcpStream::connect(addr).unwrap();
-    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut text = String::new();
-    conn.read_to_string(&mut text).unwrap();
-    text.lines()
-        .filter(|l| l.starts_with("ringcast_") && !l.contains('{'))
-        .filter_map(|l| {
-            let (k, v) = l.rsplit_once(' ')?;
-            Some((k.to_string(), v.parse().ok()?))
-        })
-        .collect()
 }
 
 #[test]

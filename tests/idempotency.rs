@@ -379,25 +379,6 @@ fn pusher_events_and_batch_events_take_a_key_too() {
     expect_next_is_marker(&s, &secret, &mut ws, "p");
 }
 
-/// Every sample of a scrape: series → value.
-fn scrape(s: &Server) -> std::collections::HashMap<String, f64> {
-    use std::io::{Read, Write};
-    let mut c = std::net::TcpStream::connect(s.metrics.expect("metrics address")).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut text = String::new();
-    let _ = c.read_to_string(&mut text);
-    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    body.lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .filter_map(|l| {
-            let (series, value) = l.rsplit_once(' ')?;
-            Some((series.to_string(), value.parse().ok()?))
-        })
-        .collect()
-}
-
 #[test]
 fn over_the_per_project_bound_the_oldest_keys_are_forgotten_and_counted() {
     let s = Server::start_with(Options::config(
@@ -417,7 +398,7 @@ fn over_the_per_project_bound_the_oldest_keys_are_forgotten_and_counted() {
         assert_eq!(st, 202);
         assert_eq!(next_json(&mut ws)["id"], v["id"]);
     }
-    let m = scrape(&s);
+    let m = s.scrape();
     let evicted = m["ringcast_idempotency_keys_evicted_total"];
     // At most 4 kept (2 per worker): at least 16 of the 20 forgotten, counted.
     assert!((16.0..=18.0).contains(&evicted), "evicted {evicted}");
@@ -436,7 +417,7 @@ fn over_the_per_project_bound_the_oldest_keys_are_forgotten_and_counted() {
         &one("m", json!("0")),
     );
     assert_eq!(st, 422);
-    let m = scrape(&s);
+    let m = s.scrape();
     assert_eq!(m["ringcast_idempotent_replays_total"], 1.0);
     assert_eq!(m["ringcast_idempotency_key_reused_total"], 1.0);
     assert_eq!(m["ringcast_idempotency_in_progress_total"], 0.0);

@@ -11,6 +11,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod metrics;
 pub mod sign;
 
 use std::io::{BufRead, BufReader, Read, Write};

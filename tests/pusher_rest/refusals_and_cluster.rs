@@ -314,7 +314,7 @@ fn pusher_off_and_the_quota_answer_403() {
     assert_eq!(get(&s, &a, "/channels", &[]).0, 200);
 
     // The metrics count the Pusher API under its own label.
-    let metrics = scrape(&s);
+    let metrics = s.scrape_text();
     assert!(
         metrics.contains("ringcast_publish_requests_total{api=\"pusher\",status=\"200\"}"),
         "{metrics}"
@@ -344,16 +344,6 @@ fn pusher_off_and_the_quota_answer_403() {
     let mut r = Req::new(&a, "GET", "/channels");
     r.secret = "ts_wrong".into();
     assert_eq!(r.send(&s).0, 401);
-}
-
-fn scrape(s: &Server) -> String {
-    let addr = s.metrics.expect("metrics address");
-    let mut c = TcpStream::connect(addr).unwrap();
-    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut out = String::new();
-    c.read_to_string(&mut out).unwrap();
-    out
 }
 
 /// A native client of a cluster node subscribed to `channel`, and its connection id.

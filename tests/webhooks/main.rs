@@ -441,12 +441,7 @@ fn client_events_are_sent_only_when_listed() {
 
 /// The value of one series (name with labels) of a scrape.
 fn scrape(s: &Server, series: &str) -> u64 {
-    let addr = s.metrics.expect("the server prints its metrics address");
-    let mut conn = TcpStream::connect(addr).unwrap();
-    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut text = String::new();
-    conn.read_to_string(&mut text).unwrap();
+    let text = s.scrape_text();
     text.lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
         .unwrap_or_else(|| panic!("no {series} in\n{text}"))
