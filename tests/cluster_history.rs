@@ -93,9 +93,9 @@ fn redis_cmd(redis: &Redis, args: &[&str]) -> redis::Value {
 
 #[test]
 fn offsets_agree_on_every_node_whichever_node_publishes() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
+    let Some((redis, a, b)) = support::two_nodes() else {
+        return;
+    };
     let p = hist_project(&redis, "agree", "1000/600s", &[&a, &b]);
     let mut subs: Vec<Ws> = Vec::new();
     let mut epoch = String::new();
@@ -150,9 +150,9 @@ fn offsets_agree_on_every_node_whichever_node_publishes() {
 
 #[test]
 fn a_client_recovers_on_another_node_then_continues_live() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
+    let Some((redis, a, b)) = support::two_nodes() else {
+        return;
+    };
     let p = hist_project(&redis, "move", "100/600s", &[&a, &b]);
     let mut on_a = a.ws(&p.public);
     let r = sub(&mut on_a, "news", None);
@@ -202,9 +202,9 @@ fn a_client_recovers_on_another_node_then_continues_live() {
 /// client sees every offset after its `since` exactly once, in order.
 #[test]
 fn publishes_racing_the_replay_leave_no_gap_and_no_duplicate() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
+    let Some((redis, a, b)) = support::two_nodes() else {
+        return;
+    };
     let p = hist_project(&redis, "race", "10000/600s", &[&a, &b]);
     let mut first = b.ws(&p.public);
     let epoch = common::subscribe_epoch(&mut first, "r");
@@ -273,9 +273,9 @@ fn publishes_racing_the_replay_leave_no_gap_and_no_duplicate() {
 
 #[test]
 fn rest_history_on_one_node_reads_what_another_published() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
+    let Some((redis, a, b)) = support::two_nodes() else {
+        return;
+    };
     let p = hist_project(&redis, "rest", "5/600s", &[&a, &b]);
     for i in 1..=8 {
         publish(&a, &p.secret, "h", json!({"n": i, "s": "é\"x"}));
@@ -339,9 +339,9 @@ fn rest_history_on_one_node_reads_what_another_published() {
 
 #[test]
 fn lost_history_in_redis_is_a_new_epoch_never_a_gap() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
+    let Some((redis, a, b)) = support::two_nodes() else {
+        return;
+    };
     let p = hist_project(&redis, "lost", "100/600s", &[&a, &b]);
     let mut w = a.ws(&p.public);
     let epoch = common::subscribe_epoch(&mut w, "l");
@@ -426,12 +426,10 @@ fn redis_away_refuses_history_publishes_and_recoveries() {
 
 #[test]
 fn history_off_in_cluster_mode_behaves_as_on_one_node() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
-    let p = support::project(&redis, "plain", "1000/s");
-    a.wait_key(&p.secret);
-    b.wait_key(&p.secret);
+    let Some((redis, a, b)) = support::two_nodes() else {
+        return;
+    };
+    let p = support::project_on(&redis, "plain", "1000/s", &[&a, &b]);
     let mut w = b.ws(&p.public);
     let r = sub(&mut w, "c", Some((3, "abcdabcd")));
     assert_eq!(r["recovered"], false, "{r}");
@@ -482,12 +480,10 @@ fn history_turned_off_and_on_again_is_a_new_epoch() {
 /// keep arriving (before, it read until a pause in the traffic that never came).
 #[test]
 fn a_busy_channel_does_not_hold_up_new_subscriptions() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
-    let p = support::project(&redis, "busy", "1000000/s");
-    a.wait_key(&p.secret);
-    b.wait_key(&p.secret);
+    let Some((redis, a, b)) = support::two_nodes() else {
+        return;
+    };
+    let p = support::project_on(&redis, "busy", "1000000/s", &[&a, &b]);
     let mut busy = b.ws(&p.public);
     sub(&mut busy, "busy", None);
     redis.wait_numsub(&p.id, "busy", 1);
@@ -540,9 +536,9 @@ fn a_busy_channel_does_not_hold_up_new_subscriptions() {
 /// its offset.
 #[test]
 fn a_socket_id_leaves_its_connection_out_on_a_history_channel() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
+    let Some((redis, a, b)) = support::two_nodes() else {
+        return;
+    };
     let p = hist_project(&redis, "hist-toothers", "100/600s", &[&a, &b]);
     let connect = |node: &Node| {
         let url = format!("ws://{}/api/v1/ws?key={}", node.addr, p.public);

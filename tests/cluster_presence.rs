@@ -63,9 +63,9 @@ fn expect_presence(ws: &mut Ws, action: &str, user: &str) {
 
 #[test]
 fn members_and_counts_are_cluster_wide() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
+    let Some((redis, a, b)) = support::two_nodes() else {
+        return;
+    };
     let p = project(&redis, &[&a, &b]);
     let ch = "presence-cluster";
 
@@ -120,9 +120,9 @@ fn members_and_counts_are_cluster_wide() {
 
 #[test]
 fn a_killed_nodes_members_and_subscribers_are_gone_within_30_s() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let mut b = Node::start(&redis);
+    let Some((redis, a, mut b)) = support::two_nodes() else {
+        return;
+    };
     let p = project(&redis, &[&a, &b]);
     let ch = "presence-doomed";
     let mut watcher = a.ws(&p.public);
@@ -157,9 +157,9 @@ fn a_killed_nodes_members_and_subscribers_are_gone_within_30_s() {
 
 #[test]
 fn a_node_shutting_down_hands_its_members_back_at_once() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let mut b = Node::start(&redis);
+    let Some((redis, a, mut b)) = support::two_nodes() else {
+        return;
+    };
     let p = project(&redis, &[&a, &b]);
     let ch = "presence-leaving";
     let mut watcher = a.ws(&p.public);

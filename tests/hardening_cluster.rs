@@ -122,9 +122,9 @@ fn presence_token(p: &Project, channel: &str, user: &str) -> String {
 /// (its hash only: the sorted set is built from it at the first listing).
 #[test]
 fn cluster_listings_by_prefix_are_exact_and_stop_at_10000_truncated() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
+    let Some((redis, a, b)) = support::two_nodes() else {
+        return;
+    };
     let p = project(&redis, &[], &[&a, &b]);
     seed_occupied(&redis, &p.id, "room-", 25_000);
     seed_occupied(&redis, &p.id, "news-", 3);
@@ -319,9 +319,9 @@ fn window(redis: &Redis) -> u64 {
 /// reader recovers the first message.
 #[test]
 fn reads_of_fresh_history_channels_create_no_redis_keys() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
+    let Some((redis, a, b)) = support::two_nodes() else {
+        return;
+    };
     let p = project(&redis, &["--history", "100/60s"], &[&a, &b]);
     // Warm up (the keys every subscription makes once: occupancy, the epoch salt).
     let mut warm = a.ws(&p.public);

@@ -33,9 +33,9 @@ fn expect_silence(ws: &mut Ws, d: Duration) {
 
 #[test]
 fn cross_node_delivery_exactly_once_in_order() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
+    let Some((redis, a, b)) = support::two_nodes() else {
+        return;
+    };
     let p = project(&redis, "shop", "100000/s");
     let other = project(&redis, "other", "100000/s");
     a.wait_key(&p.secret);
@@ -90,12 +90,10 @@ fn cross_node_delivery_exactly_once_in_order() {
 
 #[test]
 fn keys_and_revocations_reach_every_node_within_a_second() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
-    let p = project(&redis, "keys", "1000/s");
-    a.wait_key(&p.secret);
-    b.wait_key(&p.secret);
+    let Some((redis, a, b)) = support::two_nodes() else {
+        return;
+    };
+    let p = support::project_on(&redis, "keys", "1000/s", &[&a, &b]);
 
     let listed = cli(&redis, &["project", "list"]);
     assert_eq!(listed["projects"][0]["id"], p.id.as_str());
@@ -140,14 +138,10 @@ fn keys_and_revocations_reach_every_node_within_a_second() {
 
 #[test]
 fn redis_outage_keeps_local_delivery_and_recovers() {
-    let Some(mut redis) = Redis::start() else {
+    let Some((mut redis, a, b)) = support::two_nodes() else {
         return;
     };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
-    let p = project(&redis, "outage", "100000/s");
-    a.wait_key(&p.secret);
-    b.wait_key(&p.secret);
+    let p = support::project_on(&redis, "outage", "100000/s", &[&a, &b]);
     let mut on_a = a.ws(&p.public);
     let mut on_b = b.ws(&p.public);
     subscribe(&mut on_a, "c");
@@ -180,13 +174,11 @@ fn redis_outage_keeps_local_delivery_and_recovers() {
 
 #[test]
 fn the_quota_is_shared_by_the_cluster() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
+    let Some((redis, a, b)) = support::two_nodes() else {
+        return;
+    };
     // 10/min: each node's own GCRA would allow 10 at once, so 20 without sharing.
-    let p = project(&redis, "quota", "10/min");
-    a.wait_key(&p.secret);
-    b.wait_key(&p.secret);
+    let p = support::project_on(&redis, "quota", "10/min", &[&a, &b]);
     // Let both nodes' leases come online (the quota thread ticks every 20 ms).
     std::thread::sleep(Duration::from_millis(300));
     let mut accepted = [0u32; 2];
@@ -350,9 +342,9 @@ fn hs256(secret: &str, claims: Value) -> String {
 
 #[test]
 fn private_channels_across_nodes_rotation_and_key_removal_within_a_second() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
+    let Some((redis, a, b)) = support::two_nodes() else {
+        return;
+    };
     let v = cli(
         &redis,
         &["project", "create", "shop", "--rate-limit", "100000/s"],

@@ -44,12 +44,10 @@ fn cluster_mode_needs_the_master_key_file() {
 /// SUBSCRIBE reached Redis, and such publishes were lost.
 #[test]
 fn a_publish_on_another_node_right_after_subscribed_always_arrives() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
-    let p = project(&redis, "window", "1000000/s");
-    a.wait_key(&p.secret);
-    b.wait_key(&p.secret);
+    let Some((redis, a, b)) = support::two_nodes() else {
+        return;
+    };
+    let p = support::project_on(&redis, "window", "1000000/s", &[&a, &b]);
     const ROUNDS: usize = 1000;
     const PER_CONN: usize = 100; // the default max_subscriptions_per_connection
                                  // Every round subscribes to a fresh channel: the first subscriber on node b, so each
@@ -128,12 +126,10 @@ fn set_limits_is_stored_in_redis_and_applied_by_the_nodes() {
 /// forwarded the frame bytes as they came.
 #[test]
 fn frames_injected_through_redis_are_dropped() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
-    let p = project(&redis, "inject", "100000/s");
-    a.wait_key(&p.secret);
-    b.wait_key(&p.secret);
+    let Some((redis, a, b)) = support::two_nodes() else {
+        return;
+    };
+    let p = support::project_on(&redis, "inject", "100000/s", &[&a, &b]);
     let mut on_b = b.ws_on(&p.public, "c");
     redis.wait_numsub(&p.id, "c", 1);
     let mut c = redis.conn().expect("redis");
@@ -392,12 +388,10 @@ fn pusher_app_ids_are_numbered_in_redis_and_never_reused() {
 /// in Pusher's form when it is not the one named.
 #[test]
 fn a_socket_id_of_another_node_is_left_out_there() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
-    let p = project(&redis, "toothers", "100000/s");
-    a.wait_key(&p.secret);
-    b.wait_key(&p.secret);
+    let Some((redis, a, b)) = support::two_nodes() else {
+        return;
+    };
+    let p = support::project_on(&redis, "toothers", "100000/s", &[&a, &b]);
     let pusher = |node: &Node| {
         let url = format!("ws://{}/app/{}?protocol=7", node.addr, p.public);
         let (mut ws, _) = tungstenite::connect(url).expect("ws connect");

@@ -155,6 +155,23 @@ pub fn project(redis: &Redis, name: &str, rate: &str) -> Project {
     ))
 }
 
+/// [`project`], known to each of `nodes` when it returns.
+pub fn project_on(redis: &Redis, name: &str, rate: &str, nodes: &[&Node]) -> Project {
+    let p = project(redis, name, rate);
+    for node in nodes {
+        node.wait_key(&p.secret);
+    }
+    p
+}
+
+/// A Redis and two nodes on it; `None` where [`Redis::start`] is.
+pub fn two_nodes() -> Option<(Redis, Node, Node)> {
+    let redis = Redis::start()?;
+    let a = Node::start(&redis);
+    let b = Node::start(&redis);
+    Some((redis, a, b))
+}
+
 /// One `ringcast serve --redis URL` process.
 pub struct Node {
     pub addr: SocketAddr,
