@@ -17,13 +17,7 @@ use serde_json::{json, Value};
 use support::{cli, wait_for, Node, Redis};
 
 /// A project with history `spec`, known to every node.
-struct Hist {
-    id: String,
-    secret: String,
-    public: String,
-}
-
-fn hist_project(redis: &Redis, name: &str, spec: &str, nodes: &[&Node]) -> Hist {
+fn hist_project(redis: &Redis, name: &str, spec: &str, nodes: &[&Node]) -> support::Project {
     let v = cli(
         redis,
         &[
@@ -36,11 +30,7 @@ fn hist_project(redis: &Redis, name: &str, spec: &str, nodes: &[&Node]) -> Hist 
             spec,
         ],
     );
-    let p = Hist {
-        id: v["project"]["id"].as_str().unwrap().to_string(),
-        secret: v["secret_key"].as_str().unwrap().to_string(),
-        public: v["public_key"].as_str().unwrap().to_string(),
-    };
+    let p = support::Project::from_create(&v);
     for n in nodes {
         n.wait_key(&p.secret);
     }

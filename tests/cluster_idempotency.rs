@@ -39,23 +39,13 @@ fn one(channel: &str, data: &str) -> String {
     json!({"channel": channel, "event": "e", "data": data}).to_string()
 }
 
-struct P {
-    id: String,
-    secret: String,
-    public: String,
-}
-
-fn project(redis: &Redis, name: &str, history: Option<&str>, nodes: &[&Node]) -> P {
+fn project(redis: &Redis, name: &str, history: Option<&str>, nodes: &[&Node]) -> support::Project {
     let mut args = vec!["project", "create", name, "--rate-limit", "100000/s"];
     if let Some(h) = history {
         args.extend(["--history", h]);
     }
     let v = cli(redis, &args);
-    let p = P {
-        id: v["project"]["id"].as_str().unwrap().to_string(),
-        secret: v["secret_key"].as_str().unwrap().to_string(),
-        public: v["public_key"].as_str().unwrap().to_string(),
-    };
+    let p = support::Project::from_create(&v);
     for n in nodes {
         n.wait_key(&p.secret);
     }

@@ -5,6 +5,7 @@
 
 mod common;
 use common::cluster as support;
+use common::expect_presence;
 
 use std::time::{Duration, Instant};
 
@@ -38,27 +39,14 @@ fn join(ws: &mut Ws, p: &Project, channel: &str, user: &str) -> Value {
     v
 }
 
-fn users(presence: &Value) -> Vec<String> {
-    presence["members"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["user_id"].as_str().unwrap().to_string())
-        .collect()
+fn users(presence: &Value) -> Vec<&str> {
+    common::strs(&presence["members"], "user_id")
 }
 
 fn get(node: &Node, key: &str, path: &str) -> (u16, Value) {
-    let req =
-        format!("GET {path} HTTP/1.1\r\nHost: t\r\nX-Api-Key: {key}\r\nConnection: close\r\n\r\n");
+    let req = common::get_request(path, key);
     let (st, _, v) = parse_response(&node.raw(req.as_bytes()));
     (st, v)
-}
-
-fn expect_presence(ws: &mut Ws, action: &str, user: &str) {
-    let v = next_json(ws);
-    assert_eq!(v["type"], "presence", "{v}");
-    assert_eq!(v["action"], action, "{v}");
-    assert_eq!(v["user_id"], user, "{v}");
 }
 
 #[test]

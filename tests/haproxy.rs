@@ -86,11 +86,7 @@ impl HaProxy {
             .arg(&path)
             .output()
             .unwrap();
-        assert!(
-            check.status.success(),
-            "haproxy -c refused the config: {}",
-            String::from_utf8_lossy(&check.stderr)
-        );
+        common::assert_success(&check, "haproxy -c refused the config");
         let child = Command::new("haproxy")
             .arg("-db")
             .arg("-f")

@@ -5,6 +5,7 @@
 //! "another worker" is chosen, never hoped for.
 
 mod common;
+use common::expect_presence;
 use common::{hs256, unix_now, Project};
 
 use std::time::Duration;
@@ -55,29 +56,14 @@ fn join(ws: &mut Ws, p: &Project, channel: &str, user: &str) -> Value {
     next_json(ws)
 }
 
-fn users(presence: &Value) -> Vec<String> {
-    presence["members"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["user_id"].as_str().unwrap().to_string())
-        .collect()
+fn users(presence: &Value) -> Vec<&str> {
+    common::strs(&presence["members"], "user_id")
 }
 
 fn get(s: &Server, key: &str, path_and_query: &str) -> (u16, Value) {
-    let req = format!(
-        "GET {path_and_query} HTTP/1.1\r\nHost: t\r\nX-Api-Key: {key}\r\nConnection: close\r\n\r\n"
-    );
+    let req = common::get_request(path_and_query, key);
     let (st, _, v) = parse_response(&s.raw(req.as_bytes()));
     (st, v)
-}
-
-fn expect_presence(ws: &mut Ws, action: &str, user: &str) -> Value {
-    let v = next_json(ws);
-    assert_eq!(v["type"], "presence", "{v}");
-    assert_eq!(v["action"], action, "{v}");
-    assert_eq!(v["user_id"], user, "{v}");
-    v
 }
 
 #[test]
@@ -313,12 +299,7 @@ fn occupancy_counts_subscribers_on_every_worker_by_prefix() {
         json!({"channels": [{"name": "news", "subscribers": 2}, {"name": "news-eu", "subscribers": 1}]})
     );
     let (_, v) = get(&s, &p.secret, "/api/v1/channels");
-    let names: Vec<&str> = v["channels"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["name"].as_str().unwrap())
-        .collect();
+    let names = common::strs(&v["channels"], "name");
     assert_eq!(names, ["news", "news-eu", "sport"], "sorted by name");
     let (_, v) = get(&s, &p.secret, "/api/v1/channels/info?channel=news");
     assert_eq!(

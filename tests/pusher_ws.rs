@@ -565,11 +565,7 @@ fn revocation_closes_with_4001_and_a_slow_consumer_with_4100() {
         .map(|i| json!({"channel": "flood", "event": "e", "data": {"i": i, "pad": blob}}))
         .collect();
     let body = json!({ "messages": messages }).to_string();
-    let req = format!(
-        "POST /api/v1/publish/batch HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\nConnection: close\r\nX-Api-Key: {}\r\nContent-Type: application/json\r\n\r\n{body}",
-        body.len(),
-        a.secret
-    );
+    let req = common::post_request("/api/v1/publish/batch", &a.secret, &body);
     // Enough to pass the socket buffers and the 64 KiB backlog many times over.
     for _ in 0..80 {
         assert_eq!(common::parse_response(&s.raw(req.as_bytes())).0, 202);

@@ -127,12 +127,7 @@ fn keys_and_revocations_reach_every_node_within_a_second() {
     assert_eq!(a.publish(&extra, "x", json!("y")).0, 202);
     assert_eq!(b.publish(&extra, "x", json!("y")).0, 202);
     let keys = cli(&redis, &["key", "list", &p.id]);
-    let states: Vec<&str> = keys["keys"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|k| k["state"].as_str().unwrap())
-        .collect();
+    let states = common::strs(&keys["keys"], "state");
     assert_eq!(states, ["revoked", "revoked", "active"]);
 }
 
@@ -209,8 +204,7 @@ fn the_quota_is_shared_by_the_cluster() {
 fn a_batch_larger_than_a_lease_block_is_accepted() {
     let Some(redis) = Redis::start() else { return };
     let a = Node::start(&redis);
-    let p = project(&redis, "bigbatch", "1000/min");
-    a.wait_key(&p.secret);
+    let p = support::project_on(&redis, "bigbatch", "1000/min", &[&a]);
     // Let the lease come online (the quota thread ticks every 20 ms); before that the
     // local GCRA alone decides and would accept the batch whatever the lease holds.
     std::thread::sleep(Duration::from_millis(300));
@@ -218,11 +212,7 @@ fn a_batch_larger_than_a_lease_block_is_accepted() {
         .map(|i| json!({"channels": ["x", "y"], "event": "e", "data": {"i": i}}))
         .collect();
     let body = json!({ "messages": messages }).to_string();
-    let req = format!(
-        "POST /api/v1/publish/batch HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\nConnection: close\r\nX-Api-Key: {}\r\nContent-Type: application/json\r\n\r\n{body}",
-        body.len(),
-        p.secret
-    );
+    let req = common::post_request("/api/v1/publish/batch", &p.secret, &body);
     wait_for("the 200-unit batch to be accepted", || {
         let (status, _, v) = parse_response(&a.raw(req.as_bytes()));
         if status == 202 {

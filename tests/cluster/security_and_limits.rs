@@ -102,8 +102,7 @@ fn a_publish_on_another_node_right_after_subscribed_always_arrives() {
 fn set_limits_is_stored_in_redis_and_applied_by_the_nodes() {
     let Some(redis) = Redis::start() else { return };
     let a = Node::start(&redis);
-    let p = project(&redis, "capped", "100/s");
-    a.wait_key(&p.secret);
+    let p = support::project_on(&redis, "capped", "100/s", &[&a]);
     let out = cli(
         &redis,
         &["project", "set-limits", &p.id, "--max-connections", "1"],

@@ -656,6 +656,20 @@ pub fn subscribe_epoch(ws: &mut Ws, channel: &str) -> String {
     reply["epoch"].as_str().expect("an epoch").to_string()
 }
 
+/// Read the next frame, a `presence` event `action` (join or leave) of `user`; returns it.
+pub fn expect_presence(ws: &mut Ws, action: &str, user: &str) -> Value {
+    let v = next_json(ws);
+    assert_eq!(v["type"], "presence", "{v}");
+    assert_eq!(v["action"], action, "{v}");
+    assert_eq!(v["user_id"], user, "{v}");
+    v
+}
+
+/// `GET path` with `key`, the connection closed after the answer: the request's bytes.
+pub fn get_request(path: &str, key: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nHost: t\r\nX-Api-Key: {key}\r\nConnection: close\r\n\r\n")
+}
+
 /// Read frames until the server closes; returns the close code.
 pub fn close_code(ws: &mut Ws) -> Option<u16> {
     loop {
@@ -695,6 +709,43 @@ pub fn worker_of(connection_id: &str) -> String {
     assert!(node.parse::<u32>().is_ok(), "{connection_id}");
     let local: u64 = local.parse().expect("local part is decimal");
     (local >> 40).to_string()
+}
+
+/// The string `field` of each object in the JSON array `items`, in order.
+pub fn strs<'a>(items: &'a Value, field: &str) -> Vec<&'a str> {
+    let items = items.as_array().expect("an array");
+    items
+        .iter()
+        .map(|i| i[field].as_str().expect("a string"))
+        .collect()
+}
+
+/// `POST path` with `key` and a JSON `body`, the connection closed after the answer: the
+/// request's bytes, for [`Server::raw`] and its kin.
+pub fn post_request(path: &str, key: &str, body: &str) -> String {
+    format!(
+        "POST {path} HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\nConnection: close\r\nX-Api-Key: {key}\r\nContent-Type: application/json\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// Assert that a command finished with success, showing its stderr when not.
+pub fn assert_success(out: &std::process::Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The JSON lines of a `--log-format json` log whose `fields.message` satisfies `which`
+/// (lines not yet whole, or not JSON, are passed over).
+pub fn log_lines(path: &Path, which: impl Fn(&str) -> bool) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["fields"]["message"].as_str().is_some_and(&which))
+        .collect()
 }
 
 /// Unix seconds now (token `exp`, Pusher's `auth_timestamp`).

@@ -337,18 +337,7 @@ fn slow_consumer_closes_are_counted_and_logged_once_per_interval() {
         assert_eq!(close_code(ws), Some(4008));
     }
     // One summary line for both closes, within the 10 s interval.
-    let summaries = || {
-        std::fs::read_to_string(&log)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter(|v| {
-                v["fields"]["message"]
-                    .as_str()
-                    .is_some_and(|m| m.starts_with("slow consumers closed"))
-            })
-            .collect::<Vec<_>>()
-    };
+    let summaries = || log_lines(&log, |m| m.starts_with("slow consumers closed"));
     wait_for(Duration::from_secs(12), "the slow-consumer summary", || {
         !summaries().is_empty()
     });
@@ -551,11 +540,7 @@ fn config_show(args: &[&str], env: &[(&str, &str)]) -> Value {
         .envs(env.iter().copied())
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out, "ringcast");
     let text = String::from_utf8(out.stdout).unwrap();
     assert_eq!(text.lines().count(), 1, "one JSON object: {text}");
     serde_json::from_str(&text).unwrap()

@@ -334,15 +334,11 @@ fn webhooks_to_private_addresses_are_refused_unless_allowed() {
     }
     // The projects whose attempts were refused, by the log's project_index.
     let refused = || {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        let mut projects: Vec<u64> = text
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter(|v| {
-                v["fields"]["message"]
-                    .as_str()
-                    .is_some_and(|m| m.contains("webhook_allow_private_addresses is false"))
-            })
+        let lines = common::log_lines(&log, |m| {
+            m.contains("webhook_allow_private_addresses is false")
+        });
+        let mut projects: Vec<u64> = lines
+            .iter()
             .filter_map(|v| v["fields"]["project_index"].as_u64())
             .collect();
         projects.sort_unstable();
