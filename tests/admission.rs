@@ -15,6 +15,20 @@ use tungstenite::Message;
 
 const UPGRADE_HEAD: &str = "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n";
 
+/// The first 12 bytes of an answer ("HTTP/1.1 NNN"), or fewer when the connection ends
+/// before them.
+fn status_line(conn: &mut impl Read) -> Vec<u8> {
+    let mut buf = [0u8; 12];
+    let mut got = 0;
+    while got < 12 {
+        match conn.read(&mut buf[got..]) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got += n,
+        }
+    }
+    buf[..got].to_vec()
+}
+
 /// Send `prefix` (a PROXY header or nothing), then an upgrade request for `path` with
 /// `extra` header lines; returns the status of the answer (0: closed without one).
 fn raw_upgrade(s: &Server, prefix: &[u8], path: &str, extra: &str) -> u16 {
@@ -24,15 +38,8 @@ fn raw_upgrade(s: &Server, prefix: &[u8], path: &str, extra: &str) -> u16 {
     let mut bytes = prefix.to_vec();
     bytes.extend_from_slice(req.as_bytes());
     tcp.write_all(&bytes).unwrap();
-    let mut buf = [0u8; 12];
-    let mut got = 0;
-    while got < 12 {
-        match tcp.read(&mut buf[got..]) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => got += n,
-        }
-    }
-    std::str::from_utf8(&buf[..got])
+    let head = status_line(&mut tcp);
+    std::str::from_utf8(&head)
         .ok()
         .and_then(|t| t.strip_prefix("HTTP/1.1 "))
         .and_then(|t| t.get(..3))
@@ -264,15 +271,7 @@ fn proxy_headers_before_tls() {
         let conn = rustls::ClientConnection::new(cfg.clone(), name).unwrap();
         let mut tls = rustls::StreamOwned::new(conn, tcp);
         tls.write_all(req.as_bytes()).unwrap();
-        let mut buf = [0u8; 12];
-        let mut got = 0;
-        while got < 12 {
-            match tls.read(&mut buf[got..]) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => got += n,
-            }
-        }
-        String::from_utf8_lossy(&buf[..got]).to_string()
+        String::from_utf8_lossy(&status_line(&mut tls)).to_string()
     };
     let health = "GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n";
     assert!(request(b"", health).starts_with("HTTP/1.1 200"));

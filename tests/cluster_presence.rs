@@ -43,12 +43,6 @@ fn users(presence: &Value) -> Vec<&str> {
     common::strs(&presence["members"], "user_id")
 }
 
-fn get(node: &Node, key: &str, path: &str) -> (u16, Value) {
-    let req = common::get_request(path, key);
-    let (st, _, v) = parse_response(&node.raw(req.as_bytes()));
-    (st, v)
-}
-
 #[test]
 fn members_and_counts_are_cluster_wide() {
     let Some((redis, a, b)) = support::two_nodes() else {
@@ -92,7 +86,7 @@ fn members_and_counts_are_cluster_wide() {
     let mut n2 = b.ws(&p.public);
     common::subscribe(&mut n1, "news");
     common::subscribe(&mut n2, "news");
-    let (_, v) = get(&b, &p.secret, "/api/v1/channels?prefix=ne");
+    let (_, v) = b.get_json(&p.secret, "/api/v1/channels?prefix=ne");
     assert_eq!(v, json!({"channels": [{"name": "news", "subscribers": 2}]}));
 
     // ua leaves node B: still a member through node A. Then from A: gone everywhere.
@@ -101,7 +95,7 @@ fn members_and_counts_are_cluster_wide() {
     drop(on_a);
     expect_presence(&mut on_b, "leave", "ua");
     support::wait_for("ua's leave to reach Redis", || {
-        let (_, v) = get(&b, &p.secret, &format!("/api/v1/presence?channel={ch}"));
+        let (_, v) = b.get_json(&p.secret, &format!("/api/v1/presence?channel={ch}"));
         users(&v) == ["ub"]
     });
 }
@@ -120,7 +114,7 @@ fn a_killed_nodes_members_and_subscribers_are_gone_within_30_s() {
     expect_presence(&mut watcher, "join", "doomed");
     let mut plain = b.ws_on(&p.public, "only-on-b");
     support::wait_for("b's subscriber to be counted", || {
-        let (_, v) = get(&a, &p.secret, "/api/v1/channels/info?channel=only-on-b");
+        let (_, v) = a.get_json(&p.secret, "/api/v1/channels/info?channel=only-on-b");
         v["subscribers"] == 1
     });
 
@@ -132,12 +126,12 @@ fn a_killed_nodes_members_and_subscribers_are_gone_within_30_s() {
     expect_presence(&mut watcher, "leave", "doomed");
     let took = killed.elapsed();
     assert!(took < Duration::from_secs(30), "took {took:?}");
-    let (_, v) = get(&a, &p.secret, "/api/v1/channels/info?channel=only-on-b");
+    let (_, v) = a.get_json(&p.secret, "/api/v1/channels/info?channel=only-on-b");
     assert_eq!(
         v,
         json!({"channel": "only-on-b", "occupied": false, "subscribers": 0})
     );
-    let (_, v) = get(&a, &p.secret, &format!("/api/v1/presence?channel={ch}"));
+    let (_, v) = a.get_json(&p.secret, &format!("/api/v1/presence?channel={ch}"));
     assert_eq!(users(&v), ["watcher"]);
     drop(doomed);
     drop(plain);

@@ -60,12 +60,6 @@ fn users(presence: &Value) -> Vec<&str> {
     common::strs(&presence["members"], "user_id")
 }
 
-fn get(s: &Server, key: &str, path_and_query: &str) -> (u16, Value) {
-    let req = common::get_request(path_and_query, key);
-    let (st, _, v) = parse_response(&s.raw(req.as_bytes()));
-    (st, v)
-}
-
 #[test]
 fn a_user_with_two_tabs_joins_once_and_leaves_once() {
     let s = Server::start();
@@ -102,13 +96,13 @@ fn a_user_with_two_tabs_joins_once_and_leaves_once() {
     send_json(&mut tab1, json!({"type": "unsubscribe", "channel": ch}));
     assert_eq!(next_json(&mut tab1)["type"], "unsubscribed");
     expect_silence(&mut obs, Duration::from_millis(300));
-    let (st, v) = get(&s, &p.secret, &format!("/api/v1/presence?channel={ch}"));
+    let (st, v) = s.get_json(&p.secret, &format!("/api/v1/presence?channel={ch}"));
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["count"], 2, "{v}");
     drop(tab2);
     let l = expect_presence(&mut obs, "leave", "u1");
     assert!(l.get("info").is_none(), "{l}");
-    let (_, v) = get(&s, &p.secret, &format!("/api/v1/presence?channel={ch}"));
+    let (_, v) = s.get_json(&p.secret, &format!("/api/v1/presence?channel={ch}"));
     assert_eq!(
         v,
         json!({"channel": ch, "count": 1, "members": [{"user_id": "observer", "info": {"name": "name of observer"}}]})
@@ -169,7 +163,7 @@ fn every_way_of_ending_makes_a_leave() {
     expect_presence(&mut obs, "leave", "by-revocation");
 
     // Still exactly one member: nothing leaked.
-    let (_, v) = get(&s, &p.secret, &format!("/api/v1/presence?channel={ch}"));
+    let (_, v) = s.get_json(&p.secret, &format!("/api/v1/presence?channel={ch}"));
     assert_eq!(v["count"], 1, "{v}");
 }
 
@@ -239,7 +233,7 @@ fn presence_tokens_need_a_user_and_an_object_info() {
     // No token at all, as for private channels.
     send_json(&mut ws, json!({"type": "subscribe", "channel": ch}));
     assert_eq!(next_json(&mut ws)["code"], "forbidden");
-    let (_, v) = get(&s, &p.secret, &format!("/api/v1/presence?channel={ch}"));
+    let (_, v) = s.get_json(&p.secret, &format!("/api/v1/presence?channel={ch}"));
     assert_eq!(v["count"], 0, "{v}");
 }
 
@@ -247,21 +241,21 @@ fn presence_tokens_need_a_user_and_an_object_info() {
 fn presence_rest_checks_its_key_and_channel() {
     let s = Server::start();
     let p = project(&s, "rest");
-    let (st, v) = get(&s, &p.secret, "/api/v1/presence?channel=news");
+    let (st, v) = s.get_json(&p.secret, "/api/v1/presence?channel=news");
     assert_eq!(st, 400, "{v}");
     assert_eq!(v["error"]["code"], "invalid_field", "{v}");
-    let (st, v) = get(&s, &p.secret, "/api/v1/presence");
+    let (st, v) = s.get_json(&p.secret, "/api/v1/presence");
     assert_eq!(st, 400, "{v}");
     assert_eq!(v["error"]["code"], "missing_field", "{v}");
-    let (st, _) = get(&s, &p.public, "/api/v1/presence?channel=presence-x");
+    let (st, _) = s.get_json(&p.public, "/api/v1/presence?channel=presence-x");
     assert_eq!(st, 401);
-    let (st, _) = get(&s, "sk_nope", "/api/v1/channels");
+    let (st, _) = s.get_json("sk_nope", "/api/v1/channels");
     assert_eq!(st, 401);
-    let (st, _) = get(&s, &p.public, "/api/v1/channels/info?channel=x");
+    let (st, _) = s.get_json(&p.public, "/api/v1/channels/info?channel=x");
     assert_eq!(st, 401);
-    let (st, v) = get(&s, &p.secret, "/api/v1/channels/info");
+    let (st, v) = s.get_json(&p.secret, "/api/v1/channels/info");
     assert_eq!(st, 400, "{v}");
-    let (st, v) = get(&s, &p.secret, "/api/v1/presence?channel=presence-nobody");
+    let (st, v) = s.get_json(&p.secret, "/api/v1/presence?channel=presence-nobody");
     assert_eq!(st, 200);
     assert_eq!(
         v,
@@ -292,16 +286,16 @@ fn occupancy_counts_subscribers_on_every_worker_by_prefix() {
     // Another project's channel of the same prefix is not listed.
     let (mut o, _) = connect(&s, &other.public);
     common::subscribe(&mut o, "news-other-project");
-    let (st, v) = get(&s, &p.secret, "/api/v1/channels?prefix=news");
+    let (st, v) = s.get_json(&p.secret, "/api/v1/channels?prefix=news");
     assert_eq!(st, 200, "{v}");
     assert_eq!(
         v,
         json!({"channels": [{"name": "news", "subscribers": 2}, {"name": "news-eu", "subscribers": 1}]})
     );
-    let (_, v) = get(&s, &p.secret, "/api/v1/channels");
+    let (_, v) = s.get_json(&p.secret, "/api/v1/channels");
     let names = common::strs(&v["channels"], "name");
     assert_eq!(names, ["news", "news-eu", "sport"], "sorted by name");
-    let (_, v) = get(&s, &p.secret, "/api/v1/channels/info?channel=news");
+    let (_, v) = s.get_json(&p.secret, "/api/v1/channels/info?channel=news");
     assert_eq!(
         v,
         json!({"channel": "news", "occupied": true, "subscribers": 2})
@@ -311,7 +305,7 @@ fn occupancy_counts_subscribers_on_every_worker_by_prefix() {
     let (mut t2, _) = connect(&s, &p.public);
     join(&mut t1, &p, "presence-occ", "u1");
     join(&mut t2, &p, "presence-occ", "u1");
-    let (_, v) = get(&s, &p.secret, "/api/v1/channels/info?channel=presence-occ");
+    let (_, v) = s.get_json(&p.secret, "/api/v1/channels/info?channel=presence-occ");
     assert_eq!(
         v,
         json!({"channel": "presence-occ", "occupied": true, "subscribers": 2, "user_count": 1})
@@ -321,10 +315,10 @@ fn occupancy_counts_subscribers_on_every_worker_by_prefix() {
     assert_eq!(next_json(&mut a)["type"], "unsubscribed");
     drop(b);
     common::wait_for(Duration::from_secs(5), "news to be vacated", || {
-        let (_, v) = get(&s, &p.secret, "/api/v1/channels/info?channel=news");
+        let (_, v) = s.get_json(&p.secret, "/api/v1/channels/info?channel=news");
         v == json!({"channel": "news", "occupied": false, "subscribers": 0})
     });
-    let (_, v) = get(&s, &p.secret, "/api/v1/channels?prefix=news");
+    let (_, v) = s.get_json(&p.secret, "/api/v1/channels?prefix=news");
     assert_eq!(
         v,
         json!({"channels": [{"name": "news-eu", "subscribers": 1}]})

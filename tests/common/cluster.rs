@@ -225,6 +225,13 @@ impl Node {
         }
     }
 
+    /// `GET path` with `key` on a new connection: the status and the JSON body.
+    pub fn get_json(&self, key: &str, path: &str) -> (u16, Value) {
+        let req = common::get_request(path, key);
+        let (status, _, body) = parse_response(&self.raw(req.as_bytes()));
+        (status, body)
+    }
+
     pub fn raw(&self, bytes: &[u8]) -> Vec<u8> {
         common::raw_to(self.addr, bytes)
     }

@@ -435,6 +435,12 @@ impl Server {
         (s, v)
     }
 
+    /// `GET path` with `key` on a new connection: the status and the JSON body.
+    pub fn get_json(&self, key: &str, path: &str) -> (u16, Value) {
+        let (status, _, body) = parse_response(&self.raw(get_request(path, key).as_bytes()));
+        (status, body)
+    }
+
     /// Send raw bytes on a new connection and read until the server closes it.
     pub fn raw(&self, bytes: &[u8]) -> Vec<u8> {
         let mut s = self.connect();

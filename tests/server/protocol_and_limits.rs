@@ -338,37 +338,32 @@ fn deeply_nested_client_frames_get_an_error_and_the_socket_stays_up() {
 
 #[test]
 fn console_is_served_only_when_turned_on() {
+    let answer =
+        |s: &Server, req: &str| String::from_utf8_lossy(&s.raw(req.as_bytes())).to_string();
+    let get = |s: &Server, path: &str| {
+        answer(
+            s,
+            &format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+        )
+    };
     let off = Server::start();
-    let resp = String::from_utf8_lossy(
-        &off.raw(b"GET /console HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
-    )
-    .to_string();
+    let resp = get(&off, "/console");
     assert!(resp.starts_with("HTTP/1.1 404 "), "{resp}");
 
     let on = Server::start_with(Options::config("console = true\n"));
-    let page = String::from_utf8_lossy(
-        &on.raw(b"GET /console HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
-    )
-    .to_string();
+    let page = get(&on, "/console");
     assert!(page.starts_with("HTTP/1.1 200 "), "{page}");
     assert!(page.contains("Content-Type: text/html"), "{page}");
-    assert!(
-        page.contains("/console/ringcast.js"),
-        "the page loads the client"
-    );
-    let js = String::from_utf8_lossy(
-        &on.raw(b"GET /console/ringcast.js HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
-    )
-    .to_string();
+    let loads_client = page.contains("/console/ringcast.js");
+    assert!(loads_client, "the page loads the client");
+    let js = get(&on, "/console/ringcast.js");
     assert!(js.starts_with("HTTP/1.1 200 "), "{js}");
     assert!(js.contains("Content-Type: text/javascript"), "{js}");
-    assert!(
-        js.contains("export class Ringcast"),
-        "the client module itself"
+    let is_client = js.contains("export class Ringcast");
+    assert!(is_client, "the client module itself");
+    let post = answer(
+        &on,
+        "POST /console HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
     );
-    let post = String::from_utf8_lossy(&on.raw(
-        b"POST /console HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-    ))
-    .to_string();
     assert!(post.starts_with("HTTP/1.1 405 "), "{post}");
 }
