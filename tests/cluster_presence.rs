@@ -14,12 +14,11 @@ use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use serde_json::{json, Value};
 use support::{Node, Project, Redis};
 
-fn project(redis: &Redis, nodes: &[&Node]) -> Project {
-    let p = support::project(redis, "p", "10000/s");
-    for n in nodes {
-        n.wait_key(&p.secret);
-    }
-    p
+/// A Redis, two nodes on it and a project both know; `None` where [`Redis::start`] is.
+fn start() -> Option<(Redis, Node, Node, Project)> {
+    let (redis, a, b) = support::two_nodes()?;
+    let p = support::project_on(&redis, "p", "10000/s", &[&a, &b]);
+    Some((redis, a, b, p))
 }
 
 fn join(ws: &mut Ws, p: &Project, channel: &str, user: &str) -> Value {
@@ -45,10 +44,9 @@ fn users(presence: &Value) -> Vec<&str> {
 
 #[test]
 fn members_and_counts_are_cluster_wide() {
-    let Some((redis, a, b)) = support::two_nodes() else {
+    let Some((_redis, a, b, p)) = start() else {
         return;
     };
-    let p = project(&redis, &[&a, &b]);
     let ch = "presence-cluster";
 
     let mut on_b = b.ws(&p.public);
@@ -67,14 +65,10 @@ fn members_and_counts_are_cluster_wide() {
     expect_silence(&mut on_a, Duration::from_millis(300));
 
     for node in [&a, &b] {
-        let (st, v) = get(node, &p.secret, &format!("/api/v1/presence?channel={ch}"));
+        let (st, v) = node.get_json(&p.secret, &format!("/api/v1/presence?channel={ch}"));
         assert_eq!(st, 200, "{v}");
         assert_eq!(users(&v), ["ub", "ua"], "{v}");
-        let (_, v) = get(
-            node,
-            &p.secret,
-            &format!("/api/v1/channels/info?channel={ch}"),
-        );
+        let (_, v) = node.get_json(&p.secret, &format!("/api/v1/channels/info?channel={ch}"));
         assert_eq!(
             v,
             json!({"channel": ch, "occupied": true, "subscribers": 3, "user_count": 2})
@@ -100,18 +94,24 @@ fn members_and_counts_are_cluster_wide() {
     });
 }
 
+/// A member "watcher" of `presence-<user>` on node `a`, and a member `user` on node `b`,
+/// whose join the watcher has seen: (watcher, member).
+fn watched_member((a, b): (&Node, &Node), p: &Project, user: &str) -> (Ws, Ws) {
+    let ch = &format!("presence-{user}");
+    let mut watcher = a.ws(&p.public);
+    join(&mut watcher, p, ch, "watcher");
+    let mut member = b.ws(&p.public);
+    join(&mut member, p, ch, user);
+    expect_presence(&mut watcher, "join", user);
+    (watcher, member)
+}
+
 #[test]
 fn a_killed_nodes_members_and_subscribers_are_gone_within_30_s() {
-    let Some((redis, a, mut b)) = support::two_nodes() else {
+    let Some((_redis, a, mut b, p)) = start() else {
         return;
     };
-    let p = project(&redis, &[&a, &b]);
-    let ch = "presence-doomed";
-    let mut watcher = a.ws(&p.public);
-    join(&mut watcher, &p, ch, "watcher");
-    let mut doomed = b.ws(&p.public);
-    join(&mut doomed, &p, ch, "doomed");
-    expect_presence(&mut watcher, "join", "doomed");
+    let (mut watcher, doomed) = watched_member((&a, &b), &p, "doomed");
     let mut plain = b.ws_on(&p.public, "only-on-b");
     support::wait_for("b's subscriber to be counted", || {
         let (_, v) = a.get_json(&p.secret, "/api/v1/channels/info?channel=only-on-b");
@@ -131,7 +131,7 @@ fn a_killed_nodes_members_and_subscribers_are_gone_within_30_s() {
         v,
         json!({"channel": "only-on-b", "occupied": false, "subscribers": 0})
     );
-    let (_, v) = a.get_json(&p.secret, &format!("/api/v1/presence?channel={ch}"));
+    let (_, v) = a.get_json(&p.secret, "/api/v1/presence?channel=presence-doomed");
     assert_eq!(users(&v), ["watcher"]);
     drop(doomed);
     drop(plain);
@@ -139,16 +139,10 @@ fn a_killed_nodes_members_and_subscribers_are_gone_within_30_s() {
 
 #[test]
 fn a_node_shutting_down_hands_its_members_back_at_once() {
-    let Some((redis, a, mut b)) = support::two_nodes() else {
+    let Some((_redis, a, mut b, p)) = start() else {
         return;
     };
-    let p = project(&redis, &[&a, &b]);
-    let ch = "presence-leaving";
-    let mut watcher = a.ws(&p.public);
-    join(&mut watcher, &p, ch, "watcher");
-    let mut leaving = b.ws(&p.public);
-    join(&mut leaving, &p, ch, "leaving");
-    expect_presence(&mut watcher, "join", "leaving");
+    let (mut watcher, leaving) = watched_member((&a, &b), &p, "leaving");
     let stopped = Instant::now();
     let status = std::process::Command::new("kill")
         .args(["-TERM", &b.child.id().to_string()])
