@@ -224,10 +224,7 @@ fn errors_within(ws: &mut Ws, d: Duration) -> Vec<Value> {
 
 #[test]
 fn more_than_ten_a_second_are_dropped_with_rate_limited_and_the_connection_stays() {
-    let s = Server::start_with(Options {
-        workers: 1,
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::default().workers(1));
     let p = project(&s, "chat", &[]);
     let ch = "private-burst";
     let (mut sender, _) = connect(&s.ws_url(&p.public));

@@ -89,10 +89,7 @@ const KEPT: usize = 384;
 /// every answer is there, whole and alike, and paging with `since` reaches the end.
 #[test]
 fn pipelined_history_answers_never_read_hold_one_bounded_answer() {
-    let s = Server::start_with(Options {
-        workers: 1,
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::default().workers(1));
     let p = history_project(&s, "big");
     for chunk in (0..KEPT).collect::<Vec<_>>().chunks(48) {
         let messages: Vec<Value> = chunk
@@ -306,10 +303,7 @@ fn batch_head(app: &App, app_id: &str, secret: &str, body_len: usize) -> String 
 /// bodies. Then, without any body sent, the 401 arrives from the head alone.
 #[test]
 fn pusher_rest_refuses_a_bad_signature_before_reading_the_body() {
-    let s = Server::start_with(Options {
-        workers: 1,
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::default().workers(1));
     let app = pusher_app(&s, "body");
     // The body is declared at 1 MiB and sent but for its last byte: a server that
     // waits for it holds what it read.

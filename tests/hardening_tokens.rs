@@ -139,10 +139,7 @@ fn unix_us() -> u64 {
 /// worker gets every message promptly.
 #[test]
 fn forged_token_floods_are_rate_limited_and_cost_bounded_cpu() {
-    let server = Server::start_with(Options {
-        workers: 1,
-        ..Options::default()
-    });
+    let server = Server::start_with(Options::default().workers(1));
     let victim = app(&server, "victim");
     let attacker = app(&server, "attacker");
     let (kid, key) = add_es256_key(&server, &attacker);
@@ -345,10 +342,7 @@ fn subscribes_refused_for_another_reason_take_nothing_from_the_budget() {
 /// `pusher:subscription_error` with status 429, and the connection stays open.
 #[test]
 fn the_pusher_path_answers_429_beyond_the_budget() {
-    let server = Server::start_with(Options {
-        workers: 1,
-        ..Options::default()
-    });
+    let server = Server::start_with(Options::default().workers(1));
     let a = app(&server, "p");
     let url = format!(
         "ws://{}/app/{}?protocol=7&client=js&version=8.6.0",
