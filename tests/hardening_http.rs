@@ -31,6 +31,17 @@ fn rss_kib(s: &Server) -> u64 {
 
 /// The largest RSS growth over `baseline` seen while watching for `d` (the absence of
 /// growth cannot be waited for: it is watched, as `expect_silence` does).
+/// The server's peak RSS growth over `d` (see [`peak_growth_kib`]), printed, must stay
+/// under 16 MiB while it holds `what`.
+fn assert_growth_bounded(s: &Server, baseline: u64, d: Duration, what: &str) {
+    let peak = peak_growth_kib(s, baseline, d);
+    eprintln!("RSS growth with {what}: peak {peak} KiB");
+    assert!(
+        peak < 16 * 1024,
+        "{what} made the server grow by {peak} KiB"
+    );
+}
+
 fn peak_growth_kib(s: &Server, baseline: u64, d: Duration) -> u64 {
     let end = Instant::now() + d;
     let mut peak = 0;
@@ -125,12 +136,8 @@ fn pipelined_history_answers_never_read_hold_one_bounded_answer() {
     c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     c.write_all(request(0).repeat(PIPELINED).as_bytes())
         .unwrap();
-    let peak = peak_growth_kib(&s, baseline, Duration::from_secs(3));
-    eprintln!("RSS growth with {PIPELINED} unread pipelined history answers: peak {peak} KiB");
-    assert!(
-        peak < 16 * 1024,
-        "unread pipelined answers made the server grow by {peak} KiB"
-    );
+    let what = format!("{PIPELINED} unread pipelined history answers");
+    assert_growth_bounded(&s, baseline, Duration::from_secs(3), &what);
 
     // Read now: every answer is there, the same messages oldest first, within the bound.
     let mut pending = Vec::new();
@@ -264,9 +271,8 @@ fn channel_listings_stop_at_ten_thousand_and_say_so() {
     let mut c = TcpStream::connect(s.addr).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     c.write_all(request.repeat(40).as_bytes()).unwrap();
-    let peak = peak_growth_kib(&s, baseline, Duration::from_secs(3));
-    eprintln!("RSS growth with 40 unread pipelined listings: peak {peak} KiB");
-    assert!(peak < 16 * 1024, "unread listings held: +{peak} KiB");
+    let what = "40 unread pipelined listings";
+    assert_growth_bounded(&s, baseline, Duration::from_secs(3), what);
     let mut pending = Vec::new();
     for n in 0..40 {
         let (st, v) = read_response(&mut c, &mut pending);
@@ -322,12 +328,8 @@ fn pusher_rest_refuses_a_bad_signature_before_reading_the_body() {
             c
         })
         .collect();
-    let peak = peak_growth_kib(&s, baseline, Duration::from_secs(2));
-    eprintln!("RSS growth with 100 unsigned 1 MiB Pusher REST bodies: peak {peak} KiB");
-    assert!(
-        peak < 16 * 1024,
-        "the server held unsigned bodies: +{peak} KiB"
-    );
+    let what = "100 unsigned 1 MiB Pusher REST bodies";
+    assert_growth_bounded(&s, baseline, Duration::from_secs(2), what);
     drop(conns);
 
     // The head alone gets the 401, every time.
