@@ -416,7 +416,7 @@ fn a_batch_above_the_whole_burst_is_refused_without_retry_after() {
 fn the_mailbox_counts_a_batch_by_its_frames() {
     let s = Server::start_with(Options::config("mailbox_capacity = 4\n").workers(1));
     let p = s.project("frames", "100000/s");
-    let mut ws = s.ws_on(&p.public, "c");
+    let _ws = s.ws_on(&p.public, "c");
     let post = |path: &str, body: &str| {
         format!(
             "POST {path} HTTP/1.1\r\nHost: t\r\nX-Api-Key: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",

@@ -482,7 +482,6 @@ fn client_events_are_not_kept_in_history_and_cost_quota() {
 
 #[test]
 fn cluster_relays_to_subscribers_on_other_nodes_with_user_id() {
-    use support::{Node, Redis};
     let Some((redis, a, b)) = support::two_nodes() else {
         return;
     };

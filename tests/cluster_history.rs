@@ -12,7 +12,7 @@ use common::subscribe_since as sub;
 
 use std::time::{Duration, Instant};
 
-use common::{next_json, parse_response, send_json, Ws};
+use common::{next_json, parse_response, Ws};
 use serde_json::{json, Value};
 use support::{cli, wait_for, Node, Redis};
 

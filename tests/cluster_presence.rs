@@ -9,7 +9,7 @@ use common::expect_presence;
 
 use std::time::{Duration, Instant};
 
-use common::{expect_silence, next_json, parse_response, send_json, set_timeout, Ws};
+use common::{expect_silence, next_json, send_json, set_timeout, Ws};
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use serde_json::{json, Value};
 use support::{Node, Project, Redis};
@@ -112,7 +112,7 @@ fn a_killed_nodes_members_and_subscribers_are_gone_within_30_s() {
         return;
     };
     let (mut watcher, doomed) = watched_member((&a, &b), &p, "doomed");
-    let mut plain = b.ws_on(&p.public, "only-on-b");
+    let plain = b.ws_on(&p.public, "only-on-b");
     support::wait_for("b's subscriber to be counted", || {
         let (_, v) = a.get_json(&p.secret, "/api/v1/channels/info?channel=only-on-b");
         v["subscribers"] == 1

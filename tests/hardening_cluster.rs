@@ -17,7 +17,7 @@ mod common;
 use common::cluster as support;
 use common::subscribe_since as sub;
 
-use common::{next_json, parse_response, send_json, Ws};
+use common::{next_json, parse_response, send_json};
 use serde_json::{json, Value};
 use support::{cli, Node, Project, Redis};
 

@@ -10,13 +10,13 @@ mod common;
 use common::cluster as support;
 use common::unix_now;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{bin, next_json, parse_response, set_timeout, subscribe, Ws};
+use common::{next_json, parse_response, set_timeout, subscribe, Ws};
 use serde_json::{json, Value};
 use support::*;
 

@@ -316,7 +316,7 @@ fn slow_consumer_closes_are_counted_and_logged_once_per_interval() {
     let p = s.project("slow", "1000000/s");
     let mut stalled = Vec::new();
     for _ in 0..2 {
-        let mut ws = s.ws_on(&p.public, "c");
+        let ws = s.ws_on(&p.public, "c");
         stalled.push(ws);
     }
     let blob = "x".repeat(8000);

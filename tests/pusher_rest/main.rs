@@ -10,8 +10,6 @@ mod common;
 use common::cluster as support;
 use common::unix_now;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::{

@@ -149,7 +149,7 @@ fn rotated_secrets_verify_during_their_grace_only() {
     let new = rotate("1h", "the new secret");
     assert_eq!(signed(&old), 200, "the old secret is in its grace");
     // Without: only the newest.
-    let newest = rotate("0s", "the newest secret");
+    rotate("0s", "the newest secret");
     assert_eq!(signed(&new), 401, "rotated out with no grace");
 }
 

@@ -252,7 +252,7 @@ fn full_mailbox_gives_503_and_degraded_health() {
     );
     let p = s.project("m", "100000/s");
     // A subscriber on the channel: workers without one are never sent the message.
-    let mut ws = s.ws_on(&p.public, "c");
+    let _ws = s.ws_on(&p.public, "c");
     // Pipelined in one write: the worker answers them all before draining its mailbox.
     let resp = publishes_then_health(&s, &p.secret, r#"{"channel":"c","event":"e","data":{}}"#, 3);
     let statuses: Vec<&str> = resp.split("HTTP/1.1 ").skip(1).map(|r| &r[..3]).collect();
@@ -330,7 +330,7 @@ fn websocket_refuses_bad_keys_with_401() {
             other => panic!("{case}: expected 401, got {:?}", other.map(|_| ())),
         }
     }
-    let mut ws = s.ws_on(&p.public, "ok");
+    let _ws = s.ws_on(&p.public, "ok");
 }
 
 #[test]
