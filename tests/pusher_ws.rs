@@ -12,7 +12,6 @@ use std::time::Duration;
 use common::{
     cli, close_code, expect_silence, next_json, send_json, set_timeout, Options, Server, Ws,
 };
-use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use serde_json::{json, Value};
 
 fn app(server: &Server, name: &str) -> App {
@@ -50,6 +49,32 @@ fn subscribe(ws: &mut Ws, channel: &str, auth: Option<&str>, channel_data: Optio
     }
     send_json(ws, json!({"event": "pusher:subscribe", "data": data}));
     next_json(ws)
+}
+
+/// A native client subscribed to `claims["channel"]` with a token of `claims`, signed
+/// with `a`'s token secret.
+fn native_member(s: &Server, a: &App, claims: Value) -> Ws {
+    let mut ws = s.ws(&a.public);
+    let channel = claims["channel"].clone();
+    let token = common::hs256(&a.token_secret, claims);
+    send_json(
+        &mut ws,
+        json!({"type": "subscribe", "channel": channel, "token": token}),
+    );
+    assert_eq!(next_json(&mut ws)["type"], "subscribed");
+    ws
+}
+
+/// `pusher:subscribe` to the presence channel `channel` as the member `channel_data`,
+/// signed for the connection (socket, its socket_id) as `a`'s backend would; the answer.
+fn presence_subscribe(
+    a: &App,
+    (ws, socket_id): (&mut Ws, &str),
+    channel: &str,
+    channel_data: &str,
+) -> Value {
+    let auth = auth_for(a, socket_id, channel, Some(channel_data));
+    subscribe(ws, channel, Some(&auth), Some(channel_data))
 }
 
 fn auth_for(a: &App, socket_id: &str, channel: &str, channel_data: Option<&str>) -> String {
@@ -243,48 +268,26 @@ fn private_channels_need_pushers_signature_over_the_socket_id() {
         assert_eq!(data_of(f)["status"], status, "{f}");
         assert_eq!(data_of(f)["type"], "AuthError", "{f}");
     };
-    err(&subscribe(&mut ws, "private-orders", None, None), 401);
-    err(
-        &subscribe(&mut ws, "private-orders", Some("nonsense"), None),
-        401,
-    );
-    // Signed for another socket, another channel, with another app's secret or key.
-    err(
-        &subscribe(
-            &mut ws,
-            "private-orders",
-            Some(&auth_for(&a, "1.2", "private-orders", None)),
-            None,
-        ),
-        401,
-    );
-    err(
-        &subscribe(
-            &mut ws,
-            "private-orders",
-            Some(&auth_for(&a, &id, "private-other", None)),
-            None,
-        ),
-        401,
-    );
-    err(
-        &subscribe(
-            &mut ws,
-            "private-orders",
-            Some(&auth_for(&other, &id, "private-orders", None)),
-            None,
-        ),
-        401,
-    );
     let foreign_key = format!(
         "{}:{}",
         other.public,
         common::sign::hmac_hex(&a.token_secret, &format!("{id}:private-orders"))
     );
-    err(
-        &subscribe(&mut ws, "private-orders", Some(&foreign_key), None),
-        401,
-    );
+    let refused = [
+        None,
+        Some("nonsense".to_string()),
+        // Signed for another socket, another channel, with another app's secret or key.
+        Some(auth_for(&a, "1.2", "private-orders", None)),
+        Some(auth_for(&a, &id, "private-other", None)),
+        Some(auth_for(&other, &id, "private-orders", None)),
+        Some(foreign_key),
+    ];
+    for auth in &refused {
+        err(
+            &subscribe(&mut ws, "private-orders", auth.as_deref(), None),
+            401,
+        );
+    }
     // Right: uppercase hex is the same signature.
     let good = auth_for(&a, &id, "private-orders", None);
     let (key, sig) = good.rsplit_once(':').unwrap();
@@ -313,22 +316,15 @@ fn presence_is_one_set_across_both_protocols() {
     let a = app(&s, "presence");
     let ch = "presence-room";
     // A native member first.
-    let mut n = s.ws(&a.public);
-    let token = encode(
-        &Header::new(Algorithm::HS256),
-        &json!({"channel": ch, "exp": unix_now() + 600, "sub": "native", "info": {"name": "N"}}),
-        &EncodingKey::from_secret(a.token_secret.as_bytes()),
-    )
-    .unwrap();
-    send_json(
-        &mut n,
-        json!({"type": "subscribe", "channel": ch, "token": token}),
+    let mut n = native_member(
+        &s,
+        &a,
+        json!({"channel": ch, "exp": unix_now() + 600, "sub": "native", "info": {"name": "N"}}),
     );
-    assert_eq!(next_json(&mut n)["type"], "subscribed");
     // A Pusher member with a numeric user id, channel_data as Python writes it.
     let (mut p, id) = connect(&s, &a.public);
     let cd = r#"{"user_id": 10, "user_info": {"name": "Ten"}}"#;
-    let ok = subscribe(&mut p, ch, Some(&auth_for(&a, &id, ch, Some(cd))), Some(cd));
+    let ok = presence_subscribe(&a, (&mut p, &id), ch, cd);
     assert_eq!(
         ok["event"], "pusher_internal:subscription_succeeded",
         "{ok}"
@@ -346,25 +342,13 @@ fn presence_is_one_set_across_both_protocols() {
     );
     // A second Pusher tab of user 10 joins nobody; a new native member is announced.
     let (mut p2, id2) = connect(&s, &a.public);
-    let ok2 = subscribe(
-        &mut p2,
-        ch,
-        Some(&auth_for(&a, &id2, ch, Some(cd))),
-        Some(cd),
-    );
+    let ok2 = presence_subscribe(&a, (&mut p2, &id2), ch, cd);
     assert_eq!(data_of(&ok2)["presence"]["count"], 2);
-    let mut n2 = s.ws(&a.public);
-    let token2 = encode(
-        &Header::new(Algorithm::HS256),
-        &json!({"channel": ch, "exp": unix_now() + 600, "sub": "late"}),
-        &EncodingKey::from_secret(a.token_secret.as_bytes()),
-    )
-    .unwrap();
-    send_json(
-        &mut n2,
-        json!({"type": "subscribe", "channel": ch, "token": token2}),
+    let n2 = native_member(
+        &s,
+        &a,
+        json!({"channel": ch, "exp": unix_now() + 600, "sub": "late"}),
     );
-    assert_eq!(next_json(&mut n2)["type"], "subscribed");
     let added = next_event(&mut p, "pusher_internal:member_added");
     assert_eq!(data_of(&added), json!({"user_id": "late"}));
     // The native member leaves: member_removed to Pusher members.
@@ -374,12 +358,7 @@ fn presence_is_one_set_across_both_protocols() {
     // Bad channel_data: AuthError 400 (signature right, content wrong).
     let (mut p3, id3) = connect(&s, &a.public);
     let cd3 = r#"{"user_info":{}}"#;
-    let f = subscribe(
-        &mut p3,
-        ch,
-        Some(&auth_for(&a, &id3, ch, Some(cd3))),
-        Some(cd3),
-    );
+    let f = presence_subscribe(&a, (&mut p3, &id3), ch, cd3);
     assert_eq!(data_of(&f)["status"], 400, "{f}");
     // User 10's second tab was held open until here on purpose.
     drop(p2);
@@ -396,12 +375,7 @@ fn a_second_presence_subscribe_with_another_user_id_is_refused() {
     let ch = "presence-ghost";
     let (mut observer, oid) = connect(&s, &a.public);
     let ocd = r#"{"user_id":"observer"}"#;
-    let ok = subscribe(
-        &mut observer,
-        ch,
-        Some(&auth_for(&a, &oid, ch, Some(ocd))),
-        Some(ocd),
-    );
+    let ok = presence_subscribe(&a, (&mut observer, &oid), ch, ocd);
     assert_eq!(
         ok["event"], "pusher_internal:subscription_succeeded",
         "{ok}"
@@ -409,12 +383,7 @@ fn a_second_presence_subscribe_with_another_user_id_is_refused() {
 
     let (mut x, xid) = connect(&s, &a.public);
     let cd1 = r#"{"user_id":"u1"}"#;
-    let ok = subscribe(
-        &mut x,
-        ch,
-        Some(&auth_for(&a, &xid, ch, Some(cd1))),
-        Some(cd1),
-    );
+    let ok = presence_subscribe(&a, (&mut x, &xid), ch, cd1);
     assert_eq!(
         ok["event"], "pusher_internal:subscription_succeeded",
         "{ok}"
@@ -424,23 +393,13 @@ fn a_second_presence_subscribe_with_another_user_id_is_refused() {
 
     // The same connection, the same channel, another user, a valid signature: refused.
     let cd2 = r#"{"user_id":"u2"}"#;
-    let f = subscribe(
-        &mut x,
-        ch,
-        Some(&auth_for(&a, &xid, ch, Some(cd2))),
-        Some(cd2),
-    );
+    let f = presence_subscribe(&a, (&mut x, &xid), ch, cd2);
     assert_eq!(f["event"], "pusher:subscription_error", "{f}");
     assert_eq!(f["channel"], ch, "{f}");
     assert_eq!(data_of(&f)["type"], "AuthError", "{f}");
     assert_eq!(data_of(&f)["status"], 403, "{f}");
     // The same user again is still answered with the members (u1 and the observer).
-    let again = subscribe(
-        &mut x,
-        ch,
-        Some(&auth_for(&a, &xid, ch, Some(cd1))),
-        Some(cd1),
-    );
+    let again = presence_subscribe(&a, (&mut x, &xid), ch, cd1);
     assert_eq!(
         data_of(&again)["presence"]["ids"],
         json!(["observer", "u1"]),
@@ -453,12 +412,7 @@ fn a_second_presence_subscribe_with_another_user_id_is_refused() {
     assert_eq!(data_of(&removed)["user_id"], "u1", "{removed}");
     let (mut late, lid) = connect(&s, &a.public);
     let lcd = r#"{"user_id":"late"}"#;
-    let ok = subscribe(
-        &mut late,
-        ch,
-        Some(&auth_for(&a, &lid, ch, Some(lcd))),
-        Some(lcd),
-    );
+    let ok = presence_subscribe(&a, (&mut late, &lid), ch, lcd);
     assert_eq!(
         data_of(&ok)["presence"]["ids"],
         json!(["observer", "late"]),
@@ -483,18 +437,7 @@ fn client_events_reach_the_others_of_both_protocols_and_are_rate_limited() {
     // Wait until the switch is live: an event from p1 is refused until then.
     subscribe(&mut p1, ch, Some(&auth_for(&a, &id1, ch, None)), None);
     subscribe(&mut p2, ch, Some(&auth_for(&a, &id2, ch, None)), None);
-    let mut n = s.ws(&a.public);
-    let token = encode(
-        &Header::new(Algorithm::HS256),
-        &json!({"channel": ch, "exp": unix_now() + 600}),
-        &EncodingKey::from_secret(a.token_secret.as_bytes()),
-    )
-    .unwrap();
-    send_json(
-        &mut n,
-        json!({"type": "subscribe", "channel": ch, "token": token}),
-    );
-    assert_eq!(next_json(&mut n)["type"], "subscribed");
+    let mut n = native_member(&s, &a, json!({"channel": ch, "exp": unix_now() + 600}));
     common::wait_for(Duration::from_secs(10), "client events switched on", || {
         send_json(
             &mut p1,

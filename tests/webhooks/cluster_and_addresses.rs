@@ -266,7 +266,7 @@ fn webhooks_in_cluster_mode() {
     let url = format!("ws://{}/api/v1/ws?key={}", node.addr, p.public);
     let ch = "private-c";
     let ((mut a, _), (mut b, _)) = chatting(&url, &p, ch, ("u1", "u2"));
-    let n = events_until(
+    events_until(
         (&mut a, &mut b, ch),
         Duration::from_secs(15),
         "a webhook from the node",
@@ -357,7 +357,7 @@ fn webhooks_to_private_addresses_are_refused_unless_allowed() {
     let p = project(&s, "allowed");
     let url = format!("http://0x7f000001:{port}/hooks/ringcast");
     cli(&s.data_dir, &["project", "set-webhook", &p.id, &url]);
-    let mut ws = s.ws(&p.public);
+    let ws = s.ws(&p.public);
     let mut conns = vec![ws];
     wait_for(Duration::from_secs(20), "the allowed webhook", || {
         occupy_fresh(&mut conns, &mut k);

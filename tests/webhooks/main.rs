@@ -496,7 +496,7 @@ fn a_slow_endpoint_holds_up_only_its_own_project_and_a_full_queue_is_counted() {
     let (mut a2, _) = member(&s.ws_url(&slow.public), &slow, ch, "u3");
     let (mut b, _) = member(&s.ws_url(&slow.public), &slow, ch, "u2");
     wait_client_events_on(&mut a, &mut b, ch);
-    let n = events_until(
+    events_until(
         (&mut a, &mut b, ch),
         Duration::from_secs(15),
         "the slow project's first request",
@@ -511,7 +511,7 @@ fn a_slow_endpoint_holds_up_only_its_own_project_and_a_full_queue_is_counted() {
     }
     // The other project's webhooks go on, and publishing is not slowed.
     let ((mut c, _), (mut d, _)) = chatting(&s.ws_url(&fast.public), &fast, ch, ("u1", "u2"));
-    let k = events_until(
+    events_until(
         (&mut c, &mut d, ch),
         Duration::from_secs(4),
         "the fast project's webhook",
