@@ -37,6 +37,14 @@ fn hist_project(redis: &Redis, name: &str, spec: &str, nodes: &[&Node]) -> suppo
     p
 }
 
+/// A Redis, two nodes on it and a project with history `spec` both know; `None` where
+/// [`Redis::start`] is.
+fn history_nodes(name: &str, spec: &str) -> Option<(Redis, Node, Node, support::Project)> {
+    let (redis, a, b) = support::two_nodes()?;
+    let p = hist_project(&redis, name, spec, &[&a, &b]);
+    Some((redis, a, b, p))
+}
+
 fn next_msg(ws: &mut Ws) -> Value {
     let v = next_json(ws);
     assert_eq!(v["type"], "message", "{v}");
@@ -83,10 +91,9 @@ fn redis_cmd(redis: &Redis, args: &[&str]) -> redis::Value {
 
 #[test]
 fn offsets_agree_on_every_node_whichever_node_publishes() {
-    let Some((redis, a, b)) = support::two_nodes() else {
+    let Some((redis, a, b, p)) = history_nodes("agree", "1000/600s") else {
         return;
     };
-    let p = hist_project(&redis, "agree", "1000/600s", &[&a, &b]);
     let mut subs: Vec<Ws> = Vec::new();
     let mut epoch = String::new();
     for node in [&a, &a, &b, &b] {
@@ -140,10 +147,9 @@ fn offsets_agree_on_every_node_whichever_node_publishes() {
 
 #[test]
 fn a_client_recovers_on_another_node_then_continues_live() {
-    let Some((redis, a, b)) = support::two_nodes() else {
+    let Some((_redis, a, b, p)) = history_nodes("move", "100/600s") else {
         return;
     };
-    let p = hist_project(&redis, "move", "100/600s", &[&a, &b]);
     let mut on_a = a.ws(&p.public);
     let r = sub(&mut on_a, "news", None);
     let epoch = r["epoch"].as_str().unwrap().to_string();
@@ -192,10 +198,9 @@ fn a_client_recovers_on_another_node_then_continues_live() {
 /// client sees every offset after its `since` exactly once, in order.
 #[test]
 fn publishes_racing_the_replay_leave_no_gap_and_no_duplicate() {
-    let Some((redis, a, b)) = support::two_nodes() else {
+    let Some((_redis, a, b, p)) = history_nodes("race", "10000/600s") else {
         return;
     };
-    let p = hist_project(&redis, "race", "10000/600s", &[&a, &b]);
     let mut first = b.ws(&p.public);
     let epoch = common::subscribe_epoch(&mut first, "r");
     drop(first);
@@ -263,10 +268,9 @@ fn publishes_racing_the_replay_leave_no_gap_and_no_duplicate() {
 
 #[test]
 fn rest_history_on_one_node_reads_what_another_published() {
-    let Some((redis, a, b)) = support::two_nodes() else {
+    let Some((redis, a, b, p)) = history_nodes("rest", "5/600s") else {
         return;
     };
-    let p = hist_project(&redis, "rest", "5/600s", &[&a, &b]);
     for i in 1..=8 {
         publish(&a, &p.secret, "h", json!({"n": i, "s": "é\"x"}));
     }
@@ -329,10 +333,9 @@ fn rest_history_on_one_node_reads_what_another_published() {
 
 #[test]
 fn lost_history_in_redis_is_a_new_epoch_never_a_gap() {
-    let Some((redis, a, b)) = support::two_nodes() else {
+    let Some((redis, a, b, p)) = history_nodes("lost", "100/600s") else {
         return;
     };
-    let p = hist_project(&redis, "lost", "100/600s", &[&a, &b]);
     let mut w = a.ws(&p.public);
     let epoch = common::subscribe_epoch(&mut w, "l");
     for i in 0..3 {
@@ -526,10 +529,9 @@ fn a_busy_channel_does_not_hold_up_new_subscriptions() {
 /// its offset.
 #[test]
 fn a_socket_id_leaves_its_connection_out_on_a_history_channel() {
-    let Some((redis, a, b)) = support::two_nodes() else {
+    let Some((redis, a, b, p)) = history_nodes("hist-toothers", "100/600s") else {
         return;
     };
-    let p = hist_project(&redis, "hist-toothers", "100/600s", &[&a, &b]);
     let connect = |node: &Node| {
         let url = format!("ws://{}/api/v1/ws?key={}", node.addr, p.public);
         let (mut ws, _) = tungstenite::connect(url).expect("ws connect");
