@@ -164,24 +164,26 @@ fn valid_hs256_es256_and_eddsa_tokens_subscribe_and_receive() {
     expect_message(&server, &mut ws, &p, "private-b");
 
     let ec_key = EncodingKey::from_ec_pem(ec.serialize_pem().as_bytes()).unwrap();
-    let es = with_kid(
-        Algorithm::ES256,
-        &ec_kid,
-        &ec_key,
-        json!({"channel": "private-es", "exp": exp}),
-    );
-    wait_accepted(&mut ws, "private-es", &es);
-    expect_message(&server, &mut ws, &p, "private-es");
-
     let ed_key = EncodingKey::from_ed_pem(ed.serialize_pem().as_bytes()).unwrap();
+    let es_token = |channel: &str| {
+        with_kid(
+            Algorithm::ES256,
+            &ec_kid,
+            &ec_key,
+            json!({"channel": channel, "exp": exp}),
+        )
+    };
+    let es = es_token("private-es");
     let eddsa = with_kid(
         Algorithm::EdDSA,
         &ed_kid,
         &ed_key,
         json!({"channel": "private-ed", "exp": exp}),
     );
-    wait_accepted(&mut ws, "private-ed", &eddsa);
-    expect_message(&server, &mut ws, &p, "private-ed");
+    for (channel, token) in [("private-es", &es), ("private-ed", &eddsa)] {
+        wait_accepted(&mut ws, channel, token);
+        expect_message(&server, &mut ws, &p, channel);
+    }
 
     // Public channels need no token, and a token there is ignored.
     expect_subscribed(&mut ws, "news", "whatever");
@@ -193,16 +195,7 @@ fn valid_hs256_es256_and_eddsa_tokens_subscribe_and_receive() {
         &["project", "remove-token-key", &p.id, &ec_kid],
     );
     assert_eq!(v["removed"], ec_kid.as_str());
-    let took = wait_refused(
-        &mut ws,
-        "private-es2",
-        &with_kid(
-            Algorithm::ES256,
-            &ec_kid,
-            &ec_key,
-            json!({"channel": "private-es2", "exp": exp}),
-        ),
-    );
+    let took = wait_refused(&mut ws, "private-es2", &es_token("private-es2"));
     assert!(took < Duration::from_secs(1), "removal took {took:?}");
     // The very token that verified before (and that the worker remembers as verified)
     // is refused too: the worker's cache of verified tokens ends with the snapshot.
