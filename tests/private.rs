@@ -100,32 +100,48 @@ fn add_key(server: &Server, p: &Private, pem_file: &str) -> String {
 
 /// Subscribe attempts until one is answered `subscribed` (the watcher has the change).
 fn wait_accepted(ws: &mut Ws, channel: &str, token: &str) {
-    wait_for(Duration::from_secs(2), "the token to be accepted", || {
-        send_json(ws, sub_frame(channel, token));
-        let reply = next_json(ws);
-        if reply["type"] == "subscribed" {
-            return true;
-        }
-        send_json(ws, json!({"type": "unsubscribe", "channel": channel}));
-        next_json(ws);
-        false
-    });
+    let accepted = |reply: &Value| reply["type"] == "subscribed";
+    attempts_until(
+        ws,
+        (channel, token),
+        Duration::from_secs(2),
+        "the token to be accepted",
+        accepted,
+    );
 }
 
 /// Subscribe attempts until one is refused with forbidden.
 fn wait_refused(ws: &mut Ws, channel: &str, token: &str) -> Duration {
     let start = Instant::now();
-    wait_for(Duration::from_secs(3), "the token to be refused", || {
+    let refused = |reply: &Value| reply["code"] == "forbidden";
+    attempts_until(
+        ws,
+        (channel, token),
+        Duration::from_secs(3),
+        "the token to be refused",
+        refused,
+    );
+    start.elapsed()
+}
+
+/// Subscribe to `channel` with `token` until the answer satisfies `done` (each other
+/// attempt undone with an unsubscribe), within `limit`.
+fn attempts_until(
+    ws: &mut Ws,
+    (channel, token): (&str, &str),
+    limit: Duration,
+    what: &str,
+    done: impl Fn(&Value) -> bool,
+) {
+    wait_for(limit, what, || {
         send_json(ws, sub_frame(channel, token));
-        let reply = next_json(ws);
-        if reply["code"] == "forbidden" {
+        if done(&next_json(ws)) {
             return true;
         }
         send_json(ws, json!({"type": "unsubscribe", "channel": channel}));
         next_json(ws);
         false
     });
-    start.elapsed()
 }
 
 #[test]

@@ -65,6 +65,18 @@ fn native_member(s: &Server, a: &App, claims: Value) -> Ws {
     ws
 }
 
+/// A Pusher connection that joined the presence channel `channel` as `channel_data`
+/// (subscription_succeeded checked): the socket and its socket_id.
+fn pusher_member(s: &Server, a: &App, channel: &str, channel_data: &str) -> (Ws, String) {
+    let (mut ws, id) = connect(s, &a.public);
+    let ok = presence_subscribe(a, (&mut ws, &id), channel, channel_data);
+    assert_eq!(
+        ok["event"], "pusher_internal:subscription_succeeded",
+        "{ok}"
+    );
+    (ws, id)
+}
+
 /// `pusher:subscribe` to the presence channel `channel` as the member `channel_data`,
 /// signed for the connection (socket, its socket_id) as `a`'s backend would; the answer.
 fn presence_subscribe(
@@ -373,21 +385,11 @@ fn a_second_presence_subscribe_with_another_user_id_is_refused() {
     let s = Server::start();
     let a = app(&s, "ghost");
     let ch = "presence-ghost";
-    let (mut observer, oid) = connect(&s, &a.public);
     let ocd = r#"{"user_id":"observer"}"#;
-    let ok = presence_subscribe(&a, (&mut observer, &oid), ch, ocd);
-    assert_eq!(
-        ok["event"], "pusher_internal:subscription_succeeded",
-        "{ok}"
-    );
+    let (mut observer, _) = pusher_member(&s, &a, ch, ocd);
 
-    let (mut x, xid) = connect(&s, &a.public);
     let cd1 = r#"{"user_id":"u1"}"#;
-    let ok = presence_subscribe(&a, (&mut x, &xid), ch, cd1);
-    assert_eq!(
-        ok["event"], "pusher_internal:subscription_succeeded",
-        "{ok}"
-    );
+    let (mut x, xid) = pusher_member(&s, &a, ch, cd1);
     let added = next_event(&mut observer, "pusher_internal:member_added");
     assert_eq!(data_of(&added)["user_id"], "u1");
 
