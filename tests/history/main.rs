@@ -36,6 +36,24 @@ fn offsets_of(frames: &[Value]) -> Vec<u64> {
         .collect()
 }
 
+/// A new client of `key` subscribing to `channel` from (`offset`, `epoch`): its answer
+/// says `recovered` and the channel's `latest` offset, and nothing is replayed.
+fn expect_no_replay(
+    s: &Server,
+    key: &str,
+    (channel, offset, epoch): (&str, u64, &str),
+    (recovered, latest): (bool, u64),
+) {
+    let mut ws = s.ws(key);
+    let r = sub(&mut ws, channel, Some((offset, epoch)));
+    assert_eq!(
+        (r["recovered"].as_bool(), r["offset"].as_u64()),
+        (Some(recovered), Some(latest)),
+        "{r}"
+    );
+    expect_silence(&mut ws, Duration::from_millis(100));
+}
+
 #[test]
 fn the_cli_sets_and_shows_history() {
     let s = Server::start();
@@ -225,13 +243,7 @@ fn recovery_replays_the_missed_messages_then_goes_live() {
     s.publish(&h.secret, "c", "e", json!({"i": 8}));
     assert_eq!(next_json(&mut ws)["offset"], 8);
     // Up to date: recovered with nothing to replay.
-    let mut again = s.ws(&h.public);
-    let r = sub(&mut again, "c", Some((8, &epoch)));
-    assert_eq!(
-        (r["recovered"].as_bool(), r["offset"].as_u64()),
-        (Some(true), Some(8))
-    );
-    expect_silence(&mut again, Duration::from_millis(100));
+    expect_no_replay(&s, &h.public, ("c", 8, &epoch), (true, 8));
     // Beyond the latest offset, or another epoch: not recovered, nothing replayed.
     for (offset, e) in [(9, epoch.as_str()), (3, "deadbeef")] {
         let mut w = s.ws(&h.public);
@@ -366,13 +378,7 @@ fn eviction_by_size_and_by_ttl_answers_recovered_false() {
         offsets_of(&(0..3).map(|_| next_json(&mut w)).collect::<Vec<_>>()),
         [4, 5, 6]
     );
-    let mut w = s.ws(&h.public);
-    let r = sub(&mut w, "c", Some((2, &epoch)));
-    assert_eq!(
-        (r["recovered"].as_bool(), r["offset"].as_u64()),
-        (Some(false), Some(6))
-    );
-    expect_silence(&mut w, Duration::from_millis(100));
+    expect_no_replay(&s, &h.public, ("c", 2, &epoch), (false, 6));
 
     let t = history_project(&s, "ttl", "100/1s");
     let mut ws = s.ws(&t.public);
