@@ -100,40 +100,31 @@ fn add_key(server: &Server, p: &Private, pem_file: &str) -> String {
 
 /// Subscribe attempts until one is answered `subscribed` (the watcher has the change).
 fn wait_accepted(ws: &mut Ws, channel: &str, token: &str) {
-    let accepted = |reply: &Value| reply["type"] == "subscribed";
-    attempts_until(
-        ws,
-        (channel, token),
-        Duration::from_secs(2),
-        "the token to be accepted",
-        accepted,
-    );
+    let what = "the token to be accepted";
+    attempts_until(ws, (channel, token), (2, what), |r| {
+        r["type"] == "subscribed"
+    });
 }
 
 /// Subscribe attempts until one is refused with forbidden.
 fn wait_refused(ws: &mut Ws, channel: &str, token: &str) -> Duration {
     let start = Instant::now();
-    let refused = |reply: &Value| reply["code"] == "forbidden";
-    attempts_until(
-        ws,
-        (channel, token),
-        Duration::from_secs(3),
-        "the token to be refused",
-        refused,
-    );
+    let what = "the token to be refused";
+    attempts_until(ws, (channel, token), (3, what), |r| {
+        r["code"] == "forbidden"
+    });
     start.elapsed()
 }
 
 /// Subscribe to `channel` with `token` until the answer satisfies `done` (each other
-/// attempt undone with an unsubscribe), within `limit`.
+/// attempt undone with an unsubscribe), within `secs` seconds.
 fn attempts_until(
     ws: &mut Ws,
     (channel, token): (&str, &str),
-    limit: Duration,
-    what: &str,
+    (secs, what): (u64, &str),
     done: impl Fn(&Value) -> bool,
 ) {
-    wait_for(limit, what, || {
+    wait_for(Duration::from_secs(secs), what, || {
         send_json(ws, sub_frame(channel, token));
         if done(&next_json(ws)) {
             return true;
