@@ -103,6 +103,26 @@ fn expect_silence(ws: &mut Ws, d: Duration) {
     common::expect_silence(ws, d);
 }
 
+/// `project set-limits --client-events on` for `p`.
+fn events_on(s: &Server, p: &Private) {
+    cli(
+        &s.data_dir,
+        &["project", "set-limits", &p.id, "--client-events", "on"],
+    );
+}
+
+/// The next frame on each of `wss` is the client event `event` whose `field` is `value`.
+fn expect_event_each(wss: [&mut Ws; 2], event: &str, (field, value): (&str, &str)) {
+    for ws in wss {
+        let v = next_json(ws);
+        assert_eq!(
+            (v["event"].as_str(), v[field].as_str()),
+            (Some(event), Some(value)),
+            "{v}"
+        );
+    }
+}
+
 /// Turn client events on with the CLI, then wait until the server applied it: a probe
 /// event is no longer refused (the probe is then delivered to `peers`, read here).
 fn turn_on(sender: &mut Ws, peers: &mut [&mut Ws], channel: &str, on_cli: impl FnOnce()) {
@@ -178,13 +198,7 @@ fn off_by_default_then_relayed_to_others_on_every_worker_never_the_sender() {
     assert_eq!(ids[0], ids[1], "one event, one id");
     // A string `data` is passed as is.
     send_json(&mut same, event(ch, "client-s", json!("text")));
-    for ws in [&mut sender, &mut other] {
-        let v = next_json(ws);
-        assert_eq!(
-            (v["event"].as_str(), v["data"].as_str()),
-            (Some("client-s"), Some("text"))
-        );
-    }
+    expect_event_each([&mut sender, &mut other], "client-s", ("data", "text"));
     // Never back to the sender.
     expect_silence(&mut sender, Duration::from_millis(500));
     expect_silence(&mut same, Duration::from_millis(100));
@@ -232,12 +246,7 @@ fn more_than_ten_a_second_are_dropped_with_rate_limited_and_the_connection_stays
     for ws in [&mut sender, &mut peer] {
         sub_private(ws, ch, &token(&p.token_secret, ch, "u"));
     }
-    turn_on(&mut sender, &mut [&mut peer], ch, || {
-        cli(
-            &s.data_dir,
-            &["project", "set-limits", &p.id, "--client-events", "on"],
-        );
-    });
+    turn_on(&mut sender, &mut [&mut peer], ch, || events_on(&s, &p));
     // The probe above was one of this second's events: wait it out before the burst,
     // by sending nothing until a second has passed (measured, not slept blindly).
     let start = std::time::Instant::now();
@@ -291,12 +300,7 @@ fn refusals_public_not_subscribed_bad_names_bad_and_large_data() {
         sub_private(ws, ch, &token(&p.token_secret, ch, "u"));
         common::subscribe(ws, "news");
     }
-    turn_on(&mut sender, &mut [&mut peer], ch, || {
-        cli(
-            &s.data_dir,
-            &["project", "set-limits", &p.id, "--client-events", "on"],
-        );
-    });
+    turn_on(&mut sender, &mut [&mut peer], ch, || events_on(&s, &p));
     let cases = [
         (event("news", "client-x", json!({})), "forbidden"),
         (event("private-other", "client-x", json!({})), "forbidden"),
@@ -350,12 +354,7 @@ fn native_client_events_on_private_encrypted_channels_are_refused() {
         sub_private(ws, ch, &token(&p.token_secret, ch, "u"));
         sub_private(ws, plain, &token(&p.token_secret, plain, "u"));
     }
-    turn_on(&mut sender, &mut [&mut peer], plain, || {
-        cli(
-            &s.data_dir,
-            &["project", "set-limits", &p.id, "--client-events", "on"],
-        );
-    });
+    turn_on(&mut sender, &mut [&mut peer], plain, || events_on(&s, &p));
     send_json(
         &mut sender,
         event(ch, "client-secret", json!({"text": "in clear"})),
@@ -390,12 +389,7 @@ fn presence_channels_add_the_senders_user_id_and_metrics_count_them() {
     sub_private(&mut sender, ch, &token(&p.token_secret, ch, "alice"));
     sub_private(&mut peer, ch, &token(&p.token_secret, ch, "bob"));
     joins(&mut sender, &["bob"]);
-    turn_on(&mut sender, &mut [&mut peer], ch, || {
-        cli(
-            &s.data_dir,
-            &["project", "set-limits", &p.id, "--client-events", "on"],
-        );
-    });
+    turn_on(&mut sender, &mut [&mut peer], ch, || events_on(&s, &p));
     send_json(&mut peer, event(ch, "client-hi", json!({"x": 1})));
     let v = next_json(&mut sender);
     assert_eq!(v["user_id"], "bob", "{v}");
@@ -439,12 +433,7 @@ fn client_events_are_not_kept_in_history_and_cost_quota() {
     for ws in [&mut sender, &mut peer] {
         sub_private(ws, ch, &token(&p.token_secret, ch, "u"));
     }
-    turn_on(&mut sender, &mut [&mut peer], ch, || {
-        cli(
-            &s.data_dir,
-            &["project", "set-limits", &p.id, "--client-events", "on"],
-        );
-    });
+    turn_on(&mut sender, &mut [&mut peer], ch, || events_on(&s, &p));
     // Not kept: the channel's history is empty, and the frame has no position.
     let req = format!(
         "GET /api/v1/history?channel={ch} HTTP/1.1\r\nHost: t\r\nX-Api-Key: {}\r\nConnection: close\r\n\r\n",
@@ -522,13 +511,7 @@ fn cluster_relays_to_subscribers_on_other_nodes_with_user_id() {
     expect_silence(&mut sender, Duration::from_millis(100));
     // And the other way, from node B.
     send_json(&mut far, event(ch, "client-back", json!("b")));
-    for ws in [&mut sender, &mut near] {
-        let v = next_json(ws);
-        assert_eq!(
-            (v["event"].as_str(), v["user_id"].as_str()),
-            (Some("client-back"), Some("f1"))
-        );
-    }
+    expect_event_each([&mut sender, &mut near], "client-back", ("user_id", "f1"));
     expect_silence(&mut far, Duration::from_millis(300));
 }
 
