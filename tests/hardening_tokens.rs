@@ -18,10 +18,6 @@ use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use serde_json::{json, Value};
 use tungstenite::Message;
 
-fn app(server: &Server, name: &str) -> App {
-    server.project(name, "10000/s")
-}
-
 /// Register a new P-256 public key for the project; returns its kid and private half.
 fn add_es256_key(server: &Server, a: &App) -> (String, EncodingKey) {
     let pair = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
@@ -140,8 +136,8 @@ fn unix_us() -> u64 {
 #[test]
 fn forged_token_floods_are_rate_limited_and_cost_bounded_cpu() {
     let server = Server::start_with(Options::default().workers(1));
-    let victim = app(&server, "victim");
-    let attacker = app(&server, "attacker");
+    let victim = server.test_project("victim");
+    let attacker = server.test_project("attacker");
     let (kid, key) = add_es256_key(&server, &attacker);
     // The forged tokens must name a kid the server knows (an unknown kid is refused
     // before any signature check): wait until a real token of that kid verifies.
@@ -271,7 +267,7 @@ fn subscribes_refused_for_another_reason_take_nothing_from_the_budget() {
         )
         .workers(1),
     );
-    let a = app(&server, "a");
+    let a = server.test_project("a");
     let mut ws = server.ws(&a.public);
     // The burst: 3 subscribes.
     for c in ["c0", "c1", "c2"] {
@@ -343,7 +339,7 @@ fn subscribes_refused_for_another_reason_take_nothing_from_the_budget() {
 #[test]
 fn the_pusher_path_answers_429_beyond_the_budget() {
     let server = Server::start_with(Options::default().workers(1));
-    let a = app(&server, "p");
+    let a = server.test_project("p");
     let url = format!(
         "ws://{}/app/{}?protocol=7&client=js&version=8.6.0",
         server.addr, a.public

@@ -16,10 +16,6 @@ use common::{
 };
 use serde_json::{json, Value};
 
-fn project(server: &Server, name: &str) -> Project {
-    server.project(name, "10000/s")
-}
-
 fn token(p: &Project, channel: &str, user: &str) -> String {
     hs256(
         &p.token_secret,
@@ -63,7 +59,7 @@ fn users(presence: &Value) -> Vec<&str> {
 #[test]
 fn a_user_with_two_tabs_joins_once_and_leaves_once() {
     let s = Server::start();
-    let p = project(&s, "room");
+    let p = s.test_project("room");
     let ch = "presence-room";
     let (mut obs, w) = connect(&s, &p.public);
     let reply = join(&mut obs, &p, ch, "observer");
@@ -112,7 +108,7 @@ fn a_user_with_two_tabs_joins_once_and_leaves_once() {
 #[test]
 fn every_way_of_ending_makes_a_leave() {
     let s = Server::start();
-    let p = project(&s, "ends");
+    let p = s.test_project("ends");
     let ch = "presence-ends";
     let (mut obs, _) = connect(&s, &p.public);
     assert_eq!(join(&mut obs, &p, ch, "observer")["type"], "subscribed");
@@ -170,7 +166,7 @@ fn every_way_of_ending_makes_a_leave() {
 #[test]
 fn a_full_channel_refuses_new_users_but_not_new_tabs() {
     let s = Server::start_with(Options::config("max_presence_members = 2\n"));
-    let p = project(&s, "full");
+    let p = s.test_project("full");
     let ch = "presence-full";
     let (mut a, _) = connect(&s, &p.public);
     let (mut b, _) = connect(&s, &p.public);
@@ -202,7 +198,7 @@ fn a_full_channel_refuses_new_users_but_not_new_tabs() {
 #[test]
 fn presence_tokens_need_a_user_and_an_object_info() {
     let s = Server::start();
-    let p = project(&s, "tokens");
+    let p = s.test_project("tokens");
     let ch = "presence-t";
     let (mut ws, _) = connect(&s, &p.public);
     let refused = |ws: &mut Ws, claims: Value| {
@@ -240,7 +236,7 @@ fn presence_tokens_need_a_user_and_an_object_info() {
 #[test]
 fn presence_rest_checks_its_key_and_channel() {
     let s = Server::start();
-    let p = project(&s, "rest");
+    let p = s.test_project("rest");
     let (st, v) = s.get_json(&p.secret, "/api/v1/presence?channel=news");
     assert_eq!(st, 400, "{v}");
     assert_eq!(v["error"]["code"], "invalid_field", "{v}");
@@ -274,8 +270,8 @@ fn presence_rest_checks_its_key_and_channel() {
 #[test]
 fn occupancy_counts_subscribers_on_every_worker_by_prefix() {
     let s = Server::start();
-    let p = project(&s, "occ");
-    let other = project(&s, "other");
+    let p = s.test_project("occ");
+    let other = s.test_project("other");
     let (mut a, w) = connect(&s, &p.public);
     let mut b = connect_on(&s, &p.public, &w, false);
     for ws in [&mut a, &mut b] {
@@ -330,7 +326,7 @@ fn occupancy_counts_subscribers_on_every_worker_by_prefix() {
 #[test]
 fn a_slow_consumer_closed_with_4008_leaves() {
     let s = Server::start_with(Options::config("send_backlog_bytes = 65536\n"));
-    let p = project(&s, "slow");
+    let p = s.test_project("slow");
     let ch = "presence-slow";
     let (mut obs, _) = connect(&s, &p.public);
     join(&mut obs, &p, ch, "observer");

@@ -16,10 +16,6 @@ use common::{cli, next_json, send_json, set_timeout, subscribe, wait_for, Server
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use serde_json::{json, Value};
 
-fn project(server: &Server, name: &str) -> Private {
-    server.project(name, "10000/s")
-}
-
 fn with_kid(alg: Algorithm, kid: &str, key: &EncodingKey, claims: Value) -> String {
     let mut h = Header::new(alg);
     h.kid = Some(kid.into());
@@ -138,7 +134,7 @@ fn attempts_until(
 #[test]
 fn valid_hs256_es256_and_eddsa_tokens_subscribe_and_receive() {
     let server = Server::start();
-    let p = project(&server, "shop");
+    let p = server.test_project("shop");
     let dir = tempfile::tempdir().unwrap();
     let ec = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
     let ed = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
@@ -216,8 +212,8 @@ fn valid_hs256_es256_and_eddsa_tokens_subscribe_and_receive() {
 #[test]
 fn refused_tokens_answer_forbidden_and_deliver_nothing() {
     let server = Server::start();
-    let p = project(&server, "shop");
-    let other = project(&server, "other");
+    let p = server.test_project("shop");
+    let other = server.test_project("other");
     let dir = tempfile::tempdir().unwrap();
     let ec = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
     let ec_pem = ec.public_key_pem();
@@ -392,7 +388,7 @@ fn refused_tokens_answer_forbidden_and_deliver_nothing() {
 #[test]
 fn expiry_unsubscribes_at_exp_plus_five_seconds_unless_refreshed() {
     let server = Server::start();
-    let p = project(&server, "shop");
+    let p = server.test_project("shop");
     let mut ws = ws(&server, &p.public);
     subscribe(&mut ws, "sentinel");
     let exp = unix_now() + 1;
@@ -470,7 +466,7 @@ fn expiry_unsubscribes_at_exp_plus_five_seconds_unless_refreshed() {
 #[test]
 fn exp_and_nbf_get_exactly_five_seconds_of_leeway() {
     let server = Server::start();
-    let p = project(&server, "shop");
+    let p = server.test_project("shop");
     let mut ws = ws(&server, &p.public);
     let n = unix_now();
     expect_subscribed(
@@ -519,7 +515,7 @@ fn exp_and_nbf_get_exactly_five_seconds_of_leeway() {
 #[test]
 fn rotation_keeps_the_old_secret_for_the_grace_only() {
     let server = Server::start();
-    let p = project(&server, "shop");
+    let p = server.test_project("shop");
     let mut ws = ws(&server, &p.public);
     let exp = unix_now() + 600;
     let old = |c: &str| hs256(&p.token_secret, json!({"channel": c, "exp": exp}));
@@ -568,7 +564,7 @@ fn rotation_keeps_the_old_secret_for_the_grace_only() {
 #[test]
 fn the_master_key_is_created_with_mode_0600_and_secrets_are_sealed() {
     let server = Server::start();
-    let p = project(&server, "shop");
+    let p = server.test_project("shop");
     let path = server.data_dir.join("master.key");
     let meta = std::fs::metadata(&path).expect("master.key in the data directory");
     use std::os::unix::fs::PermissionsExt;
@@ -590,7 +586,7 @@ fn the_master_key_is_created_with_mode_0600_and_secrets_are_sealed() {
 #[test]
 fn the_example_backend_signs_tokens_the_server_accepts() {
     let server = Server::start();
-    let p = project(&server, "shop");
+    let p = server.test_project("shop");
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/token_endpoint.py");
     let mut child = Command::new("python3")
         .arg(script)

@@ -14,10 +14,6 @@ use common::{
 };
 use serde_json::{json, Value};
 
-fn app(server: &Server, name: &str) -> App {
-    server.project(name, "10000/s")
-}
-
 fn pusher_url(s: &Server, key: &str, query: &str) -> String {
     format!("ws://{}/app/{key}{query}", s.addr)
 }
@@ -114,7 +110,7 @@ fn next_event(ws: &mut Ws, event: &str) -> Value {
 #[test]
 fn the_handshake_gives_a_socket_id_and_the_heartbeat_as_activity_timeout() {
     let s = Server::start_with(Options::config("heartbeat_s = 7\n"));
-    let a = app(&s, "hs");
+    let a = s.test_project("hs");
     assert!(a.app_id.parse::<u64>().unwrap() >= 1_000_000);
     let url = pusher_url(&s, &a.public, "?protocol=7&client=js&version=8.6.0");
     let (mut ws, _) = tungstenite::connect(url).unwrap();
@@ -149,7 +145,7 @@ fn the_handshake_gives_a_socket_id_and_the_heartbeat_as_activity_timeout() {
 #[test]
 fn refusals_are_made_in_band_with_pushers_codes() {
     let s = Server::start();
-    let a = app(&s, "refused");
+    let a = s.test_project("refused");
     let refused = |url: String, code: u16| {
         let (mut ws, resp) = tungstenite::connect(url).expect("the upgrade itself succeeds");
         assert_eq!(resp.status(), 101);
@@ -206,7 +202,7 @@ fn refusals_are_made_in_band_with_pushers_codes() {
 #[test]
 fn both_protocols_get_one_native_publish_in_their_own_form() {
     let s = Server::start();
-    let a = app(&s, "both");
+    let a = s.test_project("both");
     let (mut p, _) = connect(&s, &a.public);
     let ok = subscribe(&mut p, "orders", None, None);
     assert_eq!(
@@ -257,7 +253,7 @@ fn both_protocols_get_one_native_publish_in_their_own_form() {
 #[test]
 fn a_native_publish_with_the_socket_id_skips_that_pusher_client() {
     let s = Server::start();
-    let a = app(&s, "others");
+    let a = s.test_project("others");
     let (mut p1, id1) = connect(&s, &a.public);
     let (mut p2, _) = connect(&s, &a.public);
     subscribe(&mut p1, "chat", None, None);
@@ -272,8 +268,8 @@ fn a_native_publish_with_the_socket_id_skips_that_pusher_client() {
 #[test]
 fn private_channels_need_pushers_signature_over_the_socket_id() {
     let s = Server::start();
-    let a = app(&s, "private");
-    let other = app(&s, "other");
+    let a = s.test_project("private");
+    let other = s.test_project("other");
     let (mut ws, id) = connect(&s, &a.public);
     let err = |f: &Value, status: u64| {
         assert_eq!(f["event"], "pusher:subscription_error", "{f}");
@@ -325,7 +321,7 @@ fn private_channels_need_pushers_signature_over_the_socket_id() {
 #[test]
 fn presence_is_one_set_across_both_protocols() {
     let s = Server::start();
-    let a = app(&s, "presence");
+    let a = s.test_project("presence");
     let ch = "presence-room";
     // A native member first.
     let mut n = native_member(
@@ -383,7 +379,7 @@ fn presence_is_one_set_across_both_protocols() {
 #[test]
 fn a_second_presence_subscribe_with_another_user_id_is_refused() {
     let s = Server::start();
-    let a = app(&s, "ghost");
+    let a = s.test_project("ghost");
     let ch = "presence-ghost";
     let ocd = r#"{"user_id":"observer"}"#;
     let (mut observer, _) = pusher_member(&s, &a, ch, ocd);
@@ -428,7 +424,7 @@ fn a_second_presence_subscribe_with_another_user_id_is_refused() {
 #[test]
 fn client_events_reach_the_others_of_both_protocols_and_are_rate_limited() {
     let s = Server::start();
-    let a = app(&s, "events");
+    let a = s.test_project("events");
     cli(
         &s.data_dir,
         &["project", "set-limits", &a.id, "--client-events", "on"],
@@ -502,7 +498,7 @@ fn client_events_reach_the_others_of_both_protocols_and_are_rate_limited() {
 #[test]
 fn revocation_closes_with_4001_and_a_slow_consumer_with_4100() {
     let s = Server::start_with(Options::config("send_backlog_bytes = 65536\n"));
-    let a = app(&s, "closes");
+    let a = s.test_project("closes");
     let (mut slow, _) = connect(&s, &a.public);
     subscribe(&mut slow, "flood", None, None);
     let blob = "x".repeat(16000);
@@ -525,7 +521,7 @@ fn revocation_closes_with_4001_and_a_slow_consumer_with_4100() {
 #[test]
 fn a_server_shutting_down_closes_pusher_clients_with_4200() {
     let mut s = Server::start();
-    let a = app(&s, "bye");
+    let a = s.test_project("bye");
     let (mut ws, _) = connect(&s, &a.public);
     subscribe(&mut ws, "news", None, None);
     let mut n = s.ws(&a.public);

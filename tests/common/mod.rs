@@ -377,6 +377,11 @@ impl Server {
         self.project_json(name, &["--rate-limit", rate]).0
     }
 
+    /// A project whose rate limit (10000/s) no test reaches by accident.
+    pub fn test_project(&self, name: &str) -> Project {
+        self.project(name, "10000/s")
+    }
+
     /// `project create NAME ARGS...`: the project, once the server knows its keys, and
     /// the JSON the CLI printed.
     pub fn project_json(&self, name: &str, args: &[&str]) -> (Project, Value) {
