@@ -15,6 +15,20 @@ use tungstenite::Message;
 
 const UPGRADE_HEAD: &str = "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n";
 
+/// The first 12 bytes of an answer ("HTTP/1.1 NNN"), or fewer when the connection ends
+/// before them.
+fn status_line(conn: &mut impl Read) -> Vec<u8> {
+    let mut buf = [0u8; 12];
+    let mut got = 0;
+    while got < 12 {
+        match conn.read(&mut buf[got..]) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got += n,
+        }
+    }
+    buf[..got].to_vec()
+}
+
 /// Send `prefix` (a PROXY header or nothing), then an upgrade request for `path` with
 /// `extra` header lines; returns the status of the answer (0: closed without one).
 fn raw_upgrade(s: &Server, prefix: &[u8], path: &str, extra: &str) -> u16 {
@@ -24,15 +38,8 @@ fn raw_upgrade(s: &Server, prefix: &[u8], path: &str, extra: &str) -> u16 {
     let mut bytes = prefix.to_vec();
     bytes.extend_from_slice(req.as_bytes());
     tcp.write_all(&bytes).unwrap();
-    let mut buf = [0u8; 12];
-    let mut got = 0;
-    while got < 12 {
-        match tcp.read(&mut buf[got..]) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => got += n,
-        }
-    }
-    std::str::from_utf8(&buf[..got])
+    let head = status_line(&mut tcp);
+    std::str::from_utf8(&head)
         .ok()
         .and_then(|t| t.strip_prefix("HTTP/1.1 "))
         .and_then(|t| t.get(..3))
@@ -64,10 +71,9 @@ fn limited(mut attempt: impl FnMut() -> u16) -> (usize, usize) {
 
 #[test]
 fn upgrades_over_the_node_rate_are_closed_with_1013_and_a_retry_after() {
-    let s = Server::start_with(Options {
-        config: "max_upgrades_per_second = 3\nmetrics_listen = \"127.0.0.1:0\"\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config(
+        "max_upgrades_per_second = 3\nmetrics_listen = \"127.0.0.1:0\"\n",
+    ));
     let p = s.project("storm", "1000/s");
     let mut accepted = Vec::new();
     let mut waits = Vec::new();
@@ -117,10 +123,7 @@ fn upgrades_over_the_node_rate_are_closed_with_1013_and_a_retry_after() {
 
 #[test]
 fn pusher_upgrades_over_the_node_rate_get_4100() {
-    let s = Server::start_with(Options {
-        config: "max_upgrades_per_second = 2\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("max_upgrades_per_second = 2\n"));
     let v = cli(
         &s.data_dir,
         &["project", "create", "pusher", "--rate-limit", "1000/s"],
@@ -152,10 +155,7 @@ fn pusher_upgrades_over_the_node_rate_get_4100() {
 
 #[test]
 fn shutdown_spreads_its_1001_closes_over_drain_spread_s() {
-    let mut s = Server::start_with(Options {
-        config: "drain_spread_s = 2\n".into(),
-        ..Options::default()
-    });
+    let mut s = Server::start_with(Options::config("drain_spread_s = 2\n"));
     let p = s.project("drain", "1000/s");
     let start = Instant::now();
     let readers: Vec<_> = (0..20)
@@ -192,10 +192,7 @@ fn shutdown_spreads_its_1001_closes_over_drain_spread_s() {
 
 #[test]
 fn proxy_headers_from_a_trusted_peer_name_the_client() {
-    let s = Server::start_with(Options {
-        config: "trusted_proxies = [\"127.0.0.0/8\"]\nws_connect_rate_per_ip = 1\nmax_upgrades_per_second = 0\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("trusted_proxies = [\"127.0.0.0/8\"]\nws_connect_rate_per_ip = 1\nmax_upgrades_per_second = 0\n"));
     let p = s.project("proxied", "1000/s");
     let path = format!("/api/v1/ws?key={}", p.public);
     // v1: the same client address is limited ...
@@ -239,10 +236,7 @@ fn proxy_headers_from_a_trusted_peer_name_the_client() {
 
 #[test]
 fn an_untrusted_peer_gets_no_say_about_the_client_address() {
-    let s = Server::start_with(Options {
-        config: "trusted_proxies = [\"10.0.0.0/8\"]\nws_connect_rate_per_ip = 1\nmax_upgrades_per_second = 0\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("trusted_proxies = [\"10.0.0.0/8\"]\nws_connect_rate_per_ip = 1\nmax_upgrades_per_second = 0\n"));
     let p = s.project("direct", "1000/s");
     let path = format!("/api/v1/ws?key={}", p.public);
     // A PROXY header from 127.0.0.1 (not trusted) is never parsed: it is a malformed
@@ -264,10 +258,7 @@ fn an_untrusted_peer_gets_no_say_about_the_client_address() {
 fn proxy_headers_before_tls() {
     let files = common::TlsFiles::generate();
     let s = Server::start_tls(
-        Options {
-            config: "trusted_proxies = [\"127.0.0.1\"]\nws_connect_rate_per_ip = 1\nmax_upgrades_per_second = 0\n".into(),
-            ..Options::default()
-        },
+        Options::config("trusted_proxies = [\"127.0.0.1\"]\nws_connect_rate_per_ip = 1\nmax_upgrades_per_second = 0\n"),
         &files,
     );
     let cfg = files.client_config(&[b"http/1.1"]);
@@ -280,15 +271,7 @@ fn proxy_headers_before_tls() {
         let conn = rustls::ClientConnection::new(cfg.clone(), name).unwrap();
         let mut tls = rustls::StreamOwned::new(conn, tcp);
         tls.write_all(req.as_bytes()).unwrap();
-        let mut buf = [0u8; 12];
-        let mut got = 0;
-        while got < 12 {
-            match tls.read(&mut buf[got..]) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => got += n,
-            }
-        }
-        String::from_utf8_lossy(&buf[..got]).to_string()
+        String::from_utf8_lossy(&status_line(&mut tls)).to_string()
     };
     let health = "GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n";
     assert!(request(b"", health).starts_with("HTTP/1.1 200"));

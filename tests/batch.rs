@@ -47,11 +47,9 @@ fn expect_next_is_marker(s: &Server, p: &Project, ws: &mut Ws, channel: &str) {
 fn one_message_to_several_channels_has_one_id_and_one_frame_per_channel() {
     let s = Server::start();
     let p = s.project("multi", "100/s");
-    let mut both = s.ws(&p.public);
-    subscribe(&mut both, "a");
+    let mut both = s.ws_on(&p.public, "a");
     subscribe(&mut both, "b");
-    let mut only_c = s.ws(&p.public);
-    subscribe(&mut only_c, "c");
+    let mut only_c = s.ws_on(&p.public, "c");
 
     let body = json!({"channels": ["a", "b", "c"], "event": "e", "data": {"k": 1}});
     let (st, head, v) = post(&s, "/api/v1/publish", &p.secret, &body.to_string());
@@ -143,8 +141,7 @@ fn channels_rules_answer_400() {
 fn several_channels_cost_one_unit_each_and_are_refused_whole() {
     let s = Server::start();
     let p = s.project("quota", "5/min");
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "a");
+    let mut ws = s.ws_on(&p.public, "a");
     let three = json!({"channels": ["a", "b", "c"], "event": "e", "data": "1"}).to_string();
     let (st, head, _) = post(&s, "/api/v1/publish", &p.secret, &three);
     assert_eq!(st, 202);
@@ -165,8 +162,7 @@ fn several_channels_cost_one_unit_each_and_are_refused_whole() {
 fn a_batch_answers_ids_in_request_order_and_keeps_per_channel_order() {
     let s = Server::start();
     let p = s.project("batch", "100000/s");
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "x");
+    let mut ws = s.ws_on(&p.public, "x");
     subscribe(&mut ws, "y");
     let mut sent_ids: Vec<String> = Vec::new();
     let mut expect: Vec<(String, u64, String)> = Vec::new();
@@ -221,8 +217,7 @@ fn a_batch_answers_ids_in_request_order_and_keeps_per_channel_order() {
 fn a_batch_with_one_bad_message_publishes_nothing_and_names_it() {
     let s = Server::start();
     let p = s.project("aon", "1000/s");
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "a");
+    let mut ws = s.ws_on(&p.public, "a");
     let good = msg("a", "e", json!("ok"));
     for (bad, code) in [
         (json!({"channel": "a", "event": "e"}), "missing_field"),
@@ -344,8 +339,7 @@ fn batch_default_limits_take_100_messages_and_a_mebibyte() {
 fn the_quota_of_a_whole_batch_is_taken_at_once_or_not_at_all() {
     let s = Server::start();
     let p = s.project("bq", "10/min");
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "a");
+    let mut ws = s.ws_on(&p.public, "a");
     // 4 messages, one of them to 3 channels: 6 units.
     let six = json!([
         msg("a", "e", json!("1")),
@@ -420,14 +414,9 @@ fn a_batch_above_the_whole_burst_is_refused_without_retry_after() {
 /// with room for 4, one batch of 3 fits, a second does not (503), a single still does.
 #[test]
 fn the_mailbox_counts_a_batch_by_its_frames() {
-    let s = Server::start_with(Options {
-        workers: 1,
-        config: "mailbox_capacity = 4\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("mailbox_capacity = 4\n").workers(1));
     let p = s.project("frames", "100000/s");
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "c");
+    let _ws = s.ws_on(&p.public, "c");
     let post = |path: &str, body: &str| {
         format!(
             "POST {path} HTTP/1.1\r\nHost: t\r\nX-Api-Key: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",

@@ -103,6 +103,26 @@ fn expect_silence(ws: &mut Ws, d: Duration) {
     common::expect_silence(ws, d);
 }
 
+/// `project set-limits --client-events on` for `p`.
+fn events_on(s: &Server, p: &Private) {
+    cli(
+        &s.data_dir,
+        &["project", "set-limits", &p.id, "--client-events", "on"],
+    );
+}
+
+/// The next frame on each of `wss` is the client event `event` whose `field` is `value`.
+fn expect_event_each(wss: [&mut Ws; 2], event: &str, (field, value): (&str, &str)) {
+    for ws in wss {
+        let v = next_json(ws);
+        assert_eq!(
+            (v["event"].as_str(), v[field].as_str()),
+            (Some(event), Some(value)),
+            "{v}"
+        );
+    }
+}
+
 /// Turn client events on with the CLI, then wait until the server applied it: a probe
 /// event is no longer refused (the probe is then delivered to `peers`, read here).
 fn turn_on(sender: &mut Ws, peers: &mut [&mut Ws], channel: &str, on_cli: impl FnOnce()) {
@@ -178,13 +198,7 @@ fn off_by_default_then_relayed_to_others_on_every_worker_never_the_sender() {
     assert_eq!(ids[0], ids[1], "one event, one id");
     // A string `data` is passed as is.
     send_json(&mut same, event(ch, "client-s", json!("text")));
-    for ws in [&mut sender, &mut other] {
-        let v = next_json(ws);
-        assert_eq!(
-            (v["event"].as_str(), v["data"].as_str()),
-            (Some("client-s"), Some("text"))
-        );
-    }
+    expect_event_each([&mut sender, &mut other], "client-s", ("data", "text"));
     // Never back to the sender.
     expect_silence(&mut sender, Duration::from_millis(500));
     expect_silence(&mut same, Duration::from_millis(100));
@@ -224,10 +238,7 @@ fn errors_within(ws: &mut Ws, d: Duration) -> Vec<Value> {
 
 #[test]
 fn more_than_ten_a_second_are_dropped_with_rate_limited_and_the_connection_stays() {
-    let s = Server::start_with(Options {
-        workers: 1,
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::default().workers(1));
     let p = project(&s, "chat", &[]);
     let ch = "private-burst";
     let (mut sender, _) = connect(&s.ws_url(&p.public));
@@ -235,12 +246,7 @@ fn more_than_ten_a_second_are_dropped_with_rate_limited_and_the_connection_stays
     for ws in [&mut sender, &mut peer] {
         sub_private(ws, ch, &token(&p.token_secret, ch, "u"));
     }
-    turn_on(&mut sender, &mut [&mut peer], ch, || {
-        cli(
-            &s.data_dir,
-            &["project", "set-limits", &p.id, "--client-events", "on"],
-        );
-    });
+    turn_on(&mut sender, &mut [&mut peer], ch, || events_on(&s, &p));
     // The probe above was one of this second's events: wait it out before the burst,
     // by sending nothing until a second has passed (measured, not slept blindly).
     let start = std::time::Instant::now();
@@ -285,10 +291,7 @@ fn more_than_ten_a_second_are_dropped_with_rate_limited_and_the_connection_stays
 
 #[test]
 fn refusals_public_not_subscribed_bad_names_bad_and_large_data() {
-    let s = Server::start_with(Options {
-        config: "max_body_bytes = 1024\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("max_body_bytes = 1024\n"));
     let p = project(&s, "chat", &[]);
     let ch = "private-ok";
     let (mut sender, _) = connect(&s.ws_url(&p.public));
@@ -297,12 +300,7 @@ fn refusals_public_not_subscribed_bad_names_bad_and_large_data() {
         sub_private(ws, ch, &token(&p.token_secret, ch, "u"));
         common::subscribe(ws, "news");
     }
-    turn_on(&mut sender, &mut [&mut peer], ch, || {
-        cli(
-            &s.data_dir,
-            &["project", "set-limits", &p.id, "--client-events", "on"],
-        );
-    });
+    turn_on(&mut sender, &mut [&mut peer], ch, || events_on(&s, &p));
     let cases = [
         (event("news", "client-x", json!({})), "forbidden"),
         (event("private-other", "client-x", json!({})), "forbidden"),
@@ -356,12 +354,7 @@ fn native_client_events_on_private_encrypted_channels_are_refused() {
         sub_private(ws, ch, &token(&p.token_secret, ch, "u"));
         sub_private(ws, plain, &token(&p.token_secret, plain, "u"));
     }
-    turn_on(&mut sender, &mut [&mut peer], plain, || {
-        cli(
-            &s.data_dir,
-            &["project", "set-limits", &p.id, "--client-events", "on"],
-        );
-    });
+    turn_on(&mut sender, &mut [&mut peer], plain, || events_on(&s, &p));
     send_json(
         &mut sender,
         event(ch, "client-secret", json!({"text": "in clear"})),
@@ -388,10 +381,7 @@ fn native_client_events_on_private_encrypted_channels_are_refused() {
 
 #[test]
 fn presence_channels_add_the_senders_user_id_and_metrics_count_them() {
-    let s = Server::start_with(Options {
-        config: "metrics_listen = \"127.0.0.1:0\"\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("metrics_listen = \"127.0.0.1:0\"\n"));
     let p = project(&s, "chat", &[]);
     let ch = "presence-room";
     let (mut sender, _) = connect(&s.ws_url(&p.public));
@@ -399,12 +389,7 @@ fn presence_channels_add_the_senders_user_id_and_metrics_count_them() {
     sub_private(&mut sender, ch, &token(&p.token_secret, ch, "alice"));
     sub_private(&mut peer, ch, &token(&p.token_secret, ch, "bob"));
     joins(&mut sender, &["bob"]);
-    turn_on(&mut sender, &mut [&mut peer], ch, || {
-        cli(
-            &s.data_dir,
-            &["project", "set-limits", &p.id, "--client-events", "on"],
-        );
-    });
+    turn_on(&mut sender, &mut [&mut peer], ch, || events_on(&s, &p));
     send_json(&mut peer, event(ch, "client-hi", json!({"x": 1})));
     let v = next_json(&mut sender);
     assert_eq!(v["user_id"], "bob", "{v}");
@@ -412,7 +397,7 @@ fn presence_channels_add_the_senders_user_id_and_metrics_count_them() {
     send_json(&mut sender, event(ch, "client-hi", json!({})));
     assert_eq!(next_json(&mut peer)["user_id"], "alice");
     // The probe and two events; each one delivery.
-    let counters = scrape(&s);
+    let counters = s.scrape();
     assert_eq!(
         counters.get("ringcast_client_events_total"),
         Some(&3.0),
@@ -423,24 +408,6 @@ fn presence_channels_add_the_senders_user_id_and_metrics_count_them() {
         Some(&3.0),
         "{counters:?}"
     );
-}
-
-/// The counters of one scrape of the metrics listener.
-fn scrape(s: &Server) -> std::collections::HashMap<String, f64> {
-    use std::io::{Read, Write};
-    let addr = s.metrics.expect("the server prints its metrics address");
-    let mut conn = std::net::TcpStream::connect(addr).unwrap();
-    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut text = String::new();
-    conn.read_to_string(&mut text).unwrap();
-    text.lines()
-        .filter(|l| l.starts_with("ringcast_") && !l.contains('{'))
-        .filter_map(|l| {
-            let (k, v) = l.rsplit_once(' ')?;
-            Some((k.to_string(), v.parse().ok()?))
-        })
-        .collect()
 }
 
 #[test]
@@ -466,12 +433,7 @@ fn client_events_are_not_kept_in_history_and_cost_quota() {
     for ws in [&mut sender, &mut peer] {
         sub_private(ws, ch, &token(&p.token_secret, ch, "u"));
     }
-    turn_on(&mut sender, &mut [&mut peer], ch, || {
-        cli(
-            &s.data_dir,
-            &["project", "set-limits", &p.id, "--client-events", "on"],
-        );
-    });
+    turn_on(&mut sender, &mut [&mut peer], ch, || events_on(&s, &p));
     // Not kept: the channel's history is empty, and the frame has no position.
     let req = format!(
         "GET /api/v1/history?channel={ch} HTTP/1.1\r\nHost: t\r\nX-Api-Key: {}\r\nConnection: close\r\n\r\n",
@@ -509,10 +471,9 @@ fn client_events_are_not_kept_in_history_and_cost_quota() {
 
 #[test]
 fn cluster_relays_to_subscribers_on_other_nodes_with_user_id() {
-    use support::{Node, Redis};
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
+    let Some((redis, a, b)) = support::two_nodes() else {
+        return;
+    };
     let v = support::cli(
         &redis,
         &["project", "create", "c", "--rate-limit", "10000/s"],
@@ -550,13 +511,7 @@ fn cluster_relays_to_subscribers_on_other_nodes_with_user_id() {
     expect_silence(&mut sender, Duration::from_millis(100));
     // And the other way, from node B.
     send_json(&mut far, event(ch, "client-back", json!("b")));
-    for ws in [&mut sender, &mut near] {
-        let v = next_json(ws);
-        assert_eq!(
-            (v["event"].as_str(), v["user_id"].as_str()),
-            (Some("client-back"), Some("f1"))
-        );
-    }
+    expect_event_each([&mut sender, &mut near], "client-back", ("user_id", "f1"));
     expect_silence(&mut far, Duration::from_millis(300));
 }
 

@@ -8,21 +8,16 @@
 
 mod common;
 use common::cluster as support;
+use common::subscribe_since as sub;
 
 use std::time::{Duration, Instant};
 
-use common::{next_json, parse_response, send_json, Ws};
+use common::{next_json, parse_response, Ws};
 use serde_json::{json, Value};
 use support::{cli, wait_for, Node, Redis};
 
 /// A project with history `spec`, known to every node.
-struct Hist {
-    id: String,
-    secret: String,
-    public: String,
-}
-
-fn hist_project(redis: &Redis, name: &str, spec: &str, nodes: &[&Node]) -> Hist {
+fn hist_project(redis: &Redis, name: &str, spec: &str, nodes: &[&Node]) -> support::Project {
     let v = cli(
         redis,
         &[
@@ -35,27 +30,19 @@ fn hist_project(redis: &Redis, name: &str, spec: &str, nodes: &[&Node]) -> Hist 
             spec,
         ],
     );
-    let p = Hist {
-        id: v["project"]["id"].as_str().unwrap().to_string(),
-        secret: v["secret_key"].as_str().unwrap().to_string(),
-        public: v["public_key"].as_str().unwrap().to_string(),
-    };
+    let p = support::Project::from_create(&v);
     for n in nodes {
         n.wait_key(&p.secret);
     }
     p
 }
 
-/// Subscribe (optionally with `since`) and return the `subscribed` answer.
-fn sub(ws: &mut Ws, channel: &str, since: Option<(u64, &str)>) -> Value {
-    let mut frame = json!({"type": "subscribe", "channel": channel});
-    if let Some((offset, epoch)) = since {
-        frame["since"] = json!({"offset": offset, "epoch": epoch});
-    }
-    send_json(ws, frame);
-    let v = next_json(ws);
-    assert_eq!(v["type"], "subscribed", "{v}");
-    v
+/// A Redis, two nodes on it and a project with history `spec` both know; `None` where
+/// [`Redis::start`] is.
+fn history_nodes(name: &str, spec: &str) -> Option<(Redis, Node, Node, support::Project)> {
+    let (redis, a, b) = support::two_nodes()?;
+    let p = hist_project(&redis, name, spec, &[&a, &b]);
+    Some((redis, a, b, p))
 }
 
 fn next_msg(ws: &mut Ws) -> Value {
@@ -104,10 +91,9 @@ fn redis_cmd(redis: &Redis, args: &[&str]) -> redis::Value {
 
 #[test]
 fn offsets_agree_on_every_node_whichever_node_publishes() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
-    let p = hist_project(&redis, "agree", "1000/600s", &[&a, &b]);
+    let Some((redis, a, b, p)) = history_nodes("agree", "1000/600s") else {
+        return;
+    };
     let mut subs: Vec<Ws> = Vec::new();
     let mut epoch = String::new();
     for node in [&a, &a, &b, &b] {
@@ -161,10 +147,9 @@ fn offsets_agree_on_every_node_whichever_node_publishes() {
 
 #[test]
 fn a_client_recovers_on_another_node_then_continues_live() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
-    let p = hist_project(&redis, "move", "100/600s", &[&a, &b]);
+    let Some((_redis, a, b, p)) = history_nodes("move", "100/600s") else {
+        return;
+    };
     let mut on_a = a.ws(&p.public);
     let r = sub(&mut on_a, "news", None);
     let epoch = r["epoch"].as_str().unwrap().to_string();
@@ -213,15 +198,11 @@ fn a_client_recovers_on_another_node_then_continues_live() {
 /// client sees every offset after its `since` exactly once, in order.
 #[test]
 fn publishes_racing_the_replay_leave_no_gap_and_no_duplicate() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
-    let p = hist_project(&redis, "race", "10000/600s", &[&a, &b]);
+    let Some((_redis, a, b, p)) = history_nodes("race", "10000/600s") else {
+        return;
+    };
     let mut first = b.ws(&p.public);
-    let epoch = sub(&mut first, "r", None)["epoch"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let epoch = common::subscribe_epoch(&mut first, "r");
     drop(first);
     for i in 0..20 {
         publish(&a, &p.secret, "r", json!(i.to_string()));
@@ -287,10 +268,9 @@ fn publishes_racing_the_replay_leave_no_gap_and_no_duplicate() {
 
 #[test]
 fn rest_history_on_one_node_reads_what_another_published() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
-    let p = hist_project(&redis, "rest", "5/600s", &[&a, &b]);
+    let Some((redis, a, b, p)) = history_nodes("rest", "5/600s") else {
+        return;
+    };
     for i in 1..=8 {
         publish(&a, &p.secret, "h", json!({"n": i, "s": "é\"x"}));
     }
@@ -353,15 +333,11 @@ fn rest_history_on_one_node_reads_what_another_published() {
 
 #[test]
 fn lost_history_in_redis_is_a_new_epoch_never_a_gap() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
-    let p = hist_project(&redis, "lost", "100/600s", &[&a, &b]);
+    let Some((redis, a, b, p)) = history_nodes("lost", "100/600s") else {
+        return;
+    };
     let mut w = a.ws(&p.public);
-    let epoch = sub(&mut w, "l", None)["epoch"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let epoch = common::subscribe_epoch(&mut w, "l");
     for i in 0..3 {
         publish(&a, &p.secret, "l", json!(i.to_string()));
     }
@@ -412,10 +388,7 @@ fn redis_away_refuses_history_publishes_and_recoveries() {
     let a = Node::start(&redis);
     let p = hist_project(&redis, "away", "100/600s", &[&a]);
     let mut w = a.ws(&p.public);
-    let epoch = sub(&mut w, "x", None)["epoch"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let epoch = common::subscribe_epoch(&mut w, "x");
     publish(&a, &p.secret, "x", json!("1"));
     assert_eq!(next_msg(&mut w)["offset"], 1);
     redis.kill();
@@ -446,12 +419,10 @@ fn redis_away_refuses_history_publishes_and_recoveries() {
 
 #[test]
 fn history_off_in_cluster_mode_behaves_as_on_one_node() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
-    let p = support::project(&redis, "plain", "1000/s");
-    a.wait_key(&p.secret);
-    b.wait_key(&p.secret);
+    let Some((redis, a, b)) = support::two_nodes() else {
+        return;
+    };
+    let p = support::project_on(&redis, "plain", "1000/s", &[&a, &b]);
     let mut w = b.ws(&p.public);
     let r = sub(&mut w, "c", Some((3, "abcdabcd")));
     assert_eq!(r["recovered"], false, "{r}");
@@ -476,10 +447,7 @@ fn history_turned_off_and_on_again_is_a_new_epoch() {
     let a = Node::start(&redis);
     let p = hist_project(&redis, "toggle", "100/600s", &[&a]);
     let mut w = a.ws(&p.public);
-    let epoch = sub(&mut w, "t", None)["epoch"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let epoch = common::subscribe_epoch(&mut w, "t");
     publish(&a, &p.secret, "t", json!("kept"));
     assert_eq!(next_msg(&mut w)["offset"], 1);
     drop(w);
@@ -505,12 +473,10 @@ fn history_turned_off_and_on_again_is_a_new_epoch() {
 /// keep arriving (before, it read until a pause in the traffic that never came).
 #[test]
 fn a_busy_channel_does_not_hold_up_new_subscriptions() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
-    let p = support::project(&redis, "busy", "1000000/s");
-    a.wait_key(&p.secret);
-    b.wait_key(&p.secret);
+    let Some((redis, a, b)) = support::two_nodes() else {
+        return;
+    };
+    let p = support::project_on(&redis, "busy", "1000000/s", &[&a, &b]);
     let mut busy = b.ws(&p.public);
     sub(&mut busy, "busy", None);
     redis.wait_numsub(&p.id, "busy", 1);
@@ -563,10 +529,9 @@ fn a_busy_channel_does_not_hold_up_new_subscriptions() {
 /// its offset.
 #[test]
 fn a_socket_id_leaves_its_connection_out_on_a_history_channel() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
-    let p = hist_project(&redis, "hist-toothers", "100/600s", &[&a, &b]);
+    let Some((redis, a, b, p)) = history_nodes("hist-toothers", "100/600s") else {
+        return;
+    };
     let connect = |node: &Node| {
         let url = format!("ws://{}/api/v1/ws?key={}", node.addr, p.public);
         let (mut ws, _) = tungstenite::connect(url).expect("ws connect");

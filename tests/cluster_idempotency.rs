@@ -14,7 +14,6 @@ use common::cluster as support;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,23 +38,13 @@ fn one(channel: &str, data: &str) -> String {
     json!({"channel": channel, "event": "e", "data": data}).to_string()
 }
 
-struct P {
-    id: String,
-    secret: String,
-    public: String,
-}
-
-fn project(redis: &Redis, name: &str, history: Option<&str>, nodes: &[&Node]) -> P {
+fn project(redis: &Redis, name: &str, history: Option<&str>, nodes: &[&Node]) -> support::Project {
     let mut args = vec!["project", "create", name, "--rate-limit", "100000/s"];
     if let Some(h) = history {
         args.extend(["--history", h]);
     }
     let v = cli(redis, &args);
-    let p = P {
-        id: v["project"]["id"].as_str().unwrap().to_string(),
-        secret: v["secret_key"].as_str().unwrap().to_string(),
-        public: v["public_key"].as_str().unwrap().to_string(),
-    };
+    let p = support::Project::from_create(&v);
     for n in nodes {
         n.wait_key(&p.secret);
     }
@@ -234,25 +223,10 @@ impl Drop for Proxy {
 /// A node whose Redis is at `port` (the proxy, or Redis itself), with `env` added.
 fn node_via(redis: &Redis, port: u16, env: &[(&str, &str)]) -> Node {
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let mut child = Command::new(common::bin())
-        .arg("--data-dir")
-        .arg(&data)
-        .args(["--redis", &format!("redis://127.0.0.1:{port}/")])
-        .env("RINGCAST_MASTER_KEY_FILE", redis.master_key_file())
-        .args(["serve", "--listen", "127.0.0.1:0", "--workers", "2"])
-        .env("RUST_LOG", "error")
-        .envs(env.iter().copied())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn ringcast serve");
-    let addr = support::wait_listening(&mut child, &data);
-    Node {
-        addr,
-        child,
-        _dir: dir,
-    }
+    let url = format!("redis://127.0.0.1:{port}/");
+    let mut cmd = support::node_command(&dir, &url, &redis.master_key_file(), 2);
+    cmd.env("RUST_LOG", "error").envs(env.iter().copied());
+    Node::launch(&mut cmd, dir)
 }
 
 #[test]

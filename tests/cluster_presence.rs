@@ -5,20 +5,20 @@
 
 mod common;
 use common::cluster as support;
+use common::expect_presence;
 
 use std::time::{Duration, Instant};
 
-use common::{expect_silence, next_json, parse_response, send_json, set_timeout, Ws};
+use common::{expect_silence, next_json, send_json, set_timeout, Ws};
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use serde_json::{json, Value};
 use support::{Node, Project, Redis};
 
-fn project(redis: &Redis, nodes: &[&Node]) -> Project {
-    let p = support::project(redis, "p", "10000/s");
-    for n in nodes {
-        n.wait_key(&p.secret);
-    }
-    p
+/// A Redis, two nodes on it and a project both know; `None` where [`Redis::start`] is.
+fn start() -> Option<(Redis, Node, Node, Project)> {
+    let (redis, a, b) = support::two_nodes()?;
+    let p = support::project_on(&redis, "p", "10000/s", &[&a, &b]);
+    Some((redis, a, b, p))
 }
 
 fn join(ws: &mut Ws, p: &Project, channel: &str, user: &str) -> Value {
@@ -38,35 +38,15 @@ fn join(ws: &mut Ws, p: &Project, channel: &str, user: &str) -> Value {
     v
 }
 
-fn users(presence: &Value) -> Vec<String> {
-    presence["members"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["user_id"].as_str().unwrap().to_string())
-        .collect()
-}
-
-fn get(node: &Node, key: &str, path: &str) -> (u16, Value) {
-    let req =
-        format!("GET {path} HTTP/1.1\r\nHost: t\r\nX-Api-Key: {key}\r\nConnection: close\r\n\r\n");
-    let (st, _, v) = parse_response(&node.raw(req.as_bytes()));
-    (st, v)
-}
-
-fn expect_presence(ws: &mut Ws, action: &str, user: &str) {
-    let v = next_json(ws);
-    assert_eq!(v["type"], "presence", "{v}");
-    assert_eq!(v["action"], action, "{v}");
-    assert_eq!(v["user_id"], user, "{v}");
+fn users(presence: &Value) -> Vec<&str> {
+    common::strs(&presence["members"], "user_id")
 }
 
 #[test]
 fn members_and_counts_are_cluster_wide() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
-    let p = project(&redis, &[&a, &b]);
+    let Some((_redis, a, b, p)) = start() else {
+        return;
+    };
     let ch = "presence-cluster";
 
     let mut on_b = b.ws(&p.public);
@@ -85,14 +65,10 @@ fn members_and_counts_are_cluster_wide() {
     expect_silence(&mut on_a, Duration::from_millis(300));
 
     for node in [&a, &b] {
-        let (st, v) = get(node, &p.secret, &format!("/api/v1/presence?channel={ch}"));
+        let (st, v) = node.get_json(&p.secret, &format!("/api/v1/presence?channel={ch}"));
         assert_eq!(st, 200, "{v}");
         assert_eq!(users(&v), ["ub", "ua"], "{v}");
-        let (_, v) = get(
-            node,
-            &p.secret,
-            &format!("/api/v1/channels/info?channel={ch}"),
-        );
+        let (_, v) = node.get_json(&p.secret, &format!("/api/v1/channels/info?channel={ch}"));
         assert_eq!(
             v,
             json!({"channel": ch, "occupied": true, "subscribers": 3, "user_count": 2})
@@ -104,7 +80,7 @@ fn members_and_counts_are_cluster_wide() {
     let mut n2 = b.ws(&p.public);
     common::subscribe(&mut n1, "news");
     common::subscribe(&mut n2, "news");
-    let (_, v) = get(&b, &p.secret, "/api/v1/channels?prefix=ne");
+    let (_, v) = b.get_json(&p.secret, "/api/v1/channels?prefix=ne");
     assert_eq!(v, json!({"channels": [{"name": "news", "subscribers": 2}]}));
 
     // ua leaves node B: still a member through node A. Then from A: gone everywhere.
@@ -113,27 +89,32 @@ fn members_and_counts_are_cluster_wide() {
     drop(on_a);
     expect_presence(&mut on_b, "leave", "ua");
     support::wait_for("ua's leave to reach Redis", || {
-        let (_, v) = get(&b, &p.secret, &format!("/api/v1/presence?channel={ch}"));
+        let (_, v) = b.get_json(&p.secret, &format!("/api/v1/presence?channel={ch}"));
         users(&v) == ["ub"]
     });
 }
 
+/// A member "watcher" of `presence-<user>` on node `a`, and a member `user` on node `b`,
+/// whose join the watcher has seen: (watcher, member).
+fn watched_member((a, b): (&Node, &Node), p: &Project, user: &str) -> (Ws, Ws) {
+    let ch = &format!("presence-{user}");
+    let mut watcher = a.ws(&p.public);
+    join(&mut watcher, p, ch, "watcher");
+    let mut member = b.ws(&p.public);
+    join(&mut member, p, ch, user);
+    expect_presence(&mut watcher, "join", user);
+    (watcher, member)
+}
+
 #[test]
 fn a_killed_nodes_members_and_subscribers_are_gone_within_30_s() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let mut b = Node::start(&redis);
-    let p = project(&redis, &[&a, &b]);
-    let ch = "presence-doomed";
-    let mut watcher = a.ws(&p.public);
-    join(&mut watcher, &p, ch, "watcher");
-    let mut doomed = b.ws(&p.public);
-    join(&mut doomed, &p, ch, "doomed");
-    expect_presence(&mut watcher, "join", "doomed");
-    let mut plain = b.ws(&p.public);
-    common::subscribe(&mut plain, "only-on-b");
+    let Some((_redis, a, mut b, p)) = start() else {
+        return;
+    };
+    let (mut watcher, doomed) = watched_member((&a, &b), &p, "doomed");
+    let plain = b.ws_on(&p.public, "only-on-b");
     support::wait_for("b's subscriber to be counted", || {
-        let (_, v) = get(&a, &p.secret, "/api/v1/channels/info?channel=only-on-b");
+        let (_, v) = a.get_json(&p.secret, "/api/v1/channels/info?channel=only-on-b");
         v["subscribers"] == 1
     });
 
@@ -145,12 +126,12 @@ fn a_killed_nodes_members_and_subscribers_are_gone_within_30_s() {
     expect_presence(&mut watcher, "leave", "doomed");
     let took = killed.elapsed();
     assert!(took < Duration::from_secs(30), "took {took:?}");
-    let (_, v) = get(&a, &p.secret, "/api/v1/channels/info?channel=only-on-b");
+    let (_, v) = a.get_json(&p.secret, "/api/v1/channels/info?channel=only-on-b");
     assert_eq!(
         v,
         json!({"channel": "only-on-b", "occupied": false, "subscribers": 0})
     );
-    let (_, v) = get(&a, &p.secret, &format!("/api/v1/presence?channel={ch}"));
+    let (_, v) = a.get_json(&p.secret, "/api/v1/presence?channel=presence-doomed");
     assert_eq!(users(&v), ["watcher"]);
     drop(doomed);
     drop(plain);
@@ -158,16 +139,10 @@ fn a_killed_nodes_members_and_subscribers_are_gone_within_30_s() {
 
 #[test]
 fn a_node_shutting_down_hands_its_members_back_at_once() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let mut b = Node::start(&redis);
-    let p = project(&redis, &[&a, &b]);
-    let ch = "presence-leaving";
-    let mut watcher = a.ws(&p.public);
-    join(&mut watcher, &p, ch, "watcher");
-    let mut leaving = b.ws(&p.public);
-    join(&mut leaving, &p, ch, "leaving");
-    expect_presence(&mut watcher, "join", "leaving");
+    let Some((_redis, a, mut b, p)) = start() else {
+        return;
+    };
+    let (mut watcher, leaving) = watched_member((&a, &b), &p, "leaving");
     let stopped = Instant::now();
     let status = std::process::Command::new("kill")
         .args(["-TERM", &b.child.id().to_string()])

@@ -50,34 +50,27 @@ fn run_with_fault(fault: &str) -> (std::process::ExitStatus, String) {
     (status, reader.join().unwrap())
 }
 
+/// Run with `fault`: the process must end non-zero with `cause` in its log; the log.
+fn fails_with_cause(fault: &str, cause: &str) -> String {
+    let (status, log) = run_with_fault(fault);
+    assert!(!status.success(), "exit status {status:?}; log:\n{log}");
+    assert!(log.contains(cause), "cause not logged:\n{log}");
+    log
+}
+
 #[test]
 fn a_panicking_worker_ends_the_process_non_zero_with_the_cause_logged() {
-    let (status, log) = run_with_fault("worker-panic");
-    assert!(!status.success(), "exit status {status:?}; log:\n{log}");
-    assert!(
-        log.contains("fault injected: worker panic"),
-        "cause not logged:\n{log}"
-    );
+    let log = fails_with_cause("worker-panic", "fault injected: worker panic");
     assert!(log.contains("ringcast-w0"), "thread not named:\n{log}");
 }
 
 #[test]
 fn a_worker_thread_ending_without_a_panic_ends_the_process_non_zero() {
-    let (status, log) = run_with_fault("worker-exit");
-    assert!(!status.success(), "exit status {status:?}; log:\n{log}");
-    assert!(
-        log.contains("fault injected: worker exit"),
-        "cause not logged:\n{log}"
-    );
+    fails_with_cause("worker-exit", "fault injected: worker exit");
 }
 
 #[test]
 fn a_dead_key_watcher_ends_the_process_non_zero() {
-    let (status, log) = run_with_fault("keys-panic");
-    assert!(!status.success(), "exit status {status:?}; log:\n{log}");
-    assert!(
-        log.contains("fault injected: key watcher panic"),
-        "cause not logged:\n{log}"
-    );
+    let log = fails_with_cause("keys-panic", "fault injected: key watcher panic");
     assert!(log.contains("ringcast-keys"), "thread not named:\n{log}");
 }

@@ -17,6 +17,10 @@
 //! saved in `tests/fuzz_props.proptest-regressions` and replayed first on every later run:
 //! commit that file, and the crash stays a regression test.
 
+#[allow(dead_code)]
+#[path = "common/sign.rs"]
+mod sign;
+
 use proptest::prelude::*;
 use ringcast::close_code::{PROTOCOL_ERROR, TOO_BIG};
 use ringcast::{
@@ -437,36 +441,17 @@ fn percent_encode(s: &str) -> String {
         .collect()
 }
 
-fn hex_hmac(secret: &str, text: &str) -> String {
-    use hmac::{Hmac, Mac};
-    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).unwrap();
-    mac.update(text.as_bytes());
-    mac.finalize()
-        .into_bytes()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-fn hex_md5(body: &[u8]) -> String {
-    use md5::{Digest, Md5};
-    Md5::digest(body)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
 /// A request Pusher's SDKs would sign: the extra parameters, the body, its signature.
 fn signed_query(extra: &[(String, String)], body: &[u8], now: u64, secret: &str) -> String {
     let mut params: Vec<(String, String)> = extra.to_vec();
     params.push(("auth_key".into(), "pk_test".into()));
     params.push(("auth_timestamp".into(), now.to_string()));
     params.push(("auth_version".into(), "1.0".into()));
-    params.push(("body_md5".into(), hex_md5(body)));
+    params.push(("body_md5".into(), sign::md5_hex(body)));
     params.sort();
     let canonical: Vec<String> = params.iter().map(|(k, v)| format!("{k}={v}")).collect();
     let to_sign = format!("POST\n/apps/1000000/events\n{}", canonical.join("&"));
-    let signature = hex_hmac(secret, &to_sign);
+    let signature = sign::hmac_hex(secret, &to_sign);
     let mut q: Vec<String> = params
         .iter()
         .map(|(k, v)| format!("{}={}", percent_encode(k), percent_encode(v)))

@@ -86,11 +86,7 @@ impl HaProxy {
             .arg(&path)
             .output()
             .unwrap();
-        assert!(
-            check.status.success(),
-            "haproxy -c refused the config: {}",
-            String::from_utf8_lossy(&check.stderr)
-        );
+        common::assert_success(&check, "haproxy -c refused the config");
         let child = Command::new("haproxy")
             .arg("-db")
             .arg("-f")
@@ -125,25 +121,25 @@ impl HaProxy {
 
     /// A TCP connection to HAProxy from 127.0.0.`host`.
     fn connect_from(&self, host: u8) -> TcpStream {
-        let sock =
-            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-        let from = SocketAddr::from(([127, 0, 0, host], 0));
-        sock.bind(&from.into()).unwrap();
-        sock.connect(&self.addr.into()).unwrap();
-        let tcp: TcpStream = sock.into();
+        let tcp = self.try_connect_from(host).unwrap();
         tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         tcp
     }
 
-    fn health_from(&self, host: u8) -> u16 {
+    /// A TCP connection to HAProxy from 127.0.0.`host`, or the error connecting.
+    fn try_connect_from(&self, host: u8) -> std::io::Result<TcpStream> {
         let sock =
             socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
         let from = SocketAddr::from(([127, 0, 0, host], 0));
         sock.bind(&from.into()).unwrap();
-        if sock.connect(&self.addr.into()).is_err() {
+        sock.connect(&self.addr.into())?;
+        Ok(sock.into())
+    }
+
+    fn health_from(&self, host: u8) -> u16 {
+        let Ok(mut tcp) = self.try_connect_from(host) else {
             return 0;
-        }
-        let mut tcp: TcpStream = sock.into();
+        };
         tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let _ = tcp.write_all(b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
         let mut out = Vec::new();

@@ -15,8 +15,9 @@
 
 mod common;
 use common::cluster as support;
+use common::subscribe_since as sub;
 
-use common::{next_json, parse_response, send_json, Ws};
+use common::{next_json, parse_response, send_json};
 use serde_json::{json, Value};
 use support::{cli, Node, Project, Redis};
 
@@ -116,25 +117,14 @@ fn presence_token(p: &Project, channel: &str, user: &str) -> String {
     )
 }
 
-fn sub(ws: &mut Ws, channel: &str, since: Option<(u64, &str)>) -> Value {
-    let mut frame = json!({"type": "subscribe", "channel": channel});
-    if let Some((offset, epoch)) = since {
-        frame["since"] = json!({"offset": offset, "epoch": epoch});
-    }
-    send_json(ws, frame);
-    let v = next_json(ws);
-    assert_eq!(v["type"], "subscribed", "{v}");
-    v
-}
-
 /// Finding 3: listings by prefix are exact, stop at 10,000 with `"truncated": true`, follow
 /// live subscribes and unsubscribes, and list what the previous version left in Redis
 /// (its hash only: the sorted set is built from it at the first listing).
 #[test]
 fn cluster_listings_by_prefix_are_exact_and_stop_at_10000_truncated() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
+    let Some((redis, a, b)) = support::two_nodes() else {
+        return;
+    };
     let p = project(&redis, &[], &[&a, &b]);
     seed_occupied(&redis, &p.id, "room-", 25_000);
     seed_occupied(&redis, &p.id, "news-", 3);
@@ -329,9 +319,9 @@ fn window(redis: &Redis) -> u64 {
 /// reader recovers the first message.
 #[test]
 fn reads_of_fresh_history_channels_create_no_redis_keys() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
+    let Some((redis, a, b)) = support::two_nodes() else {
+        return;
+    };
     let p = project(&redis, &["--history", "100/60s"], &[&a, &b]);
     // Warm up (the keys every subscription makes once: occupancy, the epoch salt).
     let mut warm = a.ws(&p.public);

@@ -17,10 +17,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use common::*;
-use hmac::{Hmac, Mac};
-use md5::{Digest, Md5};
 use serde_json::{json, Value};
-use sha2::Sha256;
 
 /// The server's resident memory, KiB.
 fn rss_kib(s: &Server) -> u64 {
@@ -34,6 +31,17 @@ fn rss_kib(s: &Server) -> u64 {
 
 /// The largest RSS growth over `baseline` seen while watching for `d` (the absence of
 /// growth cannot be waited for: it is watched, as `expect_silence` does).
+/// The server's peak RSS growth over `d` (see [`peak_growth_kib`]), printed, must stay
+/// under 16 MiB while it holds `what`.
+fn assert_growth_bounded(s: &Server, baseline: u64, d: Duration, what: &str) {
+    let peak = peak_growth_kib(s, baseline, d);
+    eprintln!("RSS growth with {what}: peak {peak} KiB");
+    assert!(
+        peak < 16 * 1024,
+        "{what} made the server grow by {peak} KiB"
+    );
+}
+
 fn peak_growth_kib(s: &Server, baseline: u64, d: Duration) -> u64 {
     let end = Instant::now() + d;
     let mut peak = 0;
@@ -92,10 +100,7 @@ const KEPT: usize = 384;
 /// every answer is there, whole and alike, and paging with `since` reaches the end.
 #[test]
 fn pipelined_history_answers_never_read_hold_one_bounded_answer() {
-    let s = Server::start_with(Options {
-        workers: 1,
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::default().workers(1));
     let p = history_project(&s, "big");
     for chunk in (0..KEPT).collect::<Vec<_>>().chunks(48) {
         let messages: Vec<Value> = chunk
@@ -131,12 +136,8 @@ fn pipelined_history_answers_never_read_hold_one_bounded_answer() {
     c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     c.write_all(request(0).repeat(PIPELINED).as_bytes())
         .unwrap();
-    let peak = peak_growth_kib(&s, baseline, Duration::from_secs(3));
-    eprintln!("RSS growth with {PIPELINED} unread pipelined history answers: peak {peak} KiB");
-    assert!(
-        peak < 16 * 1024,
-        "unread pipelined answers made the server grow by {peak} KiB"
-    );
+    let what = format!("{PIPELINED} unread pipelined history answers");
+    assert_growth_bounded(&s, baseline, Duration::from_secs(3), &what);
 
     // Read now: every answer is there, the same messages oldest first, within the bound.
     let mut pending = Vec::new();
@@ -197,10 +198,6 @@ fn pusher_app(s: &Server, name: &str) -> App {
     app
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// The signed query of a Pusher REST request (`body_md5` of `body` when it is not empty).
 fn signed_query(app: &App, method: &str, path: &str, body: &[u8], secret: &str) -> String {
     let now = common::unix_now();
@@ -210,16 +207,12 @@ fn signed_query(app: &App, method: &str, path: &str, body: &[u8], secret: &str) 
         "auth_version=1.0".to_string(),
     ];
     if !body.is_empty() {
-        pairs.push(format!("body_md5={}", hex(&Md5::digest(body))));
+        pairs.push(format!("body_md5={}", sign::md5_hex(body)));
     }
     pairs.sort();
     let query = pairs.join("&");
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
-    mac.update(format!("{method}\n{path}\n{query}").as_bytes());
-    format!(
-        "{query}&auth_signature={}",
-        hex(&mac.finalize().into_bytes())
-    )
+    let signature = sign::hmac_hex(secret, &format!("{method}\n{path}\n{query}"));
+    format!("{query}&auth_signature={signature}")
 }
 
 /// Finding 1, listings: 10,001 occupied channels (names of 100 characters) list as 10,000
@@ -228,11 +221,9 @@ fn signed_query(app: &App, method: &str, path: &str, body: &[u8], secret: &str) 
 /// hold one answer on the server, not 40.
 #[test]
 fn channel_listings_stop_at_ten_thousand_and_say_so() {
-    let s = Server::start_with(Options {
-        workers: 1,
-        config: "max_subscriptions_per_connection = 20000\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(
+        Options::config("max_subscriptions_per_connection = 20000\n").workers(1),
+    );
     let app = pusher_app(&s, "many");
     let mut ws = s.ws(&app.key);
     let name = |i: usize| format!("c{i:05}-{}", "x".repeat(93));
@@ -280,9 +271,8 @@ fn channel_listings_stop_at_ten_thousand_and_say_so() {
     let mut c = TcpStream::connect(s.addr).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     c.write_all(request.repeat(40).as_bytes()).unwrap();
-    let peak = peak_growth_kib(&s, baseline, Duration::from_secs(3));
-    eprintln!("RSS growth with 40 unread pipelined listings: peak {peak} KiB");
-    assert!(peak < 16 * 1024, "unread listings held: +{peak} KiB");
+    let what = "40 unread pipelined listings";
+    assert_growth_bounded(&s, baseline, Duration::from_secs(3), what);
     let mut pending = Vec::new();
     for n in 0..40 {
         let (st, v) = read_response(&mut c, &mut pending);
@@ -319,10 +309,7 @@ fn batch_head(app: &App, app_id: &str, secret: &str, body_len: usize) -> String 
 /// bodies. Then, without any body sent, the 401 arrives from the head alone.
 #[test]
 fn pusher_rest_refuses_a_bad_signature_before_reading_the_body() {
-    let s = Server::start_with(Options {
-        workers: 1,
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::default().workers(1));
     let app = pusher_app(&s, "body");
     // The body is declared at 1 MiB and sent but for its last byte: a server that
     // waits for it holds what it read.
@@ -341,12 +328,8 @@ fn pusher_rest_refuses_a_bad_signature_before_reading_the_body() {
             c
         })
         .collect();
-    let peak = peak_growth_kib(&s, baseline, Duration::from_secs(2));
-    eprintln!("RSS growth with 100 unsigned 1 MiB Pusher REST bodies: peak {peak} KiB");
-    assert!(
-        peak < 16 * 1024,
-        "the server held unsigned bodies: +{peak} KiB"
-    );
+    let what = "100 unsigned 1 MiB Pusher REST bodies";
+    assert_growth_bounded(&s, baseline, Duration::from_secs(2), what);
     drop(conns);
 
     // The head alone gets the 401, every time.

@@ -18,10 +18,6 @@ use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use serde_json::{json, Value};
 use tungstenite::Message;
 
-fn app(server: &Server, name: &str) -> App {
-    server.project(name, "10000/s")
-}
-
 /// Register a new P-256 public key for the project; returns its kid and private half.
 fn add_es256_key(server: &Server, a: &App) -> (String, EncodingKey) {
     let pair = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
@@ -139,12 +135,9 @@ fn unix_us() -> u64 {
 /// worker gets every message promptly.
 #[test]
 fn forged_token_floods_are_rate_limited_and_cost_bounded_cpu() {
-    let server = Server::start_with(Options {
-        workers: 1,
-        ..Options::default()
-    });
-    let victim = app(&server, "victim");
-    let attacker = app(&server, "attacker");
+    let server = Server::start_with(Options::default().workers(1));
+    let victim = server.test_project("victim");
+    let attacker = server.test_project("attacker");
     let (kid, key) = add_es256_key(&server, &attacker);
     // The forged tokens must name a kid the server knows (an unknown kid is refused
     // before any signature check): wait until a real token of that kid verifies.
@@ -158,8 +151,7 @@ fn forged_token_floods_are_rate_limited_and_cost_bounded_cpu() {
 
     // The other project's subscriber (a reader thread measuring publish->delivery) and
     // a paced publisher.
-    let mut sub = server.ws(&victim.public);
-    common::subscribe(&mut sub, "news");
+    let mut sub = server.ws_on(&victim.public, "news");
     let reader = std::thread::spawn(move || {
         let mut worst = Duration::ZERO;
         let mut n = 0u64;
@@ -269,12 +261,13 @@ fn codes_of(ws: &mut Ws, frames: &[Value]) -> Vec<String> {
 /// held) keep their own answers and take nothing from the budget; refreshes are charged.
 #[test]
 fn subscribes_refused_for_another_reason_take_nothing_from_the_budget() {
-    let server = Server::start_with(Options {
-        workers: 1,
-        config: "max_subscriptions_per_connection = 3\nsubscribe_rate_per_connection = 1\n".into(),
-        ..Options::default()
-    });
-    let a = app(&server, "a");
+    let server = Server::start_with(
+        Options::config(
+            "max_subscriptions_per_connection = 3\nsubscribe_rate_per_connection = 1\n",
+        )
+        .workers(1),
+    );
+    let a = server.test_project("a");
     let mut ws = server.ws(&a.public);
     // The burst: 3 subscribes.
     for c in ["c0", "c1", "c2"] {
@@ -345,11 +338,8 @@ fn subscribes_refused_for_another_reason_take_nothing_from_the_budget() {
 /// `pusher:subscription_error` with status 429, and the connection stays open.
 #[test]
 fn the_pusher_path_answers_429_beyond_the_budget() {
-    let server = Server::start_with(Options {
-        workers: 1,
-        ..Options::default()
-    });
-    let a = app(&server, "p");
+    let server = Server::start_with(Options::default().workers(1));
+    let a = server.test_project("p");
     let url = format!(
         "ws://{}/app/{}?protocol=7&client=js&version=8.6.0",
         server.addr, a.public

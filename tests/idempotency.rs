@@ -12,10 +12,7 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use common::*;
-use hmac::{Hmac, Mac};
-use md5::{Digest, Md5};
 use serde_json::{json, Value};
-use sha2::Sha256;
 
 /// POST `body` to `path` with `key` and, if given, `Idempotency-Key: idem`.
 fn post(s: &Server, path: &str, key: &str, idem: Option<&str>, body: &str) -> (u16, String, Value) {
@@ -47,8 +44,7 @@ fn expect_next_is_marker(s: &Server, secret: &str, ws: &mut Ws, channel: &str) {
 fn the_same_key_and_body_twice_is_delivered_once_with_the_same_answer() {
     let s = Server::start();
     let p = s.project("idem", "1000/s");
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "c");
+    let mut ws = s.ws_on(&p.public, "c");
     // Eight keys: both workers own some, so the claim crosses workers for some of them.
     for i in 0..8 {
         let key = format!("order-{i}");
@@ -74,13 +70,9 @@ fn the_same_key_and_body_twice_is_delivered_once_with_the_same_answer() {
 
 #[test]
 fn after_the_window_the_same_key_publishes_again() {
-    let s = Server::start_with(Options {
-        config: "idempotency_window_s = 1\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("idempotency_window_s = 1\n"));
     let p = s.project("window", "1000/s");
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "w");
+    let mut ws = s.ws_on(&p.public, "w");
     let body = one("w", json!("x"));
     let (st, _, first) = post(&s, "/api/v1/publish", &p.secret, Some("k"), &body);
     assert_eq!(st, 202);
@@ -107,8 +99,7 @@ fn after_the_window_the_same_key_publishes_again() {
 fn the_same_key_with_another_body_is_422_and_publishes_nothing() {
     let s = Server::start();
     let p = s.project("reuse", "1000/s");
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "r");
+    let mut ws = s.ws_on(&p.public, "r");
     for i in 0..4 {
         let key = format!("k{i}");
         let (st, _, first) = post(
@@ -152,8 +143,7 @@ fn the_same_key_with_another_body_is_422_and_publishes_nothing() {
 fn racing_duplicates_are_delivered_once_and_the_others_replayed_or_409() {
     let s = Server::start();
     let p = s.project("race", "100000/s");
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "race");
+    let mut ws = s.ws_on(&p.public, "race");
     for round in 0..4 {
         let key = format!("race-{round}");
         let body = one("race", json!({"round": round}));
@@ -200,8 +190,7 @@ fn a_refused_request_leaves_the_key_free() {
     let s = Server::start();
     // A burst of 3: a batch of 4 messages can never be afforded (429, nothing spent).
     let p = s.project("refused", "3/s");
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "f");
+    let mut ws = s.ws_on(&p.public, "f");
     // 400 first (no event), then the fixed request with the same key: processed.
     let bad = json!({"channel": "f", "data": "no event"}).to_string();
     let (st, _, v) = post(&s, "/api/v1/publish", &p.secret, Some("k400"), &bad);
@@ -260,8 +249,7 @@ fn a_refused_request_leaves_the_key_free() {
 fn invalid_keys_are_refused_with_400_and_nothing_published() {
     let s = Server::start();
     let p = s.project("invalid", "1000/s");
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "i");
+    let mut ws = s.ws_on(&p.public, "i");
     let body = one("i", json!("1"));
     let long = "x".repeat(256);
     for key in [long.as_str(), "tab\there", "caf\u{e9}"] {
@@ -295,8 +283,7 @@ fn invalid_keys_are_refused_with_400_and_nothing_published() {
 fn one_key_covers_a_whole_batch_and_a_multi_channel_publish() {
     let s = Server::start();
     let p = s.project("batchkey", "1000/s");
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "a");
+    let mut ws = s.ws_on(&p.public, "a");
     subscribe(&mut ws, "b");
     let msgs: Vec<Value> = (0..3)
         .map(|i| json!({"channel": if i == 1 { "b" } else { "a" }, "event": "e", "data": i.to_string()}))
@@ -332,10 +319,6 @@ fn one_key_covers_a_whole_batch_and_a_multi_channel_publish() {
     expect_next_is_marker(&s, &p.secret, &mut ws, "a");
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// A signed Pusher REST POST with `Idempotency-Key: idem`.
 fn pusher_post(
     s: &Server,
@@ -351,11 +334,9 @@ fn pusher_post(
     let ts = common::unix_now();
     let query = format!(
         "auth_key={key}&auth_timestamp={ts}&auth_version=1.0&body_md5={}",
-        hex(&Md5::digest(body.as_bytes()))
+        sign::md5_hex(body.as_bytes())
     );
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
-    mac.update(format!("POST\n{path}\n{query}").as_bytes());
-    let sig = hex(&mac.finalize().into_bytes());
+    let sig = sign::hmac_hex(secret, &format!("POST\n{path}\n{query}"));
     let req = format!(
         "POST {path}?{query}&auth_signature={sig} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: {}\r\nContent-Type: application/json\r\nIdempotency-Key: {idem}\r\n\r\n{body}",
         body.len()
@@ -398,34 +379,13 @@ fn pusher_events_and_batch_events_take_a_key_too() {
     expect_next_is_marker(&s, &secret, &mut ws, "p");
 }
 
-/// Every sample of a scrape: series → value.
-fn scrape(s: &Server) -> std::collections::HashMap<String, f64> {
-    use std::io::{Read, Write};
-    let mut c = std::net::TcpStream::connect(s.metrics.expect("metrics address")).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut text = String::new();
-    let _ = c.read_to_string(&mut text);
-    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    body.lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .filter_map(|l| {
-            let (series, value) = l.rsplit_once(' ')?;
-            Some((series.to_string(), value.parse().ok()?))
-        })
-        .collect()
-}
-
 #[test]
 fn over_the_per_project_bound_the_oldest_keys_are_forgotten_and_counted() {
-    let s = Server::start_with(Options {
-        config: "idempotency_max_keys_per_project = 4\nmetrics_listen = \"127.0.0.1:0\"\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config(
+        "idempotency_max_keys_per_project = 4\nmetrics_listen = \"127.0.0.1:0\"\n",
+    ));
     let p = s.project("bound", "1000/s");
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "m");
+    let mut ws = s.ws_on(&p.public, "m");
     let body = one("m", json!("same body, twenty keys"));
     for i in 0..20 {
         let (st, _, v) = post(
@@ -438,7 +398,7 @@ fn over_the_per_project_bound_the_oldest_keys_are_forgotten_and_counted() {
         assert_eq!(st, 202);
         assert_eq!(next_json(&mut ws)["id"], v["id"]);
     }
-    let m = scrape(&s);
+    let m = s.scrape();
     let evicted = m["ringcast_idempotency_keys_evicted_total"];
     // At most 4 kept (2 per worker): at least 16 of the 20 forgotten, counted.
     assert!((16.0..=18.0).contains(&evicted), "evicted {evicted}");
@@ -457,7 +417,7 @@ fn over_the_per_project_bound_the_oldest_keys_are_forgotten_and_counted() {
         &one("m", json!("0")),
     );
     assert_eq!(st, 422);
-    let m = scrape(&s);
+    let m = s.scrape();
     assert_eq!(m["ringcast_idempotent_replays_total"], 1.0);
     assert_eq!(m["ringcast_idempotency_key_reused_total"], 1.0);
     assert_eq!(m["ringcast_idempotency_in_progress_total"], 0.0);
@@ -472,8 +432,7 @@ fn over_the_per_project_bound_the_oldest_keys_are_forgotten_and_counted() {
 fn the_publish_cli_sends_the_key_and_a_rerun_publishes_nothing() {
     let s = Server::start();
     let p = s.project("cli", "1000/s");
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "cli");
+    let mut ws = s.ws_on(&p.public, "cli");
     let base = s.url("");
     let run = || {
         std::process::Command::new(bin())

@@ -166,11 +166,7 @@ fn a_client_that_never_reads_is_paused_not_queued() {
 /// with 4008 first; small ones are left alone.
 #[test]
 fn over_the_worker_budget_the_largest_queues_are_closed_with_4008() {
-    let s = Server::start_with(Options {
-        workers: 1,
-        config: "worker_send_budget_bytes = 262144\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("worker_send_budget_bytes = 262144\n").workers(1));
     let p = s.project("budget", "1000/s");
     let ping = big_ping();
     // Light: about 2 KiB of pongs each (the kernel takes them). Heavy: up to the 64 KiB
@@ -211,11 +207,7 @@ fn over_the_worker_budget_the_largest_queues_are_closed_with_4008() {
 /// connection.
 #[test]
 fn the_worker_subscription_cap_answers_an_error_frame() {
-    let s = Server::start_with(Options {
-        workers: 1,
-        config: "max_subscriptions_per_worker = 150\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("max_subscriptions_per_worker = 150\n").workers(1));
     let p = s.project("subs", "1000/s");
     let mut a = s.ws(&p.public);
     let mut b = s.ws(&p.public);
@@ -293,10 +285,7 @@ fn set_limits_caps_one_projects_connections_within_a_second() {
 /// `Retry-After`; later it is accepted again.
 #[test]
 fn new_websockets_per_second_per_address_are_limited() {
-    let s = Server::start_with(Options {
-        config: "ws_connect_rate_per_ip = 5\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("ws_connect_rate_per_ip = 5\n"));
     let p = s.project("rate", "100/s");
     let mut open = Vec::new();
     let mut refused = None;

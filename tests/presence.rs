@@ -5,6 +5,7 @@
 //! "another worker" is chosen, never hoped for.
 
 mod common;
+use common::expect_presence;
 use common::{hs256, unix_now, Project};
 
 use std::time::Duration;
@@ -14,10 +15,6 @@ use common::{
     Server, Ws,
 };
 use serde_json::{json, Value};
-
-fn project(server: &Server, name: &str) -> Project {
-    server.project(name, "10000/s")
-}
 
 fn token(p: &Project, channel: &str, user: &str) -> String {
     hs256(
@@ -55,35 +52,14 @@ fn join(ws: &mut Ws, p: &Project, channel: &str, user: &str) -> Value {
     next_json(ws)
 }
 
-fn users(presence: &Value) -> Vec<String> {
-    presence["members"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["user_id"].as_str().unwrap().to_string())
-        .collect()
-}
-
-fn get(s: &Server, key: &str, path_and_query: &str) -> (u16, Value) {
-    let req = format!(
-        "GET {path_and_query} HTTP/1.1\r\nHost: t\r\nX-Api-Key: {key}\r\nConnection: close\r\n\r\n"
-    );
-    let (st, _, v) = parse_response(&s.raw(req.as_bytes()));
-    (st, v)
-}
-
-fn expect_presence(ws: &mut Ws, action: &str, user: &str) -> Value {
-    let v = next_json(ws);
-    assert_eq!(v["type"], "presence", "{v}");
-    assert_eq!(v["action"], action, "{v}");
-    assert_eq!(v["user_id"], user, "{v}");
-    v
+fn users(presence: &Value) -> Vec<&str> {
+    common::strs(&presence["members"], "user_id")
 }
 
 #[test]
 fn a_user_with_two_tabs_joins_once_and_leaves_once() {
     let s = Server::start();
-    let p = project(&s, "room");
+    let p = s.test_project("room");
     let ch = "presence-room";
     let (mut obs, w) = connect(&s, &p.public);
     let reply = join(&mut obs, &p, ch, "observer");
@@ -116,13 +92,13 @@ fn a_user_with_two_tabs_joins_once_and_leaves_once() {
     send_json(&mut tab1, json!({"type": "unsubscribe", "channel": ch}));
     assert_eq!(next_json(&mut tab1)["type"], "unsubscribed");
     expect_silence(&mut obs, Duration::from_millis(300));
-    let (st, v) = get(&s, &p.secret, &format!("/api/v1/presence?channel={ch}"));
+    let (st, v) = s.get_json(&p.secret, &format!("/api/v1/presence?channel={ch}"));
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["count"], 2, "{v}");
     drop(tab2);
     let l = expect_presence(&mut obs, "leave", "u1");
     assert!(l.get("info").is_none(), "{l}");
-    let (_, v) = get(&s, &p.secret, &format!("/api/v1/presence?channel={ch}"));
+    let (_, v) = s.get_json(&p.secret, &format!("/api/v1/presence?channel={ch}"));
     assert_eq!(
         v,
         json!({"channel": ch, "count": 1, "members": [{"user_id": "observer", "info": {"name": "name of observer"}}]})
@@ -132,7 +108,7 @@ fn a_user_with_two_tabs_joins_once_and_leaves_once() {
 #[test]
 fn every_way_of_ending_makes_a_leave() {
     let s = Server::start();
-    let p = project(&s, "ends");
+    let p = s.test_project("ends");
     let ch = "presence-ends";
     let (mut obs, _) = connect(&s, &p.public);
     assert_eq!(join(&mut obs, &p, ch, "observer")["type"], "subscribed");
@@ -183,17 +159,14 @@ fn every_way_of_ending_makes_a_leave() {
     expect_presence(&mut obs, "leave", "by-revocation");
 
     // Still exactly one member: nothing leaked.
-    let (_, v) = get(&s, &p.secret, &format!("/api/v1/presence?channel={ch}"));
+    let (_, v) = s.get_json(&p.secret, &format!("/api/v1/presence?channel={ch}"));
     assert_eq!(v["count"], 1, "{v}");
 }
 
 #[test]
 fn a_full_channel_refuses_new_users_but_not_new_tabs() {
-    let s = Server::start_with(Options {
-        config: "max_presence_members = 2\n".into(),
-        ..Options::default()
-    });
-    let p = project(&s, "full");
+    let s = Server::start_with(Options::config("max_presence_members = 2\n"));
+    let p = s.test_project("full");
     let ch = "presence-full";
     let (mut a, _) = connect(&s, &p.public);
     let (mut b, _) = connect(&s, &p.public);
@@ -225,7 +198,7 @@ fn a_full_channel_refuses_new_users_but_not_new_tabs() {
 #[test]
 fn presence_tokens_need_a_user_and_an_object_info() {
     let s = Server::start();
-    let p = project(&s, "tokens");
+    let p = s.test_project("tokens");
     let ch = "presence-t";
     let (mut ws, _) = connect(&s, &p.public);
     let refused = |ws: &mut Ws, claims: Value| {
@@ -256,29 +229,29 @@ fn presence_tokens_need_a_user_and_an_object_info() {
     // No token at all, as for private channels.
     send_json(&mut ws, json!({"type": "subscribe", "channel": ch}));
     assert_eq!(next_json(&mut ws)["code"], "forbidden");
-    let (_, v) = get(&s, &p.secret, &format!("/api/v1/presence?channel={ch}"));
+    let (_, v) = s.get_json(&p.secret, &format!("/api/v1/presence?channel={ch}"));
     assert_eq!(v["count"], 0, "{v}");
 }
 
 #[test]
 fn presence_rest_checks_its_key_and_channel() {
     let s = Server::start();
-    let p = project(&s, "rest");
-    let (st, v) = get(&s, &p.secret, "/api/v1/presence?channel=news");
+    let p = s.test_project("rest");
+    let (st, v) = s.get_json(&p.secret, "/api/v1/presence?channel=news");
     assert_eq!(st, 400, "{v}");
     assert_eq!(v["error"]["code"], "invalid_field", "{v}");
-    let (st, v) = get(&s, &p.secret, "/api/v1/presence");
+    let (st, v) = s.get_json(&p.secret, "/api/v1/presence");
     assert_eq!(st, 400, "{v}");
     assert_eq!(v["error"]["code"], "missing_field", "{v}");
-    let (st, _) = get(&s, &p.public, "/api/v1/presence?channel=presence-x");
+    let (st, _) = s.get_json(&p.public, "/api/v1/presence?channel=presence-x");
     assert_eq!(st, 401);
-    let (st, _) = get(&s, "sk_nope", "/api/v1/channels");
+    let (st, _) = s.get_json("sk_nope", "/api/v1/channels");
     assert_eq!(st, 401);
-    let (st, _) = get(&s, &p.public, "/api/v1/channels/info?channel=x");
+    let (st, _) = s.get_json(&p.public, "/api/v1/channels/info?channel=x");
     assert_eq!(st, 401);
-    let (st, v) = get(&s, &p.secret, "/api/v1/channels/info");
+    let (st, v) = s.get_json(&p.secret, "/api/v1/channels/info");
     assert_eq!(st, 400, "{v}");
-    let (st, v) = get(&s, &p.secret, "/api/v1/presence?channel=presence-nobody");
+    let (st, v) = s.get_json(&p.secret, "/api/v1/presence?channel=presence-nobody");
     assert_eq!(st, 200);
     assert_eq!(
         v,
@@ -297,8 +270,8 @@ fn presence_rest_checks_its_key_and_channel() {
 #[test]
 fn occupancy_counts_subscribers_on_every_worker_by_prefix() {
     let s = Server::start();
-    let p = project(&s, "occ");
-    let other = project(&s, "other");
+    let p = s.test_project("occ");
+    let other = s.test_project("other");
     let (mut a, w) = connect(&s, &p.public);
     let mut b = connect_on(&s, &p.public, &w, false);
     for ws in [&mut a, &mut b] {
@@ -309,21 +282,16 @@ fn occupancy_counts_subscribers_on_every_worker_by_prefix() {
     // Another project's channel of the same prefix is not listed.
     let (mut o, _) = connect(&s, &other.public);
     common::subscribe(&mut o, "news-other-project");
-    let (st, v) = get(&s, &p.secret, "/api/v1/channels?prefix=news");
+    let (st, v) = s.get_json(&p.secret, "/api/v1/channels?prefix=news");
     assert_eq!(st, 200, "{v}");
     assert_eq!(
         v,
         json!({"channels": [{"name": "news", "subscribers": 2}, {"name": "news-eu", "subscribers": 1}]})
     );
-    let (_, v) = get(&s, &p.secret, "/api/v1/channels");
-    let names: Vec<&str> = v["channels"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["name"].as_str().unwrap())
-        .collect();
+    let (_, v) = s.get_json(&p.secret, "/api/v1/channels");
+    let names = common::strs(&v["channels"], "name");
     assert_eq!(names, ["news", "news-eu", "sport"], "sorted by name");
-    let (_, v) = get(&s, &p.secret, "/api/v1/channels/info?channel=news");
+    let (_, v) = s.get_json(&p.secret, "/api/v1/channels/info?channel=news");
     assert_eq!(
         v,
         json!({"channel": "news", "occupied": true, "subscribers": 2})
@@ -333,7 +301,7 @@ fn occupancy_counts_subscribers_on_every_worker_by_prefix() {
     let (mut t2, _) = connect(&s, &p.public);
     join(&mut t1, &p, "presence-occ", "u1");
     join(&mut t2, &p, "presence-occ", "u1");
-    let (_, v) = get(&s, &p.secret, "/api/v1/channels/info?channel=presence-occ");
+    let (_, v) = s.get_json(&p.secret, "/api/v1/channels/info?channel=presence-occ");
     assert_eq!(
         v,
         json!({"channel": "presence-occ", "occupied": true, "subscribers": 2, "user_count": 1})
@@ -343,10 +311,10 @@ fn occupancy_counts_subscribers_on_every_worker_by_prefix() {
     assert_eq!(next_json(&mut a)["type"], "unsubscribed");
     drop(b);
     common::wait_for(Duration::from_secs(5), "news to be vacated", || {
-        let (_, v) = get(&s, &p.secret, "/api/v1/channels/info?channel=news");
+        let (_, v) = s.get_json(&p.secret, "/api/v1/channels/info?channel=news");
         v == json!({"channel": "news", "occupied": false, "subscribers": 0})
     });
-    let (_, v) = get(&s, &p.secret, "/api/v1/channels?prefix=news");
+    let (_, v) = s.get_json(&p.secret, "/api/v1/channels?prefix=news");
     assert_eq!(
         v,
         json!({"channels": [{"name": "news-eu", "subscribers": 1}]})
@@ -357,11 +325,8 @@ fn occupancy_counts_subscribers_on_every_worker_by_prefix() {
 /// that is a leave too. The flood goes to a plain channel the observer is not in.
 #[test]
 fn a_slow_consumer_closed_with_4008_leaves() {
-    let s = Server::start_with(Options {
-        config: "send_backlog_bytes = 65536\n".into(),
-        ..Options::default()
-    });
-    let p = project(&s, "slow");
+    let s = Server::start_with(Options::config("send_backlog_bytes = 65536\n"));
+    let p = s.test_project("slow");
     let ch = "presence-slow";
     let (mut obs, _) = connect(&s, &p.public);
     join(&mut obs, &p, ch, "observer");

@@ -16,10 +16,6 @@ use common::{cli, next_json, send_json, set_timeout, subscribe, wait_for, Server
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use serde_json::{json, Value};
 
-fn project(server: &Server, name: &str) -> Private {
-    server.project(name, "10000/s")
-}
-
 fn with_kid(alg: Algorithm, kid: &str, key: &EncodingKey, claims: Value) -> String {
     let mut h = Header::new(alg);
     h.kid = Some(kid.into());
@@ -100,38 +96,45 @@ fn add_key(server: &Server, p: &Private, pem_file: &str) -> String {
 
 /// Subscribe attempts until one is answered `subscribed` (the watcher has the change).
 fn wait_accepted(ws: &mut Ws, channel: &str, token: &str) {
-    wait_for(Duration::from_secs(2), "the token to be accepted", || {
-        send_json(ws, sub_frame(channel, token));
-        let reply = next_json(ws);
-        if reply["type"] == "subscribed" {
-            return true;
-        }
-        send_json(ws, json!({"type": "unsubscribe", "channel": channel}));
-        next_json(ws);
-        false
+    let what = "the token to be accepted";
+    attempts_until(ws, (channel, token), (2, what), |r| {
+        r["type"] == "subscribed"
     });
 }
 
 /// Subscribe attempts until one is refused with forbidden.
 fn wait_refused(ws: &mut Ws, channel: &str, token: &str) -> Duration {
     let start = Instant::now();
-    wait_for(Duration::from_secs(3), "the token to be refused", || {
+    let what = "the token to be refused";
+    attempts_until(ws, (channel, token), (3, what), |r| {
+        r["code"] == "forbidden"
+    });
+    start.elapsed()
+}
+
+/// Subscribe to `channel` with `token` until the answer satisfies `done` (each other
+/// attempt undone with an unsubscribe), within `secs` seconds.
+fn attempts_until(
+    ws: &mut Ws,
+    (channel, token): (&str, &str),
+    (secs, what): (u64, &str),
+    done: impl Fn(&Value) -> bool,
+) {
+    wait_for(Duration::from_secs(secs), what, || {
         send_json(ws, sub_frame(channel, token));
-        let reply = next_json(ws);
-        if reply["code"] == "forbidden" {
+        if done(&next_json(ws)) {
             return true;
         }
         send_json(ws, json!({"type": "unsubscribe", "channel": channel}));
         next_json(ws);
         false
     });
-    start.elapsed()
 }
 
 #[test]
 fn valid_hs256_es256_and_eddsa_tokens_subscribe_and_receive() {
     let server = Server::start();
-    let p = project(&server, "shop");
+    let p = server.test_project("shop");
     let dir = tempfile::tempdir().unwrap();
     let ec = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
     let ed = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
@@ -164,24 +167,26 @@ fn valid_hs256_es256_and_eddsa_tokens_subscribe_and_receive() {
     expect_message(&server, &mut ws, &p, "private-b");
 
     let ec_key = EncodingKey::from_ec_pem(ec.serialize_pem().as_bytes()).unwrap();
-    let es = with_kid(
-        Algorithm::ES256,
-        &ec_kid,
-        &ec_key,
-        json!({"channel": "private-es", "exp": exp}),
-    );
-    wait_accepted(&mut ws, "private-es", &es);
-    expect_message(&server, &mut ws, &p, "private-es");
-
     let ed_key = EncodingKey::from_ed_pem(ed.serialize_pem().as_bytes()).unwrap();
+    let es_token = |channel: &str| {
+        with_kid(
+            Algorithm::ES256,
+            &ec_kid,
+            &ec_key,
+            json!({"channel": channel, "exp": exp}),
+        )
+    };
+    let es = es_token("private-es");
     let eddsa = with_kid(
         Algorithm::EdDSA,
         &ed_kid,
         &ed_key,
         json!({"channel": "private-ed", "exp": exp}),
     );
-    wait_accepted(&mut ws, "private-ed", &eddsa);
-    expect_message(&server, &mut ws, &p, "private-ed");
+    for (channel, token) in [("private-es", &es), ("private-ed", &eddsa)] {
+        wait_accepted(&mut ws, channel, token);
+        expect_message(&server, &mut ws, &p, channel);
+    }
 
     // Public channels need no token, and a token there is ignored.
     expect_subscribed(&mut ws, "news", "whatever");
@@ -193,16 +198,7 @@ fn valid_hs256_es256_and_eddsa_tokens_subscribe_and_receive() {
         &["project", "remove-token-key", &p.id, &ec_kid],
     );
     assert_eq!(v["removed"], ec_kid.as_str());
-    let took = wait_refused(
-        &mut ws,
-        "private-es2",
-        &with_kid(
-            Algorithm::ES256,
-            &ec_kid,
-            &ec_key,
-            json!({"channel": "private-es2", "exp": exp}),
-        ),
-    );
+    let took = wait_refused(&mut ws, "private-es2", &es_token("private-es2"));
     assert!(took < Duration::from_secs(1), "removal took {took:?}");
     // The very token that verified before (and that the worker remembers as verified)
     // is refused too: the worker's cache of verified tokens ends with the snapshot.
@@ -216,8 +212,8 @@ fn valid_hs256_es256_and_eddsa_tokens_subscribe_and_receive() {
 #[test]
 fn refused_tokens_answer_forbidden_and_deliver_nothing() {
     let server = Server::start();
-    let p = project(&server, "shop");
-    let other = project(&server, "other");
+    let p = server.test_project("shop");
+    let other = server.test_project("other");
     let dir = tempfile::tempdir().unwrap();
     let ec = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
     let ec_pem = ec.public_key_pem();
@@ -392,7 +388,7 @@ fn refused_tokens_answer_forbidden_and_deliver_nothing() {
 #[test]
 fn expiry_unsubscribes_at_exp_plus_five_seconds_unless_refreshed() {
     let server = Server::start();
-    let p = project(&server, "shop");
+    let p = server.test_project("shop");
     let mut ws = ws(&server, &p.public);
     subscribe(&mut ws, "sentinel");
     let exp = unix_now() + 1;
@@ -470,7 +466,7 @@ fn expiry_unsubscribes_at_exp_plus_five_seconds_unless_refreshed() {
 #[test]
 fn exp_and_nbf_get_exactly_five_seconds_of_leeway() {
     let server = Server::start();
-    let p = project(&server, "shop");
+    let p = server.test_project("shop");
     let mut ws = ws(&server, &p.public);
     let n = unix_now();
     expect_subscribed(
@@ -519,7 +515,7 @@ fn exp_and_nbf_get_exactly_five_seconds_of_leeway() {
 #[test]
 fn rotation_keeps_the_old_secret_for_the_grace_only() {
     let server = Server::start();
-    let p = project(&server, "shop");
+    let p = server.test_project("shop");
     let mut ws = ws(&server, &p.public);
     let exp = unix_now() + 600;
     let old = |c: &str| hs256(&p.token_secret, json!({"channel": c, "exp": exp}));
@@ -568,7 +564,7 @@ fn rotation_keeps_the_old_secret_for_the_grace_only() {
 #[test]
 fn the_master_key_is_created_with_mode_0600_and_secrets_are_sealed() {
     let server = Server::start();
-    let p = project(&server, "shop");
+    let p = server.test_project("shop");
     let path = server.data_dir.join("master.key");
     let meta = std::fs::metadata(&path).expect("master.key in the data directory");
     use std::os::unix::fs::PermissionsExt;
@@ -590,7 +586,7 @@ fn the_master_key_is_created_with_mode_0600_and_secrets_are_sealed() {
 #[test]
 fn the_example_backend_signs_tokens_the_server_accepts() {
     let server = Server::start();
-    let p = project(&server, "shop");
+    let p = server.test_project("shop");
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/token_endpoint.py");
     let mut child = Command::new("python3")
         .arg(script)

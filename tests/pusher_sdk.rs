@@ -262,12 +262,7 @@ fn the_python_server_sdk_works_against_ringcast() {
         "ws://{}/app/{key}?protocol=7&client=py-test&version=1",
         s.addr
     );
-    let (mut p, _) = tungstenite::connect(url).expect("pusher connect");
-    set_timeout(&mut p, Duration::from_secs(10));
-    let hello = next_json(&mut p);
-    assert_eq!(hello["event"], "pusher:connection_established", "{hello}");
-    let established: Value = serde_json::from_str(hello["data"].as_str().unwrap()).unwrap();
-    let socket_id = established["socket_id"].as_str().unwrap().to_string();
+    let (mut p, socket_id) = common::pusher_connect(&url);
 
     let auth = sdk.ok("authenticate", json!(["private-x", socket_id]), json!({}));
     send_json(

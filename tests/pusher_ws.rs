@@ -12,14 +12,7 @@ use std::time::Duration;
 use common::{
     cli, close_code, expect_silence, next_json, send_json, set_timeout, Options, Server, Ws,
 };
-use hmac::{Hmac, Mac};
-use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use serde_json::{json, Value};
-use sha2::Sha256;
-
-fn app(server: &Server, name: &str) -> App {
-    server.project(name, "10000/s")
-}
 
 fn pusher_url(s: &Server, key: &str, query: &str) -> String {
     format!("ws://{}/app/{key}{query}", s.addr)
@@ -27,14 +20,11 @@ fn pusher_url(s: &Server, key: &str, query: &str) -> String {
 
 /// Connect as pusher-js does; returns the socket and its socket_id.
 fn connect(s: &Server, key: &str) -> (Ws, String) {
-    let url = pusher_url(s, key, "?protocol=7&client=js&version=8.6.0&flash=false");
-    let (mut ws, _) = tungstenite::connect(url).expect("ws connect");
-    set_timeout(&mut ws, Duration::from_secs(10));
-    let hello = next_json(&mut ws);
-    assert_eq!(hello["event"], "pusher:connection_established", "{hello}");
-    let data: Value = serde_json::from_str(hello["data"].as_str().unwrap()).unwrap();
-    let id = data["socket_id"].as_str().unwrap().to_string();
-    (ws, id)
+    common::pusher_connect(&pusher_url(
+        s,
+        key,
+        "?protocol=7&client=js&version=8.6.0&flash=false",
+    ))
 }
 
 /// The data of a Pusher frame, decoded once more when it is a string (double encoding).
@@ -43,16 +33,6 @@ fn data_of(frame: &Value) -> Value {
         Value::String(s) => serde_json::from_str(s).unwrap_or(Value::String(s.clone())),
         other => other.clone(),
     }
-}
-
-fn sign(secret: &str, text: &str) -> String {
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
-    mac.update(text.as_bytes());
-    mac.finalize()
-        .into_bytes()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
 
 fn subscribe(ws: &mut Ws, channel: &str, auth: Option<&str>, channel_data: Option<&str>) -> Value {
@@ -67,12 +47,54 @@ fn subscribe(ws: &mut Ws, channel: &str, auth: Option<&str>, channel_data: Optio
     next_json(ws)
 }
 
+/// A native client subscribed to `claims["channel"]` with a token of `claims`, signed
+/// with `a`'s token secret.
+fn native_member(s: &Server, a: &App, claims: Value) -> Ws {
+    let mut ws = s.ws(&a.public);
+    let channel = claims["channel"].clone();
+    let token = common::hs256(&a.token_secret, claims);
+    send_json(
+        &mut ws,
+        json!({"type": "subscribe", "channel": channel, "token": token}),
+    );
+    assert_eq!(next_json(&mut ws)["type"], "subscribed");
+    ws
+}
+
+/// A Pusher connection that joined the presence channel `channel` as `channel_data`
+/// (subscription_succeeded checked): the socket and its socket_id.
+fn pusher_member(s: &Server, a: &App, channel: &str, channel_data: &str) -> (Ws, String) {
+    let (mut ws, id) = connect(s, &a.public);
+    let ok = presence_subscribe(a, (&mut ws, &id), channel, channel_data);
+    assert_eq!(
+        ok["event"], "pusher_internal:subscription_succeeded",
+        "{ok}"
+    );
+    (ws, id)
+}
+
+/// `pusher:subscribe` to the presence channel `channel` as the member `channel_data`,
+/// signed for the connection (socket, its socket_id) as `a`'s backend would; the answer.
+fn presence_subscribe(
+    a: &App,
+    (ws, socket_id): (&mut Ws, &str),
+    channel: &str,
+    channel_data: &str,
+) -> Value {
+    let auth = auth_for(a, socket_id, channel, Some(channel_data));
+    subscribe(ws, channel, Some(&auth), Some(channel_data))
+}
+
 fn auth_for(a: &App, socket_id: &str, channel: &str, channel_data: Option<&str>) -> String {
     let text = match channel_data {
         Some(d) => format!("{socket_id}:{channel}:{d}"),
         None => format!("{socket_id}:{channel}"),
     };
-    format!("{}:{}", a.public, sign(&a.token_secret, &text))
+    format!(
+        "{}:{}",
+        a.public,
+        common::sign::hmac_hex(&a.token_secret, &text)
+    )
 }
 
 /// Read frames until one with `event`; others are skipped.
@@ -87,11 +109,8 @@ fn next_event(ws: &mut Ws, event: &str) -> Value {
 
 #[test]
 fn the_handshake_gives_a_socket_id_and_the_heartbeat_as_activity_timeout() {
-    let s = Server::start_with(Options {
-        config: "heartbeat_s = 7\n".into(),
-        ..Options::default()
-    });
-    let a = app(&s, "hs");
+    let s = Server::start_with(Options::config("heartbeat_s = 7\n"));
+    let a = s.test_project("hs");
     assert!(a.app_id.parse::<u64>().unwrap() >= 1_000_000);
     let url = pusher_url(&s, &a.public, "?protocol=7&client=js&version=8.6.0");
     let (mut ws, _) = tungstenite::connect(url).unwrap();
@@ -126,7 +145,7 @@ fn the_handshake_gives_a_socket_id_and_the_heartbeat_as_activity_timeout() {
 #[test]
 fn refusals_are_made_in_band_with_pushers_codes() {
     let s = Server::start();
-    let a = app(&s, "refused");
+    let a = s.test_project("refused");
     let refused = |url: String, code: u16| {
         let (mut ws, resp) = tungstenite::connect(url).expect("the upgrade itself succeeds");
         assert_eq!(resp.status(), 101);
@@ -183,7 +202,7 @@ fn refusals_are_made_in_band_with_pushers_codes() {
 #[test]
 fn both_protocols_get_one_native_publish_in_their_own_form() {
     let s = Server::start();
-    let a = app(&s, "both");
+    let a = s.test_project("both");
     let (mut p, _) = connect(&s, &a.public);
     let ok = subscribe(&mut p, "orders", None, None);
     assert_eq!(
@@ -234,7 +253,7 @@ fn both_protocols_get_one_native_publish_in_their_own_form() {
 #[test]
 fn a_native_publish_with_the_socket_id_skips_that_pusher_client() {
     let s = Server::start();
-    let a = app(&s, "others");
+    let a = s.test_project("others");
     let (mut p1, id1) = connect(&s, &a.public);
     let (mut p2, _) = connect(&s, &a.public);
     subscribe(&mut p1, "chat", None, None);
@@ -249,56 +268,34 @@ fn a_native_publish_with_the_socket_id_skips_that_pusher_client() {
 #[test]
 fn private_channels_need_pushers_signature_over_the_socket_id() {
     let s = Server::start();
-    let a = app(&s, "private");
-    let other = app(&s, "other");
+    let a = s.test_project("private");
+    let other = s.test_project("other");
     let (mut ws, id) = connect(&s, &a.public);
     let err = |f: &Value, status: u64| {
         assert_eq!(f["event"], "pusher:subscription_error", "{f}");
         assert_eq!(data_of(f)["status"], status, "{f}");
         assert_eq!(data_of(f)["type"], "AuthError", "{f}");
     };
-    err(&subscribe(&mut ws, "private-orders", None, None), 401);
-    err(
-        &subscribe(&mut ws, "private-orders", Some("nonsense"), None),
-        401,
-    );
-    // Signed for another socket, another channel, with another app's secret or key.
-    err(
-        &subscribe(
-            &mut ws,
-            "private-orders",
-            Some(&auth_for(&a, "1.2", "private-orders", None)),
-            None,
-        ),
-        401,
-    );
-    err(
-        &subscribe(
-            &mut ws,
-            "private-orders",
-            Some(&auth_for(&a, &id, "private-other", None)),
-            None,
-        ),
-        401,
-    );
-    err(
-        &subscribe(
-            &mut ws,
-            "private-orders",
-            Some(&auth_for(&other, &id, "private-orders", None)),
-            None,
-        ),
-        401,
-    );
     let foreign_key = format!(
         "{}:{}",
         other.public,
-        sign(&a.token_secret, &format!("{id}:private-orders"))
+        common::sign::hmac_hex(&a.token_secret, &format!("{id}:private-orders"))
     );
-    err(
-        &subscribe(&mut ws, "private-orders", Some(&foreign_key), None),
-        401,
-    );
+    let refused = [
+        None,
+        Some("nonsense".to_string()),
+        // Signed for another socket, another channel, with another app's secret or key.
+        Some(auth_for(&a, "1.2", "private-orders", None)),
+        Some(auth_for(&a, &id, "private-other", None)),
+        Some(auth_for(&other, &id, "private-orders", None)),
+        Some(foreign_key),
+    ];
+    for auth in &refused {
+        err(
+            &subscribe(&mut ws, "private-orders", auth.as_deref(), None),
+            401,
+        );
+    }
     // Right: uppercase hex is the same signature.
     let good = auth_for(&a, &id, "private-orders", None);
     let (key, sig) = good.rsplit_once(':').unwrap();
@@ -324,25 +321,18 @@ fn private_channels_need_pushers_signature_over_the_socket_id() {
 #[test]
 fn presence_is_one_set_across_both_protocols() {
     let s = Server::start();
-    let a = app(&s, "presence");
+    let a = s.test_project("presence");
     let ch = "presence-room";
     // A native member first.
-    let mut n = s.ws(&a.public);
-    let token = encode(
-        &Header::new(Algorithm::HS256),
-        &json!({"channel": ch, "exp": unix_now() + 600, "sub": "native", "info": {"name": "N"}}),
-        &EncodingKey::from_secret(a.token_secret.as_bytes()),
-    )
-    .unwrap();
-    send_json(
-        &mut n,
-        json!({"type": "subscribe", "channel": ch, "token": token}),
+    let mut n = native_member(
+        &s,
+        &a,
+        json!({"channel": ch, "exp": unix_now() + 600, "sub": "native", "info": {"name": "N"}}),
     );
-    assert_eq!(next_json(&mut n)["type"], "subscribed");
     // A Pusher member with a numeric user id, channel_data as Python writes it.
     let (mut p, id) = connect(&s, &a.public);
     let cd = r#"{"user_id": 10, "user_info": {"name": "Ten"}}"#;
-    let ok = subscribe(&mut p, ch, Some(&auth_for(&a, &id, ch, Some(cd))), Some(cd));
+    let ok = presence_subscribe(&a, (&mut p, &id), ch, cd);
     assert_eq!(
         ok["event"], "pusher_internal:subscription_succeeded",
         "{ok}"
@@ -360,25 +350,13 @@ fn presence_is_one_set_across_both_protocols() {
     );
     // A second Pusher tab of user 10 joins nobody; a new native member is announced.
     let (mut p2, id2) = connect(&s, &a.public);
-    let ok2 = subscribe(
-        &mut p2,
-        ch,
-        Some(&auth_for(&a, &id2, ch, Some(cd))),
-        Some(cd),
-    );
+    let ok2 = presence_subscribe(&a, (&mut p2, &id2), ch, cd);
     assert_eq!(data_of(&ok2)["presence"]["count"], 2);
-    let mut n2 = s.ws(&a.public);
-    let token2 = encode(
-        &Header::new(Algorithm::HS256),
-        &json!({"channel": ch, "exp": unix_now() + 600, "sub": "late"}),
-        &EncodingKey::from_secret(a.token_secret.as_bytes()),
-    )
-    .unwrap();
-    send_json(
-        &mut n2,
-        json!({"type": "subscribe", "channel": ch, "token": token2}),
+    let n2 = native_member(
+        &s,
+        &a,
+        json!({"channel": ch, "exp": unix_now() + 600, "sub": "late"}),
     );
-    assert_eq!(next_json(&mut n2)["type"], "subscribed");
     let added = next_event(&mut p, "pusher_internal:member_added");
     assert_eq!(data_of(&added), json!({"user_id": "late"}));
     // The native member leaves: member_removed to Pusher members.
@@ -388,12 +366,7 @@ fn presence_is_one_set_across_both_protocols() {
     // Bad channel_data: AuthError 400 (signature right, content wrong).
     let (mut p3, id3) = connect(&s, &a.public);
     let cd3 = r#"{"user_info":{}}"#;
-    let f = subscribe(
-        &mut p3,
-        ch,
-        Some(&auth_for(&a, &id3, ch, Some(cd3))),
-        Some(cd3),
-    );
+    let f = presence_subscribe(&a, (&mut p3, &id3), ch, cd3);
     assert_eq!(data_of(&f)["status"], 400, "{f}");
     // User 10's second tab was held open until here on purpose.
     drop(p2);
@@ -406,55 +379,25 @@ fn presence_is_one_set_across_both_protocols() {
 #[test]
 fn a_second_presence_subscribe_with_another_user_id_is_refused() {
     let s = Server::start();
-    let a = app(&s, "ghost");
+    let a = s.test_project("ghost");
     let ch = "presence-ghost";
-    let (mut observer, oid) = connect(&s, &a.public);
     let ocd = r#"{"user_id":"observer"}"#;
-    let ok = subscribe(
-        &mut observer,
-        ch,
-        Some(&auth_for(&a, &oid, ch, Some(ocd))),
-        Some(ocd),
-    );
-    assert_eq!(
-        ok["event"], "pusher_internal:subscription_succeeded",
-        "{ok}"
-    );
+    let (mut observer, _) = pusher_member(&s, &a, ch, ocd);
 
-    let (mut x, xid) = connect(&s, &a.public);
     let cd1 = r#"{"user_id":"u1"}"#;
-    let ok = subscribe(
-        &mut x,
-        ch,
-        Some(&auth_for(&a, &xid, ch, Some(cd1))),
-        Some(cd1),
-    );
-    assert_eq!(
-        ok["event"], "pusher_internal:subscription_succeeded",
-        "{ok}"
-    );
+    let (mut x, xid) = pusher_member(&s, &a, ch, cd1);
     let added = next_event(&mut observer, "pusher_internal:member_added");
     assert_eq!(data_of(&added)["user_id"], "u1");
 
     // The same connection, the same channel, another user, a valid signature: refused.
     let cd2 = r#"{"user_id":"u2"}"#;
-    let f = subscribe(
-        &mut x,
-        ch,
-        Some(&auth_for(&a, &xid, ch, Some(cd2))),
-        Some(cd2),
-    );
+    let f = presence_subscribe(&a, (&mut x, &xid), ch, cd2);
     assert_eq!(f["event"], "pusher:subscription_error", "{f}");
     assert_eq!(f["channel"], ch, "{f}");
     assert_eq!(data_of(&f)["type"], "AuthError", "{f}");
     assert_eq!(data_of(&f)["status"], 403, "{f}");
     // The same user again is still answered with the members (u1 and the observer).
-    let again = subscribe(
-        &mut x,
-        ch,
-        Some(&auth_for(&a, &xid, ch, Some(cd1))),
-        Some(cd1),
-    );
+    let again = presence_subscribe(&a, (&mut x, &xid), ch, cd1);
     assert_eq!(
         data_of(&again)["presence"]["ids"],
         json!(["observer", "u1"]),
@@ -467,12 +410,7 @@ fn a_second_presence_subscribe_with_another_user_id_is_refused() {
     assert_eq!(data_of(&removed)["user_id"], "u1", "{removed}");
     let (mut late, lid) = connect(&s, &a.public);
     let lcd = r#"{"user_id":"late"}"#;
-    let ok = subscribe(
-        &mut late,
-        ch,
-        Some(&auth_for(&a, &lid, ch, Some(lcd))),
-        Some(lcd),
-    );
+    let ok = presence_subscribe(&a, (&mut late, &lid), ch, lcd);
     assert_eq!(
         data_of(&ok)["presence"]["ids"],
         json!(["observer", "late"]),
@@ -486,7 +424,7 @@ fn a_second_presence_subscribe_with_another_user_id_is_refused() {
 #[test]
 fn client_events_reach_the_others_of_both_protocols_and_are_rate_limited() {
     let s = Server::start();
-    let a = app(&s, "events");
+    let a = s.test_project("events");
     cli(
         &s.data_dir,
         &["project", "set-limits", &a.id, "--client-events", "on"],
@@ -497,18 +435,7 @@ fn client_events_reach_the_others_of_both_protocols_and_are_rate_limited() {
     // Wait until the switch is live: an event from p1 is refused until then.
     subscribe(&mut p1, ch, Some(&auth_for(&a, &id1, ch, None)), None);
     subscribe(&mut p2, ch, Some(&auth_for(&a, &id2, ch, None)), None);
-    let mut n = s.ws(&a.public);
-    let token = encode(
-        &Header::new(Algorithm::HS256),
-        &json!({"channel": ch, "exp": unix_now() + 600}),
-        &EncodingKey::from_secret(a.token_secret.as_bytes()),
-    )
-    .unwrap();
-    send_json(
-        &mut n,
-        json!({"type": "subscribe", "channel": ch, "token": token}),
-    );
-    assert_eq!(next_json(&mut n)["type"], "subscribed");
+    let mut n = native_member(&s, &a, json!({"channel": ch, "exp": unix_now() + 600}));
     common::wait_for(Duration::from_secs(10), "client events switched on", || {
         send_json(
             &mut p1,
@@ -570,11 +497,8 @@ fn client_events_reach_the_others_of_both_protocols_and_are_rate_limited() {
 
 #[test]
 fn revocation_closes_with_4001_and_a_slow_consumer_with_4100() {
-    let s = Server::start_with(Options {
-        config: "send_backlog_bytes = 65536\n".into(),
-        ..Options::default()
-    });
-    let a = app(&s, "closes");
+    let s = Server::start_with(Options::config("send_backlog_bytes = 65536\n"));
+    let a = s.test_project("closes");
     let (mut slow, _) = connect(&s, &a.public);
     subscribe(&mut slow, "flood", None, None);
     let blob = "x".repeat(16000);
@@ -582,11 +506,7 @@ fn revocation_closes_with_4001_and_a_slow_consumer_with_4100() {
         .map(|i| json!({"channel": "flood", "event": "e", "data": {"i": i, "pad": blob}}))
         .collect();
     let body = json!({ "messages": messages }).to_string();
-    let req = format!(
-        "POST /api/v1/publish/batch HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\nConnection: close\r\nX-Api-Key: {}\r\nContent-Type: application/json\r\n\r\n{body}",
-        body.len(),
-        a.secret
-    );
+    let req = common::post_request("/api/v1/publish/batch", &a.secret, &body);
     // Enough to pass the socket buffers and the 64 KiB backlog many times over.
     for _ in 0..80 {
         assert_eq!(common::parse_response(&s.raw(req.as_bytes())).0, 202);
@@ -601,7 +521,7 @@ fn revocation_closes_with_4001_and_a_slow_consumer_with_4100() {
 #[test]
 fn a_server_shutting_down_closes_pusher_clients_with_4200() {
     let mut s = Server::start();
-    let a = app(&s, "bye");
+    let a = s.test_project("bye");
     let (mut ws, _) = connect(&s, &a.public);
     subscribe(&mut ws, "news", None, None);
     let mut n = s.ws(&a.public);

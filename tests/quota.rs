@@ -79,10 +79,7 @@ fn ten_per_second_bursts_then_429_then_refills_and_others_are_unaffected() {
 
 #[test]
 fn the_quota_is_exact_across_workers() {
-    let s = Arc::new(Server::start_with(Options {
-        workers: 2,
-        ..Options::default()
-    }));
+    let s = Arc::new(Server::start_with(Options::default().workers(2)));
     // 20/min refills one unit every 3 s: the whole run fits well inside one refill.
     let p = s.project("shared", "20/min");
     let accepted = Arc::new(AtomicU32::new(0));

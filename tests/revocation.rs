@@ -54,10 +54,7 @@ fn a_key_revoked_while_its_upgrade_answer_waits_still_closes_the_socket() {
     // The console's script is a large answer (~25 KB): a few dozen of them pipelined in
     // front of the upgrade, in the same read, make the server's write of that batch (the
     // 101 last) wait for a client that does not read.
-    let s = Server::start_with(Options {
-        config: "console = true\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("console = true\n"));
     let p = s.project("race", "100000/s");
     let socket =
         socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");

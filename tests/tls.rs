@@ -31,24 +31,18 @@ fn https_health_and_publish() {
     assert_eq!(v["status"], "ok");
 
     let p = s.project("tls", "1000/s");
-    let mut resp = agent
-        .post(s.url("/api/v1/publish"))
-        .header("X-Api-Key", &p.secret)
-        .content_type("application/json")
-        .send(r#"{"channel":"news","event":"e","data":{"x":1}}"#)
-        .unwrap();
+    let mut resp = s.agent_publish(
+        &agent,
+        &p.secret,
+        r#"{"channel":"news","event":"e","data":{"x":1}}"#,
+    );
     assert_eq!(resp.status().as_u16(), 202);
     assert_eq!(resp.headers().get("ratelimit-limit").unwrap(), "1000");
     let v: Value = serde_json::from_str(&resp.body_mut().read_to_string().unwrap()).unwrap();
     assert!(v["id"].as_str().is_some_and(|id| !id.is_empty()));
 
     // Errors keep their contract over TLS too.
-    let resp = agent
-        .post(s.url("/api/v1/publish"))
-        .header("X-Api-Key", "sk_nope")
-        .content_type("application/json")
-        .send("{}")
-        .unwrap();
+    let resp = s.agent_publish(&agent, "sk_nope", "{}");
     assert_eq!(resp.status().as_u16(), 401);
 }
 
@@ -131,11 +125,9 @@ fn tls12_is_accepted() {
 fn wss_subscriber_receives_a_published_message() {
     let (s, _files) = start();
     let p = s.project("ws", "1000/s");
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "news");
+    let mut ws = s.ws_on(&p.public, "news");
     // A second subscriber on the same channel: fan-out over TLS reaches both.
-    let mut ws2 = s.ws(&p.public);
-    subscribe(&mut ws2, "news");
+    let mut ws2 = s.ws_on(&p.public, "news");
     for i in 0..20 {
         let (status, _) = s.publish(&p.secret, "news", "tick", json!({"i": i}));
         assert_eq!(status, 202);
@@ -201,13 +193,7 @@ fn plaintext_to_the_tls_port_is_refused_and_the_server_keeps_serving() {
 #[test]
 fn silent_tls_client_is_cut_at_the_header_timeout() {
     let files = TlsFiles::generate();
-    let s = Server::start_tls(
-        Options {
-            config: "header_read_timeout_ms = 300\n".into(),
-            ..Options::default()
-        },
-        &files,
-    );
+    let s = Server::start_tls(Options::config("header_read_timeout_ms = 300\n"), &files);
     let mut tcp = TcpStream::connect(s.addr).unwrap();
     tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let start = std::time::Instant::now();
@@ -240,49 +226,32 @@ fn bad_certificate_or_key_stops_the_start_with_a_clear_error() {
     let garbage = dir.path().join("garbage.pem");
     std::fs::write(&garbage, "this is not PEM\n").unwrap();
 
-    let err = serve_fails(&[
-        "--tls-cert".as_ref(),
-        missing.as_os_str(),
-        "--tls-key".as_ref(),
-        files.key.as_os_str(),
-    ]);
-    assert!(err.contains("cannot read TLS certificate file"), "{err}");
-    assert!(err.contains("missing.pem"), "{err}");
-
-    let err = serve_fails(&[
-        "--tls-cert".as_ref(),
-        garbage.as_os_str(),
-        "--tls-key".as_ref(),
-        files.key.as_os_str(),
-    ]);
-    assert!(err.contains("holds no PEM certificate"), "{err}");
-
-    let err = serve_fails(&[
-        "--tls-cert".as_ref(),
-        files.cert.as_os_str(),
-        "--tls-key".as_ref(),
-        garbage.as_os_str(),
-    ]);
-    assert!(err.contains("no usable PEM private key"), "{err}");
-
-    // A certificate given as the key (a PEM file, but no key in it).
-    let err = serve_fails(&[
-        "--tls-cert".as_ref(),
-        files.cert.as_os_str(),
-        "--tls-key".as_ref(),
-        files.cert.as_os_str(),
-    ]);
-    assert!(err.contains("no usable PEM private key"), "{err}");
-
-    // A key that does not belong to the certificate.
     let other = TlsFiles::generate();
-    let err = serve_fails(&[
-        "--tls-cert".as_ref(),
-        files.cert.as_os_str(),
-        "--tls-key".as_ref(),
-        other.key.as_os_str(),
-    ]);
-    assert!(err.contains("not usable together"), "{err}");
+    // (certificate, key, what the error says)
+    let cases: [(&std::path::Path, &std::path::Path, &[&str]); 5] = [
+        (
+            &missing,
+            &files.key,
+            &["cannot read TLS certificate file", "missing.pem"],
+        ),
+        (&garbage, &files.key, &["holds no PEM certificate"]),
+        (&files.cert, &garbage, &["no usable PEM private key"]),
+        // A certificate given as the key (a PEM file, but no key in it).
+        (&files.cert, &files.cert, &["no usable PEM private key"]),
+        // A key that does not belong to the certificate.
+        (&files.cert, &other.key, &["not usable together"]),
+    ];
+    for (cert, key, says) in cases {
+        let err = serve_fails(&[
+            "--tls-cert".as_ref(),
+            cert.as_os_str(),
+            "--tls-key".as_ref(),
+            key.as_os_str(),
+        ]);
+        for part in says {
+            assert!(err.contains(part), "{part}: {err}");
+        }
+    }
 }
 
 #[test]
@@ -321,11 +290,7 @@ fn tls_vs_plain_figures() {
     let subs = env("BENCH_SUBS", 200);
     let msgs = env("BENCH_MSGS", 500);
     let files = TlsFiles::generate();
-    let opts = || Options {
-        workers: 2,
-        config: "send_backlog_bytes = 67108864\n".into(),
-        ..Options::default()
-    };
+    let opts = || Options::config("send_backlog_bytes = 67108864\n").workers(2);
     let plain = Server::start_with(opts());
     let tls = Server::start_tls(opts(), &files);
     for (name, s) in [("plain", &plain), ("tls", &tls)] {
@@ -408,8 +373,7 @@ fn fanout(s: &Server, p: &Project, subs: usize, msgs: usize) -> (usize, Duration
         let mut handles = Vec::new();
         for _ in 0..subs {
             handles.push(scope.spawn(|| {
-                let mut ws = s.ws(&p.public);
-                subscribe(&mut ws, "fan");
+                let mut ws = s.ws_on(&p.public, "fan");
                 ready.wait();
                 for _ in 0..msgs {
                     let m = next_json(&mut ws);

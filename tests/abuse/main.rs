@@ -211,8 +211,7 @@ fn hostile_json_bodies_get_400() {
 #[test]
 fn deep_but_valid_json_is_delivered_intact() {
     let (server, p) = start();
-    let mut sub = server.ws(&p.public);
-    subscribe(&mut sub, "deep");
+    let mut sub = server.ws_on(&p.public, "deep");
     let depth = 100_000;
     let deep_in_data = format!(
         r#"{{"channel":"deep","event":"e","data":{{"x":{}{}}}}}"#,

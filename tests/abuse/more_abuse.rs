@@ -5,8 +5,7 @@ use super::*;
 #[test]
 fn a_good_client_is_served_while_others_misbehave() {
     let (server, p) = start();
-    let mut good = server.ws(&p.public);
-    subscribe(&mut good, "live");
+    let mut good = server.ws_on(&p.public, "live");
     for i in 0..5 {
         // A bad neighbour on the same server: garbage after a valid upgrade.
         let mut bad = RawWs::open(&server, &p.public);
@@ -210,8 +209,7 @@ fn duplicate_headers_get_400_and_close() {
 #[test]
 fn duplicate_api_keys_get_400_and_publish_nothing() {
     let (server, p) = start();
-    let mut sub = server.ws(&p.public);
-    subscribe(&mut sub, "dup");
+    let mut sub = server.ws_on(&p.public, "dup");
     let cases = [
         ("public key, then the secret key", &p.public, &p.secret),
         ("secret key, then the public key", &p.secret, &p.public),

@@ -2,32 +2,20 @@
 // Each test starts its own server (127.0.0.1:0, own data directory) and project; the page
 // is served by a tiny static server; publishes use Node's fetch.
 
-import { test, before, after } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
-import path from "node:path";
 import {
-  repoRoot, cli, startServer, createProject, publish, staticServer, launchBrowser,
-  waitFor, watchPage, cleanupAll, tcpProxy,
+  cli, startServer, createProject, publish, ringcastPages,
+  waitFor, watchPage, perFile, tcpProxy,
 } from "./helpers.mjs";
 
-let browser;
-let site;
-
-before(async () => {
-  site = await staticServer({
-    "/": path.join(repoRoot, "tests/browser/page/index.html"),
-    "/ringcast.js": path.join(repoRoot, "clients/js/ringcast.js"),
-  });
-  browser = await launchBrowser();
-});
-
-after(cleanupAll);
+const pages = perFile(ringcastPages);
 
 /** A fresh page with the client module loaded; `options` go to new Ringcast(). */
 async function openPage(server, key, options = {}, wsUrl = server.wsUrl) {
-  const page = await browser.newPage();
+  const page = await pages.browser.newPage();
   const problems = watchPage(page);
-  await page.goto(`${site.url}/`);
+  await page.goto(`${pages.site.url}/`);
   await page.waitForFunction(() => window.t !== undefined);
   await page.evaluate(([url, k, o]) => window.t.start(url, k, o), [wsUrl, key, options]);
   return { page, problems };

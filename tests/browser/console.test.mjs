@@ -4,22 +4,16 @@
 // 2. The same page served by the static test server at /console, pointed at a ringcast
 //    server with ?server=: checks the page itself whatever the route's state.
 
-import { test, before, after } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
 import path from "node:path";
 import { existsSync } from "node:fs";
 import {
-  repoRoot, tempDir, startServer, createProject, publish, staticServer, launchBrowser,
-  waitFor, watchPage, cleanupAll,
+  repoRoot, tempDir, startServer, createProject, publish, staticServer,
+  waitFor, watchPage, perFile,
 } from "./helpers.mjs";
 
-let browser;
-
-before(async () => {
-  browser = await launchBrowser();
-});
-
-after(cleanupAll);
+const pages = perFile();
 
 /** Fill the form, connect, and wait until every channel shows "subscribed". */
 async function watch(page, key, channels) {
@@ -87,7 +81,7 @@ test("GET /console on `serve --dev` shows a published message (saves docs/consol
   assert.match(js.headers.get("content-type") || "", /javascript/);
   await js.text();
 
-  const page = await browser.newPage();
+  const page = await pages.browser.newPage();
   const problems = watchPage(page);
   await page.goto(`${server.url}/console`);
   await watch(page, pk, ["orders", "news"]);
@@ -113,7 +107,7 @@ test("the console page (served statically, ?server=) connects, lists messages, r
     "/console": path.join(repoRoot, "clients/console/index.html"),
     "/console/ringcast.js": path.join(repoRoot, "clients/js/ringcast.js"),
   });
-  const page = await browser.newPage();
+  const page = await pages.browser.newPage();
   const problems = watchPage(page);
   await page.goto(`${site.url}/console?server=${encodeURIComponent(server.url)}`);
 

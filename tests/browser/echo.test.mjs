@@ -7,30 +7,15 @@
 
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import path from "node:path";
-import {
-  repoRoot, startServer, cli, staticServer, launchBrowser, waitFor, watchPage, cleanupAll,
-} from "./helpers.mjs";
-import { pusherProject, clientOptions, authServer, nativePublish, SOCKET_ID } from "./pusher-helpers.mjs";
+import { waitFor, watchPage, cleanupAll } from "./helpers.mjs";
+import { pusherPages, clientOptions, nativePublish, SOCKET_ID } from "./pusher-helpers.mjs";
 
-let server;
-let project;
-let auth;
-let site;
-let browser;
+let server, project, auth, site, browser;
 
 before(async () => {
-  server = await startServer();
-  project = await pusherProject(server);
-  await cli(server.dataDir, "project", "set-limits", project.id, "--client-events", "on");
-  auth = await authServer(server, project);
-  const modules = path.join(repoRoot, "tests/browser/node_modules");
-  site = await staticServer({
-    "/": path.join(repoRoot, "tests/browser/page/echo.html"),
-    "/pusher.min.js": path.join(modules, "pusher-js/dist/web/pusher.min.js"),
-    "/echo.iife.js": path.join(modules, "laravel-echo/dist/echo.iife.js"),
-  });
-  browser = await launchBrowser();
+  ({ server, project, auth, site, browser } = await pusherPages("echo.html", {
+    "/echo.iife.js": "laravel-echo/dist/echo.iife.js",
+  }));
 });
 
 after(cleanupAll);

@@ -12,6 +12,7 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { createInterface } from "node:readline";
 import { createHmac } from "node:crypto";
+import { before, after } from "node:test";
 
 export const repoRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
 export const BIN = path.resolve(repoRoot, process.env.RINGCAST_BIN || "target/debug/ringcast");
@@ -216,34 +217,31 @@ export async function waitKey(server, secret) {
   );
 }
 
-/** POST /api/v1/publish with Node's fetch; returns {status, body}. */
-export async function publish(server, secret, channel, event, data) {
-  const res = await fetch(`${server.url}/api/v1/publish`, {
-    method: "POST",
-    headers: { "X-Api-Key": secret, "Content-Type": "application/json" },
-    body: JSON.stringify({ channel, event, data }),
-  });
+/** A fetch response as {status, body}: the body parsed as JSON, or its text when it is not JSON. */
+export async function answerOf(res) {
   const text = await res.text();
-  let body;
   try {
-    body = JSON.parse(text);
+    return { status: res.status, body: JSON.parse(text) };
   } catch {
-    body = text;
+    return { status: res.status, body: text };
   }
-  return { status: res.status, body };
+}
+
+/** POST /api/v1/publish with Node's fetch, `fields` as the JSON body; returns {status, body}. */
+export async function postPublish(server, secret, fields) {
+  const headers = { "X-Api-Key": secret, "Content-Type": "application/json" };
+  const res = await fetch(`${server.url}/api/v1/publish`, { method: "POST", headers, body: JSON.stringify(fields) });
+  return answerOf(res);
+}
+
+/** POST /api/v1/publish with Node's fetch; returns {status, body}. */
+export function publish(server, secret, channel, event, data) {
+  return postPublish(server, secret, { channel, event, data });
 }
 
 /** GET a REST path (e.g. "/api/v1/presence?channel=...") with a secret key; returns {status, body}. */
 export async function apiGet(server, secret, pathAndQuery) {
-  const res = await fetch(`${server.url}${pathAndQuery}`, { headers: { "X-Api-Key": secret } });
-  const text = await res.text();
-  let body;
-  try {
-    body = JSON.parse(text);
-  } catch {
-    body = text;
-  }
-  return { status: res.status, body };
+  return answerOf(await fetch(`${server.url}${pathAndQuery}`, { headers: { "X-Api-Key": secret } }));
 }
 
 /**
@@ -293,18 +291,22 @@ export async function staticServer(routes) {
       res.writeHead(500, { "Content-Type": "text/plain" }).end(String(e));
     }
   });
+  return listenLocal(server);
+}
+
+/**
+ * Listen with a node:http `server` on 127.0.0.1:0; closed (its connections too) at
+ * cleanup. Returns {url, close()}.
+ */
+export async function listenLocal(server) {
   await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
-  const { port } = server.address();
-  const handle = {
-    url: `http://127.0.0.1:${port}`,
-    close: () =>
-      new Promise((resolve) => {
-        server.closeAllConnections?.();
-        server.close(() => resolve());
-      }),
-  };
-  onCleanup(handle.close);
-  return handle;
+  const close = () =>
+    new Promise((resolve) => {
+      server.closeAllConnections?.();
+      server.close(() => resolve());
+    });
+  onCleanup(close);
+  return { url: `http://127.0.0.1:${server.address().port}`, close };
 }
 
 // ---- the browser -------------------------------------------------------------------
@@ -341,6 +343,32 @@ export function watchPage(page) {
     }
   });
   return problems;
+}
+
+/**
+ * A test file's shared set-up: registers its hooks, `setUp` once before its tests (its
+ * result's fields fill the returned object, e.g. {site, browser}) and `cleanupAll` after
+ * them. The default set-up launches Chromium only.
+ */
+export function perFile(setUp = async () => ({ browser: await launchBrowser() })) {
+  const fixture = {};
+  before(async () => Object.assign(fixture, await setUp()));
+  after(cleanupAll);
+  return fixture;
+}
+
+/**
+ * The set-up of a browser test file driving the JavaScript client in a page: a static
+ * server for tests/browser/page/index.html at "/" and clients/js/ringcast.js, and
+ * Chromium. Returns {site, browser}.
+ */
+export async function ringcastPages() {
+  const routes = {
+    "/": path.join(repoRoot, "tests/browser/page/index.html"),
+    "/ringcast.js": path.join(repoRoot, "clients/js/ringcast.js"),
+  };
+  const [site, browser] = await Promise.all([staticServer(routes), launchBrowser()]);
+  return { site, browser };
 }
 
 // ---- a TCP proxy that can play dead ------------------------------------------------

@@ -11,6 +11,27 @@ import {
 
 after(cleanupAll);
 
+/**
+ * A client of `server` with `key` whose WebSocket (the ws package) calls `onOpen(socket)`
+ * for each socket it opens, reconnecting after `min`..`max` ms; closed at cleanup.
+ */
+function watchedClient(server, key, onOpen, [min, max]) {
+  class Watched extends WebSocket {
+    constructor(url) {
+      super(url);
+      onOpen(this);
+    }
+  }
+  const client = new Ringcast(server.wsUrl, {
+    key,
+    WebSocket: Watched,
+    minReconnectDelayMs: min,
+    maxReconnectDelayMs: max,
+  });
+  onCleanup(() => client.close());
+  return client;
+}
+
 test("Node with the ws package: subscribe, receive, unsubscribe, close", async () => {
   const server = await startServer();
   const project = await createProject(server);
@@ -48,19 +69,7 @@ test("Node with the ws package: subscribe, receive, unsubscribe, close", async (
 test("Node: an unknown key is refused at the upgrade and retried with backoff, never in a loop", async () => {
   const server = await startServer();
   let opened = 0;
-  class Counting extends WebSocket {
-    constructor(url) {
-      super(url);
-      opened += 1;
-    }
-  }
-  const client = new Ringcast(server.wsUrl, {
-    key: "pk_unknown",
-    WebSocket: Counting,
-    minReconnectDelayMs: 100,
-    maxReconnectDelayMs: 400,
-  });
-  onCleanup(() => client.close());
+  const client = watchedClient(server, "pk_unknown", () => (opened += 1), [100, 400]);
   const errors = [];
   client.on("error", (e) => errors.push(e));
   const started = Date.now();
@@ -84,19 +93,7 @@ test("Node: after a lost connection the client recovers the missed messages once
     message: "history to be on",
   });
   const sockets = [];
-  class Killable extends WebSocket {
-    constructor(url) {
-      super(url);
-      sockets.push(this);
-    }
-  }
-  const client = new Ringcast(server.wsUrl, {
-    key: project.public,
-    WebSocket: Killable,
-    minReconnectDelayMs: 200,
-    maxReconnectDelayMs: 400,
-  });
-  onCleanup(() => client.close());
+  const client = watchedClient(server, project.public, (socket) => sockets.push(socket), [200, 400]);
   const messages = [];
   const infos = [];
   const sub = client.subscribe("news", (m) => messages.push(m));
@@ -187,19 +184,7 @@ test("Node: a node over max_upgrades_per_second closes with 1013 retry_after; th
     first.once("error", reject);
   });
   const opened = [];
-  class Counting extends WebSocket {
-    constructor(url) {
-      super(url);
-      opened.push(Date.now());
-    }
-  }
-  const client = new Ringcast(server.wsUrl, {
-    key: project.public,
-    WebSocket: Counting,
-    minReconnectDelayMs: 50,
-    maxReconnectDelayMs: 100,
-  });
-  onCleanup(() => client.close());
+  const client = watchedClient(server, project.public, () => opened.push(Date.now()), [50, 100]);
   const errors = [];
   client.on("error", (e) => errors.push({ e, at: Date.now() }));
   client.connect();

@@ -4,26 +4,14 @@
 // project's token secret for that page's user, as an application backend would.
 // Each test starts its own server and project.
 
-import { test, before, after } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
-import path from "node:path";
 import {
-  repoRoot, cli, startServer, createProject, publish, apiGet, signToken, staticServer,
-  launchBrowser, waitFor, watchPage, cleanupAll, tcpProxy,
+  cli, startServer, createProject, publish, apiGet, signToken, ringcastPages,
+  waitFor, watchPage, perFile, tcpProxy,
 } from "./helpers.mjs";
 
-let browser;
-let site;
-
-before(async () => {
-  site = await staticServer({
-    "/": path.join(repoRoot, "tests/browser/page/index.html"),
-    "/ringcast.js": path.join(repoRoot, "clients/js/ringcast.js"),
-  });
-  browser = await launchBrowser();
-});
-
-after(cleanupAll);
+const pages = perFile(ringcastPages);
 
 const ROOM = "presence-room";
 
@@ -32,14 +20,14 @@ const ROOM = "presence-room";
  * `options` go to new Ringcast().
  */
 async function openTab(server, project, user, info, options = {}, wsUrl = server.wsUrl) {
-  const page = await browser.newPage();
+  const page = await pages.browser.newPage();
   const problems = watchPage(page);
   await page.exposeFunction("ringcastToken", (channel) => {
     const claims = { channel, sub: user, exp: Math.floor(Date.now() / 1000) + 600 };
     if (info !== undefined) claims.info = info;
     return signToken(project.tokenSecret, claims);
   });
-  await page.goto(`${site.url}/`);
+  await page.goto(`${pages.site.url}/`);
   await page.waitForFunction(() => window.t !== undefined);
   await page.evaluate(([url, k, o]) => window.t.start(url, k, o), [wsUrl, project.public, options]);
   return { page, problems, user };

@@ -6,28 +6,13 @@
 
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import path from "node:path";
-import {
-  repoRoot, startServer, cli, signToken, staticServer, launchBrowser, waitFor, watchPage, cleanupAll,
-} from "./helpers.mjs";
-import { pusherProject, clientOptions, authServer, nativePublish, nativeClient, SOCKET_ID } from "./pusher-helpers.mjs";
+import { signToken, waitFor, watchPage, cleanupAll } from "./helpers.mjs";
+import { pusherPages, clientOptions, nativePublish, nativeClient, SOCKET_ID } from "./pusher-helpers.mjs";
 
-let server;
-let project;
-let auth;
-let site;
-let browser;
+let server, project, auth, site, browser;
 
 before(async () => {
-  server = await startServer();
-  project = await pusherProject(server);
-  await cli(server.dataDir, "project", "set-limits", project.id, "--client-events", "on");
-  auth = await authServer(server, project);
-  site = await staticServer({
-    "/": path.join(repoRoot, "tests/browser/page/pusher.html"),
-    "/pusher.min.js": path.join(repoRoot, "tests/browser/node_modules/pusher-js/dist/web/pusher.min.js"),
-  });
-  browser = await launchBrowser();
+  ({ server, project, auth, site, browser } = await pusherPages("pusher.html"));
 });
 
 after(cleanupAll);

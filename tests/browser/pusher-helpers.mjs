@@ -7,7 +7,10 @@ import { createServer } from "node:http";
 import WebSocket from "ws";
 import PusherServer from "pusher";
 import Pusher from "pusher-js";
-import { cli, waitKey, waitFor, onCleanup } from "./helpers.mjs";
+import path from "node:path";
+import {
+  cli, waitKey, waitFor, onCleanup, postPublish, listenLocal, repoRoot, startServer, staticServer, launchBrowser,
+} from "./helpers.mjs";
 
 /**
  * Create a project and wait until the server knows it. Returns {id, secret, public,
@@ -98,39 +101,45 @@ export async function authServer(server, project) {
       }
     });
   });
-  await new Promise((resolve) => http.listen(0, "127.0.0.1", resolve));
-  const url = `http://127.0.0.1:${http.address().port}`;
-  const handle = {
-    url,
-    requests,
-    close: () =>
-      new Promise((resolve) => {
-        http.closeAllConnections?.();
-        http.close(() => resolve());
-      }),
-  };
-  onCleanup(handle.close);
-  return handle;
+  return { ...(await listenLocal(http)), requests };
+}
+
+/**
+ * One server for a test file with a Pusher project whose client events are on (off by
+ * default; the switch reaches the server within a second) and its auth endpoint.
+ * Returns {server, project, auth}.
+ */
+export async function pusherServer() {
+  const server = await startServer();
+  const project = await pusherProject(server);
+  await cli(server.dataDir, "project", "set-limits", project.id, "--client-events", "on");
+  return { server, project, auth: await authServer(server, project) };
+}
+
+/**
+ * The set-up of a browser test file driving pusher-js in a page: one server, a Pusher
+ * project with client events on, its auth endpoint, a static server for
+ * `tests/browser/page/<page>` at "/" with pusher-js's browser build at /pusher.min.js
+ * (and `scripts`: more paths under node_modules by route), and Chromium.
+ * Returns {server, project, auth, site, browser}.
+ */
+export async function pusherPages(page, scripts = {}) {
+  const { server, project, auth } = await pusherServer();
+  const modules = path.join(repoRoot, "tests/browser/node_modules");
+  const routes = { "/": path.join(repoRoot, "tests/browser/page", page) };
+  for (const [route, file] of Object.entries({ "/pusher.min.js": "pusher-js/dist/web/pusher.min.js", ...scripts })) {
+    routes[route] = path.join(modules, file);
+  }
+  const [site, browser] = await Promise.all([staticServer(routes), launchBrowser()]);
+  return { server, project, auth, site, browser };
 }
 
 /**
  * POST /api/v1/publish (native) with `extra` fields (e.g. socket_id); returns
  * {status, body}.
  */
-export async function nativePublish(server, project, channel, event, data, extra = {}) {
-  const res = await fetch(`${server.url}/api/v1/publish`, {
-    method: "POST",
-    headers: { "X-Api-Key": project.secret, "Content-Type": "application/json" },
-    body: JSON.stringify({ channel, event, data, ...extra }),
-  });
-  const text = await res.text();
-  let body;
-  try {
-    body = JSON.parse(text);
-  } catch {
-    body = text;
-  }
-  return { status: res.status, body };
+export function nativePublish(server, project, channel, event, data, extra = {}) {
+  return postPublish(server, project.secret, { channel, event, data, ...extra });
 }
 
 /**

@@ -11,20 +11,14 @@ import assert from "node:assert/strict";
 import WebSocket from "ws";
 import { startServer, cli, apiGet, signToken, waitFor, cleanupAll } from "./helpers.mjs";
 import {
-  pusherProject, authServer, nativePublish, nativeClient, waitPusherKey, connectPusher, subscribePusher,
+  pusherServer, pusherProject, nativePublish, nativeClient, waitPusherKey, connectPusher, subscribePusher,
   eventsNamed, SOCKET_ID,
 } from "./pusher-helpers.mjs";
 
-let server;
-let project;
-let auth;
+let server, project, auth;
 
 before(async () => {
-  server = await startServer();
-  project = await pusherProject(server);
-  // Client events are off by default; the switch reaches the server within a second.
-  await cli(server.dataDir, "project", "set-limits", project.id, "--client-events", "on");
-  auth = await authServer(server, project);
+  ({ server, project, auth } = await pusherServer());
 });
 
 after(cleanupAll);
@@ -33,6 +27,12 @@ const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 /** A pusher-js client of this file's server (see connectPusher). */
 const connect = (opts = {}) => connectPusher({ server, key: project.public, auth, ...opts });
+
+/** Two pusher-js clients `a` and `b`, each subscribed to `channel` (`sa`, `sb`). */
+async function twoSubscribed(channel) {
+  const [a, b] = [await connect(), await connect()];
+  return { a, b, sa: await subscribe(a, channel), sb: await subscribe(b, channel) };
+}
 const subscribe = subscribePusher;
 
 test("connect: state connected within 5 s, socket ids of Pusher's form for both protocols", async () => {
@@ -183,10 +183,7 @@ test("presence: pusher-js and native clients in one member set; added/removed on
 
 test("client events: to the other pusher-js client and the native client, never the sender; 11 in a second → error 4301, the connection stays", async () => {
   const CHAT = "private-chat";
-  const a = await connect();
-  const b = await connect();
-  const sa = await subscribe(a, CHAT);
-  const sb = await subscribe(b, CHAT);
+  const { a, b, sa, sb } = await twoSubscribed(CHAT);
   assert.deepEqual([sa.errors, sb.errors], [[], []]);
   const native = await nativeClient(server, project.public);
   await native.subscribe(CHAT, signToken(project.tokenSecret, { channel: CHAT, exp: Math.floor(Date.now() / 1000) + 600 }));
@@ -247,10 +244,7 @@ test("client events: to the other pusher-js client and the native client, never 
 
 test("socket_id exclusion: a native publish with a connection's socket_id skips exactly that connection", async () => {
   const NEWS = "news";
-  const a = await connect();
-  const b = await connect();
-  const sa = await subscribe(a, NEWS);
-  const sb = await subscribe(b, NEWS);
+  const { a, b, sa, sb } = await twoSubscribed(NEWS);
   const native = await nativeClient(server, project.public);
   await native.subscribe(NEWS);
 

@@ -2,22 +2,18 @@
 // against the real server. Only the placeholders change: the key `pk_...` becomes the
 // test project's public key and ws://127.0.0.1:8080 the test server's address.
 
-import { test, before, after } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { readFile, writeFile, copyFile, symlink } from "node:fs/promises";
 import { createInterface } from "node:readline";
 import path from "node:path";
 import {
-  repoRoot, tempDir, startServer, createProject, publish, staticServer, launchBrowser,
-  waitFor, cleanupAll, onCleanup,
+  repoRoot, tempDir, startServer, createProject, publish, staticServer,
+  waitFor, perFile, onCleanup,
 } from "./helpers.mjs";
 
-let browser;
-before(async () => {
-  browser = await launchBrowser();
-});
-after(cleanupAll);
+const pages = perFile();
 
 /** The first fenced block of `lang` after the line containing `marker` in `file`. */
 async function codeBlock(file, marker, lang) {
@@ -46,7 +42,7 @@ async function runHtmlExample(file, marker) {
     "/": path.join(dir, "index.html"),
     "/ringcast.js": path.join(repoRoot, "clients/js/ringcast.js"),
   });
-  const page = await browser.newPage();
+  const page = await pages.browser.newPage();
   const logs = [];
   page.on("console", async (msg) => {
     const args = await Promise.all(msg.args().map((a) => a.jsonValue().catch(() => undefined)));

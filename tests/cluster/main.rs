@@ -10,13 +10,13 @@ mod common;
 use common::cluster as support;
 use common::unix_now;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{bin, next_json, parse_response, set_timeout, subscribe, Ws};
+use common::{next_json, parse_response, set_timeout, subscribe, Ws};
 use serde_json::{json, Value};
 use support::*;
 
@@ -33,9 +33,9 @@ fn expect_silence(ws: &mut Ws, d: Duration) {
 
 #[test]
 fn cross_node_delivery_exactly_once_in_order() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
+    let Some((redis, a, b)) = support::two_nodes() else {
+        return;
+    };
     let p = project(&redis, "shop", "100000/s");
     let other = project(&redis, "other", "100000/s");
     a.wait_key(&p.secret);
@@ -53,8 +53,7 @@ fn cross_node_delivery_exactly_once_in_order() {
     redis.wait_numsub(&p.id, "news", 2);
 
     // Another project's subscriber on the same channel name gets nothing.
-    let mut foreign = b.ws(&other.public);
-    subscribe(&mut foreign, "news");
+    let mut foreign = b.ws_on(&other.public, "news");
 
     for i in 0..20 {
         assert_eq!(
@@ -91,12 +90,10 @@ fn cross_node_delivery_exactly_once_in_order() {
 
 #[test]
 fn keys_and_revocations_reach_every_node_within_a_second() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
-    let p = project(&redis, "keys", "1000/s");
-    a.wait_key(&p.secret);
-    b.wait_key(&p.secret);
+    let Some((redis, a, b)) = support::two_nodes() else {
+        return;
+    };
+    let p = support::project_on(&redis, "keys", "1000/s", &[&a, &b]);
 
     let listed = cli(&redis, &["project", "list"]);
     assert_eq!(listed["projects"][0]["id"], p.id.as_str());
@@ -130,25 +127,16 @@ fn keys_and_revocations_reach_every_node_within_a_second() {
     assert_eq!(a.publish(&extra, "x", json!("y")).0, 202);
     assert_eq!(b.publish(&extra, "x", json!("y")).0, 202);
     let keys = cli(&redis, &["key", "list", &p.id]);
-    let states: Vec<&str> = keys["keys"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|k| k["state"].as_str().unwrap())
-        .collect();
+    let states = common::strs(&keys["keys"], "state");
     assert_eq!(states, ["revoked", "revoked", "active"]);
 }
 
 #[test]
 fn redis_outage_keeps_local_delivery_and_recovers() {
-    let Some(mut redis) = Redis::start() else {
+    let Some((mut redis, a, b)) = support::two_nodes() else {
         return;
     };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
-    let p = project(&redis, "outage", "100000/s");
-    a.wait_key(&p.secret);
-    b.wait_key(&p.secret);
+    let p = support::project_on(&redis, "outage", "100000/s", &[&a, &b]);
     let mut on_a = a.ws(&p.public);
     let mut on_b = b.ws(&p.public);
     subscribe(&mut on_a, "c");
@@ -181,13 +169,11 @@ fn redis_outage_keeps_local_delivery_and_recovers() {
 
 #[test]
 fn the_quota_is_shared_by_the_cluster() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
+    let Some((redis, a, b)) = support::two_nodes() else {
+        return;
+    };
     // 10/min: each node's own GCRA would allow 10 at once, so 20 without sharing.
-    let p = project(&redis, "quota", "10/min");
-    a.wait_key(&p.secret);
-    b.wait_key(&p.secret);
+    let p = support::project_on(&redis, "quota", "10/min", &[&a, &b]);
     // Let both nodes' leases come online (the quota thread ticks every 20 ms).
     std::thread::sleep(Duration::from_millis(300));
     let mut accepted = [0u32; 2];
@@ -218,8 +204,7 @@ fn the_quota_is_shared_by_the_cluster() {
 fn a_batch_larger_than_a_lease_block_is_accepted() {
     let Some(redis) = Redis::start() else { return };
     let a = Node::start(&redis);
-    let p = project(&redis, "bigbatch", "1000/min");
-    a.wait_key(&p.secret);
+    let p = support::project_on(&redis, "bigbatch", "1000/min", &[&a]);
     // Let the lease come online (the quota thread ticks every 20 ms); before that the
     // local GCRA alone decides and would accept the batch whatever the lease holds.
     std::thread::sleep(Duration::from_millis(300));
@@ -227,11 +212,7 @@ fn a_batch_larger_than_a_lease_block_is_accepted() {
         .map(|i| json!({"channels": ["x", "y"], "event": "e", "data": {"i": i}}))
         .collect();
     let body = json!({ "messages": messages }).to_string();
-    let req = format!(
-        "POST /api/v1/publish/batch HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\nConnection: close\r\nX-Api-Key: {}\r\nContent-Type: application/json\r\n\r\n{body}",
-        body.len(),
-        p.secret
-    );
+    let req = common::post_request("/api/v1/publish/batch", &p.secret, &body);
     wait_for("the 200-unit batch to be accepted", || {
         let (status, _, v) = parse_response(&a.raw(req.as_bytes()));
         if status == 202 {
@@ -266,44 +247,12 @@ fn redis_lost_and_back_are_logged_once_each_and_shown_by_the_metric() {
     };
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("node.log");
-    let data = dir.path().join("data");
-    let mut child = Command::new(bin())
-        .arg("--data-dir")
-        .arg(&data)
-        .args(["--redis", &redis.url()])
-        .env("RINGCAST_MASTER_KEY_FILE", redis.master_key_file())
-        .args(["serve", "--listen", "127.0.0.1:0", "--workers", "1"])
-        .args(["--metrics-listen", "127.0.0.1:0", "--log-format", "json"])
+    let mut cmd = node_command(&dir, &redis.url(), &redis.master_key_file(), 1);
+    cmd.args(["--metrics-listen", "127.0.0.1:0", "--log-format", "json"])
         .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .expect("spawn ringcast serve");
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let line = common::start_line_text(&line);
-            if let Some(rest) = line.strip_prefix("ringcast metrics on http://") {
-                let _ = tx.send(rest.trim_end_matches("/metrics").to_string());
-            }
-            if let Some(rest) = line.strip_prefix("ringcast listening on http://") {
-                let _ = tx.send(rest.split_whitespace().next().unwrap_or("").to_string());
-            }
-        }
-    });
-    let next_addr = || -> SocketAddr {
-        rx.recv_timeout(Duration::from_secs(20))
-            .expect("start lines")
-            .parse()
-            .unwrap()
-    };
-    let metrics = next_addr();
-    let node = Node {
-        addr: next_addr(),
-        child,
-        _dir: dir,
-    };
+        .stderr(std::fs::File::create(&log).unwrap());
+    let node = Node::launch(&mut cmd, dir);
+    let metrics = node.metrics.expect("the metrics start line");
     let connected = || scrape_value(metrics, "ringcast_cluster_connected");
     wait_for("cluster_connected 1", || connected() == Some(1.0));
     // A project whose publishes make the quota-lease thread lease from Redis.
@@ -383,9 +332,9 @@ fn hs256(secret: &str, claims: Value) -> String {
 
 #[test]
 fn private_channels_across_nodes_rotation_and_key_removal_within_a_second() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
+    let Some((redis, a, b)) = support::two_nodes() else {
+        return;
+    };
     let v = cli(
         &redis,
         &["project", "create", "shop", "--rate-limit", "100000/s"],

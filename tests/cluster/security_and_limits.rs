@@ -44,12 +44,10 @@ fn cluster_mode_needs_the_master_key_file() {
 /// SUBSCRIBE reached Redis, and such publishes were lost.
 #[test]
 fn a_publish_on_another_node_right_after_subscribed_always_arrives() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
-    let p = project(&redis, "window", "1000000/s");
-    a.wait_key(&p.secret);
-    b.wait_key(&p.secret);
+    let Some((redis, a, b)) = support::two_nodes() else {
+        return;
+    };
+    let p = support::project_on(&redis, "window", "1000000/s", &[&a, &b]);
     const ROUNDS: usize = 1000;
     const PER_CONN: usize = 100; // the default max_subscriptions_per_connection
                                  // Every round subscribes to a fresh channel: the first subscriber on node b, so each
@@ -104,8 +102,7 @@ fn a_publish_on_another_node_right_after_subscribed_always_arrives() {
 fn set_limits_is_stored_in_redis_and_applied_by_the_nodes() {
     let Some(redis) = Redis::start() else { return };
     let a = Node::start(&redis);
-    let p = project(&redis, "capped", "100/s");
-    a.wait_key(&p.secret);
+    let p = support::project_on(&redis, "capped", "100/s", &[&a]);
     let out = cli(
         &redis,
         &["project", "set-limits", &p.id, "--max-connections", "1"],
@@ -128,14 +125,11 @@ fn set_limits_is_stored_in_redis_and_applied_by_the_nodes() {
 /// forwarded the frame bytes as they came.
 #[test]
 fn frames_injected_through_redis_are_dropped() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
-    let p = project(&redis, "inject", "100000/s");
-    a.wait_key(&p.secret);
-    b.wait_key(&p.secret);
-    let mut on_b = b.ws(&p.public);
-    subscribe(&mut on_b, "c");
+    let Some((redis, a, b)) = support::two_nodes() else {
+        return;
+    };
+    let p = support::project_on(&redis, "inject", "100000/s", &[&a, &b]);
+    let mut on_b = b.ws_on(&p.public, "c");
     redis.wait_numsub(&p.id, "c", 1);
     let mut c = redis.conn().expect("redis");
     let frame = |first: u8, payload: &[u8]| {
@@ -307,24 +301,8 @@ fn rediss_with_an_acl_user_and_a_ca_file() {
 
     let start = |_: ()| {
         let d = tempfile::tempdir().unwrap();
-        let data = d.path().join("data");
-        let mut child = Command::new(common::bin())
-            .arg("--data-dir")
-            .arg(&data)
-            .args(["--redis", &url, "--redis-ca-file", &ca])
-            .args(["serve", "--listen", "127.0.0.1:0", "--workers", "1"])
-            .env("RINGCAST_MASTER_KEY_FILE", &master)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn ringcast serve");
-        let addr = wait_listening(&mut child, &data);
-        Node {
-            addr,
-            child,
-            _dir: d,
-        }
+        let mut cmd = node_command(&d, &url, &master, 1);
+        Node::launch(cmd.args(["--redis-ca-file", &ca]), d)
     };
     let a = start(());
     let b = start(());
@@ -409,12 +387,10 @@ fn pusher_app_ids_are_numbered_in_redis_and_never_reused() {
 /// in Pusher's form when it is not the one named.
 #[test]
 fn a_socket_id_of_another_node_is_left_out_there() {
-    let Some(redis) = Redis::start() else { return };
-    let a = Node::start(&redis);
-    let b = Node::start(&redis);
-    let p = project(&redis, "toothers", "100000/s");
-    a.wait_key(&p.secret);
-    b.wait_key(&p.secret);
+    let Some((redis, a, b)) = support::two_nodes() else {
+        return;
+    };
+    let p = support::project_on(&redis, "toothers", "100000/s", &[&a, &b]);
     let pusher = |node: &Node| {
         let url = format!("ws://{}/app/{}?protocol=7", node.addr, p.public);
         let (mut ws, _) = tungstenite::connect(url).expect("ws connect");
@@ -434,8 +410,7 @@ fn a_socket_id_of_another_node_is_left_out_there() {
     };
     let (mut left_out, id) = pusher(&b);
     let (mut other, _) = pusher(&b);
-    let mut native = b.ws(&p.public);
-    subscribe(&mut native, "chat");
+    let mut native = b.ws_on(&p.public, "chat");
     redis.wait_numsub(&p.id, "chat", 1);
     let body =
         json!({"channel": "chat", "event": "said", "data": {"n": 1}, "socket_id": id}).to_string();

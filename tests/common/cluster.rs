@@ -142,20 +142,10 @@ pub fn wait_for(what: &str, cond: impl FnMut() -> bool) {
 /// The CLI against Redis.
 pub fn cli(redis: &Redis, args: &[&str]) -> Value {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(common::bin())
-        .arg("--data-dir")
-        .arg(dir.path())
-        .args(["--redis", &redis.url()])
-        .env("RINGCAST_MASTER_KEY_FILE", redis.master_key_file())
-        .args(args)
-        .output()
-        .expect("run ringcast CLI");
-    assert!(
-        out.status.success(),
-        "ringcast {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("CLI prints JSON")
+    let mut cmd = Command::new(common::bin());
+    cmd.args(["--redis", &redis.url()])
+        .env("RINGCAST_MASTER_KEY_FILE", redis.master_key_file());
+    common::cli_with(cmd, dir.path(), args)
 }
 
 pub fn project(redis: &Redis, name: &str, rate: &str) -> Project {
@@ -165,9 +155,28 @@ pub fn project(redis: &Redis, name: &str, rate: &str) -> Project {
     ))
 }
 
+/// [`project`], known to each of `nodes` when it returns.
+pub fn project_on(redis: &Redis, name: &str, rate: &str, nodes: &[&Node]) -> Project {
+    let p = project(redis, name, rate);
+    for node in nodes {
+        node.wait_key(&p.secret);
+    }
+    p
+}
+
+/// A Redis and two nodes on it; `None` where [`Redis::start`] is.
+pub fn two_nodes() -> Option<(Redis, Node, Node)> {
+    let redis = Redis::start()?;
+    let a = Node::start(&redis);
+    let b = Node::start(&redis);
+    Some((redis, a, b))
+}
+
 /// One `ringcast serve --redis URL` process.
 pub struct Node {
     pub addr: SocketAddr,
+    /// The metrics listener, when the node was started with one.
+    pub metrics: Option<SocketAddr>,
     pub child: Child,
     pub _dir: tempfile::TempDir,
 }
@@ -189,31 +198,38 @@ impl Node {
 
     fn spawn(redis: &Redis, env: &[(&str, &str)], toml: Option<&str>) -> Node {
         let dir = tempfile::tempdir().unwrap();
-        let data: PathBuf = dir.path().join("data");
-        let mut cmd = Command::new(common::bin());
-        cmd.arg("--data-dir")
-            .arg(&data)
-            .args(["--redis", &redis.url()])
-            .env("RINGCAST_MASTER_KEY_FILE", redis.master_key_file())
-            .args(["serve", "--listen", "127.0.0.1:0", "--workers", "2"]);
+        let mut cmd = node_command(&dir, &redis.url(), &redis.master_key_file(), 2);
         if let Some(toml) = toml {
             let cfg = dir.path().join("ringcast.toml");
             std::fs::write(&cfg, toml).unwrap();
             cmd.arg("--config").arg(cfg);
         }
+        cmd.envs(env.iter().copied());
+        Node::launch(&mut cmd, dir)
+    }
+
+    /// Spawn `cmd` (a [`node_command`] over `dir`, with any additions) and wait for its
+    /// start lines; the node owns `dir`. Its stderr is the test's unless `cmd` says.
+    pub fn launch(cmd: &mut Command, dir: tempfile::TempDir) -> Node {
+        let data = dir.path().join("data");
         let mut child = cmd
-            .env("RUST_LOG", "warn")
-            .envs(env.iter().copied())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn ringcast serve");
-        let addr = wait_listening(&mut child, &data);
+        let (addr, metrics) = wait_start(&mut child, &data);
         Node {
             addr,
+            metrics,
             child,
             _dir: dir,
         }
+    }
+
+    /// `GET path` with `key` on a new connection: the status and the JSON body.
+    pub fn get_json(&self, key: &str, path: &str) -> (u16, Value) {
+        let req = common::get_request(path, key);
+        let (status, _, body) = parse_response(&self.raw(req.as_bytes()));
+        (status, body)
     }
 
     pub fn raw(&self, bytes: &[u8]) -> Vec<u8> {
@@ -242,6 +258,13 @@ impl Node {
     }
 
     /// Wait until this node accepts `secret` (keys arrive through the watcher).
+    /// [`Node::ws`], subscribed to `channel`.
+    pub fn ws_on(&self, key: &str, channel: &str) -> Ws {
+        let mut ws = self.ws(key);
+        common::subscribe(&mut ws, channel);
+        ws
+    }
+
     pub fn wait_key(&self, secret: &str) {
         wait_for("the node to know the key", || {
             self.publish(secret, "warmup", json!("x")).0 != 401
@@ -256,21 +279,52 @@ impl Drop for Node {
     }
 }
 
+/// The command a node runs, before a test's additions: `ringcast --data-dir DIR/data
+/// --redis URL serve --listen 127.0.0.1:0 --workers N` with the cluster's master key file
+/// and `RUST_LOG=warn` (a later `.env` replaces it).
+pub fn node_command(
+    dir: &tempfile::TempDir,
+    redis_url: &str,
+    master: &Path,
+    workers: u32,
+) -> Command {
+    let mut cmd = Command::new(common::bin());
+    cmd.arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .args(["--redis", redis_url])
+        .env("RINGCAST_MASTER_KEY_FILE", master)
+        .args(["serve", "--listen", "127.0.0.1:0", "--workers"])
+        .arg(workers.to_string())
+        .env("RUST_LOG", "warn");
+    cmd
+}
+
 pub fn wait_listening(child: &mut Child, data: &Path) -> SocketAddr {
+    wait_start(child, data).0
+}
+
+/// Read a node's start lines: its address and, printed before it when metrics are on,
+/// its metrics listener.
+pub fn wait_start(child: &mut Child, data: &Path) -> (SocketAddr, Option<SocketAddr>) {
     let stdout = child.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
+        let mut metrics = None;
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
             let line = common::start_line_text(&line);
+            if let Some(rest) = line.strip_prefix("ringcast metrics on http://") {
+                metrics = rest.trim_end_matches("/metrics").parse().ok();
+            }
             if let Some(rest) = line.strip_prefix("ringcast listening on http://") {
-                let _ = tx.send(rest.split_whitespace().next().unwrap_or("").to_string());
+                let addr = rest.split_whitespace().next().unwrap_or("").to_string();
+                let _ = tx.send((addr, metrics));
             }
         }
     });
-    let addr = rx
+    let (addr, metrics) = rx
         .recv_timeout(Duration::from_secs(20))
         .unwrap_or_else(|_| panic!("node ({}) did not start", data.display()));
-    addr.parse().expect("address")
+    (addr.parse().expect("address"), metrics)
 }
 
 pub fn wait_health(node: &Node, status: u16) -> Value {

@@ -11,6 +11,11 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod metrics;
+pub mod sign;
+mod ws;
+
+pub use ws::*;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -21,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tungstenite::stream::MaybeTlsStream;
-use tungstenite::{Message, WebSocket};
+use tungstenite::WebSocket;
 
 /// The binary under test: this build's, or `RINGCAST_TEST_BIN` to run the same
 /// black-box tests against another build (e.g. to show a regression test fails on the
@@ -36,7 +41,12 @@ pub type Ws = WebSocket<MaybeTlsStream<TcpStream>>;
 
 /// Run the CLI against `data_dir`, expecting success and one JSON object.
 pub fn cli(data_dir: &Path, args: &[&str]) -> Value {
-    let out = Command::new(bin())
+    cli_with(Command::new(bin()), data_dir, args)
+}
+
+/// [`cli`] with `cmd` (the binary, with any options or environment already given).
+pub fn cli_with(mut cmd: Command, data_dir: &Path, args: &[&str]) -> Value {
+    let out = cmd
         .arg("--data-dir")
         .arg(data_dir)
         .args(args)
@@ -215,6 +225,21 @@ impl Default for Options {
     }
 }
 
+impl Options {
+    /// The default options with `config` as the config file's text.
+    pub fn config(config: &str) -> Options {
+        Options {
+            config: config.into(),
+            ..Options::default()
+        }
+    }
+
+    /// These options with `n` workers.
+    pub fn workers(self, n: usize) -> Options {
+        Options { workers: n, ..self }
+    }
+}
+
 /// The text of a line the server prints on stdout: the line itself, or with
 /// `--log-format json` the `fields.message` of its JSON object.
 pub fn start_line_text(line: &str) -> String {
@@ -352,6 +377,11 @@ impl Server {
         self.project_json(name, &["--rate-limit", rate]).0
     }
 
+    /// A project whose rate limit (10000/s) no test reaches by accident.
+    pub fn test_project(&self, name: &str) -> Project {
+        self.project(name, "10000/s")
+    }
+
     /// `project create NAME ARGS...`: the project, once the server knows its keys, and
     /// the JSON the CLI printed.
     pub fn project_json(&self, name: &str, args: &[&str]) -> (Project, Value) {
@@ -413,6 +443,12 @@ impl Server {
         (s, v)
     }
 
+    /// `GET path` with `key` on a new connection: the status and the JSON body.
+    pub fn get_json(&self, key: &str, path: &str) -> (u16, Value) {
+        let (status, _, body) = parse_response(&self.raw(get_request(path, key).as_bytes()));
+        (status, body)
+    }
+
     /// Send raw bytes on a new connection and read until the server closes it.
     pub fn raw(&self, bytes: &[u8]) -> Vec<u8> {
         let mut s = self.connect();
@@ -420,6 +456,22 @@ impl Server {
         let mut out = Vec::new();
         let _ = s.read_to_end(&mut out);
         out
+    }
+
+    /// POST /api/v1/publish with `key` and the JSON `body` through `agent` (which keeps
+    /// its connection from one call to the next); the response, whatever its status.
+    pub fn agent_publish(
+        &self,
+        agent: &ureq::Agent,
+        key: &str,
+        body: &str,
+    ) -> ureq::http::Response<ureq::Body> {
+        agent
+            .post(self.url("/api/v1/publish"))
+            .header("X-Api-Key", key)
+            .content_type("application/json")
+            .send(body)
+            .expect("publish request")
     }
 
     pub fn health(&self) -> (u16, Value) {
@@ -449,6 +501,13 @@ impl Server {
         set_timeout(&mut ws, Duration::from_secs(10));
         let hello = next_json(&mut ws);
         assert_eq!(hello["type"], "connected", "{hello}");
+        ws
+    }
+
+    /// [`Server::ws`], subscribed to `channel`.
+    pub fn ws_on(&self, key: &str, channel: &str) -> Ws {
+        let mut ws = self.ws(key);
+        subscribe(&mut ws, channel);
         ws
     }
 
@@ -504,6 +563,14 @@ impl Drop for Server {
     }
 }
 
+/// A ureq agent for plaintext servers (statuses are not errors).
+pub fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into()
+}
+
 /// Poll `cond` every 20 ms until it holds; panic naming `what` after `limit`. Tests wait
 /// for conditions, never for fixed times.
 pub fn wait_for(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
@@ -511,14 +578,6 @@ pub fn wait_for(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
     while !cond() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-pub fn set_timeout(ws: &mut Ws, d: Duration) {
-    match ws.get_mut() {
-        MaybeTlsStream::Plain(s) => s.set_read_timeout(Some(d)).unwrap(),
-        MaybeTlsStream::Rustls(s) => s.sock.set_read_timeout(Some(d)).unwrap(),
-        _ => {}
     }
 }
 
@@ -547,59 +606,9 @@ pub fn header(head: &str, name: &str) -> Option<String> {
     })
 }
 
-/// Next text frame as JSON (pings are answered by tungstenite).
-pub fn next_json(ws: &mut Ws) -> Value {
-    loop {
-        match ws.read().expect("ws read") {
-            Message::Text(t) => return serde_json::from_str(t.as_str()).expect("json frame"),
-            Message::Ping(_) | Message::Pong(_) => continue,
-            other => panic!("unexpected frame {other:?}"),
-        }
-    }
-}
-
-pub fn send_json(ws: &mut Ws, v: Value) {
-    ws.send(Message::text(v.to_string())).expect("ws send");
-}
-
-pub fn subscribe(ws: &mut Ws, channel: &str) {
-    send_json(
-        ws,
-        serde_json::json!({"type": "subscribe", "channel": channel}),
-    );
-    let reply = next_json(ws);
-    assert_eq!(reply["type"], "subscribed", "{reply}");
-    assert_eq!(reply["channel"], channel);
-}
-
-/// Read frames until the server closes; returns the close code.
-pub fn close_code(ws: &mut Ws) -> Option<u16> {
-    loop {
-        match ws.read() {
-            Ok(Message::Close(frame)) => return frame.map(|f| u16::from(f.code)),
-            Ok(_) => continue,
-            Err(tungstenite::Error::ConnectionClosed) | Err(tungstenite::Error::AlreadyClosed) => {
-                return None
-            }
-            Err(e) => panic!("ws error before close: {e}"),
-        }
-    }
-}
-
-/// Expect no text frame within `d`.
-pub fn expect_silence(ws: &mut Ws, d: Duration) {
-    set_timeout(ws, d);
-    match ws.read() {
-        Ok(Message::Text(t)) => panic!("unexpected frame {t}"),
-        Ok(_) => {}
-        Err(tungstenite::Error::Io(e))
-            if matches!(
-                e.kind(),
-                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-            ) => {}
-        Err(e) => panic!("ws error: {e}"),
-    }
-    set_timeout(ws, Duration::from_secs(10));
+/// `GET path` with `key`, the connection closed after the answer: the request's bytes.
+pub fn get_request(path: &str, key: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nHost: t\r\nX-Api-Key: {key}\r\nConnection: close\r\n\r\n")
 }
 
 /// The worker index inside a `connection_id` (`<node>.<worker << 40 | connection>`, the
@@ -611,6 +620,43 @@ pub fn worker_of(connection_id: &str) -> String {
     assert!(node.parse::<u32>().is_ok(), "{connection_id}");
     let local: u64 = local.parse().expect("local part is decimal");
     (local >> 40).to_string()
+}
+
+/// The string `field` of each object in the JSON array `items`, in order.
+pub fn strs<'a>(items: &'a Value, field: &str) -> Vec<&'a str> {
+    let items = items.as_array().expect("an array");
+    items
+        .iter()
+        .map(|i| i[field].as_str().expect("a string"))
+        .collect()
+}
+
+/// `POST path` with `key` and a JSON `body`, the connection closed after the answer: the
+/// request's bytes, for [`Server::raw`] and its kin.
+pub fn post_request(path: &str, key: &str, body: &str) -> String {
+    format!(
+        "POST {path} HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\nConnection: close\r\nX-Api-Key: {key}\r\nContent-Type: application/json\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// Assert that a command finished with success, showing its stderr when not.
+pub fn assert_success(out: &std::process::Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The JSON lines of a `--log-format json` log whose `fields.message` satisfies `which`
+/// (lines not yet whole, or not JSON, are passed over).
+pub fn log_lines(path: &Path, which: impl Fn(&str) -> bool) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["fields"]["message"].as_str().is_some_and(&which))
+        .collect()
 }
 
 /// Unix seconds now (token `exp`, Pusher's `auth_timestamp`).

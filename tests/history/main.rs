@@ -5,6 +5,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+use common::subscribe_since as sub;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -20,17 +21,6 @@ fn history_project(s: &Server, name: &str, spec: &str) -> Project {
     p
 }
 
-fn sub(ws: &mut Ws, channel: &str, since: Option<(u64, &str)>) -> Value {
-    let mut frame = json!({"type": "subscribe", "channel": channel});
-    if let Some((offset, epoch)) = since {
-        frame["since"] = json!({"offset": offset, "epoch": epoch});
-    }
-    send_json(ws, frame);
-    let reply = next_json(ws);
-    assert_eq!(reply["type"], "subscribed", "{reply}");
-    reply
-}
-
 fn get(s: &Server, key: &str, query: &str) -> (u16, Value) {
     let req = format!(
         "GET /api/v1/history?{query} HTTP/1.1\r\nHost: t\r\nX-Api-Key: {key}\r\nConnection: close\r\n\r\n"
@@ -44,6 +34,24 @@ fn offsets_of(frames: &[Value]) -> Vec<u64> {
         .iter()
         .map(|f| f["offset"].as_u64().expect("offset"))
         .collect()
+}
+
+/// A new client of `key` subscribing to `channel` from (`offset`, `epoch`): its answer
+/// says `recovered` and the channel's `latest` offset, and nothing is replayed.
+fn expect_no_replay(
+    s: &Server,
+    key: &str,
+    (channel, offset, epoch): (&str, u64, &str),
+    (recovered, latest): (bool, u64),
+) {
+    let mut ws = s.ws(key);
+    let r = sub(&mut ws, channel, Some((offset, epoch)));
+    assert_eq!(
+        (r["recovered"].as_bool(), r["offset"].as_u64()),
+        (Some(recovered), Some(latest)),
+        "{r}"
+    );
+    expect_silence(&mut ws, Duration::from_millis(100));
 }
 
 #[test]
@@ -211,10 +219,7 @@ fn recovery_replays_the_missed_messages_then_goes_live() {
     let s = Server::start();
     let h = history_project(&s, "rec", "100/600s");
     let mut ws = s.ws(&h.public);
-    let epoch = sub(&mut ws, "c", None)["epoch"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let epoch = common::subscribe_epoch(&mut ws, "c");
     for i in 1..=3 {
         s.publish(&h.secret, "c", "e", json!({"i": i}));
     }
@@ -238,13 +243,7 @@ fn recovery_replays_the_missed_messages_then_goes_live() {
     s.publish(&h.secret, "c", "e", json!({"i": 8}));
     assert_eq!(next_json(&mut ws)["offset"], 8);
     // Up to date: recovered with nothing to replay.
-    let mut again = s.ws(&h.public);
-    let r = sub(&mut again, "c", Some((8, &epoch)));
-    assert_eq!(
-        (r["recovered"].as_bool(), r["offset"].as_u64()),
-        (Some(true), Some(8))
-    );
-    expect_silence(&mut again, Duration::from_millis(100));
+    expect_no_replay(&s, &h.public, ("c", 8, &epoch), (true, 8));
     // Beyond the latest offset, or another epoch: not recovered, nothing replayed.
     for (offset, e) in [(9, epoch.as_str()), (3, "deadbeef")] {
         let mut w = s.ws(&h.public);
@@ -367,10 +366,7 @@ fn eviction_by_size_and_by_ttl_answers_recovered_false() {
     let s = Server::start();
     let h = history_project(&s, "size", "3/600s");
     let mut ws = s.ws(&h.public);
-    let epoch = sub(&mut ws, "c", None)["epoch"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let epoch = common::subscribe_epoch(&mut ws, "c");
     for i in 0..6 {
         s.publish(&h.secret, "c", "e", json!({"i": i}));
     }
@@ -382,20 +378,11 @@ fn eviction_by_size_and_by_ttl_answers_recovered_false() {
         offsets_of(&(0..3).map(|_| next_json(&mut w)).collect::<Vec<_>>()),
         [4, 5, 6]
     );
-    let mut w = s.ws(&h.public);
-    let r = sub(&mut w, "c", Some((2, &epoch)));
-    assert_eq!(
-        (r["recovered"].as_bool(), r["offset"].as_u64()),
-        (Some(false), Some(6))
-    );
-    expect_silence(&mut w, Duration::from_millis(100));
+    expect_no_replay(&s, &h.public, ("c", 2, &epoch), (false, 6));
 
     let t = history_project(&s, "ttl", "100/1s");
     let mut ws = s.ws(&t.public);
-    let epoch = sub(&mut ws, "c", None)["epoch"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let epoch = common::subscribe_epoch(&mut ws, "c");
     s.publish(&t.secret, "c", "e", json!("old"));
     wait_for(Duration::from_secs(5), "the message to expire", || {
         get(&s, &t.secret, "channel=c").1["messages"]
@@ -414,10 +401,7 @@ fn eviction_by_size_and_by_ttl_answers_recovered_false() {
 
 #[test]
 fn the_byte_budget_drops_the_oldest_of_the_largest_channel_first() {
-    let s = Server::start_with(Options {
-        config: "history_max_bytes = 20000\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("history_max_bytes = 20000\n"));
     let h = history_project(&s, "budget", "1000/600s");
     for i in 0..5 {
         s.publish(&h.secret, "small", "e", json!({"i": i}));

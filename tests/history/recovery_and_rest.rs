@@ -10,10 +10,7 @@ use super::*;
 /// alone it may use the whole budget.
 #[test]
 fn one_projects_flood_leaves_another_projects_share_alone() {
-    let s = Server::start_with(Options {
-        config: "history_max_bytes = 40000\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("history_max_bytes = 40000\n"));
     let a = history_project(&s, "flood", "1000/600s");
     let b = history_project(&s, "calm", "1000/600s");
     let pad = "p".repeat(300);
@@ -39,10 +36,7 @@ fn one_projects_flood_leaves_another_projects_share_alone() {
     // B: one channel of 12 messages (about 8 KB, within its 20 KB share), a subscriber
     // that saw the first 2.
     let mut ws = s.ws(&b.public);
-    let epoch = sub(&mut ws, "orders", None)["epoch"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let epoch = subscribe_epoch(&mut ws, "orders");
     for i in 0..2 {
         s.publish(&b.secret, "orders", "e", json!({"i": i, "pad": pad}));
     }
@@ -88,10 +82,7 @@ fn a_restart_changes_the_epoch() {
     let mut s = Server::start();
     let h = history_project(&s, "restart", "100/600s");
     let mut ws = s.ws(&h.public);
-    let epoch = sub(&mut ws, "c", None)["epoch"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let epoch = subscribe_epoch(&mut ws, "c");
     s.publish(&h.secret, "c", "e", json!("1"));
     drop(ws);
     s.restart(Options::default());
@@ -199,10 +190,9 @@ fn set_history_applies_to_a_running_server() {
 fn reads_of_unpublished_channels_keep_nothing_and_evict_nothing() {
     // 300 subscribes on one connection, at once: over the default subscribe budget
     // (a burst of 100, then 20 per second), which this test is not about.
-    let s = Server::start_with(Options {
-        config: "history_max_bytes = 20000\nsubscribe_rate_per_connection = 100000\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config(
+        "history_max_bytes = 20000\nsubscribe_rate_per_connection = 100000\n",
+    ));
     let h = history_project(&s, "reads", "100/600s");
     for i in 0..5 {
         s.publish(&h.secret, "kept", "e", json!({"i": i}));
@@ -250,11 +240,7 @@ fn reads_of_unpublished_channels_keep_nothing_and_evict_nothing() {
 /// refused message nor loses one it had).
 #[test]
 fn a_refused_history_publish_costs_no_quota_and_keeps_the_history() {
-    let s = Server::start_with(Options {
-        workers: 1,
-        config: "mailbox_capacity = 2\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("mailbox_capacity = 2\n").workers(1));
     let v = cli(
         &s.data_dir,
         &[
@@ -328,10 +314,7 @@ fn a_refused_history_publish_costs_no_quota_and_keeps_the_history() {
 /// (the client would otherwise reconnect with the same `since` forever).
 #[test]
 fn a_replay_larger_than_half_the_send_backlog_is_not_recovered() {
-    let s = Server::start_with(Options {
-        config: "send_backlog_bytes = 16384\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("send_backlog_bytes = 16384\n"));
     let h = history_project(&s, "big", "100/600s");
     let (_, v) = s.publish(&h.secret, "c", "e", json!("first"));
     let epoch = v["epoch"].as_str().unwrap().to_string();

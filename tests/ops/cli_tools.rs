@@ -460,8 +460,7 @@ fn quota_units_batches_and_replays_are_counted() {
     let secret = v["secret_key"].as_str().unwrap().to_string();
     let public = v["public_key"].as_str().unwrap().to_string();
     s.wait_key(&secret);
-    let mut ws = s.ws(&public);
-    subscribe(&mut ws, "a");
+    let mut ws = s.ws_on(&public, "a");
     subscribe(&mut ws, "b");
     let before = scrape(&s);
 

@@ -316,25 +316,16 @@ fn slow_consumer_closes_are_counted_and_logged_once_per_interval() {
     let p = s.project("slow", "1000000/s");
     let mut stalled = Vec::new();
     for _ in 0..2 {
-        let mut ws = s.ws(&p.public);
-        subscribe(&mut ws, "c");
+        let ws = s.ws_on(&p.public, "c");
         stalled.push(ws);
     }
     let blob = "x".repeat(8000);
-    let agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .build()
-        .new_agent();
+    let agent = agent();
     let mut sent = 0;
     while metric(&scrape(&s), "ringcast_slow_consumer_closes_total") < 2.0 {
         assert!(sent < 4000, "no slow-consumer close after {sent} publishes");
         let body = json!({"channel": "c", "event": "e", "data": {"pad": blob}});
-        let resp = agent
-            .post(s.url("/api/v1/publish"))
-            .header("X-Api-Key", &p.secret)
-            .content_type("application/json")
-            .send(body.to_string())
-            .unwrap();
+        let resp = s.agent_publish(&agent, &p.secret, &body.to_string());
         assert_eq!(resp.status().as_u16(), 202);
         sent += 1;
     }
@@ -346,18 +337,7 @@ fn slow_consumer_closes_are_counted_and_logged_once_per_interval() {
         assert_eq!(close_code(ws), Some(4008));
     }
     // One summary line for both closes, within the 10 s interval.
-    let summaries = || {
-        std::fs::read_to_string(&log)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter(|v| {
-                v["fields"]["message"]
-                    .as_str()
-                    .is_some_and(|m| m.starts_with("slow consumers closed"))
-            })
-            .collect::<Vec<_>>()
-    };
+    let summaries = || log_lines(&log, |m| m.starts_with("slow consumers closed"));
     wait_for(Duration::from_secs(12), "the slow-consumer summary", || {
         !summaries().is_empty()
     });
@@ -389,8 +369,7 @@ fn json_logs_are_one_object_per_line_and_never_hold_a_key() {
             .0,
         401
     );
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "c");
+    let mut ws = s.ws_on(&p.public, "c");
     assert!(tungstenite::connect(s.ws_url("pk_notarealkeyatall000000000000000")).is_err());
     cli(&s.data_dir, &["key", "revoke", &p.public]);
     assert_eq!(close_code(&mut ws), Some(4001));
@@ -561,11 +540,7 @@ fn config_show(args: &[&str], env: &[(&str, &str)]) -> Value {
         .envs(env.iter().copied())
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out, "ringcast");
     let text = String::from_utf8(out.stdout).unwrap();
     assert_eq!(text.lines().count(), 1, "one JSON object: {text}");
     serde_json::from_str(&text).unwrap()

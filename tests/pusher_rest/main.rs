@@ -10,18 +10,13 @@ mod common;
 use common::cluster as support;
 use common::unix_now;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::{
     cli, expect_silence, header, next_json, parse_response, send_json, set_timeout, wait_for,
     Options, Server, Ws,
 };
-use hmac::{Hmac, Mac};
-use md5::{Digest, Md5};
 use serde_json::{json, Value};
-use sha2::Sha256;
 
 /// A project seen as a Pusher app.
 struct App {
@@ -58,19 +53,7 @@ fn app(s: &Server, name: &str, rate: &str) -> App {
     app
 }
 
-fn md5_hex(body: &[u8]) -> String {
-    hex(&Md5::digest(body))
-}
-
-fn hmac_hex(secret: &str, msg: &str) -> String {
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
-    mac.update(msg.as_bytes());
-    hex(&mac.finalize().into_bytes())
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
+use common::sign::{hmac_hex, md5_hex};
 
 /// A request to sign: everything Pusher's signature covers, and what to change in it.
 #[derive(Clone)]
@@ -220,10 +203,7 @@ fn pusher_on(s: &Server, app: &App, channel: &str) -> Ws {
         "ws://{}/app/{}?protocol=7&client=t&version=1",
         s.addr, app.key
     );
-    let (mut ws, _) = tungstenite::connect(url).expect("pusher connect");
-    set_timeout(&mut ws, Duration::from_secs(10));
-    let hello = next_json(&mut ws);
-    assert_eq!(hello["event"], "pusher:connection_established", "{hello}");
+    let (mut ws, _) = common::pusher_connect(&url);
     send_json(
         &mut ws,
         json!({"event": "pusher:subscribe", "data": {"channel": channel}}),
@@ -443,87 +423,74 @@ fn info_and_the_channel_queries_answer_from_presence_and_occupancy() {
         assert_eq!((st, error_code(&v)), (400, "invalid_info"), "{bad}: {v}");
     }
 
-    // GET /channels: occupied channels, sorted, attributes as asked.
-    let (st, v) = get(&s, &a, "/channels", &[]);
-    assert_eq!(st, 200, "{v}");
-    assert_eq!(
-        v,
-        json!({"channels": {"news": {}, "presence-lobby": {}, "presence-room": {}}})
-    );
-    let (st, v) = get(
-        &s,
-        &a,
-        "/channels",
-        &[("filter_by_prefix", "presence-"), ("info", "user_count")],
-    );
-    assert_eq!(st, 200, "{v}");
-    assert_eq!(
-        v,
-        json!({"channels": {"presence-lobby": {"user_count": 1}, "presence-room": {"user_count": 2}}})
-    );
-    let (st, v) = get(
-        &s,
-        &a,
-        "/channels",
-        &[("filter_by_prefix", "ne"), ("info", "subscription_count")],
-    );
-    assert_eq!(
-        (st, v),
+    type Query<'a> = &'a [(&'a str, &'a str)];
+    // Answered 200: (path, query, body).
+    let answered: [(&str, Query, Value); 9] = [
+        // GET /channels: occupied channels, sorted, attributes as asked.
         (
-            200,
-            json!({"channels": {"news": {"subscription_count": 2}}})
-        )
-    );
-    let (st, v) = get(&s, &a, "/channels", &[("info", "user_count")]);
-    assert_eq!((st, error_code(&v)), (400, "invalid_info"), "{v}");
-
-    // GET /channels/{channel}.
-    let (st, v) = get(
-        &s,
-        &a,
-        "/channels/presence-room",
-        &[("info", "user_count,subscription_count")],
-    );
-    assert_eq!(st, 200, "{v}");
-    assert_eq!(
-        v,
-        json!({"occupied": true, "user_count": 2, "subscription_count": 3})
-    );
-    let (st, v) = get(&s, &a, "/channels/news", &[]);
-    assert_eq!((st, v), (200, json!({"occupied": true})));
-    let (st, v) = get(&s, &a, "/channels/quiet", &[("info", "subscription_count")]);
-    assert_eq!(
-        (st, v),
-        (200, json!({"occupied": false, "subscription_count": 0}))
-    );
-    let (st, v) = get(&s, &a, "/channels/news", &[("info", "user_count")]);
-    assert_eq!((st, error_code(&v)), (400, "invalid_info"), "{v}");
-    // The path segment is percent-decoded (the signature covers it as sent).
-    let (st, v) = get(
-        &s,
-        &a,
-        "/channels/presence%2Droom",
-        &[("info", "user_count")],
-    );
-    assert_eq!((st, v), (200, json!({"occupied": true, "user_count": 2})));
-
-    // GET /channels/{channel}/users: ids in join order, strings.
-    let (st, v) = get(&s, &a, "/channels/presence-room/users", &[]);
-    assert_eq!(
-        (st, v),
-        (200, json!({"users": [{"id": "ann"}, {"id": "bob"}]}))
-    );
-    let (st, v) = get(&s, &a, "/channels/presence-lobby/users", &[]);
-    assert_eq!((st, v), (200, json!({"users": [{"id": "10"}]})));
-    let (st, v) = get(&s, &a, "/channels/news/users", &[]);
-    assert_eq!((st, error_code(&v)), (400, "invalid_field"), "{v}");
-    let (st, v) = get(
-        &s,
-        &a,
-        "/channels/presence-room/users",
-        &[("info", "user_count")],
-    );
-    assert_eq!((st, error_code(&v)), (400, "invalid_query"), "{v}");
+            "/channels",
+            &[],
+            json!({"channels": {"news": {}, "presence-lobby": {}, "presence-room": {}}}),
+        ),
+        (
+            "/channels",
+            &[("filter_by_prefix", "presence-"), ("info", "user_count")],
+            json!({"channels": {"presence-lobby": {"user_count": 1}, "presence-room": {"user_count": 2}}}),
+        ),
+        (
+            "/channels",
+            &[("filter_by_prefix", "ne"), ("info", "subscription_count")],
+            json!({"channels": {"news": {"subscription_count": 2}}}),
+        ),
+        // GET /channels/{channel}.
+        (
+            "/channels/presence-room",
+            &[("info", "user_count,subscription_count")],
+            json!({"occupied": true, "user_count": 2, "subscription_count": 3}),
+        ),
+        ("/channels/news", &[], json!({"occupied": true})),
+        (
+            "/channels/quiet",
+            &[("info", "subscription_count")],
+            json!({"occupied": false, "subscription_count": 0}),
+        ),
+        // The path segment is percent-decoded (the signature covers it as sent).
+        (
+            "/channels/presence%2Droom",
+            &[("info", "user_count")],
+            json!({"occupied": true, "user_count": 2}),
+        ),
+        // GET /channels/{channel}/users: ids in join order, strings.
+        (
+            "/channels/presence-room/users",
+            &[],
+            json!({"users": [{"id": "ann"}, {"id": "bob"}]}),
+        ),
+        (
+            "/channels/presence-lobby/users",
+            &[],
+            json!({"users": [{"id": "10"}]}),
+        ),
+    ];
+    for (path, query, want) in answered {
+        let (st, v) = get(&s, &a, path, query);
+        assert_eq!((st, v), (200, want), "{path} {query:?}");
+    }
+    // Refused 400: (path, query, error code).
+    let refused: [(&str, Query, &str); 4] = [
+        ("/channels", &[("info", "user_count")], "invalid_info"),
+        ("/channels/news", &[("info", "user_count")], "invalid_info"),
+        ("/channels/news/users", &[], "invalid_field"),
+        (
+            "/channels/presence-room/users",
+            &[("info", "user_count")],
+            "invalid_query",
+        ),
+    ];
+    for (path, query, code) in refused {
+        let (st, v) = get(&s, &a, path, query);
+        assert_eq!((st, error_code(&v)), (400, code), "{path} {query:?}: {v}");
+    }
 }
 
 /// Sleep until just after a second boundary, so the server reads the same second as

@@ -131,37 +131,25 @@ fn rotated_secrets_verify_during_their_grace_only() {
         r.secret = secret.to_string();
         r.send(&s).0
     };
-    // With a grace: both verify.
-    let v = cli(
-        &s.data_dir,
-        &[
+    // Rotate with this grace; wait until the new secret verifies.
+    let rotate = |grace: &str, what: &str| {
+        let args = [
             "project",
             "rotate-token-secret",
             &a.project_id,
             "--grace",
-            "1h",
-        ],
-    );
-    let new = v["token_secret"].as_str().unwrap().to_string();
-    wait_for(Duration::from_secs(5), "the new secret", || {
-        signed(&new) == 200
-    });
+            grace,
+        ];
+        let v = cli(&s.data_dir, &args);
+        let secret = v["token_secret"].as_str().unwrap().to_string();
+        wait_for(Duration::from_secs(5), what, || signed(&secret) == 200);
+        secret
+    };
+    // With a grace: both verify.
+    let new = rotate("1h", "the new secret");
     assert_eq!(signed(&old), 200, "the old secret is in its grace");
     // Without: only the newest.
-    let v = cli(
-        &s.data_dir,
-        &[
-            "project",
-            "rotate-token-secret",
-            &a.project_id,
-            "--grace",
-            "0s",
-        ],
-    );
-    let newest = v["token_secret"].as_str().unwrap().to_string();
-    wait_for(Duration::from_secs(5), "the newest secret", || {
-        signed(&newest) == 200
-    });
+    rotate("0s", "the newest secret");
     assert_eq!(signed(&new), 401, "rotated out with no grace");
 }
 
@@ -288,10 +276,7 @@ fn query_body_and_route_refusals() {
 
 #[test]
 fn pusher_off_and_the_quota_answer_403() {
-    let s = Server::start_with(Options {
-        config: "metrics_listen = \"127.0.0.1:0\"\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("metrics_listen = \"127.0.0.1:0\"\n"));
     let a = app(&s, "slow", "2/s");
     let body = json!({"name": "e", "channel": "c", "data": "x"});
 
@@ -329,7 +314,7 @@ fn pusher_off_and_the_quota_answer_403() {
     assert_eq!(get(&s, &a, "/channels", &[]).0, 200);
 
     // The metrics count the Pusher API under its own label.
-    let metrics = scrape(&s);
+    let metrics = s.scrape_text();
     assert!(
         metrics.contains("ringcast_publish_requests_total{api=\"pusher\",status=\"200\"}"),
         "{metrics}"
@@ -359,16 +344,6 @@ fn pusher_off_and_the_quota_answer_403() {
     let mut r = Req::new(&a, "GET", "/channels");
     r.secret = "ts_wrong".into();
     assert_eq!(r.send(&s).0, 401);
-}
-
-fn scrape(s: &Server) -> String {
-    let addr = s.metrics.expect("metrics address");
-    let mut c = TcpStream::connect(addr).unwrap();
-    c.write_all(b"GET /metrics HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut out = String::new();
-    c.read_to_string(&mut out).unwrap();
-    out
 }
 
 /// A native client of a cluster node subscribed to `channel`, and its connection id.

@@ -10,13 +10,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::{json, Value};
 
-fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .build()
-        .into()
-}
-
 #[test]
 fn health_is_ok_and_ignores_keys() {
     let s = Server::start();
@@ -44,12 +37,11 @@ fn health_is_ok_and_ignores_keys() {
 fn publish_accepts_with_id_and_rate_headers() {
     let s = Server::start();
     let p = s.project("acme", "1000/s");
-    let mut resp = agent()
-        .post(s.url("/api/v1/publish"))
-        .header("X-Api-Key", &p.secret)
-        .content_type("application/json")
-        .send(r#"{"channel":"news","event":"e","data":{"x":1},"extra":"ignored"}"#)
-        .unwrap();
+    let mut resp = s.agent_publish(
+        &agent(),
+        &p.secret,
+        r#"{"channel":"news","event":"e","data":{"x":1},"extra":"ignored"}"#,
+    );
     assert_eq!(resp.status().as_u16(), 202);
     for h in ["ratelimit-limit", "ratelimit-remaining", "ratelimit-reset"] {
         assert!(resp.headers().get(h).is_some(), "missing {h}");
@@ -162,10 +154,7 @@ fn every_publish_400_case() {
 
 #[test]
 fn publish_401_413_415_and_routing_errors() {
-    let s = Server::start_with(Options {
-        config: "max_body_bytes = 1024\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("max_body_bytes = 1024\n"));
     let p = s.project("a", "100000/s");
     let body = br#"{"channel":"c","event":"e","data":{}}"#;
     for (case, key) in [
@@ -258,25 +247,14 @@ fn rate_quota_gives_429_with_retry_after() {
 
 #[test]
 fn full_mailbox_gives_503_and_degraded_health() {
-    let s = Server::start_with(Options {
-        workers: 1,
-        config: "mailbox_capacity = 2\nmailbox_high_water_pct = 50\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(
+        Options::config("mailbox_capacity = 2\nmailbox_high_water_pct = 50\n").workers(1),
+    );
     let p = s.project("m", "100000/s");
     // A subscriber on the channel: workers without one are never sent the message.
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "c");
+    let _ws = s.ws_on(&p.public, "c");
     // Pipelined in one write: the worker answers them all before draining its mailbox.
-    let body = r#"{"channel":"c","event":"e","data":{}}"#;
-    let one = format!(
-        "POST /api/v1/publish HTTP/1.1\r\nHost: t\r\nX-Api-Key: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        p.secret,
-        body.len()
-    );
-    let mut req = one.repeat(3);
-    req.push_str("GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
-    let resp = String::from_utf8(s.raw(req.as_bytes())).unwrap();
+    let resp = publishes_then_health(&s, &p.secret, r#"{"channel":"c","event":"e","data":{}}"#, 3);
     let statuses: Vec<&str> = resp.split("HTTP/1.1 ").skip(1).map(|r| &r[..3]).collect();
     assert_eq!(statuses, ["202", "202", "503", "503"], "{resp}");
     assert!(resp.contains("\"code\":\"unavailable\""));
@@ -292,29 +270,35 @@ fn full_mailbox_gives_503_and_degraded_health() {
     });
 }
 
+/// `n` publishes of `body` then `GET /health`, pipelined in one write on one connection;
+/// every answer, as text.
+fn publishes_then_health(s: &Server, key: &str, body: &str, n: usize) -> String {
+    let one = format!(
+        "POST /api/v1/publish HTTP/1.1\r\nHost: t\r\nX-Api-Key: {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut req = one.repeat(n);
+    req.push_str("GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+    String::from_utf8(s.raw(req.as_bytes())).unwrap()
+}
+
 #[test]
 fn pipelined_keep_alive_requests_are_all_answered() {
     let s = Server::start();
     let p = s.project("pl", "100000/s");
-    let body = r#"{"channel":"c","event":"e","data":"x"}"#;
-    let one = format!(
-        "POST /api/v1/publish HTTP/1.1\r\nHost: t\r\nX-Api-Key: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        p.secret,
-        body.len()
+    let resp = publishes_then_health(
+        &s,
+        &p.secret,
+        r#"{"channel":"c","event":"e","data":"x"}"#,
+        10,
     );
-    let mut req = one.repeat(10);
-    req.push_str("GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
-    let resp = String::from_utf8(s.raw(req.as_bytes())).unwrap();
     assert_eq!(resp.matches("HTTP/1.1 202 Accepted").count(), 10, "{resp}");
     assert_eq!(resp.matches("HTTP/1.1 200 OK").count(), 1);
 }
 
 #[test]
 fn slow_request_head_times_out_with_408() {
-    let s = Server::start_with(Options {
-        config: "header_read_timeout_ms = 300\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("header_read_timeout_ms = 300\n"));
     let start = Instant::now();
     let resp = s.raw(b"POST /api/v1/publish HTTP/1.1\r\nHost: t\r\n");
     let (status, _, v) = parse_response(&resp);
@@ -346,16 +330,14 @@ fn websocket_refuses_bad_keys_with_401() {
             other => panic!("{case}: expected 401, got {:?}", other.map(|_| ())),
         }
     }
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "ok");
+    let _ws = s.ws_on(&p.public, "ok");
 }
 
 #[test]
 fn delivery_is_exact_channel_match_with_verbatim_data() {
     let s = Server::start();
     let p = s.project("d", "100000/s");
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "news");
+    let mut ws = s.ws_on(&p.public, "news");
     for other in ["News", "news ", "news/1", "new", "nEws"] {
         assert_eq!(s.publish(&p.secret, other, "e", json!({})).0, 202);
     }

@@ -30,8 +30,7 @@ fn hundreds_of_subscribers_over_two_workers_get_each_message_once() {
 fn unsubscribe_stops_delivery() {
     let s = Server::start();
     let p = s.project("u", "100000/s");
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "c");
+    let mut ws = s.ws_on(&p.public, "c");
     assert_eq!(s.publish(&p.secret, "c", "e", json!("one")).0, 202);
     assert_eq!(next_json(&mut ws)["data"], "one");
     send_json(&mut ws, json!({"type": "unsubscribe", "channel": "c"}));
@@ -45,10 +44,7 @@ fn unsubscribe_stops_delivery() {
 
 #[test]
 fn client_protocol_replies_and_errors_keep_the_connection() {
-    let s = Server::start_with(Options {
-        config: "max_subscriptions_per_connection = 2\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("max_subscriptions_per_connection = 2\n"));
     let p = s.project("proto", "100000/s");
     let mut ws = s.ws(&p.public);
     send_json(&mut ws, json!({"type": "ping"}));
@@ -86,10 +82,8 @@ fn revoked_public_key_closes_open_sockets_with_4001() {
     let s = Server::start();
     let p = s.project("rv", "100000/s");
     let other = s.project("keep", "100000/s");
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "c");
-    let mut keep = s.ws(&other.public);
-    subscribe(&mut keep, "c");
+    let mut ws = s.ws_on(&p.public, "c");
+    let mut keep = s.ws_on(&other.public, "c");
     let start = Instant::now();
     cli(&s.data_dir, &["key", "revoke", &p.public]);
     assert_eq!(close_code(&mut ws), Some(4001));
@@ -104,16 +98,10 @@ fn revoked_public_key_closes_open_sockets_with_4001() {
 
 #[test]
 fn stalled_subscriber_is_closed_with_4008_and_others_get_everything() {
-    let s = Server::start_with(Options {
-        workers: 2,
-        config: "send_backlog_bytes = 65536\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("send_backlog_bytes = 65536\n").workers(2));
     let p = s.project("slow", "1000000/s");
-    let mut healthy = s.ws(&p.public);
-    subscribe(&mut healthy, "c");
-    let mut stalled = s.ws(&p.public);
-    subscribe(&mut stalled, "c");
+    let mut healthy = s.ws_on(&p.public, "c");
+    let mut stalled = s.ws_on(&p.public, "c");
     // The stalled client stops reading; the healthy one reads on another thread.
     let n = 1500;
     let reader = std::thread::spawn(move || {
@@ -129,12 +117,7 @@ fn stalled_subscriber_is_closed_with_4008_and_others_get_everything() {
     let agent = agent();
     for i in 0..n {
         let body = json!({"channel": "c", "event": "e", "data": {"i": i, "pad": blob}});
-        let resp = agent
-            .post(s.url("/api/v1/publish"))
-            .header("X-Api-Key", &p.secret)
-            .content_type("application/json")
-            .send(body.to_string())
-            .unwrap();
+        let resp = s.agent_publish(&agent, &p.secret, &body.to_string());
         assert_eq!(resp.status().as_u16(), 202);
     }
     assert_eq!(reader.join().unwrap(), n);
@@ -148,8 +131,7 @@ fn stalled_subscriber_is_closed_with_4008_and_others_get_everything() {
 fn sigterm_closes_websockets_with_1001_and_exits_zero() {
     let mut s = Server::start();
     let p = s.project("bye", "100000/s");
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "c");
+    let mut ws = s.ws_on(&p.public, "c");
     let start = Instant::now();
     // The reader may start after the close arrives: the frame waits in its socket.
     let reader = std::thread::spawn(move || close_code(&mut ws));
@@ -163,10 +145,7 @@ fn sigterm_closes_websockets_with_1001_and_exits_zero() {
 
 #[test]
 fn per_project_websocket_limit_answers_503_and_frees_on_close() {
-    let s = Server::start_with(Options {
-        config: "max_ws_connections_per_project = 2\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("max_ws_connections_per_project = 2\n"));
     let p = s.project("lim", "100/s");
     let other = s.project("other", "100/s");
     let first = s.ws(&p.public);
@@ -195,10 +174,7 @@ fn per_project_websocket_limit_answers_503_and_frees_on_close() {
 
 #[test]
 fn rate_headers_on_every_publish_answer_once_the_key_is_known() {
-    let s = Server::start_with(Options {
-        config: "max_body_bytes = 512\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("max_body_bytes = 512\n"));
     let p = s.project("hdr", "50/s");
     let big = format!(
         r#"{{"channel":"c","event":"e","data":"{}"}}"#,
@@ -257,13 +233,9 @@ fn head_health_has_no_body_and_keeps_the_stream_in_step() {
 #[test]
 fn messages_published_in_quick_succession_all_arrive_in_order() {
     // Write coalescing must never reorder, drop or hold back the last frame.
-    let s = Server::start_with(Options {
-        config: "write_coalesce_ms = 20\n".into(),
-        ..Options::default()
-    });
+    let s = Server::start_with(Options::config("write_coalesce_ms = 20\n"));
     let p = s.project("co", "1000000/s");
-    let mut ws = s.ws(&p.public);
-    subscribe(&mut ws, "c");
+    let mut ws = s.ws_on(&p.public, "c");
     let body = r#"{"channel":"c","event":"e","data":{"i":N}}"#;
     let mut req = String::new();
     for i in 0..200 {
@@ -366,40 +338,32 @@ fn deeply_nested_client_frames_get_an_error_and_the_socket_stays_up() {
 
 #[test]
 fn console_is_served_only_when_turned_on() {
+    let answer =
+        |s: &Server, req: &str| String::from_utf8_lossy(&s.raw(req.as_bytes())).to_string();
+    let get = |s: &Server, path: &str| {
+        answer(
+            s,
+            &format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+        )
+    };
     let off = Server::start();
-    let resp = String::from_utf8_lossy(
-        &off.raw(b"GET /console HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
-    )
-    .to_string();
+    let resp = get(&off, "/console");
     assert!(resp.starts_with("HTTP/1.1 404 "), "{resp}");
 
-    let on = Server::start_with(Options {
-        config: "console = true\n".into(),
-        ..Options::default()
-    });
-    let page = String::from_utf8_lossy(
-        &on.raw(b"GET /console HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
-    )
-    .to_string();
+    let on = Server::start_with(Options::config("console = true\n"));
+    let page = get(&on, "/console");
     assert!(page.starts_with("HTTP/1.1 200 "), "{page}");
     assert!(page.contains("Content-Type: text/html"), "{page}");
-    assert!(
-        page.contains("/console/ringcast.js"),
-        "the page loads the client"
-    );
-    let js = String::from_utf8_lossy(
-        &on.raw(b"GET /console/ringcast.js HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
-    )
-    .to_string();
+    let loads_client = page.contains("/console/ringcast.js");
+    assert!(loads_client, "the page loads the client");
+    let js = get(&on, "/console/ringcast.js");
     assert!(js.starts_with("HTTP/1.1 200 "), "{js}");
     assert!(js.contains("Content-Type: text/javascript"), "{js}");
-    assert!(
-        js.contains("export class Ringcast"),
-        "the client module itself"
+    let is_client = js.contains("export class Ringcast");
+    assert!(is_client, "the client module itself");
+    let post = answer(
+        &on,
+        "POST /console HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
     );
-    let post = String::from_utf8_lossy(&on.raw(
-        b"POST /console HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-    ))
-    .to_string();
     assert!(post.starts_with("HTTP/1.1 405 "), "{post}");
 }

@@ -2,6 +2,14 @@
 
 use super::*;
 
+/// A presence room's whole life with one member, u1, as sorted webhook event names.
+const ROOM_LIFE_OF_U1: [&str; 4] = [
+    "channel_occupied",
+    "channel_vacated",
+    "member_added:u1",
+    "member_removed:u1",
+];
+
 /// Occupancy and presence transitions from the node's presence hub: occupied once,
 /// a leave and return within 3 s sends neither, a real leave is sent 3 s later; a user
 /// with two connections is added once and removed once; every request is signed.
@@ -15,9 +23,7 @@ fn occupancy_and_membership_webhooks_with_the_three_second_grace() {
         &["project", "set-webhook", &p.id, &receiver.url()],
     );
     // Wait until the server applied it: occupy new channels until one is reported.
-    let (mut probe, _) = tungstenite::connect(s.ws_url(&p.public)).expect("ws");
-    set_timeout(&mut probe, Duration::from_secs(10));
-    next_json(&mut probe);
+    let mut probe = s.ws(&p.public);
     let mut k = 0;
     wait_for(
         Duration::from_secs(15),
@@ -81,15 +87,7 @@ fn occupancy_and_membership_webhooks_with_the_three_second_grace() {
         .iter()
         .all(|(n, _, at)| !n.ends_with("removed") || *at >= left + Duration::from_secs(3)));
     got.sort();
-    assert_eq!(
-        got,
-        [
-            "channel_occupied",
-            "channel_vacated",
-            "member_added:u1",
-            "member_removed:u1"
-        ]
-    );
+    assert_eq!(got, ROOM_LIFE_OF_U1);
     for h in receiver.hooks() {
         assert!(h.signed_with(&p.token_secret));
         assert_eq!(h.key.as_deref(), Some(p.public.as_str()));
@@ -165,15 +163,7 @@ fn cluster_transitions_are_sent_once() {
     );
     let mut got = names(&about(&receiver, room));
     got.sort();
-    assert_eq!(
-        got,
-        [
-            "channel_occupied",
-            "channel_vacated",
-            "member_added:u1",
-            "member_removed:u1"
-        ]
-    );
+    assert_eq!(got, ROOM_LIFE_OF_U1);
 }
 
 fn cli_fails(data_dir: &std::path::Path, args: &[&str]) -> (String, String) {
@@ -275,16 +265,13 @@ fn webhooks_in_cluster_mode() {
     node.wait_key(&p.secret);
     let url = format!("ws://{}/api/v1/ws?key={}", node.addr, p.public);
     let ch = "private-c";
-    let (mut a, _) = member(&url, &p, ch, "u1");
-    let (mut b, _) = member(&url, &p, ch, "u2");
-    wait_client_events_on(&mut a, &mut b, ch);
-    let mut n = 0;
-    wait_for(Duration::from_secs(15), "a webhook from the node", || {
-        n += 1;
-        client_event(&mut a, &mut b, ch, n);
-        std::thread::sleep(Duration::from_millis(250));
-        !receiver.hooks().is_empty()
-    });
+    let ((mut a, _), (mut b, _)) = chatting(&url, &p, ch, ("u1", "u2"));
+    events_until(
+        (&mut a, &mut b, ch),
+        Duration::from_secs(15),
+        "a webhook from the node",
+        || !receiver.hooks().is_empty(),
+    );
     let hook = &receiver.hooks()[0];
     assert_eq!(hook.key.as_deref(), Some(p.public.as_str()));
     assert!(hook.signed_with(&p.token_secret));
@@ -327,22 +314,15 @@ fn webhooks_to_private_addresses_are_refused_unless_allowed() {
         let p = project(&s, &format!("ssrf{i}"));
         let url = format!("http://{host}:{port}/hooks/ringcast");
         cli(&s.data_dir, &["project", "set-webhook", &p.id, &url]);
-        let (mut ws, _) = tungstenite::connect(s.ws_url(&p.public)).expect("ws");
-        set_timeout(&mut ws, Duration::from_secs(10));
-        next_json(&mut ws);
-        conns.push(ws);
+        conns.push(s.ws(&p.public));
     }
     // The projects whose attempts were refused, by the log's project_index.
     let refused = || {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        let mut projects: Vec<u64> = text
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter(|v| {
-                v["fields"]["message"]
-                    .as_str()
-                    .is_some_and(|m| m.contains("webhook_allow_private_addresses is false"))
-            })
+        let lines = common::log_lines(&log, |m| {
+            m.contains("webhook_allow_private_addresses is false")
+        });
+        let mut projects: Vec<u64> = lines
+            .iter()
             .filter_map(|v| v["fields"]["project_index"].as_u64())
             .collect();
         projects.sort_unstable();
@@ -377,9 +357,7 @@ fn webhooks_to_private_addresses_are_refused_unless_allowed() {
     let p = project(&s, "allowed");
     let url = format!("http://0x7f000001:{port}/hooks/ringcast");
     cli(&s.data_dir, &["project", "set-webhook", &p.id, &url]);
-    let (mut ws, _) = tungstenite::connect(s.ws_url(&p.public)).expect("ws");
-    set_timeout(&mut ws, Duration::from_secs(10));
-    next_json(&mut ws);
+    let ws = s.ws(&p.public);
     let mut conns = vec![ws];
     wait_for(Duration::from_secs(20), "the allowed webhook", || {
         occupy_fresh(&mut conns, &mut k);
@@ -416,9 +394,7 @@ fn subscribe_churn_does_not_crowd_out_a_member_event() {
         &["project", "set-webhook", &p.id, &receiver.url()],
     );
     // Wait until the server applied it: occupy new channels until one is reported.
-    let (mut probe, _) = tungstenite::connect(s.ws_url(&p.public)).expect("ws");
-    set_timeout(&mut probe, Duration::from_secs(10));
-    next_json(&mut probe);
+    let mut probe = s.ws(&p.public);
     let mut k = 0;
     wait_for(Duration::from_secs(15), "the first webhook", || {
         occupy_fresh(std::slice::from_mut(&mut probe), &mut k);

@@ -191,6 +191,24 @@ fn member(url: &str, p: &Private, channel: &str, user: &str) -> (Ws, String) {
 
 /// Send a client event from `from` and wait until `to` has it: the server relayed it
 /// (and so decided about its webhook) before this returns.
+/// Send client events 1, 2, ... from `a` to `b` on `ch`, 4 a second (well under the 10/s
+/// client-event limit), until `done` holds, within `limit`; returns how many were sent.
+fn events_until(
+    (a, b, ch): (&mut Ws, &mut Ws, &str),
+    limit: Duration,
+    what: &str,
+    mut done: impl FnMut() -> bool,
+) -> u64 {
+    let mut n = 0;
+    wait_for(limit, what, || {
+        n += 1;
+        client_event(a, b, ch, n);
+        std::thread::sleep(Duration::from_millis(250));
+        done()
+    });
+    n
+}
+
 fn client_event(from: &mut Ws, to: &mut Ws, channel: &str, n: u64) {
     send_json(
         from,
@@ -207,6 +225,28 @@ fn client_event(from: &mut Ws, to: &mut Ws, channel: &str, n: u64) {
 /// Wait until the server applied `--client-events on` (a separate CLI call, so the
 /// watcher may have seen the project before it): a probe from `from` is no longer
 /// refused, and `to` receives it.
+/// `project set-webhook` of `p` to `url` for `events`; the JSON the CLI printed.
+fn set_webhook(s: &Server, p: &Private, url: &str, events: &str) -> Value {
+    cli(
+        &s.data_dir,
+        &["project", "set-webhook", &p.id, url, "--events", events],
+    )
+}
+
+/// Members `users.0` and `users.1` of `channel`, connected at `url`, once a client event
+/// from the first reaches the second: ((socket, connection id), (socket, connection id)).
+fn chatting(
+    url: &str,
+    p: &Private,
+    channel: &str,
+    users: (&str, &str),
+) -> ((Ws, String), (Ws, String)) {
+    let (mut a, a_id) = member(url, p, channel, users.0);
+    let (mut b, b_id) = member(url, p, channel, users.1);
+    wait_client_events_on(&mut a, &mut b, channel);
+    ((a, a_id), (b, b_id))
+}
+
 fn wait_client_events_on(from: &mut Ws, to: &mut Ws, channel: &str) {
     wait_for(Duration::from_secs(10), "client events to be on", || {
         send_json(
@@ -264,36 +304,23 @@ fn client_events_are_signed_batched_retried_and_stop_when_off() {
     let s = Server::start_with(allowed());
     let p = project(&s, "hooks");
     let receiver = Receiver::start(&[500, 500]);
-    let set = cli(
-        &s.data_dir,
-        &[
-            "project",
-            "set-webhook",
-            &p.id,
-            &receiver.url(),
-            "--events",
-            "client_event",
-        ],
-    );
+    let set = set_webhook(&s, &p, &receiver.url(), "client_event");
     assert_eq!(
         set["project"]["webhook"],
         json!({"url": receiver.url(), "events": ["client_event"]})
     );
     let ch = "private-room";
     let url = s.ws_url(&p.public);
-    let (mut a, a_id) = member(&url, &p, ch, "u1");
-    let (mut b, _) = member(&url, &p, ch, "u2");
-    wait_client_events_on(&mut a, &mut b, ch);
+    let ((mut a, a_id), (mut b, _)) = chatting(&url, &p, ch, ("u1", "u2"));
 
     // The server applies the webhook within a second: probe (4 a second, well under the
     // 10/s client-event limit) until one arrives.
-    let mut n = 0;
-    wait_for(Duration::from_secs(15), "the first webhook", || {
-        n += 1;
-        client_event(&mut a, &mut b, ch, n);
-        std::thread::sleep(Duration::from_millis(250));
-        !receiver.hooks().is_empty()
-    });
+    let n = events_until(
+        (&mut a, &mut b, ch),
+        Duration::from_secs(15),
+        "the first webhook",
+        || !receiver.hooks().is_empty(),
+    );
     // The first request failed (500); its retries carry the very same events. Events
     // sent now wait behind them (one request in flight per project).
     let first = receiver.hooks()[0].clone();
@@ -388,36 +415,23 @@ fn client_events_are_sent_only_when_listed() {
     );
     let ch = "presence-room";
     let url = s.ws_url(&p.public);
-    let (mut a, a_id) = member(&url, &p, ch, "alice");
-    let (mut b, _) = member(&url, &p, ch, "bob");
-    wait_client_events_on(&mut a, &mut b, ch);
+    let ((mut a, a_id), (mut b, _)) = chatting(&url, &p, ch, ("alice", "bob"));
     // Let the webhook reach the server (the contract: within 1 s), then send: not
     // wanted, so never sent. (Nothing the server does shows it applied a list without
     // client_event, hence the bounded wait.)
     std::thread::sleep(Duration::from_millis(1500));
     client_event(&mut a, &mut b, ch, 0);
 
-    cli(
-        &s.data_dir,
-        &[
-            "project",
-            "set-webhook",
-            &p.id,
-            &receiver.url(),
-            "--events",
-            "client_event,member_added",
-        ],
-    );
+    set_webhook(&s, &p, &receiver.url(), "client_event,member_added");
     // Membership and occupancy webhooks (wanted from the start) may have arrived too,
     // depending on when the server applied the first setting: look for client events
     // across every request.
-    let mut n = 0;
-    wait_for(Duration::from_secs(15), "a client_event webhook", || {
-        n += 1;
-        client_event(&mut a, &mut b, ch, n);
-        std::thread::sleep(Duration::from_millis(250));
-        receiver.hooks().iter().any(|h| !ns(h).is_empty())
-    });
+    let n = events_until(
+        (&mut a, &mut b, ch),
+        Duration::from_secs(15),
+        "a client_event webhook",
+        || receiver.hooks().iter().any(|h| !ns(h).is_empty()),
+    );
     let hooks = receiver.hooks();
     let sent: Vec<u64> = hooks.iter().flat_map(ns).collect();
     assert!(
@@ -441,12 +455,7 @@ fn client_events_are_sent_only_when_listed() {
 
 /// The value of one series (name with labels) of a scrape.
 fn scrape(s: &Server, series: &str) -> u64 {
-    let addr = s.metrics.expect("the server prints its metrics address");
-    let mut conn = TcpStream::connect(addr).unwrap();
-    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut text = String::new();
-    conn.read_to_string(&mut text).unwrap();
+    let text = s.scrape_text();
     text.lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
         .unwrap_or_else(|| panic!("no {series} in\n{text}"))
@@ -487,16 +496,11 @@ fn a_slow_endpoint_holds_up_only_its_own_project_and_a_full_queue_is_counted() {
     let (mut a2, _) = member(&s.ws_url(&slow.public), &slow, ch, "u3");
     let (mut b, _) = member(&s.ws_url(&slow.public), &slow, ch, "u2");
     wait_client_events_on(&mut a, &mut b, ch);
-    let mut n = 0;
-    wait_for(
+    events_until(
+        (&mut a, &mut b, ch),
         Duration::from_secs(15),
         "the slow project's first request",
-        || {
-            n += 1;
-            client_event(&mut a, &mut b, ch, n);
-            std::thread::sleep(Duration::from_millis(250));
-            !slow_rx.hooks().is_empty()
-        },
+        || !slow_rx.hooks().is_empty(),
     );
     let stuck_since = slow_rx.hooks()[0].at;
 
@@ -506,16 +510,13 @@ fn a_slow_endpoint_holds_up_only_its_own_project_and_a_full_queue_is_counted() {
         client_event(&mut a2, &mut b, ch, m);
     }
     // The other project's webhooks go on, and publishing is not slowed.
-    let (mut c, _) = member(&s.ws_url(&fast.public), &fast, ch, "u1");
-    let (mut d, _) = member(&s.ws_url(&fast.public), &fast, ch, "u2");
-    wait_client_events_on(&mut c, &mut d, ch);
-    let mut k = 0;
-    wait_for(Duration::from_secs(4), "the fast project's webhook", || {
-        k += 1;
-        client_event(&mut c, &mut d, ch, k);
-        std::thread::sleep(Duration::from_millis(250));
-        !fast_rx.hooks().is_empty()
-    });
+    let ((mut c, _), (mut d, _)) = chatting(&s.ws_url(&fast.public), &fast, ch, ("u1", "u2"));
+    events_until(
+        (&mut c, &mut d, ch),
+        Duration::from_secs(4),
+        "the fast project's webhook",
+        || !fast_rx.hooks().is_empty(),
+    );
     let started = Instant::now();
     let (status, _) = s.publish(&fast.secret, "news", "e", json!({"x": 1}));
     assert_eq!(status, 202);
