@@ -9,14 +9,13 @@
 
 use crate::auth::pusher::check_channel_auth;
 use crate::auth::token::{TokenRefusal, MAX_INFO_BYTES};
+use crate::wire::native::MAX_USER_ID_CHARS;
 use crate::auth::ProjectState;
 
 use super::ctx::SessionCtx;
 use super::error::ClientError;
 use super::private::unix_now;
 
-/// Most characters of a member's user id (a token's `sub`, a `channel_data`'s `user_id`).
-pub(crate) const MAX_USER_ID_CHARS: usize = 128;
 
 /// What a verified credential grants on one channel.
 pub(crate) struct Member {
