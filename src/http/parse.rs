@@ -341,7 +341,11 @@ mod tests {
         let head = parse(one).unwrap().unwrap();
         let values: Vec<&[u8]> = head.ws_extension_values(one.as_bytes()).collect();
         assert_eq!(values, vec![&b"permessage-deflate"[..]]);
-        assert_eq!(head.ws_extensions_more.capacity(), 0, "one header: no allocation");
+        assert_eq!(
+            head.ws_extensions_more.capacity(),
+            0,
+            "one header: no allocation"
+        );
         let three = "GET / HTTP/1.1\r\nSec-WebSocket-Extensions: x-webkit\r\nHost: h\r\nSec-WebSocket-Extensions: foo, bar\r\nsec-websocket-extensions: permessage-deflate; client_max_window_bits\r\n\r\n";
         let head = parse(three).unwrap().unwrap();
         let values: Vec<&[u8]> = head.ws_extension_values(three.as_bytes()).collect();

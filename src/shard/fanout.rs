@@ -13,8 +13,8 @@ use bytes::Bytes;
 use super::mailbox::Broadcast;
 use super::registry::Registry;
 use crate::close::Dialect;
-use crate::ws::deflate::payload_len;
 use crate::ws::conn::WsConn;
+use crate::ws::deflate::payload_len;
 
 /// The frames of one broadcast as its subscribers ask for them, looked up once each.
 pub(super) struct Pick<'a> {

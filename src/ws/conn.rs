@@ -64,10 +64,10 @@ mod park;
 mod queue;
 mod read;
 mod write;
+pub(crate) use own::OwnFrame;
 #[cfg(test)]
 pub(crate) use park::Parked;
 pub use park::{start_parked, ReadCtx};
-pub(crate) use own::OwnFrame;
 use queue::Queue;
 pub(crate) use read::WsRead;
 use read::{contains_close, has_frame, process, process_vec, put_scratch, take_scratch};

@@ -263,7 +263,8 @@ mod tests {
         // A message ending with a final block (BFINAL) is complete too.
         let mut c = Compress::new(Compression::new(1), false);
         let mut fin = Vec::with_capacity(8192);
-        c.compress_vec(&data, &mut fin, FlushCompress::Finish).unwrap();
+        c.compress_vec(&data, &mut fin, FlushCompress::Finish)
+            .unwrap();
         inflate(&fin, 1 << 20, &mut out).unwrap();
         assert_eq!(out, data);
         // Cut anywhere inside: never a short message.
