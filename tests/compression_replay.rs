@@ -27,6 +27,8 @@ struct Raw {
     buf: Vec<u8>,
     /// The `Sec-WebSocket-Extensions` the server answered ("" when none).
     pub extensions: String,
+    /// Inflate compressed frames (off: the measurement counts wire bytes only).
+    inflate: bool,
 }
 
 /// A server frame: FIN/RSV1/opcode byte and payload (inflated when RSV1 was set).
@@ -78,6 +80,7 @@ impl Raw {
             tcp,
             buf: Vec::new(),
             extensions: String::new(),
+            inflate: true,
         };
         raw.tcp.write_all(req.as_bytes()).unwrap();
         let end = loop {
@@ -123,7 +126,11 @@ impl Raw {
                     return Frame {
                         rsv1,
                         opcode: b0 & 0x0f,
-                        payload: if rsv1 { inflate(&payload) } else { payload },
+                        payload: if rsv1 && self.inflate {
+                            inflate(&payload)
+                        } else {
+                            payload
+                        },
                     };
                 }
             }
@@ -382,7 +389,7 @@ fn replay_cpu() {
         .unwrap_or(50);
     let s = Server::start_with(Options {
         config: format!(
-            "metrics_listen = \"127.0.0.1:0\"\nsend_backlog_bytes = {}\n",
+            "metrics_listen = \"127.0.0.1:0\"\nsend_backlog_bytes = {}\nmax_upgrades_per_second = 0\n",
             4 << 20
         ),
         ..Options::default()
@@ -399,7 +406,11 @@ fn replay_cpu() {
         common::next_json(&mut plain);
     }
     let mut clients: Vec<Raw> = (0..n)
-        .map(|_| Raw::connect(s.addr, &p.public, &["permessage-deflate"]))
+        .map(|_| {
+            let mut c = Raw::connect(s.addr, &p.public, &["permessage-deflate"]);
+            c.inflate = false;
+            c
+        })
         .collect();
     let cpu = || {
         let stat = std::fs::read_to_string(format!("/proc/{}/stat", s.pid())).unwrap();
@@ -418,10 +429,13 @@ fn replay_cpu() {
             "since": {"offset": offset, "epoch": epoch}}));
     }
     let mut bytes = 0usize;
+    let mut compressed = 0usize;
     for c in &mut clients {
         assert_eq!(c.json()["recovered"], true);
         for _ in 0..m {
-            bytes += c.frame().payload.len();
+            let f = c.frame();
+            bytes += f.payload.len();
+            compressed += usize::from(f.rsv1);
         }
     }
     let ms = cpu() - before;
@@ -430,7 +444,7 @@ fn replay_cpu() {
         .copied()
         .unwrap_or(-1.0);
     println!(
-        "replay_cpu: {n} clients x {m} messages: server CPU {ms:.0} ms ({:.1} us per replayed message), deflate runs {runs}, {bytes} bytes inflated",
+        "replay_cpu: {n} clients x {m} messages: server CPU {ms:.0} ms ({:.1} us per replayed message), deflate runs {runs}, {compressed} frames compressed, {bytes} payload bytes on the wire",
         ms * 1000.0 / (n * m) as f64
     );
 }

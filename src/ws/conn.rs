@@ -64,7 +64,7 @@ mod park;
 mod queue;
 mod read;
 mod write;
-pub(crate) use own::OwnFrame;
+pub use own::OwnFrame;
 #[cfg(test)]
 pub(crate) use park::Parked;
 pub use park::{start_parked, ReadCtx};

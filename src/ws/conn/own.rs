@@ -21,7 +21,7 @@ use crate::ws::deflate::{codec, payload_len, SharedFrame};
 
 /// A frame a connection queues as its own (see [`WsConn::send`]).
 #[derive(Debug)]
-pub(crate) enum OwnFrame {
+pub enum OwnFrame {
     /// A reply made for this connection.
     Reply(Bytes),
     /// A message replayed from history, shared with other connections.
@@ -44,7 +44,7 @@ impl WsConn {
     /// Queue a frame of this connection's own (a reply, a replayed message). Returns
     /// `false` when the connection is closing or was just closed for exceeding its
     /// backlog. Never blocks, never copies the frame. Compressed as the module docs say.
-    pub(crate) fn send(self: &Rc<Self>, frame: impl Into<OwnFrame>) -> bool {
+    pub fn send(self: &Rc<Self>, frame: impl Into<OwnFrame>) -> bool {
         match frame.into() {
             OwnFrame::Reply(frame) => self.send_reply(frame),
             OwnFrame::Replay(frame) => self.send_replay(&frame),

@@ -18,7 +18,7 @@ pub(crate) mod codec;
 pub(crate) mod negotiate;
 pub(crate) mod shared;
 
-pub(crate) use shared::{OnceFrame, SharedFrame};
+pub use shared::{OnceFrame, SharedFrame};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 

@@ -19,17 +19,17 @@ use bytes::Bytes;
 
 /// A plain server frame and its once-made compressed form (see the module docs).
 #[derive(Debug)]
-pub(crate) struct OnceFrame {
+pub struct OnceFrame {
     plain: Bytes,
     deflated: OnceLock<Option<Bytes>>,
 }
 
 /// What a replay hands out: one [`OnceFrame`] per message, shared by every connection
 /// (and, single-node, by the history entry that keeps it).
-pub(crate) type SharedFrame = Arc<OnceFrame>;
+pub type SharedFrame = Arc<OnceFrame>;
 
 impl OnceFrame {
-    pub(crate) fn new(plain: Bytes) -> OnceFrame {
+    pub fn new(plain: Bytes) -> OnceFrame {
         OnceFrame {
             plain,
             deflated: OnceLock::new(),
@@ -37,19 +37,19 @@ impl OnceFrame {
     }
 
     /// A shared frame.
-    pub(crate) fn shared(plain: Bytes) -> SharedFrame {
+    pub fn shared(plain: Bytes) -> SharedFrame {
         Arc::new(OnceFrame::new(plain))
     }
 
     /// The frame as every connection that does not compress receives it.
     #[inline]
-    pub(crate) fn plain(&self) -> &Bytes {
+    pub fn plain(&self) -> &Bytes {
         &self.plain
     }
 
     /// The compressed form (deflated here on first use, at most once), or `None`: below
     /// `ws_compression_min_bytes`, or it would not shrink.
-    pub(crate) fn deflated(&self) -> Option<&Bytes> {
+    pub fn deflated(&self) -> Option<&Bytes> {
         self.deflated
             .get_or_init(|| super::codec::compress_large(&self.plain))
             .as_ref()
@@ -57,7 +57,7 @@ impl OnceFrame {
 
     /// The compressed form's length if it was made (never deflates): what the frame
     /// holds beyond its plain bytes, for memory accounting.
-    pub(crate) fn deflated_len(&self) -> usize {
+    pub fn deflated_len(&self) -> usize {
         self.deflated
             .get()
             .and_then(Option::as_ref)
