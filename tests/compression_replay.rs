@@ -381,58 +381,58 @@ fn an_offer_split_over_several_headers_is_read_whole() {
     assert_eq!(none.extensions, "");
 }
 
-/// The measurement (BENCHMARKS.md, "Compression"): `CLIENTS_N` compressing clients
-/// recover the same gap of `MESSAGES_M` 4 KB messages; prints the server's CPU time
-/// for the recoveries (from /proc). Run with
-/// `cargo test --release --test compression_replay replay_cpu -- --ignored --nocapture`.
-#[test]
-#[ignore]
-fn replay_cpu() {
-    let n: usize = std::env::var("CLIENTS_N")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2000);
-    let m: usize = std::env::var("MESSAGES_M")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(50);
-    let s = Server::start_with(Options {
-        config: format!(
-            "metrics_listen = \"127.0.0.1:0\"\nsend_backlog_bytes = {}\nmax_upgrades_per_second = 0\n",
-            4 << 20
-        ),
-        ..Options::default()
-    });
-    let (p, _) = s.project_json("h", &["--rate-limit", "1000000/s", "--history", "100/600s"]);
-    let mut plain = s.ws(&p.public);
+/// `CLIENTS_N` and `MESSAGES_M` from the environment (default 2,000 x 50).
+fn sizes() -> (usize, usize) {
+    let get = |k: &str, d: usize| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    (get("CLIENTS_N", 2000), get("MESSAGES_M", 50))
+}
+
+/// The server's CPU time so far (utime + stime from /proc), in ms.
+fn cpu_ms(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let f: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    // Fields 14 and 15, in clock ticks (100 per second).
+    (f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()) as f64 * 10.0
+}
+
+/// Publish `m` messages on `gap` (seen by a plain subscriber), connect `n` compressing
+/// clients, then have them all recover the gap; print the server's CPU for that.
+fn measure(
+    what: &str,
+    addr: SocketAddr,
+    pid: u32,
+    metrics: SocketAddr,
+    public: &str,
+    mut plain: common::Ws,
+    publish: impl Fn(Value),
+) {
+    let (n, m) = sizes();
     common::send_json(&mut plain, json!({"type": "subscribe", "channel": "gap"}));
     let sub = common::next_json(&mut plain);
     let epoch = sub["epoch"].as_str().unwrap().to_string();
     let offset = sub["offset"].as_u64().unwrap();
-    let sent: Vec<Value> = (0..m).map(order).collect();
-    for d in &sent {
-        assert_eq!(s.publish(&p.secret, "gap", "e", d.clone()).0, 202);
+    for i in 0..m {
+        publish(order(i));
         common::next_json(&mut plain);
     }
     let mut clients: Vec<Raw> = (0..n)
         .map(|_| {
-            let mut c = Raw::connect(s.addr, &p.public, &["permessage-deflate"]);
+            let mut c = Raw::connect(addr, public, &["permessage-deflate"]);
             c.inflate = false;
             c
         })
         .collect();
-    let cpu = || {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", s.pid())).unwrap();
-        let f: Vec<&str> = stat
-            .rsplit_once(')')
-            .unwrap()
-            .1
-            .split_whitespace()
-            .collect();
-        // utime + stime (fields 14 and 15), in clock ticks (100 per second).
-        (f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()) as f64 * 10.0
-    };
-    let before = cpu();
+    let before = cpu_ms(pid);
     for c in &mut clients {
         c.send_json(json!({"type": "subscribe", "channel": "gap",
             "since": {"offset": offset, "epoch": epoch}}));
@@ -447,13 +447,75 @@ fn replay_cpu() {
             compressed += usize::from(f.rsv1);
         }
     }
-    let ms = cpu() - before;
-    let runs = scrape(s.metrics.unwrap())
+    let ms = cpu_ms(pid) - before;
+    let runs = scrape(metrics)
         .get("ringcast_deflate_runs_total")
         .copied()
         .unwrap_or(-1.0);
     println!(
-        "replay_cpu: {n} clients x {m} messages: server CPU {ms:.0} ms ({:.1} us per replayed message), deflate runs {runs}, {compressed} frames compressed, {bytes} payload bytes on the wire",
+        "{what}: {n} clients x {m} messages: server CPU {ms:.0} ms ({:.1} us per replayed message), deflate runs {runs}, {compressed} frames compressed, {bytes} payload bytes on the wire",
         ms * 1000.0 / (n * m) as f64
+    );
+}
+
+/// The measurement (BENCHMARKS.md, "Recoveries compressed once per message"):
+/// `CLIENTS_N` compressing clients recover the same gap of `MESSAGES_M` 4 KB messages;
+/// prints the server's CPU time for the recoveries. Run with
+/// `RINGCAST_TEST_BIN=target/release/ringcast cargo test --test compression_replay
+/// replay_cpu -- --ignored --nocapture` (`replay_cpu_cluster`: one cluster node).
+#[test]
+#[ignore]
+fn replay_cpu() {
+    let s = Server::start_with(Options {
+        config: "metrics_listen = \"127.0.0.1:0\"\nmax_upgrades_per_second = 0\n".into(),
+        ..Options::default()
+    });
+    let (p, _) = s.project_json("h", &["--rate-limit", "1000000/s", "--history", "100/600s"]);
+    let publish = |d: Value| assert_eq!(s.publish(&p.secret, "gap", "e", d).0, 202);
+    let plain = s.ws(&p.public);
+    measure(
+        "replay_cpu",
+        s.addr,
+        s.pid(),
+        s.metrics.unwrap(),
+        &p.public,
+        plain,
+        publish,
+    );
+}
+
+#[test]
+#[ignore]
+fn replay_cpu_cluster() {
+    let Some(redis) = support::Redis::start() else {
+        return;
+    };
+    let (node, metrics) = metrics_node(&redis, "max_upgrades_per_second = 0\n");
+    let v = support::cli(
+        &redis,
+        &[
+            "project",
+            "create",
+            "h",
+            "--rate-limit",
+            "1000000/s",
+            "--history",
+            "100/600s",
+        ],
+    );
+    let secret = v["secret_key"].as_str().unwrap().to_string();
+    let public = v["public_key"].as_str().unwrap().to_string();
+    node.wait_key(&secret);
+    let publish = |d: Value| assert_eq!(node.publish(&secret, "gap", d).0, 202);
+    let plain = node.ws(&public);
+    let pid = node.child.id();
+    measure(
+        "replay_cpu_cluster",
+        node.addr,
+        pid,
+        metrics,
+        &public,
+        plain,
+        publish,
     );
 }
