@@ -123,6 +123,7 @@ pub(crate) fn agrees_to_deflate(svc: &Service, head: &RequestHead, req: &[u8]) -
     if !svc.config().ws_compression.is_on() {
         return None;
     }
+    // No offer at all: nothing more to look at.
     head.ws_extensions.as_ref()?;
     let safari_15 = head
         .user_agent
