@@ -307,6 +307,9 @@ limit_args! {
     ws_compression => "RINGCAST_WS_COMPRESSION",
     /// Smallest message payload sent compressed, bytes (0: all). Default 512.
     ws_compression_min_bytes => "RINGCAST_WS_COMPRESSION_MIN_BYTES",
+    /// Cluster mode: bytes of recently replayed history frames kept per node (0: off).
+    /// Default 8 MiB.
+    replay_cache_bytes => "RINGCAST_REPLAY_CACHE_BYTES",
 }
 
 #[derive(Debug, Subcommand)]

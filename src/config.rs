@@ -202,6 +202,10 @@ pub struct Config {
     pub ws_compression: crate::ws::deflate::Compression,
     /// Smallest message payload sent compressed, bytes (0: all). Default 512.
     pub ws_compression_min_bytes: usize,
+    /// Cluster mode: bytes of recently replayed history frames each node keeps, so that
+    /// recoveries of the same messages share one frame and one deflate (0: off).
+    /// Default 8 MiB.
+    pub replay_cache_bytes: usize,
 }
 
 /// A list given as a TOML array, or as one text of comma-separated items (how an
@@ -282,6 +286,7 @@ impl Default for Config {
             trusted_proxies: Vec::new(),
             ws_compression: crate::ws::deflate::Compression::On,
             ws_compression_min_bytes: crate::ws::deflate::DEFAULT_MIN_BYTES,
+            replay_cache_bytes: 8 << 20,
         }
     }
 }
@@ -658,6 +663,10 @@ impl Config {
         if self.ws_compression_min_bytes > 16 << 20 {
             let v = self.ws_compression_min_bytes;
             return bad("ws_compression_min_bytes", &v, "0 to 16777216 bytes");
+        }
+        if self.replay_cache_bytes > 1 << 30 {
+            let v = self.replay_cache_bytes;
+            return bad("replay_cache_bytes", &v, "0 (off) to 1073741824 bytes");
         }
         if self.drain_spread_s > 600 {
             return bad("drain_spread_s", &self.drain_spread_s, "0 to 600 seconds");

@@ -151,11 +151,13 @@ pub use close::{code as close_code, Disconnect};
 pub use engine::{install as install_engine, Engine};
 pub use http::response::{write_error, Extra};
 pub use http::upgrade::validate as validate_upgrade;
+pub use ws::conn::OwnFrame;
 pub use ws::conn::{
     read_loop, start_parked, write_loop, PlainWriter, ReadCtx, ReadLimits, Session, WsConn,
 };
 pub use ws::deflate::configure as configure_compression;
 pub use ws::deflate::negotiate::acceptable as deflate_offer_acceptable;
+pub use ws::deflate::{OnceFrame, SharedFrame};
 pub use ws::frame::{decode_frame, frame, Opcode};
 pub use ws::handshake::{write_switching, write_switching_with};
 pub use ws::message::{Assembler, Incoming};

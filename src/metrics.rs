@@ -130,6 +130,7 @@ pub(crate) struct WorkerMetrics {
     upgrades_refused: Cell64,
     compressed_frames: Cell64,
     compression_saved: Cell64,
+    deflate_runs: Cell64,
 }
 
 impl WorkerMetrics {
@@ -161,6 +162,11 @@ impl WorkerMetrics {
     pub(crate) fn compressed(&self, frames: u64, saved: u64) {
         self.compressed_frames.add(frames);
         self.compression_saved.add(saved);
+    }
+
+    /// One message frame deflated (`ws::deflate::codec`), whether or not it shrank.
+    pub(crate) fn deflate_run(&self) {
+        self.deflate_runs.add(1);
     }
 
     pub(crate) fn slow_consumer_close(&self) {
@@ -310,7 +316,7 @@ impl Metrics {
             env!("CARGO_PKG_VERSION")
         );
 
-        let simple: [Family; 14] = [
+        let simple: [Family; 15] = [
             (
                 "ringcast_connections",
                 "gauge",
@@ -352,6 +358,12 @@ impl Metrics {
                 "counter",
                 "Bytes those compressed frames saved against their plain forms.",
                 |w| w.compression_saved.get(),
+            ),
+            (
+                "ringcast_deflate_runs_total",
+                "counter",
+                "Message frames deflated (at most once per message per node; a replay included).",
+                |w| w.deflate_runs.get(),
             ),
             (
                 "ringcast_slow_consumer_closes_total",

@@ -15,7 +15,9 @@
 //! marker arrives here the answer ([`Envelope::HistoryReady`]) is pushed into the
 //! worker's mailbox exactly between the two: the worker registers the subscriber there.
 //! When the connection drops with answers still waiting for their marker, they are
-//! answered "position unknown" (messages may have been lost meanwhile).
+//! answered "position unknown" (messages may have been lost meanwhile). A replay's
+//! frames come from this node's cache of recently replayed frames ([`replays`]), so
+//! recoveries of the same messages share one frame and one compressed form.
 //!
 //! The connection reads with a short timeout ([`POLL`]): between reads the thread
 //! applies interest changes, so a new subscription reaches Redis within a few
@@ -41,6 +43,16 @@ use super::{
 use crate::auth::KeyCache;
 use crate::shard::mailbox::{Broadcast, Envelope, HistoryReady, Mailboxes};
 use crate::shard::HistorySubscribe;
+use crate::ws::deflate::SharedFrame;
+
+mod replays;
+
+use replays::ReplayCache;
+
+/// Set the node's `replay_cache_bytes` (at start, before the subscriber thread runs).
+pub(crate) fn configure_replay_cache(max_bytes: usize) {
+    replays::configure(max_bytes);
+}
 
 /// Longest a read waits before the thread looks at interest changes again.
 pub(crate) const POLL: Duration = Duration::from_millis(5);
@@ -159,6 +171,7 @@ pub(crate) fn run(
     let mut lost = false;
     let mut confirm = Confirmations::default();
     let mut awaiting = Awaiting::new();
+    let mut replays = ReplayCache::configured();
     while !cluster.stopping() {
         let mut pending = Pending::default();
         drain_interest(
@@ -206,6 +219,7 @@ pub(crate) fn run(
             &mut conn,
             &mut data,
             &mut awaiting,
+            &mut replays,
             keys,
             mailboxes,
             rx,
@@ -274,6 +288,7 @@ fn subscribed_loop(
     conn: &mut redis::Connection,
     data: &mut redis::Connection,
     awaiting: &mut Awaiting,
+    replays: &mut ReplayCache,
     keys: &KeyCache,
     mailboxes: &Mailboxes,
     rx: &Receiver<Interest>,
@@ -335,7 +350,7 @@ fn subscribed_loop(
         for (project_id, req) in pending.recover.drain(..) {
             next_marker += 1;
             let marker = next_marker;
-            match recovery_read(data, &project_id, &req, &sync, marker) {
+            match recovery_read(data, replays, &project_id, &req, &sync, marker) {
                 Ok(Some(ready)) => {
                     awaiting.insert(marker, (req.worker, req.ticket, ready));
                 }
@@ -382,6 +397,7 @@ fn subscribed_loop(
 /// Redis answered something unusable (the subscriber gets no position).
 fn recovery_read(
     data: &mut redis::Connection,
+    replays: &mut ReplayCache,
     project_id: &str,
     req: &HistorySubscribe,
     sync: &str,
@@ -418,12 +434,19 @@ fn recovery_read(
         if !history::complete(&read, *since, want) {
             return None;
         }
-        let frames: Vec<Bytes> = read
+        let frames: Vec<SharedFrame> = read
             .entries
             .iter()
-            .map(|e| wire::frame_with_position(&e.body, e.offset, epoch.as_str()))
+            .map(|e| {
+                replays.frame(req.project, &req.channel, epoch.as_str(), e.offset, || {
+                    wire::frame_with_position(&e.body, e.offset, epoch.as_str())
+                })
+            })
             .collect();
-        let cost: usize = frames.iter().map(crate::ws::conn::WsConn::cost_of).sum();
+        let cost: usize = frames
+            .iter()
+            .map(|f| crate::ws::conn::WsConn::cost_of(f.plain()))
+            .sum();
         // Larger than the connection may queue: recovered false rather than a 4008.
         (cost <= req.budget).then_some(frames)
     });

@@ -249,3 +249,19 @@ fn ws_compression_keys_default_override_and_validate() {
         "{err}"
     );
 }
+
+#[test]
+fn replay_cache_bytes_defaults_overrides_and_validates() {
+    let mut args = ServeArgs::default();
+    let loaded = Config::load_sourced(&args, Path::new("./d"), None, None).unwrap();
+    assert_eq!(loaded.config.replay_cache_bytes, 8 << 20);
+    assert_eq!(loaded.show()["replay_cache_bytes"]["value"], 8 << 20);
+    args.limits.replay_cache_bytes = Some("0".into());
+    args.sources.insert("replay_cache_bytes", "env");
+    let loaded = Config::load_sourced(&args, Path::new("./d"), None, None).unwrap();
+    assert_eq!(loaded.config.replay_cache_bytes, 0);
+    assert_eq!(loaded.show()["replay_cache_bytes"]["source"], "env");
+    args.limits.replay_cache_bytes = Some("1073741825".into());
+    let err = Config::load_sourced(&args, Path::new("./d"), None, None).unwrap_err();
+    assert!(err.to_string().contains("replay_cache_bytes"), "{err}");
+}

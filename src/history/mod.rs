@@ -39,7 +39,16 @@
 //! while another is over); within that project, logs that keep no entry go first, then
 //! the oldest entries of its largest channels. Bookkeeping per append: two ordered-set
 //! updates (the channel in its project's order, the project in the node's order), O(log
-//! n); no scan. An entry counts its frame, its event name and a fixed overhead.
+//! n); no scan. An entry counts its frame, its event name and a fixed overhead, plus
+//! its frame's compressed form once one was made.
+//!
+//! Compression: each entry's frame is a [`SharedFrame`], whose permessage-deflate form
+//! is made at most once for the node, outside the lock, by the first compressing
+//! connection that recovers it (`WsConn::send`), and shared by every later recovery.
+//! Making it never takes the lock (it would serialise deflates behind publishes), so its
+//! bytes are counted at the entry's next recovery, under the lock ([`Inner::recover`]):
+//! until then a compressed form is uncounted, and it is smaller than the frame it
+//! came from (a form that would not shrink is not kept).
 //!
 //! Epochs: 8 hex characters, a keyed hash of the channel under a seed drawn at random at
 //! start and again whenever any log is dropped. A channel forgotten (nothing kept for
@@ -59,6 +68,8 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+
+use crate::ws::deflate::{OnceFrame, SharedFrame};
 
 /// Cluster mode: prefix of a channel's position hash in Redis (`<prefix><project id>:<channel>`,
 /// see `cluster::history`).
@@ -129,29 +140,33 @@ pub(crate) struct Position {
 #[derive(Clone, Debug)]
 pub(crate) struct Entry {
     pub offset: u64,
-    /// The message frame exactly as subscribers received it (offset and epoch included).
-    pub frame: Bytes,
+    /// The message frame exactly as subscribers received it (offset and epoch
+    /// included), with its compressed form once a recovery made it.
+    pub frame: SharedFrame,
     pub event: Box<str>,
     /// `data` as published: a slice of `frame`.
     pub data: Bytes,
     pub id: Box<str>,
     at: Instant,
+    /// The compressed form's bytes counted so far (see the module docs).
+    deflated: usize,
 }
 
 impl Entry {
     pub(crate) fn new(offset: u64, frame: Bytes, event: &str, data: Bytes, id: &str) -> Entry {
         Entry {
             offset,
-            frame,
+            frame: OnceFrame::shared(frame),
             event: event.into(),
             data,
             id: id.into(),
             at: Instant::now(),
+            deflated: 0,
         }
     }
 
     fn bytes(&self) -> usize {
-        self.frame.len() + self.event.len() + self.id.len() + ENTRY_OVERHEAD
+        self.frame.plain().len() + self.event.len() + self.id.len() + ENTRY_OVERHEAD + self.deflated
     }
 }
 
@@ -215,8 +230,9 @@ impl Log {
 #[derive(Debug)]
 pub(crate) struct Recovery {
     pub position: Position,
-    /// The missed frames in order, or `None` when they are not all kept.
-    pub frames: Option<Vec<Bytes>>,
+    /// The missed frames in order, or `None` when they are not all kept. Each is the
+    /// entry's own, so a compressed form made for one recovery serves the next.
+    pub frames: Option<Vec<SharedFrame>>,
 }
 
 /// The node's history. See the module docs for the locking rule.
@@ -511,7 +527,8 @@ impl Inner {
 
     /// Recovery: the channel's position, and the frames after `since` when every one of
     /// them is still kept under `epoch` and they cost at most `budget` bytes to queue
-    /// (each frame's length plus [`WsConn::cost_of`]'s slot cost).
+    /// (each frame's length plus [`WsConn::cost_of`]'s slot cost). The compressed forms
+    /// earlier recoveries made of the entries it reads are counted now (module docs).
     ///
     /// [`WsConn::cost_of`]: crate::ws::conn::WsConn::cost_of
     pub(crate) fn recover(
@@ -546,11 +563,26 @@ impl Inner {
         let missed = || log.entries.iter().filter(|e| e.offset > since);
         let fits = || {
             missed()
-                .map(|e| crate::ws::conn::WsConn::cost_of(&e.frame))
+                .map(|e| crate::ws::conn::WsConn::cost_of(e.frame.plain()))
                 .sum::<usize>()
                 <= budget
         };
         let frames = (complete && fits()).then(|| missed().map(|e| e.frame.clone()).collect());
+        let before = log.rank();
+        let mut grown = 0;
+        for e in log.entries.iter_mut().filter(|e| e.offset > since) {
+            let made = e.frame.deflated_len();
+            if made > e.deflated {
+                grown += made - e.deflated;
+                e.deflated = made;
+            }
+        }
+        if grown > 0 {
+            log.bytes += grown;
+            let (id, after) = (log.id, log.rank());
+            self.adjust(project, id, before, after, grown as isize);
+            self.enforce_budget();
+        }
         Recovery { position, frames }
     }
 

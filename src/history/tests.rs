@@ -376,3 +376,39 @@ fn accounts_stay_exact_through_trims_expiry_drops_and_eviction() {
     assert_eq!(h.bytes(), 0);
     assert!(h.projects.is_empty() && h.names.is_empty());
 }
+
+#[test]
+fn a_compressed_form_made_by_a_recovery_is_shared_and_counted_at_the_next() {
+    let h = History::new(1 << 20, Recoveries::Allowed);
+    let mut h = h.lock();
+    let s = spec("10/60s");
+    let json = "{\"name\":\"some item\",\"price\":12},".repeat(60);
+    let frame = crate::ws::frame::frame(crate::ws::frame::Opcode::Text, json.as_bytes());
+    let p = h.position(1, "c", s);
+    for offset in 1..=2 {
+        let at = Position {
+            offset,
+            epoch: p.epoch,
+        };
+        let e = Entry::new(offset, frame.clone(), "e", frame.clone(), "id");
+        h.push(1, "c", s, at, e);
+    }
+    let e = p.epoch.as_str().to_string();
+    let first = h.recover(1, "c", s, 0, &e, usize::MAX).frames.unwrap();
+    let before = h.bytes();
+    // A compressing connection made the first one's compressed form (outside the lock).
+    let made = first[0].deflated().unwrap().len();
+    let second = h.recover(1, "c", s, 0, &e, usize::MAX).frames.unwrap();
+    assert!(
+        std::sync::Arc::ptr_eq(&first[0], &second[0]),
+        "one frame per entry"
+    );
+    assert_eq!(
+        second[0].deflated().unwrap().as_ptr(),
+        first[0].deflated().unwrap().as_ptr()
+    );
+    assert_eq!(h.bytes(), before + made, "counted once it exists");
+    h.recover(1, "c", s, 0, &e, usize::MAX);
+    assert_eq!(h.bytes(), before + made, "and only once");
+    assert_eq!(h.project_bytes(1), h.bytes());
+}

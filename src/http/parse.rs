@@ -50,9 +50,13 @@ pub struct RequestHead {
     pub upgrade_websocket: bool,
     pub ws_key: Option<Range<usize>>,
     pub ws_version: Option<Range<usize>>,
-    /// `Sec-WebSocket-Extensions` (the upgrade's permessage-deflate offer). Several such
-    /// headers: the first that mentions `permessage-deflate`.
+    /// The first `Sec-WebSocket-Extensions` header (the upgrade's permessage-deflate
+    /// offer); read all of them with [`RequestHead::ws_extension_values`].
     pub ws_extensions: Option<Range<usize>>,
+    /// Any later `Sec-WebSocket-Extensions` headers, in order: several lines of one
+    /// header are one comma-separated list (RFC 7230 §3.2.2). Empty (no allocation) in
+    /// the usual one-header case.
+    pub ws_extensions_more: Vec<Range<usize>>,
     /// `User-Agent` (upgrades only look at it: Safari 15.0–15.3 gets no compression).
     pub user_agent: Option<Range<usize>>,
     pub http10: bool,
@@ -63,6 +67,15 @@ pub struct RequestHead {
 impl RequestHead {
     pub fn method(&self) -> Method {
         self.method.unwrap_or(Method::Other)
+    }
+
+    /// Every `Sec-WebSocket-Extensions` value of the request in `buf`, in order: the
+    /// offers of all of them, taken in turn, are the one list RFC 7230 makes of them.
+    pub fn ws_extension_values<'a>(&'a self, buf: &'a [u8]) -> impl Iterator<Item = &'a [u8]> {
+        self.ws_extensions
+            .iter()
+            .chain(&self.ws_extensions_more)
+            .filter_map(move |r| buf.get(r.clone()))
     }
 
     /// Whether the connection should stay open after this request.
@@ -224,13 +237,10 @@ pub fn parse_head(
         } else if name.eq_ignore_ascii_case("sec-websocket-version") {
             head.ws_version = Some(range_of(trim(value)));
         } else if name.eq_ignore_ascii_case("sec-websocket-extensions") {
-            let deflate = |v: &[u8]| memchr::memmem::find(v, b"permessage-deflate").is_some();
-            let keep = head
-                .ws_extensions
-                .as_ref()
-                .is_some_and(|r| deflate(&buf[r.clone()]));
-            if !keep {
+            if head.ws_extensions.is_none() {
                 head.ws_extensions = Some(range_of(value));
+            } else {
+                head.ws_extensions_more.push(range_of(value));
             }
         } else if name.eq_ignore_ascii_case("user-agent") {
             head.user_agent = Some(range_of(value));
@@ -323,6 +333,32 @@ mod tests {
         assert_eq!(head.content_length, Some(12));
         assert_eq!(head.head_len, raw.len() - 2);
         assert!(head.keep_alive());
+    }
+
+    #[test]
+    fn every_extensions_header_is_read_in_order() {
+        let one = "GET / HTTP/1.1\r\nSec-WebSocket-Extensions: permessage-deflate\r\n\r\n";
+        let head = parse(one).unwrap().unwrap();
+        let values: Vec<&[u8]> = head.ws_extension_values(one.as_bytes()).collect();
+        assert_eq!(values, vec![&b"permessage-deflate"[..]]);
+        assert_eq!(
+            head.ws_extensions_more.capacity(),
+            0,
+            "one header: no allocation"
+        );
+        let three = "GET / HTTP/1.1\r\nSec-WebSocket-Extensions: x-webkit\r\nHost: h\r\nSec-WebSocket-Extensions: foo, bar\r\nsec-websocket-extensions: permessage-deflate; client_max_window_bits\r\n\r\n";
+        let head = parse(three).unwrap().unwrap();
+        let values: Vec<&[u8]> = head.ws_extension_values(three.as_bytes()).collect();
+        assert_eq!(
+            values,
+            vec![
+                &b"x-webkit"[..],
+                b"foo, bar",
+                b"permessage-deflate; client_max_window_bits"
+            ]
+        );
+        let none = parse("GET / HTTP/1.1\r\n\r\n").unwrap().unwrap();
+        assert_eq!(none.ws_extension_values(b"").count(), 0);
     }
 
     #[test]

@@ -123,7 +123,8 @@ pub(crate) fn agrees_to_deflate(svc: &Service, head: &RequestHead, req: &[u8]) -
     if !svc.config().ws_compression.is_on() {
         return None;
     }
-    let offer = head.ws_extensions.as_ref()?;
+    // No offer at all: nothing more to look at.
+    head.ws_extensions.as_ref()?;
     let safari_15 = head
         .user_agent
         .as_ref()
@@ -131,7 +132,9 @@ pub(crate) fn agrees_to_deflate(svc: &Service, head: &RequestHead, req: &[u8]) -
     if safari_15 {
         return None;
     }
-    negotiate::acceptable(&req[offer.clone()])
+    // Several headers are one list: the first acceptable offer of any of them.
+    head.ws_extension_values(req)
+        .find_map(negotiate::acceptable)
 }
 
 /// Run an upgraded connection: the pending HTTP answers (the 101 last) are its first

@@ -211,6 +211,7 @@ fn start(args: &ServeArgs, config: Config) -> anyhow::Result<()> {
     let tls = load_tls(&config)?;
     // Node-wide: every worker shares a message's one compressed frame.
     crate::ws::deflate::configure(config.ws_compression_min_bytes);
+    crate::cluster::inbound::configure_replay_cache(config.replay_cache_bytes);
     let mut store = crate::store::open_store(
         &config.data_dir,
         config.redis.as_deref(),

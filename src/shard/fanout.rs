@@ -14,6 +14,7 @@ use super::mailbox::Broadcast;
 use super::registry::Registry;
 use crate::close::Dialect;
 use crate::ws::conn::WsConn;
+use crate::ws::deflate::payload_len;
 
 /// The frames of one broadcast as its subscribers ask for them, looked up once each.
 pub(super) struct Pick<'a> {
@@ -104,12 +105,6 @@ impl<'a> Pick<'a> {
             crate::metrics::with(|m| m.compressed(frames, saved));
         }
     }
-}
-
-/// A server frame's payload length (at most the frame's: any other frame is treated as
-/// too long for a small window).
-fn payload_len(frame: &[u8]) -> usize {
-    crate::ws::frame::data_payload(frame).map_or(frame.len(), |(_, p)| p.len())
 }
 
 /// Deliver one broadcast to a registry's subscribers of its channel. Returns how many

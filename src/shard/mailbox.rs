@@ -187,11 +187,12 @@ pub enum PresenceAnswer {
 #[derive(Debug)]
 pub enum HistoryReady {
     /// The channel's position, and the missed frames (in order) when the subscribe
-    /// asked to recover and every one of them is kept.
+    /// asked to recover and every one of them is kept (each shared with the node's
+    /// other recoveries of it, so it is compressed at most once: `cluster::inbound`).
     Position {
         offset: u64,
         epoch: Box<str>,
-        replay: Option<Vec<Bytes>>,
+        replay: Option<Vec<crate::ws::deflate::SharedFrame>>,
     },
     /// Redis could not be asked: no position (and nothing recovered).
     Unknown,

@@ -42,7 +42,7 @@ use bytes::Bytes;
 use crate::auth::{KeyCache, ProjectState};
 use crate::close::Disconnect;
 use crate::history::History;
-use crate::ws::conn::{WorkerBacklog, WsConn};
+use crate::ws::conn::{OwnFrame, WorkerBacklog, WsConn};
 use crate::ws::frame::{self, Opcode};
 
 use interest::channel_hash;
@@ -109,7 +109,7 @@ struct Awaiting {
 /// broadcast of the channel that arrived before that reply could go out (it must not
 /// overtake the `subscribed` it follows).
 enum Held {
-    Own(Bytes),
+    Own(OwnFrame),
     Shared(Bytes),
 }
 
@@ -390,7 +390,7 @@ impl Shard {
         project: u32,
         channel: &str,
         conn: &Rc<WsConn>,
-        reply: Bytes,
+        reply: impl Into<OwnFrame>,
     ) -> bool {
         let mut awaiting = self.awaiting.borrow_mut();
         match awaiting
@@ -398,7 +398,7 @@ impl Shard {
             .find(|a| a.project == project && &*a.channel == channel)
         {
             Some(a) => {
-                a.replies.push((conn.clone(), Held::Own(reply)));
+                a.replies.push((conn.clone(), Held::Own(reply.into())));
                 true
             }
             None => {
@@ -580,7 +580,10 @@ impl Shard {
                 continue;
             };
             if waiting.binary_search(&conn.id).is_ok() {
+                // Counted where chosen, like a frame sent at once (it leaves once the
+                // held `subscribed` does; a connection closing meanwhile is rare).
                 a.replies.push((conn.clone(), Held::Shared(frame.clone())));
+                pick.sent(conn.dialect(), frame);
                 delivered += 1;
             } else if conn.send_shared(frame) {
                 pick.sent(conn.dialect(), frame);

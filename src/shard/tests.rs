@@ -262,3 +262,36 @@ fn admission_is_bounded_and_released() {
     drop(g1);
     assert!(shard.admit().is_some());
 }
+
+#[test]
+fn a_compressed_frame_held_in_the_confirmation_window_is_counted() {
+    let metrics = crate::metrics::Metrics::new(1);
+    crate::metrics::install(metrics.worker(0).unwrap());
+    let rec = Arc::new(Recorder::default());
+    let (shard, mailboxes) = shard(Some(rec.clone()));
+    let a = Rc::new(WsConn::new(1, -1, 1 << 20, 0).with_compression(Some(15)));
+    let json = "{\"name\":\"some item\",\"price\":12},".repeat(60);
+    let frame = crate::ws::frame::frame(Opcode::Text, json.as_bytes());
+    shard.subscribe(3, "news", &a);
+    shard.reply_when_live(3, "news", &a, Bytes::from_static(b"\x81\x02ok"));
+    assert!(mailboxes.broadcast(Arc::new(Broadcast::new(
+        3,
+        "news".into(),
+        frame.clone(),
+        None
+    ))));
+    shard.drain();
+    shard.interest_ready(3, "news", 1);
+    let sent = a.take_queued();
+    assert_eq!(sent.len(), 2);
+    assert_eq!(sent[1][0], 0xC1, "held, then sent compressed");
+    let text = metrics.render(&crate::metrics::NodeGauges::default());
+    let value = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<u64>().ok())
+    };
+    assert_eq!(value("ringcast_compressed_frames_total"), Some(1));
+    let saved = (frame.len() - sent[1].len()) as u64;
+    assert_eq!(value("ringcast_compression_saved_bytes_total"), Some(saved));
+    assert_eq!(value("ringcast_deflate_runs_total"), Some(1));
+}

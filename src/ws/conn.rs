@@ -59,10 +59,12 @@ use super::message::{Assembler, Incoming};
 use crate::close::code::SLOW_CONSUMER;
 use crate::close::{Dialect, Disconnect};
 
+mod own;
 mod park;
 mod queue;
 mod read;
 mod write;
+pub use own::OwnFrame;
 #[cfg(test)]
 pub(crate) use park::Parked;
 pub use park::{start_parked, ReadCtx};
@@ -346,26 +348,6 @@ impl WsConn {
     /// Set by that table when it takes the connection in (`None` when it lets it go).
     pub fn set_slot(&self, slot: Option<u32>) {
         self.slot.set(slot.unwrap_or(u32::MAX));
-    }
-
-    /// Queue a frame of this connection's own (a reply). Returns `false` when the
-    /// connection is closing or was just closed for exceeding its backlog. Never
-    /// blocks, never copies the frame.
-    /// On a connection that agreed to permessage-deflate, a data frame at or above the
-    /// node's threshold (a history or recovery replay, an echo) goes compressed.
-    pub fn send(self: &Rc<Self>, frame: Bytes) -> bool {
-        if self.compresses() && self.deflate_fits(frame.len().saturating_sub(2)) {
-            if let Some(small) = super::deflate::codec::compress_large(&frame) {
-                let saved = (frame.len() - small.len()) as u64;
-                // Counted only when it was taken (not by a closing connection).
-                let taken = self.enqueue(&small, true);
-                if taken {
-                    crate::metrics::with(|m| m.compressed(1, saved));
-                }
-                return taken;
-            }
-        }
-        self.enqueue(&frame, true)
     }
 
     /// Queue a broadcast frame that other subscribers share (the fan-out): it counts in

@@ -23,6 +23,10 @@ use crate::ws::frame::{data_payload, header_len, write_header_rsv1};
 
 /// The empty stored block every sync flush ends with (RFC 7692 §7.2.1).
 const TAIL: [u8; 4] = [0x00, 0x00, 0xff, 0xff];
+/// An empty final stored block, fed after [`TAIL`]: a complete message is then at a
+/// block boundary and this ends the stream; a message cut off inside a block is not,
+/// so the stream does not end and the message is refused (RFC 7692 §7.2.2).
+const FINAL: [u8; 5] = [0x01, 0x00, 0x00, 0xff, 0xff];
 /// Output grown this much at a time while inflating.
 const CHUNK: usize = 16 * 1024;
 
@@ -44,6 +48,7 @@ pub(crate) enum InflateError {
 /// `ws::frame::frame` builds it), or `None` when it is not one or would not shrink.
 pub(crate) fn compress_frame(frame: &[u8]) -> Option<Bytes> {
     let (opcode, payload) = data_payload(frame)?;
+    crate::metrics::with(|m| m.deflate_run());
     // Deflated behind room for the longest header (10 bytes), which is written into
     // that room once the length is known: one buffer, no copy of the body.
     let mut out = vec![0; MAX_HEADER];
@@ -108,15 +113,21 @@ fn deflate_into(data: &[u8], out: &mut Vec<u8>) -> Option<()> {
 
 /// Inflate one message's compressed payload (the concatenated payloads of its frames)
 /// into `out` (cleared first). More than `limit` bytes: [`InflateError::TooLarge`], with
-/// at most `limit + 1` bytes produced.
+/// at most `limit + 1` bytes produced. Data that is not deflate, or a stream cut off
+/// inside a block (it would inflate to a prefix of the message):
+/// [`InflateError::Invalid`].
 pub(crate) fn inflate(data: &[u8], limit: usize, out: &mut Vec<u8>) -> Result<(), InflateError> {
     out.clear();
+    if data.is_empty() {
+        // An empty payload is an empty message.
+        return Ok(());
+    }
     INFLATE.with(|cell| {
         let mut slot = cell.borrow_mut();
         let d = slot.get_or_insert_with(|| Decompress::new(false));
         d.reset(false);
         let mut ended = false;
-        for part in [data, &TAIL[..]] {
+        for part in [data, &TAIL[..], &FINAL[..]] {
             let mut input = part;
             while !ended {
                 let room = (limit + 1 - out.len()).min(CHUNK);
@@ -146,6 +157,9 @@ pub(crate) fn inflate(data: &[u8], limit: usize, out: &mut Vec<u8>) -> Result<()
                     return Err(InflateError::Invalid);
                 }
             }
+        }
+        if !ended {
+            return Err(InflateError::Invalid);
         }
         Ok(())
     })
@@ -237,5 +251,30 @@ mod tests {
         );
         inflate(&[], 1000, &mut out).unwrap();
         assert!(out.is_empty());
+    }
+
+    #[test]
+    fn a_stream_cut_off_inside_a_block_is_invalid() {
+        let data = json(4000);
+        let whole = deflate(&data).unwrap();
+        let mut out = Vec::new();
+        inflate(&whole, 1 << 20, &mut out).unwrap();
+        assert_eq!(out, data);
+        // A message ending with a final block (BFINAL) is complete too.
+        let mut c = Compress::new(Compression::new(1), false);
+        let mut fin = Vec::with_capacity(8192);
+        c.compress_vec(&data, &mut fin, FlushCompress::Finish)
+            .unwrap();
+        inflate(&fin, 1 << 20, &mut out).unwrap();
+        assert_eq!(out, data);
+        // Cut anywhere inside: never a short message.
+        for cut in [1, 10, whole.len() / 3, whole.len() / 2, whole.len() - 1] {
+            assert_eq!(
+                inflate(&whole[..cut], 1 << 20, &mut out),
+                Err(InflateError::Invalid),
+                "cut at {cut} of {}",
+                whole.len()
+            );
+        }
     }
 }

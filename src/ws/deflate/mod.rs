@@ -11,9 +11,14 @@
 //! - Frames below the node's threshold (`ws_compression_min_bytes`, [`min_bytes`]) go
 //!   plain: the threshold is node-wide (every worker shares the one compressed frame of
 //!   a message), set once at start by [`configure`].
+//! - A frame sent outside the live fan-out to many connections (a replay) carries its
+//!   own once-made compressed form ([`shared`]).
 
 pub(crate) mod codec;
 pub(crate) mod negotiate;
+pub(crate) mod shared;
+
+pub use shared::{OnceFrame, SharedFrame};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -47,6 +52,13 @@ pub fn configure(min_bytes: usize) {
 #[inline]
 pub(crate) fn min_bytes() -> usize {
     MIN_BYTES.load(Ordering::Relaxed)
+}
+
+/// A server message frame's payload length (at most the frame's: any other frame is
+/// treated as too long for a small window), for `WsConn::deflate_fits`.
+#[inline]
+pub(crate) fn payload_len(frame: &[u8]) -> usize {
+    crate::ws::frame::data_payload(frame).map_or(frame.len(), |(_, p)| p.len())
 }
 
 #[cfg(test)]
