@@ -9,13 +9,12 @@
 
 use crate::auth::pusher::check_channel_auth;
 use crate::auth::token::{TokenRefusal, MAX_INFO_BYTES};
-use crate::wire::native::MAX_USER_ID_CHARS;
 use crate::auth::ProjectState;
+use crate::wire::native::MAX_USER_ID_CHARS;
 
 use super::ctx::SessionCtx;
 use super::error::ClientError;
 use super::private::unix_now;
-
 
 /// What a verified credential grants on one channel.
 pub(crate) struct Member {
