@@ -19,8 +19,9 @@
 //!    mailboxes, cluster bridge, health flags); how an accepted publish or client event
 //!    leaves its worker (the one `publish::Fanout`).
 //! 6. requests: [`publish`] (parse with simd-json, validate, quota, encode once, hand to
-//!    the mailboxes), [`client`] (the client protocols on a WebSocket: one session core, a codec each for native and Pusher,
-//!    per connection), [`error`] (the one table of REST rejections).
+//!    the mailboxes), [`client`] (the client protocols on a WebSocket: one session
+//!    core, a codec each for native and Pusher), [`error`] (the one table of REST
+//!    rejections).
 //! 5. cross-node: [`cluster`] (the Redis bridge: relay out, interest-routed
 //!    subscriptions in, on its own threads), [`presence`] (the node's presence and
 //!    occupancy hub on its control-plane thread), [`webhook`] (a bounded queue from any
