@@ -311,6 +311,19 @@ fn private_channels_need_pushers_signature_over_the_socket_id() {
         202
     );
     assert_eq!(data_of(&next_json(&mut ws)), json!({"x": 1}));
+    // A stray `channel_data` on a private channel is not part of its signature (Pusher
+    // signs it for presence channels only).
+    let stray = auth_for(&a, &id, "private-stray", None);
+    let ok = subscribe(
+        &mut ws,
+        "private-stray",
+        Some(&stray),
+        Some(r#"{"user_id":"u"}"#),
+    );
+    assert_eq!(
+        ok["event"], "pusher_internal:subscription_succeeded",
+        "{ok}"
+    );
     // Names: invalid and cache channels.
     let f = subscribe(&mut ws, &"x".repeat(101), None, None);
     assert_eq!(data_of(&f)["type"], "InvalidChannel", "{f}");

@@ -30,14 +30,34 @@ pub(crate) enum Command<'a> {
     ClientEvent {
         channel: Cow<'a, str>,
         event: Cow<'a, str>,
-        /// A JSON object or string, as the native message frame carries it.
-        data: Cow<'a, [u8]>,
+        data: EventData<'a>,
     },
     /// The frame was refused as it stands; `channel` when the answer names one.
     Refused {
         error: ClientError,
         channel: Option<Cow<'a, str>>,
     },
+}
+
+/// A client event's `data`: a JSON object or string, as the native message frame
+/// carries it.
+pub(crate) enum EventData<'a> {
+    /// The JSON text itself (Pusher: as sent, or its text in a string).
+    Text(Cow<'a, [u8]>),
+    /// A native frame's parsed value (simd-json parses in place, so the text is gone):
+    /// re-encoded only once the event is accepted, never for a refused one.
+    Value(&'a simd_json::BorrowedValue<'a>),
+}
+
+impl EventData<'_> {
+    /// The JSON text to relay.
+    pub(crate) fn text(&self) -> Cow<'_, [u8]> {
+        use simd_json::prelude::Writable;
+        match self {
+            EventData::Text(t) => Cow::Borrowed(t),
+            EventData::Value(v) => Cow::Owned(v.encode().into_bytes()),
+        }
+    }
 }
 
 /// A subscribe.

@@ -62,6 +62,10 @@ pub(crate) fn signature(
         .token_keys(project.index)
         .map(|k| k.secrets_at(unix_now()))
         .unwrap_or_default();
+    // Pusher signs `channel_data` for presence channels only: a private channel's
+    // signature covers `socket_id:channel`, whatever else the frame carries.
+    let presence = crate::shard::is_presence(channel);
+    let channel_data = channel_data.filter(|_| presence);
     let key = check_channel_auth(auth, socket_id, channel, channel_data, &secrets)
         .map_err(ClientError::Auth)?;
     match snapshot.lookup(key) {
@@ -71,7 +75,7 @@ pub(crate) fn signature(
         _ => return Err(ClientError::KeyNotPublic),
     }
     let (sub, info) = match channel_data {
-        Some(data) if crate::shard::is_presence(channel) => {
+        Some(data) => {
             let (user, info) = member_of(data)?;
             (Some(user), info)
         }

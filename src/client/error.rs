@@ -77,9 +77,9 @@ pub(crate) enum ClientError {
 
 /// A refusal's native form: `{"type":"error","code":..,"message":..}`, with the channel
 /// when `channel` is set.
-pub(crate) struct NativeForm {
+pub(crate) struct NativeForm<'e> {
     pub(crate) code: &'static str,
-    pub(crate) message: Cow<'static, str>,
+    pub(crate) message: Cow<'e, str>,
     pub(crate) channel: bool,
 }
 
@@ -101,9 +101,9 @@ impl ClientError {
     }
 
     /// The native error frame's fields.
-    pub(crate) fn native(&self) -> NativeForm {
+    pub(crate) fn native(&self) -> NativeForm<'_> {
         use ClientError as E;
-        let (code, message, channel): (&'static str, Cow<'static, str>, bool) = match self {
+        let (code, message, channel): (&'static str, Cow<'_, str>, bool) = match self {
             E::Binary => (
                 "unsupported",
                 "binary frames are not supported".into(),
@@ -150,7 +150,7 @@ impl ClientError {
                 "the server holds as many subscriptions as it may; try again later".into(),
                 false,
             ),
-            E::RateLimited(why) => ("rate_limited", why.clone().into(), true),
+            E::RateLimited(why) => ("rate_limited", why.as_str().into(), true),
             E::Token(r) => ("forbidden", r.to_string().into(), true),
             E::SubjectChanged | E::OtherUser => (
                 "forbidden",
@@ -181,7 +181,7 @@ impl ClientError {
     }
 
     /// The Pusher frame's form and sentence.
-    pub(crate) fn pusher(&self) -> (PusherForm, Cow<'static, str>) {
+    pub(crate) fn pusher(&self) -> (PusherForm, Cow<'_, str>) {
         use ClientError as E;
         use PusherForm::{Error, Subscription};
         let sub = |kind, status| Subscription { kind, status };
@@ -227,7 +227,7 @@ impl ClientError {
                 sub("LimitReached", 429),
                 "the server holds as many subscriptions as it may; try again later".into(),
             ),
-            E::RateLimited(why) => (sub("LimitReached", 429), why.clone().into()),
+            E::RateLimited(why) => (sub("LimitReached", 429), why.as_str().into()),
             E::Token(r) => (sub("AuthError", 401), r.to_string().into()),
             E::NeedsChannelData => (
                 sub("AuthError", 400),

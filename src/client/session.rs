@@ -43,7 +43,7 @@ use crate::ws::frame::Opcode;
 
 use super::admit::Budget;
 use super::codec::{Codec, Native, Pusher};
-use super::command::{Command, Credential, Reply, Since, Subscribe};
+use super::command::{Command, Credential, EventData, Reply, Since, Subscribe};
 use super::credential::{self, Member};
 use super::ctx::SessionCtx;
 use super::error::ClientError;
@@ -204,8 +204,8 @@ impl<C: Codec> ClientSession<C> {
                 auth.ok_or(ClientError::AuthMissing)?
             }
         };
-        let held = self.grant(channel);
-        if held.is_none() {
+        let holds = self.subscriptions.contains(channel);
+        if !holds {
             self.room_for_one_more()?;
         }
         // A held channel's credential is checked too (it acts as a refresh): charged.
@@ -229,19 +229,22 @@ impl<C: Codec> ClientSession<C> {
         } else {
             None
         };
-        if let Some(held) = held {
+        if holds {
             // Subscribed already: the credential acts as a refresh, and the subscribe is
-            // answered as any repeated one.
-            if held.sub.as_deref() != member.sub.as_deref() {
-                return Err(ClientError::SubjectChanged);
-            }
-            if let Some(exp) = member.exp {
-                self.ctx.expiry.arm(&held, exp);
-            }
-            if let (Some(hub), Some(user)) = (hub, held.sub.clone()) {
-                // Answered with the member list again; membership is unchanged.
-                self.join_presence(&hub, conn, &held, &user, member.info, true);
-                return Ok(());
+            // answered as any repeated one. (A held channel without a grant is a Pusher
+            // private channel: nothing to compare or move.)
+            if let Some(held) = self.grant(channel) {
+                if held.sub.as_deref() != member.sub.as_deref() {
+                    return Err(ClientError::SubjectChanged);
+                }
+                if let Some(exp) = member.exp {
+                    self.ctx.expiry.arm(&held, exp);
+                }
+                if let (Some(hub), Some(user)) = (hub, held.sub.clone()) {
+                    // Answered with the member list again; membership is unchanged.
+                    self.join_presence(&hub, conn, &held, &user, member.info, true);
+                    return Ok(());
+                }
             }
             self.subscribe(conn, channel, sub.since.as_ref());
             return Ok(());
@@ -257,7 +260,9 @@ impl<C: Codec> ClientSession<C> {
             return Ok(());
         }
         self.subscribe(conn, channel, sub.since.as_ref());
-        if self.subscriptions.contains(channel) {
+        // A grant only when it carries something: an end (native tokens) or a user. A
+        // Pusher private subscription has neither, and costs no more than a public one.
+        if member.exp.is_some() || member.sub.is_some() {
             self.hold_grant(conn, channel, &member);
         }
         Ok(())
@@ -429,29 +434,31 @@ impl<C: Codec> ClientSession<C> {
         conn: &Rc<WsConn>,
         channel: &str,
         event: &str,
-        data: &[u8],
+        data: &EventData<'_>,
     ) -> Result<(), Refusal> {
         if !events::allowed(&self.project) {
             return Err(Refusal::Off);
         }
         events::check_channel(channel)?;
-        // Private channels always hold a grant; one that ended was pruned.
-        let grant = self.grant(channel).ok_or(Refusal::NotSubscribed)?;
+        // A grant that ended was pruned, with its channel, before this frame.
+        if !self.subscriptions.contains(channel) {
+            return Err(Refusal::NotSubscribed);
+        }
         let log = self.extras().event_log.get_or_insert_with(Box::default);
         if !log.admit(crate::quota::now_ns()) {
             return Err(Refusal::ConnectionRate);
         }
-        let user_id = if is_presence(channel) {
-            grant.sub.as_deref()
-        } else {
-            None
-        };
+        // A presence channel always holds a grant, with its member's user.
+        let grant = is_presence(channel).then(|| self.grant(channel)).flatten();
+        let user_id = grant.as_ref().and_then(|g| g.sub.as_deref());
         // The id the client was given when it connected (`upgrade::start`).
         let socket_id = SocketId::local(self.ctx.shard.index(), conn.id).text();
+        // Encoded now that it is accepted: one copy per event, never per subscriber.
+        let data = data.text();
         let ev = ClientEvent {
             channel,
             event,
-            data,
+            data: &data,
             user_id,
             socket_id: socket_id.as_str(),
         };

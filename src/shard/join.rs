@@ -180,7 +180,12 @@ impl Shard {
             }
             history_answer(&c, &ch, recovering, ready, answer);
         });
-        let since = req.since.map(|(offset, epoch)| (offset, epoch.into()));
+        // A held channel is live already: nothing to replay (it would duplicate), so
+        // Redis is asked for the position only (answered `recovered: false`).
+        let since = match again {
+            true => None,
+            false => req.since.map(|(offset, epoch)| (offset, epoch.into())),
+        };
         let budget = conn.backlog_limit() / 2;
         self.history_subscribe(
             conn.id,

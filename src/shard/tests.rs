@@ -295,3 +295,49 @@ fn a_compressed_frame_held_in_the_confirmation_window_is_counted() {
     assert_eq!(value("ringcast_compression_saved_bytes_total"), Some(saved));
     assert_eq!(value("ringcast_deflate_runs_total"), Some(1));
 }
+
+/// A sink standing for the cluster that keeps each history subscribe's `since`.
+#[derive(Default)]
+struct SinceSink(std::sync::Mutex<Vec<AskedSince>>);
+
+/// The `since` a history subscribe carried to the cluster.
+type AskedSince = Option<(u64, Box<str>)>;
+impl InterestSink for SinceSink {
+    fn interest(&self, _worker: usize, _project: u32, _channel: &str, _on: bool, _t: u64) {}
+    fn history_subscribe(&self, req: HistorySubscribe) -> bool {
+        self.0.lock().unwrap().push(req.since);
+        true
+    }
+}
+
+/// The review of issue 24's restructure: a repeated subscribe with `since` to a held
+/// history channel asks Redis for the position only (a replay would duplicate what the
+/// connection got live); a first one asks for the missed messages.
+#[test]
+fn a_held_history_channel_is_asked_again_without_since() {
+    let sink = Arc::new(SinceSink::default());
+    let (shard, _mailboxes) = shard(Some(sink.clone()));
+    let a = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
+    let spec = crate::history::HistorySpec::parse("10/60s").unwrap();
+    fn answer(_: &str, _: Option<(u64, &str)>, _: Option<bool>) -> Option<Bytes> {
+        None
+    }
+    for again in [false, true] {
+        let req = JoinRequest {
+            project: 3,
+            channel: "news",
+            history: spec,
+            since: Some((7, "0badcafe")),
+            again,
+        };
+        shard.join(&a, req, answer);
+    }
+    let seen = sink.0.lock().unwrap();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(
+        seen[0].as_ref().map(|s| s.0),
+        Some(7),
+        "a first subscribe recovers"
+    );
+    assert!(seen[1].is_none(), "a held channel is not replayed");
+}

@@ -7,12 +7,10 @@
 use std::borrow::Cow;
 
 use bytes::Bytes;
-use simd_json::prelude::{
-    TypedScalarValue, ValueAsObject, ValueAsScalar, ValueObjectAccess, Writable,
-};
+use simd_json::prelude::{TypedScalarValue, ValueAsObject, ValueAsScalar, ValueObjectAccess};
 
 use super::{nesting_depth, refused, Codec, MAX_CLIENT_JSON_DEPTH};
-use crate::client::command::{Command, Credential, Reply, Since, Subscribe};
+use crate::client::command::{Command, Credential, EventData, Reply, Since, Subscribe};
 use crate::client::error::ClientError;
 use crate::client::events::{self, Refusal};
 use crate::wire::native::{
@@ -70,14 +68,14 @@ impl Codec for Native {
             _ => {
                 let event = value.get("event").and_then(|e| e.as_str()).unwrap_or("");
                 let checked = events::check_event(event).and_then(|()| match value.get("data") {
-                    Some(d) if d.is_str() || d.as_object().is_some() => Ok(d.encode()),
+                    Some(d) if d.is_str() || d.as_object().is_some() => Ok(d),
                     _ => Err(Refusal::BadData),
                 });
                 match checked {
                     Ok(data) => Command::ClientEvent {
                         channel: Cow::Borrowed(channel),
                         event: Cow::Borrowed(event),
-                        data: Cow::Owned(data.into_bytes()),
+                        data: EventData::Value(data),
                     },
                     Err(r) => refused(ClientError::Event(r), Some(Cow::Borrowed(channel))),
                 }

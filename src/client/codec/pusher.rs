@@ -15,7 +15,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::{nesting_depth, refused, Codec, MAX_CLIENT_JSON_DEPTH};
-use crate::client::command::{Command, Credential, Reply, Subscribe};
+use crate::client::command::{Command, Credential, EventData, Reply, Subscribe};
 use crate::client::error::{ClientError, PusherForm};
 use crate::client::events::{self, Refusal};
 use crate::wire::pusher as pusher_frame;
@@ -99,7 +99,7 @@ impl Codec for Pusher {
                     Ok((channel, data)) => apply(Command::ClientEvent {
                         channel: Cow::Borrowed(channel),
                         event: Cow::Borrowed(e),
-                        data,
+                        data: EventData::Text(data),
                     }),
                     Err(r) => apply(refused(ClientError::Event(r), None)),
                 }
@@ -201,7 +201,7 @@ mod tests {
         assert_eq!(code, (ClientError::CacheChannel, Some("cache-x".into())));
         let mut f = br#"{"event":"client-x","channel":"private-a","data":12}"#.to_vec();
         let data = Pusher::decode(&mut f, |c| match c {
-            Command::ClientEvent { data, .. } => data.into_owned(),
+            Command::ClientEvent { data, .. } => data.text().into_owned(),
             _ => panic!("client event expected"),
         });
         assert_eq!(data, b"\"12\"");
