@@ -18,23 +18,7 @@ use support::{cli, wait_for, Node, Redis};
 
 /// A project with history `spec`, known to every node.
 fn hist_project(redis: &Redis, name: &str, spec: &str, nodes: &[&Node]) -> support::Project {
-    let v = cli(
-        redis,
-        &[
-            "project",
-            "create",
-            name,
-            "--rate-limit",
-            "100000/s",
-            "--history",
-            spec,
-        ],
-    );
-    let p = support::Project::from_create(&v);
-    for n in nodes {
-        n.wait_key(&p.secret);
-    }
-    p
+    support::history_project_on(redis, name, "100000/s", spec, nodes)
 }
 
 /// A Redis, two nodes on it and a project with history `spec` both know; `None` where

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use common::{header, next_json, parse_response, send_json, Ws};
 use serde_json::{json, Value};
-use support::{cli, wait_for, Node, Redis};
+use support::{wait_for, Node, Redis};
 
 fn post(node: &Node, path: &str, key: &str, idem: &str, body: &str) -> (u16, String, Value) {
     let req = format!(
@@ -39,16 +39,10 @@ fn one(channel: &str, data: &str) -> String {
 }
 
 fn project(redis: &Redis, name: &str, history: Option<&str>, nodes: &[&Node]) -> support::Project {
-    let mut args = vec!["project", "create", name, "--rate-limit", "100000/s"];
-    if let Some(h) = history {
-        args.extend(["--history", h]);
+    match history {
+        Some(spec) => support::history_project_on(redis, name, "100000/s", spec, nodes),
+        None => support::project_on(redis, name, "100000/s", nodes),
     }
-    let v = cli(redis, &args);
-    let p = support::Project::from_create(&v);
-    for n in nodes {
-        n.wait_key(&p.secret);
-    }
-    p
 }
 
 fn sub(ws: &mut Ws, channel: &str) {

@@ -107,19 +107,8 @@ impl Raw {
 
     fn frame(&mut self) -> Frame {
         loop {
-            if self.buf.len() >= 2 {
-                let (len, at) = match self.buf[1] & 0x7f {
-                    126 if self.buf.len() >= 4 => {
-                        (u16::from_be_bytes([self.buf[2], self.buf[3]]) as usize, 4)
-                    }
-                    127 if self.buf.len() >= 10 => (
-                        u64::from_be_bytes(self.buf[2..10].try_into().unwrap()) as usize,
-                        10,
-                    ),
-                    126 | 127 => (usize::MAX, 0),
-                    n => (n as usize, 2),
-                };
-                if len != usize::MAX && self.buf.len() >= at + len {
+            if let Some((at, len)) = common::frame_head(&self.buf) {
+                if self.buf.len() >= at + len {
                     let b0 = self.buf[0];
                     let payload: Vec<u8> = self.buf.drain(..at + len).skip(at).collect();
                     let rsv1 = b0 & 0x40 != 0;
@@ -285,22 +274,8 @@ fn cluster_recoveries_of_the_same_gap_share_one_frame_and_one_deflate() {
     };
     let (node, metrics) = metrics_node(&redis, "");
     let (off, off_metrics) = metrics_node(&redis, "replay_cache_bytes = 0\n");
-    let v = support::cli(
-        &redis,
-        &[
-            "project",
-            "create",
-            "h",
-            "--rate-limit",
-            "100000/s",
-            "--history",
-            "100/300s",
-        ],
-    );
-    let secret = v["secret_key"].as_str().unwrap().to_string();
-    let public = v["public_key"].as_str().unwrap().to_string();
-    node.wait_key(&secret);
-    off.wait_key(&secret);
+    let p = support::history_project_on(&redis, "h", "100000/s", "100/300s", &[&node, &off]);
+    let (secret, public) = (p.secret.clone(), p.public.clone());
     let mut plain = node.ws(&public);
     common::send_json(&mut plain, json!({"type": "subscribe", "channel": "gap"}));
     let sub = common::next_json(&mut plain);
@@ -491,21 +466,8 @@ fn replay_cpu_cluster() {
         return;
     };
     let (node, metrics) = metrics_node(&redis, "max_upgrades_per_second = 0\n");
-    let v = support::cli(
-        &redis,
-        &[
-            "project",
-            "create",
-            "h",
-            "--rate-limit",
-            "1000000/s",
-            "--history",
-            "100/600s",
-        ],
-    );
-    let secret = v["secret_key"].as_str().unwrap().to_string();
-    let public = v["public_key"].as_str().unwrap().to_string();
-    node.wait_key(&secret);
+    let p = support::history_project_on(&redis, "h", "1000000/s", "100/600s", &[&node]);
+    let (secret, public) = (p.secret.clone(), p.public.clone());
     let publish = |d: Value| assert_eq!(node.publish(&secret, "gap", d).0, 202);
     let plain = node.ws(&public);
     let pid = node.child.id();

@@ -340,20 +340,8 @@ impl RawWs {
     /// Next server frame (opcode, payload), or `None` at EOF.
     fn read_frame(&mut self) -> Option<(u8, Vec<u8>)> {
         loop {
-            if self.buf.len() >= 2 {
-                assert_eq!(self.buf[1] & 0x80, 0, "server frames are never masked");
-                let (len, hl) = match self.buf[1] & 0x7f {
-                    126 if self.buf.len() >= 4 => {
-                        (u16::from_be_bytes([self.buf[2], self.buf[3]]) as usize, 4)
-                    }
-                    127 if self.buf.len() >= 10 => (
-                        u64::from_be_bytes(self.buf[2..10].try_into().unwrap()) as usize,
-                        10,
-                    ),
-                    126 | 127 => (usize::MAX, 0),
-                    n => (n as usize, 2),
-                };
-                if len != usize::MAX && self.buf.len() >= hl + len {
+            if let Some((hl, len)) = common::frame_head(&self.buf) {
+                if self.buf.len() >= hl + len {
                     let op = self.buf[0] & 0x0f;
                     let payload = self.buf[hl..hl + len].to_vec();
                     self.buf.drain(..hl + len);

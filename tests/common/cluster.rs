@@ -164,6 +164,31 @@ pub fn project_on(redis: &Redis, name: &str, rate: &str, nodes: &[&Node]) -> Pro
     p
 }
 
+/// A project with history `spec` (e.g. `100/300s`), known to each of `nodes` when it
+/// returns.
+pub fn history_project_on(
+    redis: &Redis,
+    name: &str,
+    rate: &str,
+    spec: &str,
+    nodes: &[&Node],
+) -> Project {
+    let args = [
+        "project",
+        "create",
+        name,
+        "--rate-limit",
+        rate,
+        "--history",
+        spec,
+    ];
+    let p = Project::from_create(&cli(redis, &args));
+    for node in nodes {
+        node.wait_key(&p.secret);
+    }
+    p
+}
+
 /// A Redis and two nodes on it; `None` where [`Redis::start`] is.
 pub fn two_nodes() -> Option<(Redis, Node, Node)> {
     let redis = Redis::start()?;

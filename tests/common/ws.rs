@@ -114,3 +114,21 @@ pub fn expect_silence(ws: &mut Ws, d: Duration) {
     }
     set_timeout(ws, Duration::from_secs(10));
 }
+
+/// A raw client's view of a server frame at the start of `buf`: `(header length, payload
+/// length)` once its header is whole, `None` while more bytes are needed. Server frames
+/// are never masked (checked).
+pub fn frame_head(buf: &[u8]) -> Option<(usize, usize)> {
+    if buf.len() < 2 {
+        return None;
+    }
+    assert_eq!(buf[1] & 0x80, 0, "server frames are never masked");
+    match buf[1] & 0x7f {
+        126 => (buf.len() >= 4).then(|| (4, u16::from_be_bytes([buf[2], buf[3]]) as usize)),
+        127 => {
+            let len: [u8; 8] = buf.get(2..10)?.try_into().ok()?;
+            Some((10, u64::from_be_bytes(len) as usize))
+        }
+        n => Some((2, n as usize)),
+    }
+}
