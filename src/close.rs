@@ -8,8 +8,9 @@
 //! leaves for them.
 //!
 //! A connection speaking the Pusher protocol gets the same closes translated by
-//! [`Dialect::translate`]: pusher-js decides whether to reconnect from the code alone, and
-//! ringcast's 4008/4009 sit in the range where it gives up for good (4000–4099).
+//! `dialect::Dialect::translate`: pusher-js decides whether to reconnect from the code
+//! alone, and ringcast's 4008/4009 sit in the range where it gives up for good
+//! (4000–4099).
 //!
 //! This module is a leaf: it names no other module of the crate.
 
@@ -45,33 +46,6 @@ pub mod code {
     pub const PUSHER_PONG_TIMEOUT: u16 = 4201;
     /// Pusher: an unsupported protocol version; reconnecting cannot help ("refused").
     pub const PUSHER_BAD_PROTOCOL: u16 = 4007;
-}
-
-/// Which client protocol a connection speaks, for the codes its closes carry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Dialect {
-    #[default]
-    Native,
-    Pusher,
-}
-
-impl Dialect {
-    /// The close this dialect's client must see for `why`. Native: unchanged. Pusher:
-    /// 4008 (slow consumer) becomes 4100 (reconnect after a delay), 4009 becomes 4201
-    /// and 1001 becomes 4200 (reconnect now); 4001 stays (pusher-js does not reconnect,
-    /// which is right for a revoked key); protocol-level 1xxx codes stay. Never a 43xx:
-    /// pusher-js gives up on every one of them.
-    pub const fn translate(self, why: Disconnect) -> Disconnect {
-        match self {
-            Dialect::Native => why,
-            Dialect::Pusher => match why.code {
-                code::SLOW_CONSUMER => d(code::PUSHER_OVER_CAPACITY, why.reason),
-                code::HEARTBEAT_TIMEOUT => d(code::PUSHER_PONG_TIMEOUT, why.reason),
-                code::GOING_AWAY => d(code::PUSHER_RECONNECT_NOW, why.reason),
-                _ => why,
-            },
-        }
-    }
 }
 
 /// One way the server ends a WebSocket connection.
@@ -153,19 +127,5 @@ mod tests {
         ] {
             assert!(d.reason.len() <= 123 && d.reason.is_ascii());
         }
-    }
-
-    #[test]
-    fn pusher_clients_never_see_a_code_they_give_up_on_wrongly() {
-        let p = Dialect::Pusher;
-        assert_eq!(p.translate(Disconnect::SLOW_CONSUMER).code, 4100);
-        assert_eq!(p.translate(Disconnect::HEARTBEAT_TIMEOUT).code, 4201);
-        assert_eq!(p.translate(Disconnect::SHUTDOWN).code, 4200);
-        assert_eq!(p.translate(Disconnect::KEY_REVOKED).code, 4001);
-        assert_eq!(p.translate(Disconnect::FRAME_TOO_LARGE).code, 1009);
-        assert_eq!(
-            Dialect::Native.translate(Disconnect::SLOW_CONSUMER).code,
-            4008
-        );
     }
 }

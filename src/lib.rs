@@ -45,10 +45,10 @@
 //!    without a task per connection), [`metrics`] (per-worker counters rendered as
 //!    Prometheus text), [`quota`] (per-project GCRA on atomics), [`redis_link`] (the
 //!    Redis client, timeouts and backoff every cluster-mode part shares), [`apikey`],
-//!    [`sealed`], [`cli`], [`close`], [`ids`], [`json`], [`names`], [`percent`], [`reply`]
-//!    (key kinds and hashing, the sealed master key, argument parsing, close codes, ids,
-//!    JSON escaping, channel names, URL percent-decoding, one-shot answers from a
-//!    control-plane thread).
+//!    [`sealed`], [`cli`], [`close`], [`dialect`], [`ids`], [`json`], [`names`],
+//!    [`percent`], [`reply`] (key kinds and hashing, the sealed master key, argument
+//!    parsing, close codes, which protocol a connection speaks, ids, JSON escaping,
+//!    channel names, URL percent-decoding, one-shot answers from a control-plane thread).
 //!
 //! Invariants that hold across modules: the hot path never blocks and never allocates
 //! per subscriber; one published message is encoded once into one `Bytes` that every
@@ -72,6 +72,7 @@ mod client;
 mod close;
 mod cluster;
 mod config;
+mod dialect;
 mod engine;
 mod error;
 mod history;
@@ -166,7 +167,7 @@ pub use ws::message::{Assembler, Incoming};
 /// Hooks for the criterion benches: the fan-out and the mailboxes without sockets.
 #[cfg(feature = "bench")]
 pub mod bench {
-    pub use crate::close::Dialect;
+    pub use crate::dialect::Dialect;
     pub use crate::publish::idempotency::bench_cycle as idempotency_cycle;
     pub use crate::shard::fan_out;
     pub use crate::shard::interest::channel_hash;

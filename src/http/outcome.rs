@@ -4,7 +4,7 @@
 use super::response::{write_error, Extra};
 use super::ApiError;
 use crate::auth::ProjectState;
-use crate::close::Dialect;
+use crate::dialect::Dialect;
 use crate::shard::ProjectSlot;
 use std::sync::Arc;
 

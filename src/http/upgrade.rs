@@ -22,7 +22,7 @@ use super::transport::{Transport, WsIo};
 use super::{ApiError, Service};
 use crate::apikey::KeyKind;
 use crate::client::{connected_frame, NativeSession, PusherSession};
-use crate::close::Dialect;
+use crate::dialect::Dialect;
 use crate::engine;
 use crate::error::Unavailable;
 use crate::ids::SocketId;

@@ -12,7 +12,7 @@ use bytes::Bytes;
 
 use super::mailbox::Broadcast;
 use super::registry::Registry;
-use crate::close::Dialect;
+use crate::dialect::Dialect;
 use crate::ws::conn::WsConn;
 use crate::ws::deflate::payload_len;
 

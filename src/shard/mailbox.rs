@@ -28,7 +28,7 @@ use bytes::Bytes;
 use crossbeam_channel::{Receiver, Sender};
 
 use super::interest::{channel_hash, InterestFilter};
-use crate::close::Dialect;
+use crate::dialect::Dialect;
 use crate::ids::SocketId;
 
 /// One accepted publish, encoded once per client protocol that needs it.

@@ -15,7 +15,7 @@ use std::rc::Rc;
 
 use hashbrown::HashTable;
 
-use crate::close::Dialect;
+use crate::dialect::Dialect;
 use crate::ws::conn::WsConn;
 
 /// Up to this many subscribers a channel has no index: a scan of a few pointers is

@@ -57,7 +57,8 @@ use monoio::BufResult;
 use super::frame::{self, decode_frame_with, Opcode};
 use super::message::{Assembler, Incoming};
 use crate::close::code::SLOW_CONSUMER;
-use crate::close::{Dialect, Disconnect};
+use crate::close::Disconnect;
+use crate::dialect::Dialect;
 
 mod own;
 mod park;
