@@ -31,3 +31,21 @@ pub(crate) mod native;
 pub(crate) mod pusher;
 pub(crate) mod relay;
 mod write;
+
+/// The payload of a one-frame server text frame, checked to be exactly one frame with a
+/// minimal header (the unit tests of the frame writers).
+#[cfg(test)]
+pub(crate) fn test_payload(f: &bytes::Bytes) -> &str {
+    assert_eq!(f[0], 0x81, "final text frame");
+    let (start, len) = match f[1] {
+        126 => (4, u16::from_be_bytes([f[2], f[3]]) as usize),
+        127 => (
+            10,
+            u64::from_be_bytes(f[2..10].try_into().unwrap()) as usize,
+        ),
+        n => (2, n as usize),
+    };
+    assert_eq!(f.len(), start + len, "one frame, exactly");
+    assert_eq!(start, crate::ws::frame::header_len(len), "a minimal header");
+    std::str::from_utf8(&f[start..]).unwrap()
+}

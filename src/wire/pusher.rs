@@ -234,21 +234,7 @@ mod tests {
     use crate::ws::frame::{self, Opcode};
     use serde_json::{json, Value};
 
-    /// The payload of a server text frame, checked to be one whole frame.
-    fn payload(f: &Bytes) -> &str {
-        assert_eq!(f[0], 0x81, "final text frame");
-        let (start, len) = match f[1] {
-            126 => (4, u16::from_be_bytes([f[2], f[3]]) as usize),
-            127 => (
-                10,
-                u64::from_be_bytes(f[2..10].try_into().unwrap()) as usize,
-            ),
-            n => (2, n as usize),
-        };
-        assert_eq!(f.len(), start + len, "one frame, exactly");
-        assert_eq!(start, frame::header_len(len));
-        std::str::from_utf8(&f[start..]).unwrap()
-    }
+    use crate::wire::test_payload as payload;
 
     fn parsed(f: &Bytes) -> Value {
         serde_json::from_str(payload(f)).unwrap()

@@ -149,21 +149,7 @@ fn client_event_frames_are_message_frames_with_an_optional_user() {
     );
 }
 
-/// The payload of a one-frame text frame (checked to be exactly one frame).
-fn payload(f: &Bytes) -> &str {
-    assert_eq!(f[0], 0x81, "final text frame");
-    let (start, len) = match f[1] {
-        126 => (4, u16::from_be_bytes([f[2], f[3]]) as usize),
-        127 => (
-            10,
-            u64::from_be_bytes(f[2..10].try_into().unwrap()) as usize,
-        ),
-        n => (2, n as usize),
-    };
-    assert_eq!(f.len(), start + len, "one frame, exactly");
-    assert_eq!(start, header_len(len), "a minimal header");
-    std::str::from_utf8(&f[start..]).unwrap()
-}
+use crate::wire::test_payload as payload;
 
 #[test]
 fn goldens() {
