@@ -4,9 +4,12 @@
 //!
 //! Invariants:
 //! - It lives on the subscriber thread, the only one that builds replays: no lock.
-//! - A frame is keyed by (project, channel, epoch, offset), which names one message for
-//!   good: an epoch is drawn at random when a channel's history starts, and an offset is
-//!   given once under it. A hit is therefore the very frame a fresh read would build.
+//! - A frame is keyed by (project, channel, epoch, offset), which names one message as
+//!   long as an epoch never serves two histories of a channel: a history starts under
+//!   its window's first epoch (`cluster::history`), or a random one when `ringcast:hn`
+//!   shows an earlier history in the same window. Only if Redis evicted both the
+//!   position hash and that set within one window could the same key name another
+//!   message (clients would face the same ambiguity).
 //! - Bounded in bytes (`replay_cache_bytes`): each frame counts its plain bytes, its
 //!   channel name and a fixed overhead, and its compressed form once made; above the
 //!   bound the oldest frames go first. A worker makes the compressed form, so it is
