@@ -439,7 +439,7 @@ fn measure(
 /// `RINGCAST_TEST_BIN=target/release/ringcast cargo test --test compression_replay
 /// replay_cpu -- --ignored --nocapture` (`replay_cpu_cluster`: one cluster node).
 #[test]
-#[ignore]
+#[ignore = "measurement, not a check: server CPU of 2,000 compressing clients recovering one gap (BENCHMARKS.md); run by hand with --ignored --nocapture against a release build"]
 fn replay_cpu() {
     let s = Server::start_with(Options {
         config: "metrics_listen = \"127.0.0.1:0\"\nmax_upgrades_per_second = 0\n".into(),
@@ -460,7 +460,7 @@ fn replay_cpu() {
 }
 
 #[test]
-#[ignore]
+#[ignore = "measurement, not a check: replay_cpu on one cluster node with a real Redis (BENCHMARKS.md); run by hand with --ignored --nocapture against a release build"]
 fn replay_cpu_cluster() {
     let Some(redis) = support::Redis::start() else {
         return;
