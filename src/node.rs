@@ -13,6 +13,7 @@ use std::sync::Arc;
 use crate::auth::KeyCache;
 use crate::cluster::Cluster;
 use crate::config::Config;
+use crate::history::backend::Backend;
 use crate::history::History;
 use crate::publish::Fanout;
 use crate::shard::mailbox::{Broadcast, BroadcastBatch, Mailboxes};
@@ -29,9 +30,13 @@ pub(crate) struct Node {
     pub shutting_down: AtomicBool,
     /// Whether the key store answered on its last check.
     pub db_ok: Arc<AtomicBool>,
-    /// Channel history of the projects that keep it (the one place offsets are
-    /// assigned on this node).
+    /// This node's channel history (where a single node assigns offsets; in cluster
+    /// mode it keeps nothing, and serves no recovery, but the shards ask it for
+    /// nothing then either).
     pub history: Arc<History>,
+    /// Where history lives, chosen once at start: [`Node::history`] on a single node,
+    /// Redis (the cluster bridge) in cluster mode.
+    pub backend: Arc<dyn Backend>,
     /// Metrics are served (`metrics_listen`): time each publish for the histogram.
     /// Counters are kept either way (the logs' slow-consumer summary reads them).
     pub metrics_timing: bool,
@@ -100,11 +105,7 @@ impl Fanout for Node {
         self.is_shutting_down()
     }
 
-    fn history(&self) -> &History {
-        &self.history
-    }
-
-    fn cluster(&self) -> Option<&Arc<Cluster>> {
-        self.cluster.as_ref()
+    fn history(&self) -> &dyn Backend {
+        &*self.backend
     }
 }

@@ -55,6 +55,7 @@ use crossbeam_channel::Receiver;
 use redis::Value;
 
 use super::{connect, next_batch, wire, Backoff, Cluster, MAX_BATCH};
+use crate::history::backend;
 use crate::history::{Epoch, Position, REDIS_META_PREFIX, REDIS_STREAM_PREFIX};
 
 /// Requests waiting for the history thread; a full queue answers 503 at once.
@@ -212,7 +213,7 @@ pub(crate) struct ReadRequest {
     pub ttl_s: u32,
     pub since: Option<u64>,
     pub limit: usize,
-    pub reply: ReplyTx<Read>,
+    pub reply: ReplyTx<backend::Read>,
 }
 
 pub(crate) enum Request {
@@ -384,6 +385,30 @@ pub(crate) fn complete(read: &Read, since: u64, epoch: &str) -> bool {
             .all(|(e, want)| e.offset == want)
 }
 
+impl Read {
+    /// A REST read's answer: each kept body split into its event, data and id (a body
+    /// that does not split, which only a foreign writer could have made, is left out).
+    fn into_messages(self) -> backend::Read {
+        let messages = self
+            .entries
+            .into_iter()
+            .filter_map(|k| {
+                let (event, data, id) = crate::wire::native::split_body(&k.body, k.data_start)?;
+                Some(backend::Kept {
+                    offset: k.offset,
+                    event: event.into(),
+                    data: k.body.slice_ref(data),
+                    id: id.into(),
+                })
+            })
+            .collect();
+        backend::Read {
+            position: self.position,
+            messages,
+        }
+    }
+}
+
 /// The publish script's call for one request.
 fn publish_cmd(node: u64, req: &PublishRequest) -> redis::Cmd {
     let mut cmd = redis::cmd("EVALSHA");
@@ -521,7 +546,7 @@ fn serve(
                     p.reply.send(got.ok_or(Unreachable));
                 }
                 Request::Read(r) => {
-                    let got = parse_read(v, r.since, r.limit);
+                    let got = parse_read(v, r.since, r.limit).map(Read::into_messages);
                     r.reply.send(got.ok_or(Unreachable));
                 }
                 Request::Scripted(k) => {

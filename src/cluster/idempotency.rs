@@ -36,7 +36,8 @@ use redis::Value;
 
 use super::history::{meta_key, meta_ttl_s, stream_key, Item, ReplyTx, PUBLISH_SCRIPT};
 use super::wire;
-use crate::history::{Epoch, Position};
+pub(crate) use crate::history::backend::{Keyed, Template};
+use crate::history::Epoch;
 
 /// Prefix of an idempotency key in Redis.
 pub(crate) const KEY_PREFIX: &str = "ringcast:idem:";
@@ -119,15 +120,6 @@ pub(crate) fn redis_key(project_id: &str, key: &[u8]) -> Vec<u8> {
     out
 }
 
-/// The answer of an accepted request, as its node writes it: `head`, then (when
-/// `positioned`) `,"offset":N,"epoch":"E"` of the first frame, then `tail`.
-pub(crate) struct Template {
-    pub status: u16,
-    pub head: Vec<u8>,
-    pub tail: &'static [u8],
-    pub positioned: bool,
-}
-
 /// What a keyed request publishes.
 pub(crate) enum Publish {
     /// A history project's frames (as `history::PublishRequest`'s).
@@ -152,18 +144,6 @@ pub(crate) struct KeyedRequest {
     pub answer: Template,
     pub publish: Publish,
     pub reply: ReplyTx<Keyed>,
-}
-
-/// What Redis decided for a keyed publish.
-#[derive(Debug)]
-pub(crate) enum Keyed {
-    /// Published now; the positions of a history publish's frames, in order, and how
-    /// many older keys of the project were forgotten to stay within the bound.
-    Published(Vec<Position>, u64),
-    /// Accepted before with the same body: its answer.
-    Replay { status: u16, body: Bytes },
-    /// Known with another body.
-    Reused,
 }
 
 fn hex(bytes: &[u8; 32]) -> String {

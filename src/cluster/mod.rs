@@ -42,6 +42,7 @@
 //! received in order on one subscriber connection, so subscribers on every node see
 //! them in publish order per channel.
 
+mod backend;
 pub(crate) mod history;
 pub(crate) mod idempotency;
 pub(crate) mod inbound;

@@ -56,6 +56,7 @@
 //! starts again at offset 1 under a new epoch, so a client holding an old position
 //! learns it cannot recover.
 
+pub(crate) mod backend;
 pub(crate) mod spec;
 
 pub(crate) use spec::{HistoryCell, HistorySpec, HistorySpecError};

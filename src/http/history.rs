@@ -18,9 +18,8 @@ use super::parse::{query_param, RequestHead};
 use super::response::{write_json_with, Extra};
 use super::{ApiError, Service};
 use crate::apikey::KeyKind;
-use crate::cluster::history::{ReadRequest, Request};
 use crate::error::Unavailable;
-use crate::history::Position;
+use crate::history::backend::{Project, Read, ReadAnswer, ReadAsk};
 use crate::json::write_json_str;
 
 /// Most messages one request returns, and the default.
@@ -49,28 +48,24 @@ pub(crate) fn handle(
         return answer(out, ApiError::HistoryOff);
     }
     let max_bytes = svc.config().max_history_answer_bytes;
-    if let Some(cluster) = &svc.node.cluster {
+    let project = Project {
+        index: project.index,
+        id: &project.id,
+    };
+    let ask = ReadAsk {
+        channel: &params.channel,
+        spec,
+        since: params.since,
+        limit: params.limit,
+    };
+    match svc.node.backend.read(project, ask) {
+        ReadAnswer::Here(read) => write_history(out, &params, read, max_bytes),
         // Cluster mode: the history is in Redis; the cluster's thread reads it.
-        let (tx, reply) = crate::cluster::history::reply();
-        cluster.history(Request::Read(ReadRequest {
-            project_id: project.id.as_str().into(),
-            channel: params.channel.as_str().into(),
-            size: spec.size,
-            ttl_s: spec.ttl_s,
-            since: params.since,
-            limit: params.limit,
-            reply: tx,
-        }));
-        return Outcome::Deferred(Box::pin(async move {
+        ReadAnswer::Later(reply) => Outcome::Deferred(Box::pin(async move {
             let mut out = Vec::new();
             match reply.wait().await {
                 Ok(read) => {
-                    let entries = read.entries.iter().filter_map(|k| {
-                        let (event, data, id) =
-                            crate::wire::native::split_body(&k.body, k.data_start)?;
-                        Some((event, data, id, k.offset))
-                    });
-                    write_history(&mut out, &params, read.position, entries, max_bytes);
+                    write_history(&mut out, &params, read, max_bytes);
                 }
                 Err(_) => {
                     answer(
@@ -80,32 +75,16 @@ pub(crate) fn handle(
                 }
             }
             out
-        }));
+        })),
     }
-    let (position, entries) = svc.node.history.lock().read(
-        project.index,
-        &params.channel,
-        spec,
-        params.since,
-        params.limit,
-    );
-    let entries = entries
-        .iter()
-        .map(|e| (&*e.event, &e.data[..], &*e.id, e.offset));
-    write_history(out, &params, position, entries, max_bytes)
 }
 
 /// The 200 answer (or the 409 of an `epoch` that is not the channel's), written straight
 /// into `out`. Messages go in oldest first while the body stays within `max_bytes`; the
 /// first one always goes in (a single message is at most `max_body_bytes`, and paging on
 /// with `since` must always move), and `"more": true` says the others did not fit.
-fn write_history<E: AsRef<str>>(
-    out: &mut Vec<u8>,
-    params: &Params,
-    position: Position,
-    entries: impl Iterator<Item = (E, impl AsRef<[u8]>, impl AsRef<str>, u64)>,
-    max_bytes: usize,
-) -> Outcome {
+fn write_history(out: &mut Vec<u8>, params: &Params, read: Read, max_bytes: usize) -> Outcome {
+    let position = read.position;
     if params
         .epoch
         .as_deref()
@@ -121,18 +100,18 @@ fn write_history<E: AsRef<str>>(
         write_json_str(body, position.epoch.as_str());
         body.extend_from_slice(b",\"messages\":[");
         let mut more = false;
-        for (i, (event, data, id, offset)) in entries.enumerate() {
+        for (i, m) in read.messages.iter().enumerate() {
             let before = body.len();
             if i > 0 {
                 body.push(b',');
             }
             body.extend_from_slice(b"{\"event\":");
-            write_json_str(body, event.as_ref());
+            write_json_str(body, &m.event);
             body.extend_from_slice(b",\"data\":");
-            body.extend_from_slice(data.as_ref());
+            body.extend_from_slice(&m.data);
             body.extend_from_slice(b",\"id\":");
-            write_json_str(body, id.as_ref());
-            body.extend_from_slice(format!(",\"offset\":{offset}}}").as_bytes());
+            write_json_str(body, &m.id);
+            body.extend_from_slice(format!(",\"offset\":{}}}", m.offset).as_bytes());
             if i > 0 && body.len() - start + END_MAX > max_bytes {
                 body.truncate(before);
                 more = true;
@@ -218,14 +197,21 @@ mod tests {
 
     fn body_of(max_bytes: usize, n: u64) -> serde_json::Value {
         let params = Params::parse(b"channel=c").unwrap();
-        let position = Position {
+        let position = crate::history::Position {
             offset: n,
             epoch: crate::history::Epoch::random(),
         };
         let data = format!("\"{}\"", "x".repeat(100));
-        let entries = (1..=n).map(|o| ("e", data.as_bytes(), format!("id{o}"), o));
+        let messages = (1..=n)
+            .map(|o| crate::history::backend::Kept {
+                offset: o,
+                event: "e".into(),
+                data: data.clone().into(),
+                id: format!("id{o}").into(),
+            })
+            .collect();
         let mut out = Vec::new();
-        write_history(&mut out, &params, position, entries, max_bytes);
+        write_history(&mut out, &params, Read { position, messages }, max_bytes);
         let at = out.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
         let head = String::from_utf8_lossy(&out[..at]).to_string();
         assert!(head.contains(&format!("Content-Length: {}\r\n", out.len() - at)));

@@ -46,7 +46,7 @@ where
     }
     let cfg = svc.config();
     let hash = idempotency::body_hash(body);
-    if svc.node.cluster.is_some() {
+    if svc.node.backend.decides_keys() {
         let keyed = Keyed {
             key,
             hash,

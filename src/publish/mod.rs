@@ -25,16 +25,17 @@ pub(crate) mod idempotency;
 pub(crate) mod parse;
 pub(crate) mod pusher;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::auth::ProjectState;
-use crate::cluster::history::{Item, PublishRequest, Reply, Request, Unreachable};
-use crate::cluster::Cluster;
 use crate::error::{ApiError, Unavailable};
-use crate::history::{Entry, History, HistorySpec, Position};
+use crate::history::backend::{
+    self, Backend, Framed, KeyedAsk, Message, Project, Sequenced, Template,
+};
+use crate::history::{HistorySpec, Position};
 use crate::ids::{Id, IdGen};
 use crate::quota::{now_ns, Decision};
+use crate::reply::{Reply, Unreachable};
 use crate::shard::mailbox::{Broadcast, BroadcastBatch};
 use crate::wire::native as encode;
 
@@ -102,10 +103,9 @@ pub(crate) trait Fanout {
     fn broadcast_batch(&self, batch: BroadcastBatch) -> bool;
     /// Whether the service is shutting down.
     fn shutting_down(&self) -> bool;
-    /// The node's channel history (only history projects touch it).
-    fn history(&self) -> &History;
-    /// Cluster mode's bridge: history projects publish through Redis.
-    fn cluster(&self) -> Option<&Arc<Cluster>>;
+    /// Where the node's channel history lives (only history projects and keyed
+    /// publishes it decides touch it).
+    fn history(&self) -> &dyn Backend;
 }
 
 /// What [`accept`] or [`accept_batch`] decided: answered now, or (cluster mode, a
@@ -115,15 +115,15 @@ pub(crate) enum Decided {
     Later(Later),
 }
 
-/// What a publish waits for from Redis.
+/// What a publish waits for from its history backend.
 enum Waiting {
-    /// A history publish's positions ([`cluster_publish`]).
+    /// A history publish's positions ([`Sequenced::Later`]).
     Positions(Reply<Result<Vec<Position>, Unreachable>>),
     /// A keyed publish's decision ([`keyed_publish`]).
-    Keyed(Reply<Result<crate::cluster::idempotency::Keyed, Unreachable>>),
+    Keyed(Reply<Result<backend::Keyed, Unreachable>>),
 }
 
-/// A publish waiting for Redis (see [`cluster_publish`], [`keyed_publish`]).
+/// A publish waiting for its history backend (Redis: see [`sequence`], [`keyed_publish`]).
 pub(crate) struct Later {
     reply: Waiting,
     project: Arc<ProjectState>,
@@ -137,7 +137,7 @@ pub(crate) struct Later {
 impl Later {
     /// Wait for Redis (the worker serves others meanwhile) and give the answer.
     pub(crate) async fn wait(self) -> Answer {
-        use crate::cluster::idempotency::Keyed as K;
+        use backend::Keyed as K;
         let got = match self.reply {
             Waiting::Positions(r) => r.wait().await,
             Waiting::Keyed(r) => match r.wait().await {
@@ -194,64 +194,31 @@ impl Later {
     }
 }
 
-/// Cluster mode, a history project: Redis gives each message of each channel its
-/// offset, keeps it and publishes it to every node (this one included, which delivers
-/// it to its subscribers from there, in offset order), in one script call for the
-/// whole request. Each frame's body is encoded once here; each node adds the position.
-fn cluster_publish(
-    cluster: &Cluster,
-    project: &Arc<ProjectState>,
-    spec: HistorySpec,
-    msgs: &[Publish<'_>],
-    accepted: Accepted,
-    rate: Decision,
-    units: u32,
-) -> Later {
-    let items = history_items(msgs, &accepted, units);
-    let (tx, reply) = crate::cluster::history::reply();
-    // A full queue drops the request, and with it `tx`: the reply answers 503 at once.
-    cluster.history(Request::Publish(PublishRequest {
-        project_id: project.id.as_str().into(),
-        size: spec.size,
-        ttl_s: spec.ttl_s,
-        items,
-        reply: tx,
-    }));
-    Later {
-        reply: Waiting::Positions(reply),
-        project: Arc::clone(project),
-        single: msgs.len() == 1 && msgs[0].channels.is_single(),
-        accepted,
-        rate,
-        units,
-    }
-}
-
-/// The ids of an accepted request, in message order.
-fn id_strs(accepted: &Accepted) -> Vec<&str> {
-    match accepted {
-        Accepted::One(id, _) => vec![id.as_str()],
-        Accepted::Many(ids) => ids.iter().map(|i| i.as_str()).collect(),
-        Accepted::Replayed(_) => Vec::new(),
-    }
-}
-
-/// Cluster mode, a history project: each frame's body for Redis' publish script.
-fn history_items(msgs: &[Publish<'_>], accepted: &Accepted, units: u32) -> Vec<Item> {
-    let mut items = Vec::with_capacity(units as usize);
-    for (msg, id) in msgs.iter().zip(id_strs(accepted)) {
+/// The messages of a request, one per message per channel, in request order, with
+/// their ids.
+fn messages<'a>(msgs: &'a [Publish<'a>], ids: &'a [Id]) -> Vec<Message<'a>> {
+    let mut out = Vec::with_capacity(units(msgs) as usize);
+    for (msg, id) in msgs.iter().zip(ids) {
         for &channel in msg.channels.as_slice() {
-            let (body, data_start) =
-                crate::wire::native::message_body(channel, msg.event, msg.data, id);
-            items.push(Item {
-                channel: channel.into(),
-                body,
-                data_start,
+            out.push(Message {
+                channel,
+                event: msg.event,
+                data: msg.data,
+                id: id.as_str(),
                 except: msg.except,
             });
         }
     }
-    items
+    out
+}
+
+/// The ids of an accepted request, in message order.
+fn id_list(accepted: &Accepted) -> &[Id] {
+    match accepted {
+        Accepted::One(id, _) => std::slice::from_ref(id),
+        Accepted::Many(ids) => ids,
+        Accepted::Replayed(_) => &[],
+    }
 }
 
 /// The body of an accepted native answer: `{"id":...}` (with `offset`/`epoch` for a
@@ -299,13 +266,13 @@ fn answer_head(accepted: &Accepted) -> Option<(Vec<u8>, &'static [u8])> {
     }
 }
 
-/// Cluster mode, a request with an `Idempotency-Key`: Redis' idempotent script claims
-/// the key, publishes (through history's script for a history project; by PUBLISH
-/// to every node, this one included, otherwise) and stores the answer, or answers
-/// the stored one (see `cluster::idempotency`). Redis away: 503, nothing published.
+/// A request with an `Idempotency-Key`, where the history backend decides keys
+/// (cluster mode: Redis' idempotent script claims the key, publishes, through
+/// history's script for a history project, and stores the answer, or answers the
+/// stored one; see `cluster::idempotency`). Backend away: 503, nothing published.
 #[allow(clippy::too_many_arguments)]
 fn keyed_publish(
-    cluster: &Cluster,
+    history: &dyn Backend,
     project: &Arc<ProjectState>,
     spec: HistorySpec,
     msgs: &[Publish<'_>],
@@ -314,7 +281,6 @@ fn keyed_publish(
     units: u32,
     keyed: &Keyed<'_>,
 ) -> Later {
-    use crate::cluster::idempotency::{self as idem, KeyedRequest, Template};
     let single = msgs.len() == 1 && msgs[0].channels.is_single();
     let answer = if keyed.pusher {
         Template {
@@ -332,40 +298,21 @@ fn keyed_publish(
             positioned: spec.is_on() && single,
         }
     };
-    let publish = if spec.is_on() {
-        idem::Publish::History {
-            size: spec.size,
-            ttl_s: spec.ttl_s,
-            items: history_items(msgs, &accepted, units),
-        }
-    } else {
-        let mut frames = Vec::with_capacity(units as usize);
-        for (msg, id) in msgs.iter().zip(id_strs(&accepted)) {
-            for &channel in msg.channels.as_slice() {
-                let frame = encode::message_frame(channel, msg.event, msg.data, id);
-                // Origin 0: every node delivers it, this one included.
-                let payload = match msg.except {
-                    Some(e) => crate::wire::relay::encode_payload_except(0, e, &frame),
-                    None => crate::wire::relay::encode_payload(0, &frame),
-                };
-                let name = crate::wire::relay::redis_channel(project.id.as_str(), channel);
-                frames.push((name, payload));
-            }
-        }
-        idem::Publish::Plain(frames)
-    };
-    let (tx, reply) = crate::cluster::history::reply();
-    // A full queue drops the request, and with it `tx`: the reply answers 503 at once.
-    cluster.history(Request::Scripted(Box::new(KeyedRequest {
-        project_id: project.id.as_str().into(),
-        key: keyed.key.into(),
-        body_hash: keyed.hash,
-        window_ms: keyed.window_ms,
-        max_keys: keyed.max_keys,
-        answer,
-        publish,
-        reply: tx,
-    })));
+    let reply = history.keyed(
+        Project {
+            index: project.index,
+            id: &project.id,
+        },
+        KeyedAsk {
+            key: keyed.key,
+            body_hash: keyed.hash,
+            window_ms: keyed.window_ms,
+            max_keys: keyed.max_keys,
+            answer,
+            spec,
+            messages: &messages(msgs, id_list(&accepted)),
+        },
+    );
     Later {
         reply: Waiting::Keyed(reply),
         project: Arc::clone(project),
@@ -376,78 +323,72 @@ fn keyed_publish(
     }
 }
 
-/// Publish `msgs` of a history project: under the history lock, give each message of
-/// each channel its offset, encode it with its position, hand all of them to the
-/// mailboxes and, once they were accepted, record them, before the lock is released, so
-/// every mailbox gets a channel's frames in offset order and a refused publish (503)
-/// leaves the history exactly as it was. Returns the position of the first frame (the
-/// answer of a single-channel publish), `None` when the mailboxes refused.
-fn publish_with_history(
-    project: &ProjectState,
+/// Publish `msgs` of a history project through the node's history backend: each frame
+/// gets the next offset of its channel, and this node's positioned frames are handed to
+/// the mailboxes all or none. On a single node that happens now, under the history lock
+/// (`Decided::Now`, with the first frame's position; a refused hand-over is a 503 that
+/// leaves the history as it was); in cluster mode once Redis placed them.
+fn sequence(
+    fanout: &dyn Fanout,
+    project: &Arc<ProjectState>,
     spec: HistorySpec,
     msgs: &[Publish<'_>],
-    ids: &[Id],
-    fanout: &dyn Fanout,
-) -> Option<Option<Position>> {
-    let n = units(msgs) as usize;
-    let mut history = fanout.history().lock();
-    let mut frames = Vec::with_capacity(n);
-    let mut kept = Vec::with_capacity(n);
-    // The last position given to each channel in this request (only when there are
-    // several frames: a channel may come back, and its log is not written yet).
-    let mut given: HashMap<&str, Position> = HashMap::new();
-    let mut first = None;
-    for (msg, id) in msgs.iter().zip(ids) {
-        for &channel in msg.channels.as_slice() {
-            let last = match given.get(channel) {
-                Some(p) => *p,
-                None => history.position(project.index, channel, spec),
-            };
-            let pos = Position {
-                offset: last.offset + 1,
-                epoch: last.epoch,
-            };
-            first.get_or_insert(pos);
-            if n > 1 {
-                given.insert(channel, pos);
-            }
-            let (frame, span) = encode::message_frame_at(
-                channel,
-                msg.event,
-                msg.data,
-                id.as_str(),
-                pos.offset,
-                pos.epoch.as_str(),
-            );
-            kept.push((pos, span, msg.event, id));
-            frames.push(Arc::new(Broadcast::new(
-                project.index,
-                channel.into(),
-                frame,
-                msg.except,
-            )));
+    accepted: Accepted,
+    rate: Decision,
+    units: u32,
+) -> Decided {
+    let single = msgs.len() == 1 && msgs[0].channels.is_single();
+    let mut hand = |frames: Vec<Framed<'_>>| {
+        let mut out: Vec<Arc<Broadcast>> = frames
+            .into_iter()
+            .map(|f| {
+                Arc::new(Broadcast::new(
+                    project.index,
+                    f.channel.into(),
+                    f.frame,
+                    f.except,
+                ))
+            })
+            .collect();
+        match out.len() {
+            1 => fanout.broadcast(out.swap_remove(0)),
+            _ => fanout.broadcast_batch(out.into()),
         }
-    }
-    let queued = if frames.len() == 1 {
-        fanout.broadcast(Arc::clone(&frames[0]))
-    } else {
-        fanout.broadcast_batch(frames.iter().cloned().collect())
     };
-    if !queued {
-        return None;
+    let sequenced = fanout.history().publish(
+        Project {
+            index: project.index,
+            id: &project.id,
+        },
+        spec,
+        &messages(msgs, id_list(&accepted)),
+        &mut hand,
+    );
+    match sequenced {
+        Sequenced::Here(None) => Decided::Now(unavailable(project, Unavailable::QueueFull, units)),
+        Sequenced::Here(Some(first)) => {
+            let accepted = match accepted {
+                // The answer carries a position only for a single-channel publish.
+                Accepted::One(id, _) => Accepted::One(id, Some(first).filter(|_| single)),
+                many => many,
+            };
+            Decided::Now(Answer {
+                outcome: Ok(accepted),
+                index: None,
+                rate,
+                retry_after_s: None,
+                units,
+            })
+        }
+        Sequenced::Later(reply) => Decided::Later(Later {
+            reply: Waiting::Positions(reply),
+            project: Arc::clone(project),
+            single,
+            accepted,
+            rate,
+            units,
+        }),
     }
-    for (msg, (pos, span, event, id)) in frames.iter().zip(kept) {
-        let entry = Entry::new(
-            pos.offset,
-            msg.frame.clone(),
-            event,
-            msg.frame.slice(span),
-            id.as_str(),
-        );
-        history.push(project.index, &msg.channel, spec, pos, entry);
-    }
-    history.enforce_budget();
-    Some(first)
 }
 
 /// Quota units of some messages: one per message per channel.
@@ -492,9 +433,9 @@ fn unavailable(project: &ProjectState, why: Unavailable, units: u32) -> Answer {
 }
 
 /// Encode `msg` once per channel, with id `id`, into `out`.
-fn encode_into(project: u32, msg: &Publish<'_>, id: &Id, out: &mut Vec<Arc<Broadcast>>) {
+fn encode_into(project: u32, msg: &Publish<'_>, id: &str, out: &mut Vec<Arc<Broadcast>>) {
     for channel in msg.channels.as_slice() {
-        let frame = encode::message_frame(channel, msg.event, msg.data, id.as_str());
+        let frame = encode::message_frame(channel, msg.event, msg.data, id);
         out.push(Arc::new(Broadcast::new(
             project,
             (*channel).into(),
@@ -533,87 +474,66 @@ pub(crate) fn publish_one(
     fanout: &dyn Fanout,
     keyed: Option<&Keyed<'_>>,
 ) -> Decided {
-    let spent = units(std::slice::from_ref(msg));
-    let decision = match reserve(project, spent) {
+    let msgs = std::slice::from_ref(msg);
+    let units = units(msgs);
+    let rate = match reserve(project, units) {
         Ok(d) => d,
         Err(answer) => return Decided::Now(answer),
     };
-    let cost = units(std::slice::from_ref(msg));
     if fanout.shutting_down() {
-        return Decided::Now(unavailable(project, Unavailable::ShuttingDown, cost));
+        return Decided::Now(unavailable(project, Unavailable::ShuttingDown, units));
     }
-    let id = ids.next_id();
-    let spec = project.history.get();
-    if let (Some(keyed), Some(cluster)) = (keyed, fanout.cluster()) {
-        let accepted = Accepted::One(id, None);
-        let msgs = std::slice::from_ref(msg);
-        return Decided::Later(keyed_publish(
-            cluster, project, spec, msgs, accepted, decision, spent, keyed,
-        ));
-    }
-    if let (true, Some(cluster)) = (spec.is_on(), fanout.cluster()) {
-        let accepted = Accepted::One(id, None);
-        let msgs = std::slice::from_ref(msg);
-        return Decided::Later(cluster_publish(
-            cluster, project, spec, msgs, accepted, decision, spent,
-        ));
-    }
-    Decided::Now(accept_now(project, msg, id, spec, decision, spent, fanout))
+    let accepted = Accepted::One(ids.next_id(), None);
+    admitted(fanout, project, msgs, accepted, rate, units, keyed)
 }
 
-/// The rest of [`accept`] on a single node, or for a project without history.
-fn accept_now(
-    project: &ProjectState,
-    msg: &Publish<'_>,
-    id: Id,
-    spec: HistorySpec,
-    decision: Decision,
-    spent: u32,
+/// A request whose quota was taken and ids given: decided by the history backend when
+/// it is keyed and the backend decides keys, sequenced by it when the project keeps
+/// history, else encoded once per frame and handed to the mailboxes now.
+fn admitted(
     fanout: &dyn Fanout,
-) -> Answer {
-    let cost = spent;
-    if spec.is_on() {
-        let Some(first) =
-            publish_with_history(project, spec, std::slice::from_ref(msg), &[id], fanout)
-        else {
-            return unavailable(project, Unavailable::QueueFull, cost);
-        };
-        // The answer carries a position only for a single-channel publish.
-        let position = first.filter(|_| msg.channels.is_single());
-        return Answer {
-            outcome: Ok(Accepted::One(id, position)),
-            index: None,
-            rate: decision,
-            retry_after_s: None,
-            units: spent,
-        };
+    project: &Arc<ProjectState>,
+    msgs: &[Publish<'_>],
+    accepted: Accepted,
+    rate: Decision,
+    units: u32,
+    keyed: Option<&Keyed<'_>>,
+) -> Decided {
+    let spec = project.history.get();
+    let history = fanout.history();
+    if let Some(keyed) = keyed.filter(|_| history.decides_keys()) {
+        return Decided::Later(keyed_publish(
+            history, project, spec, msgs, accepted, rate, units, keyed,
+        ));
     }
-    let queued = match &msg.channels {
-        parse::Channels::One(channel) => {
-            let frame = encode::message_frame(channel, msg.event, msg.data, id.as_str());
-            fanout.broadcast(Arc::new(Broadcast::new(
-                project.index,
-                (*channel).into(),
-                frame,
-                msg.except,
-            )))
+    if spec.is_on() {
+        return sequence(fanout, project, spec, msgs, accepted, rate, units);
+    }
+    let ids = id_list(&accepted);
+    let queued = if units == 1 {
+        // The common case: one frame, one envelope, no list.
+        let (msg, id) = (&msgs[0], ids[0].as_str());
+        let channel = msg.channel();
+        let frame = encode::message_frame(channel, msg.event, msg.data, id);
+        let msg = Broadcast::new(project.index, channel.into(), frame, msg.except);
+        fanout.broadcast(Arc::new(msg))
+    } else {
+        let mut frames = Vec::with_capacity(units as usize);
+        for (msg, id) in msgs.iter().zip(ids) {
+            encode_into(project.index, msg, id.as_str(), &mut frames);
         }
-        parse::Channels::Many(names) => {
-            let mut frames = Vec::with_capacity(names.len());
-            encode_into(project.index, msg, &id, &mut frames);
-            fanout.broadcast_batch(frames.into())
-        }
+        fanout.broadcast_batch(frames.into())
     };
     if !queued {
-        return unavailable(project, Unavailable::QueueFull, cost);
+        return Decided::Now(unavailable(project, Unavailable::QueueFull, units));
     }
-    Answer {
-        outcome: Ok(Accepted::One(id, None)),
+    Decided::Now(Answer {
+        outcome: Ok(accepted),
         index: None,
-        rate: decision,
+        rate,
         retry_after_s: None,
-        units: spent,
-    }
+        units,
+    })
 }
 
 /// Handle a batch whose body has been read: validate every message, take the quota of
@@ -649,59 +569,13 @@ pub(crate) fn publish_batch(
     keyed: Option<&Keyed<'_>>,
 ) -> Decided {
     let units = units(msgs);
-    let decision = match reserve(project, units) {
+    let rate = match reserve(project, units) {
         Ok(d) => d,
         Err(answer) => return Decided::Now(answer),
     };
     if fanout.shutting_down() {
         return Decided::Now(unavailable(project, Unavailable::ShuttingDown, units));
     }
-    let id_list: Vec<Id> = msgs.iter().map(|_| ids.next_id()).collect();
-    let spec = project.history.get();
-    if let (Some(keyed), Some(cluster)) = (keyed, fanout.cluster()) {
-        let accepted = Accepted::Many(id_list);
-        return Decided::Later(keyed_publish(
-            cluster, project, spec, msgs, accepted, decision, units, keyed,
-        ));
-    }
-    if let (true, Some(cluster)) = (spec.is_on(), fanout.cluster()) {
-        let accepted = Accepted::Many(id_list);
-        return Decided::Later(cluster_publish(
-            cluster, project, spec, msgs, accepted, decision, units,
-        ));
-    }
-    Decided::Now(batch_now(
-        project, msgs, id_list, spec, decision, units, fanout,
-    ))
-}
-
-/// The rest of [`accept_batch`] on a single node, or for a project without history.
-fn batch_now(
-    project: &ProjectState,
-    msgs: &[Publish<'_>],
-    id_list: Vec<Id>,
-    spec: HistorySpec,
-    decision: Decision,
-    units: u32,
-    fanout: &dyn Fanout,
-) -> Answer {
-    let queued = if spec.is_on() {
-        publish_with_history(project, spec, msgs, &id_list, fanout).is_some()
-    } else {
-        let mut frames = Vec::with_capacity(units as usize);
-        for (msg, id) in msgs.iter().zip(&id_list) {
-            encode_into(project.index, msg, id, &mut frames);
-        }
-        fanout.broadcast_batch(frames.into())
-    };
-    if !queued {
-        return unavailable(project, Unavailable::QueueFull, units);
-    }
-    Answer {
-        outcome: Ok(Accepted::Many(id_list)),
-        index: None,
-        rate: decision,
-        retry_after_s: None,
-        units,
-    }
+    let accepted = Accepted::Many(msgs.iter().map(|_| ids.next_id()).collect());
+    admitted(fanout, project, msgs, accepted, rate, units, keyed)
 }

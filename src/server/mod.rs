@@ -309,6 +309,19 @@ fn serve(
         Some(transitions),
         presence_cluster,
     )?;
+    let history = Arc::new(crate::history::History::new(
+        config_history_max,
+        if cluster.is_some() {
+            crate::history::Recoveries::Refused
+        } else {
+            crate::history::Recoveries::Allowed
+        },
+    ));
+    // History's one seam, chosen here once: Redis in cluster mode, else this node's.
+    let backend: Arc<dyn crate::history::backend::Backend> = match &cluster {
+        Some(c) => c.clone(),
+        None => history.clone(),
+    };
     let shared = Arc::new(Node {
         presence,
         config,
@@ -317,14 +330,8 @@ fn serve(
         cluster: cluster.clone(),
         shutting_down: AtomicBool::new(false),
         db_ok: db_ok.clone(),
-        history: Arc::new(crate::history::History::new(
-            config_history_max,
-            if cluster.is_some() {
-                crate::history::Recoveries::Refused
-            } else {
-                crate::history::Recoveries::Allowed
-            },
-        )),
+        history,
+        backend,
         metrics_timing,
         connect_rate,
         upgrades: crate::admission::upgrades::UpgradeBucket::new(config_upgrades),

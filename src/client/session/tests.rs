@@ -76,11 +76,8 @@ impl crate::publish::Fanout for TestRelay {
     fn shutting_down(&self) -> bool {
         false
     }
-    fn history(&self) -> &crate::history::History {
+    fn history(&self) -> &dyn crate::history::backend::Backend {
         &self.1
-    }
-    fn cluster(&self) -> Option<&Arc<crate::cluster::Cluster>> {
-        None
     }
 }
 
