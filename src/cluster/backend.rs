@@ -10,9 +10,8 @@ use super::history::{reply, Item, PublishRequest, ReadRequest, Reply, Request, U
 use super::idempotency::{KeyedRequest, Publish};
 use super::{wire, Cluster};
 use crate::history::backend::{
-    self, Backend, Handover, KeyedAsk, Message, Project, ReadAnswer, ReadAsk, Sequenced,
+    self, Backend, Handover, KeyedAsk, Message, Project, PublishAsk, ReadAnswer, ReadAsk, Sequenced,
 };
-use crate::history::HistorySpec;
 
 /// Each message's body for Redis' publish script (the node adds the position to it
 /// when the script's PUBLISH reaches it).
@@ -37,19 +36,13 @@ fn items(msgs: &[Message<'_>]) -> Vec<Item> {
 /// publishes ride the same thread. A full queue drops the request, and with it its
 /// reply's sender: the caller is answered 503 at once.
 impl Backend for Cluster {
-    fn publish(
-        &self,
-        project: Project<'_>,
-        spec: HistorySpec,
-        msgs: &[Message<'_>],
-        _: Handover<'_>,
-    ) -> Sequenced {
+    fn publish(&self, ask: PublishAsk<'_>, _: Handover<'_>) -> Sequenced {
         let (tx, reply) = reply();
         self.history(Request::Publish(PublishRequest {
-            project_id: project.id.into(),
-            size: spec.size,
-            ttl_s: spec.ttl_s,
-            items: items(msgs),
+            project_id: ask.project.id.into(),
+            size: ask.spec.size,
+            ttl_s: ask.spec.ttl_s,
+            items: items(ask.msgs),
             reply: tx,
         }));
         Sequenced::Later(reply)

@@ -417,21 +417,40 @@ fn publish_cmd(node: u64, req: &PublishRequest) -> redis::Cmd {
         cmd.arg(meta_key(&req.project_id, &item.channel))
             .arg(stream_key(&req.project_id, &item.channel));
     }
+    publish_args(
+        &mut cmd,
+        node,
+        &req.project_id,
+        req.size,
+        req.ttl_s,
+        &req.items,
+    );
+    cmd
+}
+
+/// The publish script's ARGV for `items` (the keyed script passes the same to it).
+pub(crate) fn publish_args(
+    cmd: &mut redis::Cmd,
+    node: u64,
+    project_id: &str,
+    size: u32,
+    ttl_s: u32,
+    items: &[Item],
+) {
     cmd.arg(&wire::history_header(node)[..])
         .arg(Epoch::random().as_str())
-        .arg(req.size)
-        .arg(req.ttl_s.max(1))
-        .arg(meta_ttl_s(req.ttl_s));
-    for item in &req.items {
-        cmd.arg(wire::redis_channel(&req.project_id, &item.channel))
+        .arg(size)
+        .arg(ttl_s.max(1))
+        .arg(meta_ttl_s(ttl_s));
+    for item in items {
+        let except = item
+            .except
+            .map_or_else(Vec::new, |e| wire::except_bytes(e).to_vec());
+        cmd.arg(wire::redis_channel(project_id, &item.channel))
             .arg(&item.body[..])
             .arg(item.data_start)
-            .arg(
-                item.except
-                    .map_or_else(Vec::new, |e| wire::except_bytes(e).to_vec()),
-            );
+            .arg(except);
     }
-    cmd
 }
 
 pub(crate) fn parse_positions(v: Value, n: usize) -> Option<Vec<Position>> {

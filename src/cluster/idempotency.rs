@@ -34,10 +34,8 @@
 use bytes::Bytes;
 use redis::Value;
 
-use super::history::{meta_key, meta_ttl_s, stream_key, Item, ReplyTx, PUBLISH_SCRIPT};
-use super::wire;
+use super::history::{meta_key, publish_args, stream_key, Item, ReplyTx, PUBLISH_SCRIPT};
 pub(crate) use crate::history::backend::{Keyed, Template};
-use crate::history::Epoch;
 
 /// Prefix of an idempotency key in Redis.
 pub(crate) const KEY_PREFIX: &str = "ringcast:idem:";
@@ -193,21 +191,8 @@ pub(crate) fn cmd(node: u64, req: &KeyedRequest) -> redis::Cmd {
     cmd.arg(mode).arg(req.max_keys.max(1));
     match &req.publish {
         Publish::History { size, ttl_s, items } => {
-            // The history publish script's ARGV, exactly as `history::publish_cmd`.
-            cmd.arg(&wire::history_header(node)[..])
-                .arg(Epoch::random().as_str())
-                .arg(*size)
-                .arg((*ttl_s).max(1))
-                .arg(meta_ttl_s(*ttl_s));
-            for item in items {
-                cmd.arg(wire::redis_channel(&req.project_id, &item.channel))
-                    .arg(&item.body[..])
-                    .arg(item.data_start)
-                    .arg(
-                        item.except
-                            .map_or_else(Vec::new, |e| wire::except_bytes(e).to_vec()),
-                    );
-            }
+            // The history publish script's ARGV, exactly as a plain history publish.
+            publish_args(&mut cmd, node, &req.project_id, *size, *ttl_s, items);
         }
         Publish::Plain(frames) => {
             for (channel, payload) in frames {

@@ -50,6 +50,14 @@ pub(crate) struct Message<'a> {
     pub except: Option<SocketId>,
 }
 
+/// A publish of a history project's messages (already admitted: quota taken, ids
+/// given; one [`Message`] per message per channel, in request order).
+pub(crate) struct PublishAsk<'a> {
+    pub project: Project<'a>,
+    pub spec: HistorySpec,
+    pub msgs: &'a [Message<'a>],
+}
+
 /// A positioned frame for this node's workers.
 pub(crate) struct Framed<'a> {
     pub channel: &'a str,
@@ -142,15 +150,9 @@ pub(crate) enum Keyed {
 
 /// Where a node's channel history lives (see the module docs).
 pub(crate) trait Backend: Send + Sync {
-    /// Give each of `msgs` (already admitted: quota taken, ids given) the next offset of
-    /// its channel and deliver it; this node's frames go through `hand`.
-    fn publish(
-        &self,
-        project: Project<'_>,
-        spec: HistorySpec,
-        msgs: &[Message<'_>],
-        hand: Handover<'_>,
-    ) -> Sequenced;
+    /// Give each of `ask`'s messages the next offset of its channel and deliver it;
+    /// this node's frames go through `hand`.
+    fn publish(&self, ask: PublishAsk<'_>, hand: Handover<'_>) -> Sequenced;
 
     /// A channel's position and kept messages (`GET /api/v1/history`).
     fn read(&self, project: Project<'_>, ask: ReadAsk<'_>) -> ReadAnswer;
@@ -168,13 +170,12 @@ pub(crate) trait Backend: Send + Sync {
 /// encoding and the hand-over, so every mailbox receives a channel's frames in offset
 /// order and a publish the mailboxes refuse (503) leaves the history as it was.
 impl Backend for History {
-    fn publish(
-        &self,
-        project: Project<'_>,
-        spec: HistorySpec,
-        msgs: &[Message<'_>],
-        hand: Handover<'_>,
-    ) -> Sequenced {
+    fn publish(&self, ask: PublishAsk<'_>, hand: Handover<'_>) -> Sequenced {
+        let PublishAsk {
+            project,
+            spec,
+            msgs,
+        } = ask;
         let mut history = self.lock();
         let mut frames = Vec::with_capacity(msgs.len());
         let mut kept = Vec::with_capacity(msgs.len());

@@ -30,7 +30,7 @@ use std::sync::Arc;
 use crate::auth::ProjectState;
 use crate::error::{ApiError, Unavailable};
 use crate::history::backend::{
-    self, Backend, Framed, KeyedAsk, Message, Project, Sequenced, Template,
+    self, Backend, Framed, KeyedAsk, Message, Project, PublishAsk, Sequenced, Template,
 };
 use crate::history::{HistorySpec, Position};
 use crate::ids::{Id, IdGen};
@@ -266,22 +266,60 @@ fn answer_head(accepted: &Accepted) -> Option<(Vec<u8>, &'static [u8])> {
     }
 }
 
+/// A request whose quota was taken and whose ids were given, on its way out.
+struct Admitted<'r, 'a> {
+    project: &'r Arc<ProjectState>,
+    spec: HistorySpec,
+    msgs: &'r [Publish<'a>],
+    accepted: Accepted,
+    rate: Decision,
+    units: u32,
+}
+
+impl Admitted<'_, '_> {
+    /// One message to one channel: its answer carries the position.
+    fn single(&self) -> bool {
+        self.msgs.len() == 1 && self.msgs[0].channels.is_single()
+    }
+
+    /// The project as the history backend names it.
+    fn project(&self) -> Project<'_> {
+        Project {
+            index: self.project.index,
+            id: &self.project.id,
+        }
+    }
+
+    /// Accepted now.
+    fn answer(self) -> Answer {
+        Answer {
+            outcome: Ok(self.accepted),
+            index: None,
+            rate: self.rate,
+            retry_after_s: None,
+            units: self.units,
+        }
+    }
+
+    /// Waiting for the backend's `reply`.
+    fn later(self, reply: Waiting, single: bool) -> Later {
+        Later {
+            reply,
+            project: Arc::clone(self.project),
+            single,
+            accepted: self.accepted,
+            rate: self.rate,
+            units: self.units,
+        }
+    }
+}
+
 /// A request with an `Idempotency-Key`, where the history backend decides keys
 /// (cluster mode: Redis' idempotent script claims the key, publishes, through
 /// history's script for a history project, and stores the answer, or answers the
 /// stored one; see `cluster::idempotency`). Backend away: 503, nothing published.
-#[allow(clippy::too_many_arguments)]
-fn keyed_publish(
-    history: &dyn Backend,
-    project: &Arc<ProjectState>,
-    spec: HistorySpec,
-    msgs: &[Publish<'_>],
-    accepted: Accepted,
-    rate: Decision,
-    units: u32,
-    keyed: &Keyed<'_>,
-) -> Later {
-    let single = msgs.len() == 1 && msgs[0].channels.is_single();
+fn keyed_publish(history: &dyn Backend, a: Admitted<'_, '_>, keyed: &Keyed<'_>) -> Later {
+    let single = a.single();
     let answer = if keyed.pusher {
         Template {
             status: 200,
@@ -290,104 +328,63 @@ fn keyed_publish(
             positioned: false,
         }
     } else {
-        let (head, tail) = answer_head(&accepted).unwrap_or_default();
+        let (head, tail) = answer_head(&a.accepted).unwrap_or_default();
         Template {
             status: 202,
             head,
             tail,
-            positioned: spec.is_on() && single,
+            positioned: a.spec.is_on() && single,
         }
     };
-    let reply = history.keyed(
-        Project {
-            index: project.index,
-            id: &project.id,
-        },
-        KeyedAsk {
-            key: keyed.key,
-            body_hash: keyed.hash,
-            window_ms: keyed.window_ms,
-            max_keys: keyed.max_keys,
-            answer,
-            spec,
-            messages: &messages(msgs, id_list(&accepted)),
-        },
-    );
-    Later {
-        reply: Waiting::Keyed(reply),
-        project: Arc::clone(project),
-        single: single && !keyed.pusher,
-        accepted,
-        rate,
-        units,
-    }
+    let ask = KeyedAsk {
+        key: keyed.key,
+        body_hash: keyed.hash,
+        window_ms: keyed.window_ms,
+        max_keys: keyed.max_keys,
+        answer,
+        spec: a.spec,
+        messages: &messages(a.msgs, id_list(&a.accepted)),
+    };
+    let reply = history.keyed(a.project(), ask);
+    a.later(Waiting::Keyed(reply), single && !keyed.pusher)
 }
 
-/// Publish `msgs` of a history project through the node's history backend: each frame
+/// Publish a history project's messages through the node's history backend: each frame
 /// gets the next offset of its channel, and this node's positioned frames are handed to
 /// the mailboxes all or none. On a single node that happens now, under the history lock
 /// (`Decided::Now`, with the first frame's position; a refused hand-over is a 503 that
 /// leaves the history as it was); in cluster mode once Redis placed them.
-fn sequence(
-    fanout: &dyn Fanout,
-    project: &Arc<ProjectState>,
-    spec: HistorySpec,
-    msgs: &[Publish<'_>],
-    accepted: Accepted,
-    rate: Decision,
-    units: u32,
-) -> Decided {
-    let single = msgs.len() == 1 && msgs[0].channels.is_single();
+fn sequence(fanout: &dyn Fanout, mut a: Admitted<'_, '_>) -> Decided {
+    let single = a.single();
+    let index = a.project.index;
     let mut hand = |frames: Vec<Framed<'_>>| {
         let mut out: Vec<Arc<Broadcast>> = frames
             .into_iter()
-            .map(|f| {
-                Arc::new(Broadcast::new(
-                    project.index,
-                    f.channel.into(),
-                    f.frame,
-                    f.except,
-                ))
-            })
+            .map(|f| Arc::new(Broadcast::new(index, f.channel.into(), f.frame, f.except)))
             .collect();
         match out.len() {
             1 => fanout.broadcast(out.swap_remove(0)),
             _ => fanout.broadcast_batch(out.into()),
         }
     };
-    let sequenced = fanout.history().publish(
-        Project {
-            index: project.index,
-            id: &project.id,
-        },
-        spec,
-        &messages(msgs, id_list(&accepted)),
-        &mut hand,
-    );
-    match sequenced {
-        Sequenced::Here(None) => Decided::Now(unavailable(project, Unavailable::QueueFull, units)),
-        Sequenced::Here(Some(first)) => {
-            let accepted = match accepted {
-                // The answer carries a position only for a single-channel publish.
-                Accepted::One(id, _) => Accepted::One(id, Some(first).filter(|_| single)),
-                many => many,
-            };
-            Decided::Now(Answer {
-                outcome: Ok(accepted),
-                index: None,
-                rate,
-                retry_after_s: None,
-                units,
-            })
+    let msgs = messages(a.msgs, id_list(&a.accepted));
+    let ask = PublishAsk {
+        project: a.project(),
+        spec: a.spec,
+        msgs: &msgs,
+    };
+    match fanout.history().publish(ask, &mut hand) {
+        Sequenced::Here(None) => {
+            Decided::Now(unavailable(a.project, Unavailable::QueueFull, a.units))
         }
-        Sequenced::Later(reply) => Decided::Later(Later {
-            reply: Waiting::Positions(reply),
-            project: Arc::clone(project),
-            single,
-            accepted,
-            rate,
-            units,
-        }),
+        Sequenced::Here(Some(first)) => {
+            if let Accepted::One(_, position) = &mut a.accepted {
+                // The answer carries a position only for a single-channel publish.
+                *position = Some(first).filter(|_| single);
+            }
+            Decided::Now(a.answer())
+        }
+        Sequenced::Later(reply) => Decided::Later(a.later(Waiting::Positions(reply), single)),
     }
 }
 
@@ -484,56 +481,52 @@ pub(crate) fn publish_one(
         return Decided::Now(unavailable(project, Unavailable::ShuttingDown, units));
     }
     let accepted = Accepted::One(ids.next_id(), None);
-    admitted(fanout, project, msgs, accepted, rate, units, keyed)
+    let spec = project.history.get();
+    let a = Admitted {
+        project,
+        spec,
+        msgs,
+        accepted,
+        rate,
+        units,
+    };
+    admitted(fanout, a, keyed)
 }
 
 /// A request whose quota was taken and ids given: decided by the history backend when
 /// it is keyed and the backend decides keys, sequenced by it when the project keeps
 /// history, else encoded once per frame and handed to the mailboxes now.
-fn admitted(
-    fanout: &dyn Fanout,
-    project: &Arc<ProjectState>,
-    msgs: &[Publish<'_>],
-    accepted: Accepted,
-    rate: Decision,
-    units: u32,
-    keyed: Option<&Keyed<'_>>,
-) -> Decided {
-    let spec = project.history.get();
+fn admitted(fanout: &dyn Fanout, a: Admitted<'_, '_>, keyed: Option<&Keyed<'_>>) -> Decided {
     let history = fanout.history();
     if let Some(keyed) = keyed.filter(|_| history.decides_keys()) {
-        return Decided::Later(keyed_publish(
-            history, project, spec, msgs, accepted, rate, units, keyed,
-        ));
+        return Decided::Later(keyed_publish(history, a, keyed));
     }
-    if spec.is_on() {
-        return sequence(fanout, project, spec, msgs, accepted, rate, units);
+    if a.spec.is_on() {
+        return sequence(fanout, a);
     }
-    let ids = id_list(&accepted);
-    let queued = if units == 1 {
+    let (index, ids) = (a.project.index, id_list(&a.accepted));
+    let queued = if a.units == 1 {
         // The common case: one frame, one envelope, no list.
-        let (msg, id) = (&msgs[0], ids[0].as_str());
+        let (msg, id) = (&a.msgs[0], ids[0].as_str());
         let channel = msg.channel();
         let frame = encode::message_frame(channel, msg.event, msg.data, id);
-        let msg = Broadcast::new(project.index, channel.into(), frame, msg.except);
-        fanout.broadcast(Arc::new(msg))
+        fanout.broadcast(Arc::new(Broadcast::new(
+            index,
+            channel.into(),
+            frame,
+            msg.except,
+        )))
     } else {
-        let mut frames = Vec::with_capacity(units as usize);
-        for (msg, id) in msgs.iter().zip(ids) {
-            encode_into(project.index, msg, id.as_str(), &mut frames);
+        let mut frames = Vec::with_capacity(a.units as usize);
+        for (msg, id) in a.msgs.iter().zip(ids) {
+            encode_into(index, msg, id.as_str(), &mut frames);
         }
         fanout.broadcast_batch(frames.into())
     };
     if !queued {
-        return Decided::Now(unavailable(project, Unavailable::QueueFull, units));
+        return Decided::Now(unavailable(a.project, Unavailable::QueueFull, a.units));
     }
-    Decided::Now(Answer {
-        outcome: Ok(accepted),
-        index: None,
-        rate,
-        retry_after_s: None,
-        units,
-    })
+    Decided::Now(a.answer())
 }
 
 /// Handle a batch whose body has been read: validate every message, take the quota of
@@ -577,5 +570,14 @@ pub(crate) fn publish_batch(
         return Decided::Now(unavailable(project, Unavailable::ShuttingDown, units));
     }
     let accepted = Accepted::Many(msgs.iter().map(|_| ids.next_id()).collect());
-    admitted(fanout, project, msgs, accepted, rate, units, keyed)
+    let spec = project.history.get();
+    let a = Admitted {
+        project,
+        spec,
+        msgs,
+        accepted,
+        rate,
+        units,
+    };
+    admitted(fanout, a, keyed)
 }
