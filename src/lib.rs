@@ -39,7 +39,8 @@
 //!    [`wire`] (every byte format written to a socket or to Redis: the native, Pusher
 //!    protocol 7 and cluster relay frames and payloads, and the checks of relayed ones),
 //!    [`tls`] (the rustls transport), [`history`] (offsets, epochs, the per-node ring
-//!    buffers), [`admission`] (the node-wide upgrade rate, the shutdown drain spread, trusted
+//!    buffers, and the one `Backend` trait where history lives: this node or Redis),
+//!    [`admission`] (the node-wide upgrade rate, the shutdown drain spread, trusted
 //!    proxies).
 //! 1. leaves: [`engine`] (per worker, wakes parked idle connections by readiness
 //!    without a task per connection), [`metrics`] (per-worker counters rendered as

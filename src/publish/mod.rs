@@ -16,10 +16,16 @@
 //! [`parse::Publish`] messages before [`publish_one`] / [`publish_batch`] take them, so
 //! quota, encoding, history and hand-over are one code path for both.
 //!
+//! History: a project that keeps it hands its messages to the node's history backend
+//! (`history::backend::Backend`, chosen at start: this node's lock, or Redis in cluster
+//! mode), which positions them and hands this node's frames to the mailboxes through
+//! [`Fanout`]; this module never names the cluster.
+//!
 //! Idempotent publish ([`idempotency`]): on a single node the HTTP layer claims a keyed
-//! request's key before it comes here and never passes a [`Keyed`]; in cluster mode it
-//! passes one, and the request is published by Redis' idempotent script
-//! ([`keyed_publish`]), which answers a retry from what it stored.
+//! request's key before it comes here and never passes a [`Keyed`]; where the history
+//! backend decides keys (cluster mode) it passes one, and the backend publishes the
+//! request by Redis' idempotent script ([`keyed_publish`]), which answers a retry from
+//! what it stored.
 
 pub(crate) mod idempotency;
 pub(crate) mod parse;
