@@ -13,8 +13,8 @@
 #   MODE=kill    SIGKILL node 0; wait until every client is back (connected and
 #                resubscribed with `since`), AFTER more seconds of publishing, stop.
 #   MODE=term    the same with SIGTERM (1001 closes spread over drain_spread_s).
-#   MODE=rolling SIGTERM each node in turn, wait for it to exit, start it again, wait
-#                until every client is back, next node.
+#   MODE=rolling SIGTERM each node in turn, wait for it to exit, start it again at once
+#                (as a deploy does), wait until every client is back, next node.
 # Each admission value in ADMISSIONS is one full run (fresh cluster), so "on" and
 # "off" are measured by the same invocation: ADMISSIONS="2000 0".
 #
@@ -187,12 +187,14 @@ run_one() {
       while kill -0 "${NODE_PIDS[i]}" 2>/dev/null && [ -d "/proc/${NODE_PIDS[i]}" ] \
         && ! grep -q '^State:.*Z' "/proc/${NODE_PIDS[i]}/status" 2>/dev/null; do sleep 0.1; done
       t_exit=$(now_ms)
-      sleep 0.5
-      back=$(wait_all_back "$BACK_TIMEOUT") || back=-1
-      events="$events {\"node\":$i,\"signal\":\"TERM\",\"t_signal_ms\":$t_sig,\"exit_ms\":$((t_exit - t_sig)),\"back_ms_after_signal\":$(($(now_ms) - t_sig)),\"back_ok\":$([ "$back" -ge 0 ] && echo true || echo false)},"
+      # A deploy starts the new process as soon as the old one is gone, so its clients
+      # come back to the restarted node as well as to the others (leastconn sends the
+      # first ones to it: it is empty).
       cluster_node "$i" --metrics-listen "127.0.0.1:$((BASE_PORT + 50 + i))"
       echo "${NODE_PIDS[i]}" >"$TMP/node$i.pid"
       cluster_wait_health "$i"
+      back=$(wait_all_back "$BACK_TIMEOUT") || back=-1
+      events="$events {\"node\":$i,\"signal\":\"TERM\",\"t_signal_ms\":$t_sig,\"exit_ms\":$((t_exit - t_sig)),\"back_ms_after_signal\":$(($(now_ms) - t_sig)),\"back_ok\":$([ "$back" -ge 0 ] && echo true || echo false)},"
       echo "storm.sh: node $i restarted; all back $((back < 0 ? -1 : $(now_ms) - t_sig)) ms after its SIGTERM" >&2
     done
   else
