@@ -187,6 +187,9 @@ run_one() {
       while kill -0 "${NODE_PIDS[i]}" 2>/dev/null && [ -d "/proc/${NODE_PIDS[i]}" ] \
         && ! grep -q '^State:.*Z' "/proc/${NODE_PIDS[i]}/status" 2>/dev/null; do sleep 0.1; done
       t_exit=$(now_ms)
+      # Reap it: only then have all its threads let go of its sockets (its leader turns
+      # zombie first), so the new process can bind the same ports.
+      wait "${NODE_PIDS[i]}" 2>/dev/null || true
       # A deploy starts the new process as soon as the old one is gone, so its clients
       # come back to the restarted node as well as to the others (leastconn sends the
       # first ones to it: it is empty).
