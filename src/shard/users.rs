@@ -162,6 +162,7 @@ impl Shard {
     }
 
     /// Connections with a user on this worker.
+    #[cfg(test)]
     pub(crate) fn user_connections(&self) -> usize {
         self.users.borrow().len
     }
