@@ -84,6 +84,8 @@ pub(crate) enum Request {
         client_events: Option<bool>,
         /// `None`: unchanged.
         pusher: Option<bool>,
+        /// `None`: unchanged.
+        require_user: Option<bool>,
     },
     CreateKey {
         project_id: String,
@@ -196,6 +198,7 @@ pub(crate) fn parse_request(command: &Command) -> Result<Request, AdminError> {
             max_connections,
             client_events,
             pusher,
+            require_user,
         }) => Request::SetLimits {
             project_id: project_id.clone(),
             max_connections: match max_connections.as_deref().map(str::trim) {
@@ -208,6 +211,7 @@ pub(crate) fn parse_request(command: &Command) -> Result<Request, AdminError> {
             },
             client_events: client_events.map(|c| c == crate::cli::OnOff::On),
             pusher: pusher.map(|c| c == crate::cli::OnOff::On),
+            require_user: require_user.map(|c| c == crate::cli::OnOff::On),
         },
         Command::Key(KeyCommand::Create { project_id, kind }) => Request::CreateKey {
             project_id: project_id.clone(),
@@ -374,6 +378,7 @@ pub(crate) fn execute(
             max_connections,
             client_events,
             pusher,
+            require_user,
         } => {
             // Each given limit is its own store change (clap requires at least one).
             let mut project = None;
@@ -386,6 +391,9 @@ pub(crate) fn execute(
             if let Some(on) = pusher {
                 project = Some(store.set_project(&project_id, &ProjectChange::Pusher(on))?);
             }
+            if let Some(on) = require_user {
+                project = Some(store.set_project(&project_id, &ProjectChange::RequireUser(on))?);
+            }
             let project = match project {
                 Some(p) => p,
                 None => store
@@ -396,7 +404,14 @@ pub(crate) fn execute(
                         StoreError::NotFound(format!("no project with id {project_id:?}"))
                     })?,
             };
-            json!({ "project": project_json(&project) })
+            let mut project = project_json(&project);
+            // Added field (kept beside the record in the store, so printed here).
+            project["require_user"] = json!(if store.requires_user(&project_id)? {
+                "on"
+            } else {
+                "off"
+            });
+            json!({ "project": project })
         }
         Request::SetWebhook {
             project_id,

@@ -356,7 +356,7 @@ pub enum ProjectCommand {
         project_id: String,
         /// WebSocket connections the project may hold per node: a number (0 =
         /// unlimited) or `default` (the server's max_ws_connections_per_project).
-        #[arg(long, required_unless_present_any = ["client_events", "pusher"])]
+        #[arg(long, required_unless_present_any = ["client_events", "pusher", "require_user"])]
         max_connections: Option<String>,
         /// Whether subscribers of private and presence channels may send client
         /// events (`client-*`) to each other: `on` or `off` (the default).
@@ -366,6 +366,10 @@ pub enum ProjectCommand {
         /// app `pusher_app_id`): `on` (the default) or `off`.
         #[arg(long, value_enum)]
         pusher: Option<OnOff>,
+        /// Whether every WebSocket needs a valid connection token (a user): `on` or
+        /// `off` (the default).
+        #[arg(long, value_enum)]
+        require_user: Option<OnOff>,
     },
     /// Send the project's events (channel occupied/vacated, member added/removed,
     /// client events) to URL as Pusher-format webhooks, or turn them off with --off.
