@@ -76,16 +76,15 @@ pub(crate) fn connection_token(
     })
 }
 
-/// Whether the project refuses upgrades without a valid connection token
-/// (`--require-user on`; stored by the REST half of issue 25; until then off).
-pub(crate) fn requires_user(_project: &ProjectState) -> bool {
-    false
+/// Whether the project refuses native upgrades without a valid connection token
+/// (`project set-limits --require-user on`).
+pub(crate) fn requires_user(project: &ProjectState) -> bool {
+    project.requires_user()
 }
 
-/// Whether the project blocks `user` at `now` (blocks are stored by the REST half of
-/// issue 25; until then nobody is).
-pub(crate) fn blocked(_project: &ProjectState, _user: &str, _now: u64) -> bool {
-    false
+/// Whether the project blocks `user` at `now` (`POST /api/v1/users/{id}/block`).
+pub(crate) fn blocked(project: &ProjectState, user: &str, now: u64) -> bool {
+    project.user_blocked(user, now)
 }
 
 /// A `pusher:signin`: `auth` (`<key>:<signature>`) over

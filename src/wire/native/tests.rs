@@ -153,7 +153,7 @@ use crate::wire::test_payload as payload;
 
 #[test]
 fn goldens() {
-    let cases: [(Bytes, &str); 16] = [
+    let cases: [(Bytes, &str); 18] = [
         (
             message_frame("c\"1", "e", br#"{"a":1}"#, "abc"),
             r#"{"type":"message","channel":"c\"1","event":"e","data":{"a":1},"id":"abc"}"#,
