@@ -243,3 +243,44 @@ fn pusher_signin_needs_pushers_signature_and_names_the_user() {
     send_json(&mut ws, json!({"event": "pusher:ping", "data": {}}));
     assert_eq!(next_json(&mut ws)["event"], "pusher:pong");
 }
+
+#[test]
+fn with_require_user_on_an_upgrade_needs_a_valid_connection_token() {
+    let s = Server::start();
+    let p = s.test_project("users-required");
+    common::cli(
+        &s.data_dir,
+        &["project", "set-limits", &p.id, "--require-user", "on"],
+    );
+    let plain = format!("ws://{}/api/v1/ws?key={}", s.addr, p.public);
+    let refused = || {
+        matches!(tungstenite::connect(plain.as_str()),
+            Err(tungstenite::Error::Http(r)) if r.status().as_u16() == 401)
+    };
+    common::wait_for(
+        Duration::from_secs(5),
+        "require_user to reach the server",
+        refused,
+    );
+    let (status, body) = upgrade_answer(&s, &p, "");
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (401, &json!("invalid_token"))
+    );
+    expect_invalid_token(&s, &p, "not.a.jwt", "garbage");
+    let (_, hello) = connect_as(&s, &p, &conn_token(&p, "ann", 600));
+    assert_eq!(hello["user_id"], "ann");
+    // Pusher connections have no connection token: not affected (they sign in).
+    let url = format!("ws://{}/app/{}?protocol=7", s.addr, p.public);
+    let _ = common::pusher_connect(&url);
+
+    common::cli(
+        &s.data_dir,
+        &["project", "set-limits", &p.id, "--require-user", "off"],
+    );
+    common::wait_for(
+        Duration::from_secs(5),
+        "require_user off to reach the server",
+        || !refused(),
+    );
+}
