@@ -8,6 +8,7 @@
 //!   `max_upgrades_per_second` at both upgrades; [`response`] writes every answer from the one error table
 //!   ([`crate::error`]).
 //! - [`idempotent`]: the `Idempotency-Key` header around the publish endpoints.
+//! - [`users`]: ending a user's access (disconnect, block, unsubscribe, show).
 //! - [`transport`]: plain TCP or TLS under the same loop; [`service`]: what one worker's
 //!   HTTP side holds (the node, its shard, the publish parser, id generator).
 //!
@@ -36,6 +37,7 @@ pub(crate) mod service;
 pub(crate) mod transport;
 pub(crate) mod upgrade;
 pub(crate) mod upgrade_limit;
+pub(crate) mod users;
 
 pub(crate) use response::ApiError;
 pub(crate) use service::Service;
