@@ -240,8 +240,25 @@ fn store_failure(e: StoreError) -> ApiError {
     }
 }
 
-/// Charge the quota, hand the store work to the watcher's thread, end the user's
-/// connections here, and answer once the store has.
+/// Which API asked: the native one answers 202 and its quota 429; Pusher's answers 200
+/// and its quota 403 (as its other endpoints do).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Api {
+    Native,
+    Pusher,
+}
+
+/// Pusher's `terminate_connections` for `user` of an already authenticated project:
+/// the native disconnect, answered Pusher's way (200 `{}`).
+pub(crate) fn pusher_terminate(
+    svc: &Rc<Service>,
+    out: &mut Vec<u8>,
+    project: &Arc<ProjectState>,
+    user: String,
+) -> Outcome {
+    run_as(svc, out, project, user, Action::Disconnect, None, None, Api::Pusher)
+}
+
 fn run(
     svc: &Rc<Service>,
     out: &mut Vec<u8>,
@@ -251,10 +268,30 @@ fn run(
     until: Option<i64>,
     channel: Option<String>,
 ) -> Outcome {
+    run_as(svc, out, project, user, action, until, channel, Api::Native)
+}
+
+/// Charge the quota, hand the store work to the watcher's thread, end the user's
+/// connections here, and answer once the store has.
+#[allow(clippy::too_many_arguments)]
+fn run_as(
+    svc: &Rc<Service>,
+    out: &mut Vec<u8>,
+    project: &Arc<ProjectState>,
+    user: String,
+    action: Action,
+    until: Option<i64>,
+    channel: Option<String>,
+    api: Api,
+) -> Outcome {
     if !project.quota.check(now_ns()).allowed {
         let mut extra = Extra::default();
         extra.retry_after_s = Some(1);
-        super::response::write_error(out, ApiError::RateLimited, extra);
+        let err = match api {
+            Api::Native => ApiError::RateLimited,
+            Api::Pusher => ApiError::Forbidden(crate::error::Forbidden::OverQuota),
+        };
+        super::response::write_error(out, err, extra);
         return Outcome::Answered { close: false };
     }
     let ends = matches!(
@@ -322,7 +359,8 @@ fn run(
                 if ends && channel.is_none() {
                     crate::metrics::with(|m| m.user_disconnect());
                 }
-                write_json(&mut out, 202, b"{}", Extra::default());
+                let status = if api == Api::Pusher { 200 } else { 202 };
+                write_json(&mut out, status, b"{}", Extra::default());
             }
             Ok(Done::Shown(block)) => {
                 let connections = connections_here(&node.mailboxes, index, &user);
