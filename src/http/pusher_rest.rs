@@ -722,6 +722,10 @@ mod tests {
             split(b"1/channels/presence-a/users"),
             Some((&b"1"[..], Endpoint::Users(b"presence-a")))
         );
+        assert_eq!(
+            split(b"1/users/u%201/terminate_connections"),
+            Some((&b"1"[..], Endpoint::Terminate(b"u%201")))
+        );
         for none in [
             &b""[..],
             b"1",
@@ -731,7 +735,8 @@ mod tests {
             b"1/channels//users",
             b"1/channels/a/users/",
             b"1/channels/a/members",
-            b"1/users/u1/terminate_connections",
+            b"1/users//terminate_connections",
+            b"1/users/u1/terminate_connections/",
         ] {
             assert_eq!(split(none), None, "{}", String::from_utf8_lossy(none));
         }

@@ -256,7 +256,16 @@ pub(crate) fn pusher_terminate(
     project: &Arc<ProjectState>,
     user: String,
 ) -> Outcome {
-    run_as(svc, out, project, user, Action::Disconnect, None, None, Api::Pusher)
+    run_as(
+        svc,
+        out,
+        project,
+        user,
+        Action::Disconnect,
+        None,
+        None,
+        Api::Pusher,
+    )
 }
 
 fn run(
