@@ -9,6 +9,7 @@
 use std::io::Write;
 
 pub(crate) use crate::auth::pusher::RestAuthError;
+pub(crate) use crate::auth::token::TokenRefusal;
 pub(crate) use crate::auth::KeyRefusal;
 
 /// Why the service cannot take a request now (503).
@@ -72,6 +73,9 @@ pub enum ApiError {
     InvalidField(&'static str, &'static str),
     FieldTooLong(&'static str),
     Unauthorized(KeyRefusal),
+    /// A WebSocket upgrade's connection token (`?token=`) was refused, or the project
+    /// requires one and none was given (401 `invalid_token`).
+    InvalidToken(TokenRefusal),
     PayloadTooLarge,
     UnsupportedMediaType,
     RateLimited,
@@ -128,7 +132,9 @@ impl ApiError {
             | ApiError::InvalidQuery(_)
             | ApiError::InvalidInfo(_)
             | ApiError::IdempotencyKeyInvalid => 400,
-            ApiError::Unauthorized(_) | ApiError::PusherUnauthorized(_) => 401,
+            ApiError::Unauthorized(_)
+            | ApiError::PusherUnauthorized(_)
+            | ApiError::InvalidToken(_) => 401,
             ApiError::Forbidden(_) => 403,
             ApiError::NotFound | ApiError::HistoryOff => 404,
             ApiError::MethodNotAllowed(_) => 405,
@@ -154,6 +160,7 @@ impl ApiError {
             ApiError::InvalidField(..) => "invalid_field",
             ApiError::FieldTooLong(_) => "field_too_long",
             ApiError::Unauthorized(_) | ApiError::PusherUnauthorized(_) => "unauthorized",
+            ApiError::InvalidToken(_) => "invalid_token",
             ApiError::InvalidQuery(_) => "invalid_query",
             ApiError::InvalidInfo(_) => "invalid_info",
             ApiError::Forbidden(Forbidden::PusherDisabled) => "pusher_disabled",
@@ -190,6 +197,12 @@ impl ApiError {
                 write!(out, "the field '{f}' is longer than 100 characters")
             }
             ApiError::Unauthorized(why) => write!(out, "{}", why.message()),
+            // The one message here that is not written for JSON (it names fields in
+            // quotes): escaped.
+            ApiError::InvalidToken(why) => {
+                let text = format!("connection token refused: {why}");
+                write!(out, "{}", text.replace('\\', "\\\\").replace('"', "\\\""))
+            }
             ApiError::PayloadTooLarge => {
                 write!(
                     out,
@@ -264,6 +277,9 @@ impl ApiError {
                 | ApiError::RequestTimeout
                 | ApiError::PayloadTooLarge
                 | ApiError::TooManyConnections
+                // A refused connection token: the next try costs a new connection, so
+                // one connection cannot make the worker check forged tokens in a loop.
+                | ApiError::InvalidToken(_)
         )
     }
 
@@ -286,5 +302,28 @@ impl ApiError {
         }
         body.extend_from_slice(b"}}");
         body
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_connection_token_is_401_invalid_token_in_valid_json() {
+        for why in [
+            TokenRefusal::Expired,
+            TokenRefusal::Missing,
+            TokenRefusal::NoUser,
+        ] {
+            let e = ApiError::InvalidToken(why);
+            assert_eq!((e.status(), e.code()), (401, "invalid_token"));
+            let body: serde_json::Value = serde_json::from_slice(&e.body()).unwrap();
+            assert_eq!(body["error"]["code"], "invalid_token");
+            assert!(body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .ends_with(&why.to_string()));
+        }
     }
 }

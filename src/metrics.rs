@@ -121,6 +121,7 @@ pub(crate) struct WorkerMetrics {
     user_disconnects: Cell64,
     user_blocks: Cell64,
     connections: Cell64,
+    user_connections: Cell64,
     subscriptions: Cell64,
     duration_buckets: [Cell64; BUCKET_NS.len()],
     duration_sum_ns: Cell64,
@@ -199,6 +200,11 @@ impl WorkerMetrics {
     /// This worker's open WebSocket connections now.
     pub(crate) fn set_connections(&self, n: usize) {
         self.connections.set(n as u64);
+    }
+
+    /// This worker's WebSocket connections with a user (connection token or sign-in).
+    pub(crate) fn set_user_connections(&self, n: usize) {
+        self.user_connections.set(n as u64);
     }
 
     /// This worker's (connection, channel) subscriptions now.
@@ -329,12 +335,18 @@ impl Metrics {
             env!("CARGO_PKG_VERSION")
         );
 
-        let simple: [Family; 17] = [
+        let simple: [Family; 18] = [
             (
                 "ringcast_connections",
                 "gauge",
                 "Open WebSocket connections.",
                 |w| w.connections.get(),
+            ),
+            (
+                "ringcast_user_connections",
+                "gauge",
+                "Open WebSocket connections with a user (a connection token or a Pusher sign-in).",
+                |w| w.user_connections.get(),
             ),
             (
                 "ringcast_subscriptions",

@@ -1,0 +1,245 @@
+//! Who a connection is (contract 1.3, "Users"), black box: the real binary, real
+//! WebSocket clients, connection tokens made by an independent JWT library
+//! (`jsonwebtoken`), Pusher sign-in signatures made by an HMAC implementation that is not
+//! the server's.
+
+mod common;
+use common::Project;
+
+use std::time::Duration;
+
+use common::{
+    close_code, expect_silence, hs256, next_json, parse_response, send_json, set_timeout, unix_now,
+    Server, Ws,
+};
+use serde_json::{json, Value};
+
+/// A connection token for `sub`, valid `secs` seconds.
+fn conn_token(p: &Project, sub: &str, secs: u64) -> String {
+    hs256(
+        &p.token_secret,
+        json!({"sub": sub, "exp": unix_now() + secs}),
+    )
+}
+
+fn ws_url(s: &Server, p: &Project, token: &str) -> String {
+    format!("ws://{}/api/v1/ws?key={}&token={token}", s.addr, p.public)
+}
+
+/// Connect with a connection token; returns the socket and its `connected` frame.
+fn connect_as(s: &Server, p: &Project, token: &str) -> (Ws, Value) {
+    let (mut ws, _) = tungstenite::connect(ws_url(s, p, token)).expect("ws connect");
+    set_timeout(&mut ws, Duration::from_secs(15));
+    let hello = next_json(&mut ws);
+    assert_eq!(hello["type"], "connected", "{hello}");
+    (ws, hello)
+}
+
+/// The upgrade's answer for `token` on a raw connection: status and JSON body.
+fn upgrade_answer(s: &Server, p: &Project, token: &str) -> (u16, Value) {
+    let req = format!(
+        "GET /api/v1/ws?key={}&token={token} HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+        p.public
+    );
+    let (status, _, body) = parse_response(&s.raw(req.as_bytes()));
+    (status, body)
+}
+
+fn expect_invalid_token(s: &Server, p: &Project, token: &str, why: &str) {
+    let (status, body) = upgrade_answer(s, p, token);
+    assert_eq!(status, 401, "{why}: {body}");
+    assert_eq!(body["error"]["code"], "invalid_token", "{why}: {body}");
+}
+
+#[test]
+fn connection_tokens_are_checked_at_the_upgrade() {
+    let s = Server::start();
+    let p = s.test_project("users-a");
+    let other = s.test_project("users-b");
+
+    let (mut ws, hello) = connect_as(&s, &p, &conn_token(&p, "ann", 600));
+    assert_eq!(hello["user_id"], "ann", "{hello}");
+    // An empty token is no token: anonymous, as without one (no user_id).
+    let (_, hello) = connect_as(&s, &p, "");
+    assert!(hello.get("user_id").is_none(), "{hello}");
+
+    let now = unix_now();
+    let expired = hs256(&p.token_secret, json!({"sub": "ann", "exp": now - 60}));
+    expect_invalid_token(&s, &p, &expired, "expired");
+    let wrong = hs256("ts_not_the_secret", json!({"sub": "ann", "exp": now + 600}));
+    expect_invalid_token(&s, &p, &wrong, "wrong secret");
+    expect_invalid_token(&s, &p, &conn_token(&other, "ann", 600), "another project");
+    let no_sub = hs256(&p.token_secret, json!({"exp": now + 600}));
+    expect_invalid_token(&s, &p, &no_sub, "no sub");
+    let long = conn_token(&p, &"u".repeat(201), 600);
+    expect_invalid_token(&s, &p, &long, "sub over 200 characters");
+    let big = hs256(
+        &p.token_secret,
+        json!({"sub": "ann", "exp": now + 600, "info": {"x": "y".repeat(1100)}}),
+    );
+    expect_invalid_token(&s, &p, &big, "info over 1 KiB");
+    let no_exp = hs256(&p.token_secret, json!({"sub": "ann"}));
+    expect_invalid_token(&s, &p, &no_exp, "no exp");
+    let channel = common::channel_token(&p.token_secret, "private-a", "ann");
+    expect_invalid_token(&s, &p, &channel, "a channel token");
+    expect_invalid_token(&s, &p, "not.a.jwt", "garbage");
+
+    // 200 characters is still a user.
+    let (_, hello) = connect_as(&s, &p, &conn_token(&p, &"u".repeat(200), 600));
+    assert_eq!(hello["user_id"].as_str().map(str::len), Some(200));
+    // The first connection is unaffected by all of it.
+    send_json(&mut ws, json!({"type": "ping"}));
+    assert_eq!(next_json(&mut ws)["type"], "pong");
+}
+
+#[test]
+fn a_refresh_keeps_the_connection_and_without_one_it_closes_with_4011() {
+    let s = Server::start();
+    let p = s.test_project("users-refresh");
+    // Both tokens end in 2 s: the deadline is exp + 5 s.
+    let (mut late, _) = connect_as(&s, &p, &conn_token(&p, "ann", 2));
+    let (mut kept, _) = connect_as(&s, &p, &conn_token(&p, "bob", 2));
+
+    // Another user's token is refused, and does not move anything.
+    send_json(
+        &mut kept,
+        json!({"type": "refresh", "token": conn_token(&p, "ann", 600)}),
+    );
+    let refused = next_json(&mut kept);
+    assert_eq!(refused["type"], "error", "{refused}");
+    assert_eq!(refused["code"], "forbidden", "{refused}");
+    assert!(refused.get("channel").is_none(), "{refused}");
+
+    let exp = unix_now() + 600;
+    let fresh = hs256(&p.token_secret, json!({"sub": "bob", "exp": exp}));
+    send_json(&mut kept, json!({"type": "refresh", "token": fresh}));
+    assert_eq!(
+        next_json(&mut kept),
+        json!({"type": "refreshed", "exp": exp})
+    );
+
+    assert_eq!(
+        close_code(&mut late),
+        Some(4011),
+        "exp + 5 s without a refresh"
+    );
+    // Past the first deadline, the refreshed one is still open.
+    send_json(&mut kept, json!({"type": "ping"}));
+    assert_eq!(next_json(&mut kept)["type"], "pong");
+
+    // A connection opened without a token has none to refresh.
+    let mut anon = s.ws(&p.public);
+    send_json(
+        &mut anon,
+        json!({"type": "refresh", "token": fresh_for(&p)}),
+    );
+    let refused = next_json(&mut anon);
+    assert_eq!(refused["code"], "forbidden", "{refused}");
+}
+
+fn fresh_for(p: &Project) -> String {
+    conn_token(p, "carl", 600)
+}
+
+#[test]
+fn channel_tokens_belong_to_the_connections_user_and_presence_takes_it() {
+    let s = Server::start();
+    let p = s.test_project("users-channels");
+    let token = hs256(
+        &p.token_secret,
+        json!({"sub": "ann", "exp": unix_now() + 600, "info": {"name": "Ann"}}),
+    );
+    let (mut ann, _) = connect_as(&s, &p, &token);
+
+    let bobs = common::channel_token(&p.token_secret, "private-a", "bob");
+    send_json(
+        &mut ann,
+        json!({"type": "subscribe", "channel": "private-a", "token": bobs}),
+    );
+    let refused = next_json(&mut ann);
+    assert_eq!(refused["code"], "forbidden", "{refused}");
+    assert_eq!(refused["channel"], "private-a", "{refused}");
+
+    let anns = common::channel_token(&p.token_secret, "private-a", "ann");
+    send_json(
+        &mut ann,
+        json!({"type": "subscribe", "channel": "private-a", "token": anns}),
+    );
+    assert_eq!(next_json(&mut ann)["type"], "subscribed");
+
+    // A presence token naming no user: the member is the connection's user, with the
+    // connection token's info.
+    let mut watcher = s.ws(&p.public);
+    let watch = common::channel_token(&p.token_secret, "presence-room", "zed");
+    send_json(
+        &mut watcher,
+        json!({"type": "subscribe", "channel": "presence-room", "token": watch}),
+    );
+    assert_eq!(next_json(&mut watcher)["type"], "subscribed");
+    let nameless = hs256(
+        &p.token_secret,
+        json!({"channel": "presence-room", "exp": unix_now() + 600}),
+    );
+    send_json(
+        &mut ann,
+        json!({"type": "subscribe", "channel": "presence-room", "token": nameless}),
+    );
+    let joined = next_json(&mut ann);
+    assert_eq!(joined["type"], "subscribed", "{joined}");
+    let seen = common::expect_presence(&mut watcher, "join", "ann");
+    assert_eq!(seen["info"], json!({"name": "Ann"}), "{seen}");
+
+    // Without a connection user, a presence token without sub is refused as before.
+    let mut anon = s.ws(&p.public);
+    send_json(
+        &mut anon,
+        json!({"type": "subscribe", "channel": "presence-room", "token": nameless}),
+    );
+    assert_eq!(next_json(&mut anon)["code"], "forbidden");
+    expect_silence(&mut ann, Duration::from_millis(200));
+}
+
+/// `pusher:signin` as pusher-js sends it, signed as Pusher's server SDKs sign it.
+fn signin(ws: &mut Ws, p: &Project, socket_id: &str, user_data: &str, secret: &str) -> Value {
+    let sig = common::sign::hmac_hex(secret, &format!("{socket_id}::user::{user_data}"));
+    send_json(
+        ws,
+        json!({"event": "pusher:signin", "data": {"user_data": user_data, "auth": format!("{}:{sig}", p.public)}}),
+    );
+    next_json(ws)
+}
+
+#[test]
+fn pusher_signin_needs_pushers_signature_and_names_the_user() {
+    let s = Server::start();
+    let p = s.test_project("users-pusher");
+    let url = format!(
+        "ws://{}/app/{}?protocol=7&client=js&version=8.4.0",
+        s.addr, p.public
+    );
+    let (mut ws, socket_id) = common::pusher_connect(&url);
+    let user_data = r#"{"id":"ann","user_info":{"name":"Ann"}}"#;
+
+    let bad = signin(&mut ws, &p, &socket_id, user_data, "ts_wrong");
+    assert_eq!(bad["event"], "pusher:error", "{bad}");
+    assert_eq!(bad["data"]["code"], 4009, "{bad}");
+    // Signed for another connection: refused too.
+    let bad = signin(&mut ws, &p, "1.2", user_data, &p.token_secret);
+    assert_eq!(bad["data"]["code"], 4009, "{bad}");
+
+    let ok = signin(&mut ws, &p, &socket_id, user_data, &p.token_secret);
+    assert_eq!(ok["event"], "pusher:signin_success", "{ok}");
+    let data: Value = serde_json::from_str(ok["data"].as_str().expect("a string")).unwrap();
+    assert_eq!(data["user_data"], user_data);
+
+    // The same user again is fine; another one is not (a connection's user stays).
+    let again = signin(&mut ws, &p, &socket_id, user_data, &p.token_secret);
+    assert_eq!(again["event"], "pusher:signin_success", "{again}");
+    let other = signin(&mut ws, &p, &socket_id, r#"{"id":"bob"}"#, &p.token_secret);
+    assert_eq!(other["event"], "pusher:error", "{other}");
+    // user_data without a string id.
+    let no_id = signin(&mut ws, &p, &socket_id, r#"{"id":7}"#, &p.token_secret);
+    assert_eq!(no_id["event"], "pusher:error", "{no_id}");
+    send_json(&mut ws, json!({"event": "pusher:ping", "data": {}}));
+    assert_eq!(next_json(&mut ws)["event"], "pusher:pong");
+}
