@@ -1,4 +1,4 @@
-//! The `project` and `key` subcommands: manage the store of the data directory (or, in
+//! The `project`, `key` and `user` ([`users`]) subcommands: manage the store of the data directory (or, in
 //! cluster mode, Redis) and print exactly one JSON object on stdout.
 //!
 //! Invariants:
@@ -26,6 +26,8 @@ use crate::project::{HookKinds, ProjectChange, ProjectRecord, TokenKeyAlg, Webho
 use crate::quota::{RateLimit, RateLimitError};
 use crate::sealed::{MasterKey, SealError};
 use crate::store::{open_store, Store, StoreError};
+
+mod users;
 
 /// Why an admin command failed.
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +59,9 @@ pub(crate) enum AdminError {
     /// A webhook URL or event list that cannot be used; the sentence says why.
     #[error("{0}")]
     Webhook(String),
+    /// A `user` command argument that cannot be used; the sentence says why.
+    #[error("{0}")]
+    User(String),
 }
 
 /// One admin command with its arguments validated.
@@ -115,6 +120,8 @@ pub(crate) enum Request {
         /// `None`: off.
         webhook: Option<WebhookSpec>,
     },
+    /// `user disconnect|block|unblock|show`.
+    User(users::UserRequest),
 }
 
 impl Request {
@@ -159,6 +166,7 @@ pub(crate) fn parse_request(command: &Command) -> Result<Request, AdminError> {
         Command::Config(_) => return Err(AdminError::NotAdmin("config")),
         Command::Publish(_) => return Err(AdminError::NotAdmin("publish")),
         Command::Subscribe(_) => return Err(AdminError::NotAdmin("subscribe")),
+        Command::User(cmd) => Request::User(users::parse(cmd)?),
         Command::Project(ProjectCommand::Create {
             name,
             rate_limit,
@@ -290,7 +298,7 @@ pub(crate) fn parse_request(command: &Command) -> Result<Request, AdminError> {
 const MAX_GRACE_S: u64 = 30 * 24 * 3600;
 
 /// `60s`, `10m`, `1h`, `0s` (a bare number is seconds) → seconds, at most 30 days.
-fn parse_grace(text: &str) -> Option<u64> {
+pub(crate) fn parse_grace(text: &str) -> Option<u64> {
     let text = text.trim();
     let (digits, unit) = match text.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
         Some((i, _)) => text.split_at(i),
@@ -318,6 +326,7 @@ pub(crate) fn execute(
     master: Option<&MasterKey>,
 ) -> Result<Value, AdminError> {
     Ok(match request {
+        Request::User(user) => users::execute(store, user)?,
         Request::CreateProject {
             name,
             rate_limit,

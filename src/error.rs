@@ -26,6 +26,9 @@ pub enum Unavailable {
     HistoryUnreachable,
     /// The presence and occupancy state could not be read (its thread is gone).
     StateUnreachable,
+    /// The project store (SQLite or Redis) did not answer a user block or end, or its
+    /// queue of waiting requests is full.
+    StoreUnreachable,
 }
 
 impl Unavailable {
@@ -41,6 +44,9 @@ impl Unavailable {
             }
             Unavailable::StateUnreachable => {
                 "channel occupancy and presence cannot be read now; retry shortly"
+            }
+            Unavailable::StoreUnreachable => {
+                "the project store cannot be reached now; retry shortly"
             }
         }
     }
@@ -109,6 +115,9 @@ pub enum ApiError {
     /// The first request with this `Idempotency-Key` is still being processed (409,
     /// `Retry-After: 1`).
     IdempotencyKeyInProgress,
+    /// `POST /api/v1/users/{id}/block` when the project already holds
+    /// `max_blocked_users_per_project` blocks in force (409).
+    TooManyBlocks,
 }
 
 impl ApiError {
@@ -130,7 +139,9 @@ impl ApiError {
             ApiError::NotFound | ApiError::HistoryOff => 404,
             ApiError::MethodNotAllowed(_) => 405,
             ApiError::RequestTimeout => 408,
-            ApiError::EpochMismatch | ApiError::IdempotencyKeyInProgress => 409,
+            ApiError::EpochMismatch
+            | ApiError::IdempotencyKeyInProgress
+            | ApiError::TooManyBlocks => 409,
             ApiError::LengthRequired => 411,
             ApiError::PayloadTooLarge => 413,
             ApiError::UnsupportedMediaType => 415,
@@ -171,6 +182,7 @@ impl ApiError {
             ApiError::IdempotencyKeyInvalid => "invalid_idempotency_key",
             ApiError::IdempotencyKeyReused => "idempotency_key_reused",
             ApiError::IdempotencyKeyInProgress => "idempotency_key_in_progress",
+            ApiError::TooManyBlocks => "too_many_blocks",
         }
     }
 
@@ -225,6 +237,10 @@ impl ApiError {
             ApiError::HeadersTooLarge => write!(out, "the request head is too large"),
             ApiError::RequestTimeout => write!(out, "the request head took too long"),
             ApiError::HistoryOff => write!(out, "the project keeps no channel history"),
+            ApiError::TooManyBlocks => write!(
+                out,
+                "the project already blocks as many users as max_blocked_users_per_project allows; lift a block first"
+            ),
             ApiError::EpochMismatch => write!(
                 out,
                 "the channel's history has another epoch: positions of the old one are gone"

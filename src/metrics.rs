@@ -118,6 +118,8 @@ pub(crate) struct WorkerMetrics {
     bytes_sent: Cell64,
     slow_consumer_closes: Cell64,
     client_events: Cell64,
+    user_disconnects: Cell64,
+    user_blocks: Cell64,
     connections: Cell64,
     user_connections: Cell64,
     subscriptions: Cell64,
@@ -177,6 +179,17 @@ impl WorkerMetrics {
     /// One WebSocket upgrade refused over `max_upgrades_per_second` (1013 or Pusher 4100).
     pub(crate) fn upgrade_refused(&self) {
         self.upgrades_refused.add(1);
+    }
+
+    /// One user disconnected (REST disconnect or block, Pusher terminate_connections)
+    /// by a request this worker took.
+    pub(crate) fn user_disconnect(&self) {
+        self.user_disconnects.add(1);
+    }
+
+    /// One user block stored by a request this worker took.
+    pub(crate) fn user_block(&self) {
+        self.user_blocks.add(1);
     }
 
     /// One client event accepted from a connection of this worker and relayed.
@@ -322,7 +335,7 @@ impl Metrics {
             env!("CARGO_PKG_VERSION")
         );
 
-        let simple: [Family; 16] = [
+        let simple: [Family; 18] = [
             (
                 "ringcast_connections",
                 "gauge",
@@ -394,6 +407,18 @@ impl Metrics {
                 "counter",
                 "Client events accepted from connections and relayed to the channel's other subscribers.",
                 |w| w.client_events.get(),
+            ),
+            (
+                "ringcast_user_disconnects_total",
+                "counter",
+                "Users whose connections were ended on every node by a request to this node (disconnect, block, Pusher terminate_connections).",
+                |w| w.user_disconnects.get(),
+            ),
+            (
+                "ringcast_user_blocks_total",
+                "counter",
+                "User blocks stored by requests to this node.",
+                |w| w.user_blocks.get(),
             ),
             (
                 "ringcast_idempotent_replays_total",

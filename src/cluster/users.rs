@@ -24,25 +24,17 @@ use crate::auth::KeyCache;
 use crate::project::UserEndRecord;
 use crate::shard::mailbox::Mailboxes;
 
-/// What to do to a user's connections.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum End {
-    /// Close every connection of the user (4010; Pusher's own close for Pusher clients).
-    Disconnect,
-    /// Unsubscribe every connection of the user from this channel (`reason: server`).
-    Unsubscribe(Arc<str>),
-}
+pub(crate) use crate::shard::users::UserEnd as End;
 
-/// Apply `end` to this node's connections of `user` in the project with this index.
+/// Apply `end` to this node's connections of `user` in the project with this index
+/// (one control envelope per worker; never blocks).
 pub(crate) fn end_here(mailboxes: &Mailboxes, project_index: u32, user: Arc<str>, end: End) {
-    // Wired to the workers' user index (the other half of the issue) when it lands.
-    let _ = (mailboxes, project_index, user, end);
+    mailboxes.end_user(project_index, user, end);
 }
 
-/// This node's connections of `user` in the project (0 until the user index lands).
-pub(crate) fn connections_here(mailboxes: &Mailboxes, project_index: u32, user: &str) -> u64 {
-    let _ = (mailboxes, project_index, user);
-    0
+/// This node's connections of `user` in the project.
+pub(crate) fn connections_here(mailboxes: &Mailboxes, project_index: u32, user: &str) -> u32 {
+    mailboxes.user_connections(project_index, user)
 }
 
 /// The key watcher's handler of other processes' end records.

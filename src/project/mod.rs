@@ -10,7 +10,7 @@
 pub(crate) mod users;
 pub(crate) mod webhook;
 
-pub use users::{UserBlockRecord, UserEndRecord};
+pub(crate) use users::{UserBlockRecord, UserEndRecord};
 pub use webhook::{HookKind, HookKinds, WebhookSpec};
 
 use crate::apikey::{KeyHash, KeyKind};

@@ -45,7 +45,7 @@ pub(crate) fn valid_user_id(user: &str) -> bool {
 
 /// A user of a project refused until `until` (unix seconds) or, with `None`, for ever.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct UserBlockRecord {
+pub(crate) struct UserBlockRecord {
     pub project_id: String,
     pub user_id: String,
     pub until: Option<i64>,
@@ -53,14 +53,14 @@ pub struct UserBlockRecord {
 
 impl UserBlockRecord {
     /// Whether the block still holds at `now` (unix seconds).
-    pub fn holds_at(&self, now: i64) -> bool {
+    pub(crate) fn holds_at(&self, now: i64) -> bool {
         self.until.is_none_or(|until| until > now)
     }
 }
 
 /// One end of a user's access, for every node to apply to its own connections.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct UserEndRecord {
+pub(crate) struct UserEndRecord {
     /// Order of writing, given by the store (0 before it is stored).
     pub seq: u64,
     pub project_id: String,
