@@ -444,6 +444,19 @@ fn a_blocked_user_is_refused_everywhere_until_the_block_is_lifted() {
     let (mut pws, socket_id) = common::pusher_connect(&url);
     let refused = signin(&mut pws, &p, &socket_id, r#"{"id":"ann"}"#, &p.token_secret);
     assert_eq!(refused["data"]["code"], 4009, "{refused}");
+    // A Pusher presence member naming ann.
+    let member = r#"{"user_id":"ann"}"#;
+    let sig = common::sign::hmac_hex(
+        &p.token_secret,
+        &format!("{socket_id}:presence-room:{member}"),
+    );
+    send_json(
+        &mut pws,
+        json!({"event": "pusher:subscribe", "data": {"channel": "presence-room",
+            "auth": format!("{}:{sig}", p.public), "channel_data": member}}),
+    );
+    let refused = next_json(&mut pws);
+    assert_eq!(refused["event"], "pusher:subscription_error", "{refused}");
     // Others are not blocked.
     let (_, hello) = connect_as(&s, &p, &conn_token(&p, "bob", 600));
     assert_eq!(hello["user_id"], "bob");

@@ -165,12 +165,17 @@ impl<C: Codec> ClientSession<C> {
                 member.info = state.info.as_deref().map(str::to_owned);
             }
         }
-        if let Some(sub) = member.sub.as_deref() {
-            if super::user::blocked(&self.project, sub, super::private::unix_now()) {
-                return Err(ClientError::Token(TokenRefusal::Blocked));
+        self.not_blocked(member.sub.as_deref())
+    }
+
+    /// A credential naming a blocked user is refused (`forbidden`).
+    fn not_blocked(&self, sub: Option<&str>) -> Result<(), ClientError> {
+        match sub {
+            Some(sub) if super::user::blocked(&self.project, sub, super::private::unix_now()) => {
+                Err(ClientError::Token(TokenRefusal::Blocked))
             }
+            _ => Ok(()),
         }
-        Ok(())
     }
 
     fn grant(&self, channel: &str) -> Option<Rc<Grant>> {
@@ -292,14 +297,18 @@ impl<C: Codec> ClientSession<C> {
             }
             Credential::Signature { channel_data, .. } => {
                 let socket_id = SocketId::local(self.ctx.shard.index(), conn.id).text();
-                credential::signature(
+                let member = credential::signature(
                     &self.ctx,
                     &self.project,
                     socket_id.as_str(),
                     channel,
                     offered,
                     channel_data,
-                )?
+                )?;
+                // A presence member naming a blocked user is refused like a channel
+                // token naming one (Pusher's members stay `channel_data`'s).
+                self.not_blocked(member.sub.as_deref())?;
+                member
             }
         };
         let hub = if presence {
