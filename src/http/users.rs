@@ -340,7 +340,9 @@ fn run_as(
                 store.add_user_end(&record).map(|()| Done::Stored)
             }
         };
-        tx.send(Ok(result.unwrap_or_else(|e| Done::Failed(store_failure(e)))));
+        let done = result.unwrap_or_else(|e| Done::Failed(store_failure(e)));
+        // Answered after the watcher's poll: the node's snapshot has the change then.
+        Box::new(move || tx.send(Ok(done))) as crate::store::AfterJob
     });
     if svc.node.keys.store_job(job).is_err() {
         return answer(out, ApiError::Unavailable(Unavailable::StoreUnreachable));
