@@ -243,3 +243,226 @@ fn pusher_signin_needs_pushers_signature_and_names_the_user() {
     send_json(&mut ws, json!({"event": "pusher:ping", "data": {}}));
     assert_eq!(next_json(&mut ws)["event"], "pusher:pong");
 }
+
+#[test]
+fn with_require_user_on_an_upgrade_needs_a_valid_connection_token() {
+    let s = Server::start();
+    let p = s.test_project("users-required");
+    common::cli(
+        &s.data_dir,
+        &["project", "set-limits", &p.id, "--require-user", "on"],
+    );
+    let plain = format!("ws://{}/api/v1/ws?key={}", s.addr, p.public);
+    let refused = || {
+        matches!(tungstenite::connect(plain.as_str()),
+            Err(tungstenite::Error::Http(r)) if r.status().as_u16() == 401)
+    };
+    common::wait_for(
+        Duration::from_secs(5),
+        "require_user to reach the server",
+        refused,
+    );
+    let (status, body) = upgrade_answer(&s, &p, "");
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (401, &json!("invalid_token"))
+    );
+    expect_invalid_token(&s, &p, "not.a.jwt", "garbage");
+    let (_, hello) = connect_as(&s, &p, &conn_token(&p, "ann", 600));
+    assert_eq!(hello["user_id"], "ann");
+    // Pusher connections have no connection token: not affected (they sign in).
+    let url = format!("ws://{}/app/{}?protocol=7", s.addr, p.public);
+    let _ = common::pusher_connect(&url);
+
+    common::cli(
+        &s.data_dir,
+        &["project", "set-limits", &p.id, "--require-user", "off"],
+    );
+    common::wait_for(
+        Duration::from_secs(5),
+        "require_user off to reach the server",
+        || !refused(),
+    );
+}
+
+/// A REST call with the secret key on a new connection: status and JSON body.
+fn rest(s: &Server, method: &str, path: &str, p: &Project, body: &str) -> (u16, Value) {
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nX-Api-Key: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        p.secret,
+        body.len()
+    );
+    let (status, _, v) = parse_response(&s.raw(req.as_bytes()));
+    (status, v)
+}
+
+/// A Pusher connection signed in as `user`.
+fn pusher_as(s: &Server, p: &Project, user: &str) -> Ws {
+    let url = format!("ws://{}/app/{}?protocol=7", s.addr, p.public);
+    let (mut ws, socket_id) = common::pusher_connect(&url);
+    let data = json!({ "id": user }).to_string();
+    let ok = signin(&mut ws, p, &socket_id, &data, &p.token_secret);
+    assert_eq!(ok["event"], "pusher:signin_success", "{ok}");
+    ws
+}
+
+fn connections(s: &Server, p: &Project, user: &str) -> u64 {
+    let (status, v) = s.get_json(&p.secret, &format!("/api/v1/users/{user}"));
+    assert_eq!(status, 200, "{v}");
+    v["connections"].as_u64().expect("a count")
+}
+
+#[test]
+fn a_disconnect_closes_the_users_connections_with_4010_and_pushers_with_4009() {
+    let s = Server::start_with(common::Options::default().workers(2));
+    let p = s.test_project("users-disconnect");
+    let (mut a1, _) = connect_as(&s, &p, &conn_token(&p, "ann", 600));
+    let (mut a2, _) = connect_as(&s, &p, &conn_token(&p, "ann", 600));
+    let (mut bob, _) = connect_as(&s, &p, &conn_token(&p, "bob", 600));
+    let mut pa = pusher_as(&s, &p, "ann");
+    assert_eq!(connections(&s, &p, "ann"), 3);
+    assert_eq!(connections(&s, &p, "bob"), 1);
+
+    let (status, v) = rest(&s, "POST", "/api/v1/users/ann/disconnect", &p, "");
+    assert_eq!(status, 202, "{v}");
+    assert_eq!(close_code(&mut a1), Some(4010));
+    assert_eq!(close_code(&mut a2), Some(4010));
+    let err = next_json(&mut pa);
+    assert_eq!(err["event"], "pusher:error", "{err}");
+    assert_eq!(err["data"]["code"], 4009, "{err}");
+    assert_eq!(
+        close_code(&mut pa),
+        Some(4009),
+        "pusher-js does not reconnect"
+    );
+    send_json(&mut bob, json!({"type": "ping"}));
+    assert_eq!(
+        next_json(&mut bob)["type"],
+        "pong",
+        "another user is untouched"
+    );
+    common::wait_for(Duration::from_secs(3), "ann's connections to go", || {
+        connections(&s, &p, "ann") == 0
+    });
+}
+
+#[test]
+fn a_server_unsubscribe_says_reason_server_and_the_channel_can_be_taken_again() {
+    let s = Server::start();
+    let p = s.test_project("users-unsub");
+    let (mut ann, _) = connect_as(&s, &p, &conn_token(&p, "ann", 600));
+    common::subscribe(&mut ann, "news");
+    common::subscribe(&mut ann, "sentinel");
+    let mut pa = pusher_as(&s, &p, "ann");
+    send_json(
+        &mut pa,
+        json!({"event": "pusher:subscribe", "data": {"channel": "news"}}),
+    );
+    assert_eq!(
+        next_json(&mut pa)["event"],
+        "pusher_internal:subscription_succeeded"
+    );
+    let mut other = s.ws(&p.public);
+    common::subscribe(&mut other, "news");
+
+    let body = json!({"channel": "news", "user_id": "ann"}).to_string();
+    let (status, v) = rest(&s, "POST", "/api/v1/channels/unsubscribe", &p, &body);
+    assert_eq!(status, 202, "{v}");
+    assert_eq!(
+        next_json(&mut ann),
+        json!({"type": "unsubscribed", "channel": "news", "reason": "server"})
+    );
+    // Nothing more on news for ann (the sentinel comes next), the others still get it.
+    let (status, _) = s.publish(&p.secret, "news", "e", json!({"n": 1}));
+    assert_eq!(status, 202);
+    assert_eq!(next_json(&mut other)["channel"], "news");
+    let (status, _) = s.publish(&p.secret, "sentinel", "e", json!({"n": 2}));
+    assert_eq!(status, 202);
+    assert_eq!(next_json(&mut ann)["channel"], "sentinel");
+    expect_silence(&mut pa, Duration::from_millis(300));
+    // A presence channel: the member leaves as on an unsubscribe.
+    let mut watcher = s.ws(&p.public);
+    let watch = common::channel_token(&p.token_secret, "presence-room", "zed");
+    send_json(
+        &mut watcher,
+        json!({"type": "subscribe", "channel": "presence-room", "token": watch}),
+    );
+    assert_eq!(next_json(&mut watcher)["type"], "subscribed");
+    let room = common::channel_token(&p.token_secret, "presence-room", "ann");
+    send_json(
+        &mut ann,
+        json!({"type": "subscribe", "channel": "presence-room", "token": room}),
+    );
+    assert_eq!(next_json(&mut ann)["type"], "subscribed");
+    common::expect_presence(&mut watcher, "join", "ann");
+    let body = json!({"channel": "presence-room", "user_id": "ann"}).to_string();
+    let (status, v) = rest(&s, "POST", "/api/v1/channels/unsubscribe", &p, &body);
+    assert_eq!(status, 202, "{v}");
+    assert_eq!(next_json(&mut ann)["reason"], "server");
+    common::expect_presence(&mut watcher, "leave", "ann");
+
+    // The connection forgot the channel: subscribing again is a new subscription.
+    common::subscribe(&mut ann, "news");
+    let (status, _) = s.publish(&p.secret, "news", "e", json!({"n": 3}));
+    assert_eq!(status, 202);
+    assert_eq!(next_json(&mut ann)["data"]["n"], 3);
+}
+
+#[test]
+fn a_blocked_user_is_refused_everywhere_until_the_block_is_lifted() {
+    let s = Server::start();
+    let p = s.test_project("users-block");
+    let (mut ann, _) = connect_as(&s, &p, &conn_token(&p, "ann", 600));
+    let (status, v) = rest(
+        &s,
+        "POST",
+        "/api/v1/users/ann/block",
+        &p,
+        r#"{"until":null}"#,
+    );
+    assert_eq!(status, 202, "{v}");
+    assert_eq!(close_code(&mut ann), Some(4010), "a block disconnects");
+    let token = conn_token(&p, "ann", 600);
+    common::wait_for(
+        Duration::from_secs(3),
+        "the block to reach the server",
+        || upgrade_answer(&s, &p, &token).0 == 401,
+    );
+    let (_, body) = upgrade_answer(&s, &p, &token);
+    assert_eq!(body["error"]["code"], "invalid_token", "{body}");
+    // A channel token naming ann, on an anonymous connection.
+    let mut anon = s.ws(&p.public);
+    let anns = common::channel_token(&p.token_secret, "private-a", "ann");
+    send_json(
+        &mut anon,
+        json!({"type": "subscribe", "channel": "private-a", "token": anns}),
+    );
+    let refused = next_json(&mut anon);
+    assert_eq!(refused["code"], "forbidden", "{refused}");
+    // A Pusher sign-in as ann.
+    let url = format!("ws://{}/app/{}?protocol=7", s.addr, p.public);
+    let (mut pws, socket_id) = common::pusher_connect(&url);
+    let refused = signin(&mut pws, &p, &socket_id, r#"{"id":"ann"}"#, &p.token_secret);
+    assert_eq!(refused["data"]["code"], 4009, "{refused}");
+    // Others are not blocked.
+    let (_, hello) = connect_as(&s, &p, &conn_token(&p, "bob", 600));
+    assert_eq!(hello["user_id"], "bob");
+
+    let (status, v) = rest(&s, "DELETE", "/api/v1/users/ann/block", &p, "");
+    assert!(
+        status == 200 || status == 202 || status == 204,
+        "{status} {v}"
+    );
+    common::wait_for(
+        Duration::from_secs(3),
+        "the unblock to reach the server",
+        || upgrade_answer_is_101(&s, &p, &token),
+    );
+    let (_, hello) = connect_as(&s, &p, &token);
+    assert_eq!(hello["user_id"], "ann");
+}
+
+/// Whether an upgrade with `token` is accepted (the socket is dropped at once).
+fn upgrade_answer_is_101(s: &Server, p: &Project, token: &str) -> bool {
+    tungstenite::connect(ws_url(s, p, token)).is_ok()
+}

@@ -84,9 +84,18 @@ struct Extras {
     grants: Vec<Rc<Grant>>,
     /// This connection's recent client events (made on its first one).
     event_log: Option<Box<RateLog>>,
-    /// The connection's user (a connection token or a Pusher sign-in; `client::user`).
-    user: Option<UserState>,
+    /// The connection's user (a connection token or a Pusher sign-in; `client::user`):
+    /// boxed, so a connection with private channels and no user pays 8 bytes for it.
+    user: Option<Box<UserState>>,
 }
+
+/// `size_of` of a session's extras and of its user, for the per-connection budget
+/// (`http::upgrade::sizes`).
+#[cfg(test)]
+pub(crate) const EXTRAS_SIZES: (usize, usize) = (
+    std::mem::size_of::<Extras>(),
+    std::mem::size_of::<UserState>(),
+);
 
 impl<C: Codec> ClientSession<C> {
     pub(crate) fn new(ctx: Rc<SessionCtx>, project: Arc<ProjectState>) -> ClientSession<C> {
@@ -118,7 +127,7 @@ impl<C: Codec> ClientSession<C> {
 
     /// The connection's user, if it has one.
     fn user(&self) -> Option<&UserState> {
-        self.extras.as_ref().and_then(|x| x.user.as_ref())
+        self.extras.as_ref().and_then(|x| x.user.as_deref())
     }
 
     /// Make `user` this connection's user (a verified connection token at the upgrade,
@@ -133,11 +142,11 @@ impl<C: Codec> ClientSession<C> {
             self.ctx.expiry.arm(&grant, exp);
             grant
         });
-        self.extras().user = Some(UserState {
+        self.extras().user = Some(Box::new(UserState {
             entry,
             grant,
             info: user.info,
-        });
+        }));
     }
 
     /// A verified channel credential, seen from the connection's user: it may not name
