@@ -49,7 +49,7 @@ pub struct StoreContents {
     /// Ids of the projects whose WebSockets need a connection token (`--require-user on`).
     pub require_user: std::collections::HashSet<String>,
     /// Every block that still holds (expired ones are left out).
-    pub(crate) user_blocks: Vec<UserBlockRecord>,
+    pub user_blocks: Vec<UserBlockRecord>,
 }
 
 /// Work for the store, run on the key watcher's thread with its connection (the REST
