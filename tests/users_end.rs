@@ -450,3 +450,155 @@ fn pusher_terminate_connections_statuses() {
     let (_, v) = pusher_post(&s, &p.app_id, &p.public, &p.token_secret, path, "{}");
     assert_eq!(code(&v), "pusher_disabled", "{v}");
 }
+
+/// A connection token for `sub`, valid ten minutes.
+fn conn_token(p: &Project, sub: &str) -> String {
+    common::hs256(
+        &p.token_secret,
+        json!({"sub": sub, "exp": unix_now() + 600}),
+    )
+}
+
+/// A native connection of `sub` (through a connection token) to `addr`.
+fn native_as(addr: std::net::SocketAddr, p: &Project, sub: &str) -> common::Ws {
+    let url = format!(
+        "ws://{addr}/api/v1/ws?key={}&token={}",
+        p.public,
+        conn_token(p, sub)
+    );
+    let (mut ws, _) = tungstenite::connect(url).expect("ws connect");
+    common::set_timeout(&mut ws, Duration::from_secs(10));
+    let hello = common::next_json(&mut ws);
+    assert_eq!(hello["user_id"], sub, "{hello}");
+    ws
+}
+
+/// The upgrade status of `sub`'s connection token at `addr`.
+fn upgrade_status(s: &Server, p: &Project, sub: &str) -> u16 {
+    let req = format!(
+        "GET /api/v1/ws?key={}&token={} HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+        p.public,
+        conn_token(p, sub)
+    );
+    let resp = s.raw(req.as_bytes());
+    parse_response(&resp).0
+}
+
+/// A Pusher connection signed in as `sub`.
+fn pusher_as(s: &Server, p: &Project, sub: &str) -> common::Ws {
+    let url = format!(
+        "ws://{}/app/{}?protocol=7&client=js&version=8.4.0",
+        s.addr, p.public
+    );
+    let (mut ws, socket_id) = common::pusher_connect(&url);
+    let user_data = json!({"id": sub}).to_string();
+    let sig = hmac_hex(&p.token_secret, &format!("{socket_id}::user::{user_data}"));
+    common::send_json(
+        &mut ws,
+        json!({"event": "pusher:signin", "data": {"user_data": user_data, "auth": format!("{}:{sig}", p.public)}}),
+    );
+    let ok = common::next_json(&mut ws);
+    assert_eq!(ok["event"], "pusher:signin_success", "{ok}");
+    ws
+}
+
+/// The next frame is a message of `channel`.
+fn expect_message(ws: &mut common::Ws, channel: &str) {
+    let v = common::next_json(ws);
+    assert_eq!(
+        (v["type"].as_str(), v["channel"].as_str()),
+        (Some("message"), Some(channel)),
+        "{v}"
+    );
+}
+
+#[test]
+fn disconnect_unsubscribe_and_block_reach_the_users_connections() {
+    let s = Server::start();
+    let p = s.test_project("ends");
+    let mut ann1 = native_as(s.addr, &p, "ann");
+    let mut ann2 = native_as(s.addr, &p, "ann");
+    let mut ann_pusher = pusher_as(&s, &p, "ann");
+    let mut bob = native_as(s.addr, &p, "bob");
+    let mut anon = s.ws(&p.public);
+    wait_for(Duration::from_secs(5), "three connections of ann", || {
+        show(&s, &p, "ann")["connections"] == 3
+    });
+    assert_eq!(show(&s, &p, "bob")["connections"], 1);
+
+    // Server-side unsubscribe: ann leaves `news`, bob stays.
+    common::subscribe(&mut ann1, "news");
+    common::subscribe(&mut bob, "news");
+    let body = r#"{"channel":"news","user_id":"ann"}"#;
+    assert_eq!(
+        post(&s, "/api/v1/channels/unsubscribe", &p.secret, body).0,
+        202
+    );
+    let v = common::next_json(&mut ann1);
+    assert_eq!(
+        v,
+        json!({"type": "unsubscribed", "channel": "news", "reason": "server"})
+    );
+    assert_eq!(s.publish(&p.secret, "news", "e", json!({"n": 1})).0, 202);
+    expect_message(&mut bob, "news");
+    common::expect_silence(&mut ann1, Duration::from_millis(300));
+
+    // Disconnect: every connection of ann closes (4010; Pusher's 4009), the others stay.
+    assert_eq!(
+        post(&s, "/api/v1/users/ann/disconnect", &p.secret, "").0,
+        202
+    );
+    assert_eq!(common::close_code(&mut ann1), Some(4010));
+    assert_eq!(common::close_code(&mut ann2), Some(4010));
+    assert_eq!(common::close_code(&mut ann_pusher), Some(4009));
+    wait_for(Duration::from_secs(5), "ann's count", || {
+        show(&s, &p, "ann")["connections"] == 0
+    });
+    assert_eq!(s.publish(&p.secret, "news", "e", json!({"n": 2})).0, 202);
+    expect_message(&mut bob, "news");
+    common::subscribe(&mut anon, "news");
+
+    // Block until a few seconds from now: closed, refused until then, then accepted.
+    let mut ann = native_as(s.addr, &p, "ann");
+    let until = unix_now() + 3;
+    assert_eq!(
+        post(
+            &s,
+            "/api/v1/users/ann/block",
+            &p.secret,
+            &format!(r#"{{"until":{until}}}"#)
+        )
+        .0,
+        202
+    );
+    assert_eq!(common::close_code(&mut ann), Some(4010));
+    assert_eq!(upgrade_status(&s, &p, "ann"), 401);
+    assert_eq!(upgrade_status(&s, &p, "bob"), 101);
+    wait_for(Duration::from_secs(10), "the block to end", || {
+        upgrade_status(&s, &p, "ann") == 101
+    });
+    assert!(unix_now() >= until);
+
+    // The CLI, with the server running: a disconnect and a block reach it.
+    let mut carol = native_as(s.addr, &p, "carol");
+    cli(&s.data_dir, &["user", "disconnect", &p.id, "carol"]);
+    assert_eq!(common::close_code(&mut carol), Some(4010));
+    let mut carol = native_as(s.addr, &p, "carol");
+    cli(&s.data_dir, &["user", "block", &p.id, "carol"]);
+    assert_eq!(common::close_code(&mut carol), Some(4010));
+    wait_for(
+        Duration::from_secs(5),
+        "the block to reach the server",
+        || upgrade_status(&s, &p, "carol") == 401,
+    );
+    cli(&s.data_dir, &["user", "unblock", &p.id, "carol"]);
+    wait_for(
+        Duration::from_secs(5),
+        "the lift to reach the server",
+        || upgrade_status(&s, &p, "carol") == 101,
+    );
+    // bob and the anonymous connection never noticed.
+    assert_eq!(s.publish(&p.secret, "news", "e", json!({"n": 3})).0, 202);
+    expect_message(&mut bob, "news");
+    expect_message(&mut anon, "news");
+}

@@ -16,7 +16,8 @@
 //! - Store jobs ([`StoreJob`], sent through [`KeyCache::store_job`] by the REST user
 //!   endpoints, which run on workers and must never touch the store) run on this
 //!   thread between polls, on its store connection; a job is followed by a poll at
-//!   once, so a block stored by this node is in its own snapshot before the answer.
+//!   once, and then by its second half (its answer), so a block stored by this node is
+//!   in its own snapshot before the answer.
 //! - End records (a user disconnected or unsubscribed, see [`crate::project::users`])
 //!   are read by their cursor at every poll, whether or not the change token moved,
 //!   and handed to `on_end`, except this process's own (already applied where they
@@ -165,8 +166,9 @@ impl Watcher {
             }
             match jobs.recv_timeout((deadline - now).min(STOP_POLL)) {
                 Ok(job) => {
-                    job(&mut *self.store);
+                    let after = job(&mut *self.store);
                     let _ = self.poll();
+                    after();
                 }
                 Err(RecvTimeoutError::Timeout) => {}
                 // The cache (and so every sender) is gone: only polls are left to do.
@@ -486,11 +488,17 @@ mod tests {
         let id = project.id.clone();
         assert!(cache
             .store_job(Box::new(move |store| {
-                let _ = tx.send(store.unblock_user(&id, "u1"));
+                let lifted = store.unblock_user(&id, "u1");
+                Box::new(move || {
+                    let _ = tx.send(lifted);
+                })
             }))
             .is_ok());
         assert!(rx.recv_timeout(Duration::from_secs(5)).unwrap().unwrap());
-        wait_for("lift", || !state.user_blocked("u1", 0));
+        assert!(
+            !state.user_blocked("u1", 0),
+            "in the snapshot before the answer"
+        );
 
         // End records: another process's are applied, this one's and old ones are not.
         let end = |user: &str, origin: u64, age: i64| UserEndRecord {

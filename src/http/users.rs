@@ -99,22 +99,21 @@ pub(crate) fn handle_user(
                 Ok(b) => b,
                 Err(outcome) => return outcome,
             };
-            let until = match body.as_ref().and_then(|b| b.get("until")) {
-                None => return answer(out, ApiError::MissingField("until")),
-                Some(serde_json::Value::Null) => None,
-                Some(v) => match v.as_i64() {
-                    Some(t) if t >= 0 => Some(t),
-                    _ => {
-                        return answer(
+            let until =
+                match body.as_ref().and_then(|b| b.get("until")) {
+                    None => return answer(out, ApiError::MissingField("until")),
+                    Some(serde_json::Value::Null) => None,
+                    Some(v) => match until_of(v) {
+                        Some(t) => Some(t),
+                        None => return answer(
                             out,
                             ApiError::InvalidField(
                                 "until",
-                                "must be unix seconds (an integer, 0 or more) or null",
+                                "must be unix seconds (an integer from 0 to 253402300799) or null",
                             ),
-                        )
-                    }
-                },
-            };
+                        ),
+                    },
+                };
             run(svc, out, &project, user, action, until, None)
         }
         Action::Unsubscribe => answer(out, ApiError::NotFound),
@@ -166,6 +165,26 @@ pub(crate) fn handle_unsubscribe(
         None,
         Some(channel),
     )
+}
+
+/// Latest `until` accepted: the last second of year 9999 (a block meant for ever is
+/// `null`; a bound keeps every store's integer and every client's date type safe).
+const MAX_UNTIL: i64 = 253_402_300_799;
+
+/// `until` as unix seconds: an integer, or a number with no fraction (JSON does not tell
+/// `5` from `5.0` apart), from 0 to [`MAX_UNTIL`].
+fn until_of(v: &serde_json::Value) -> Option<i64> {
+    let t = match v.as_i64() {
+        Some(t) => t,
+        None => {
+            let f = v.as_f64()?;
+            if f.fract() != 0.0 || !(0.0..=MAX_UNTIL as f64).contains(&f) {
+                return None;
+            }
+            f as i64
+        }
+    };
+    (0..=MAX_UNTIL).contains(&t).then_some(t)
 }
 
 fn bad_user_id() -> ApiError {
@@ -294,8 +313,10 @@ fn run_as(
     api: Api,
 ) -> Outcome {
     if !project.quota.check(now_ns()).allowed {
-        let mut extra = Extra::default();
-        extra.retry_after_s = Some(1);
+        let extra = Extra {
+            retry_after_s: Some(1),
+            ..Extra::default()
+        };
         let err = match api {
             Api::Native => ApiError::RateLimited,
             Api::Pusher => ApiError::Forbidden(crate::error::Forbidden::OverQuota),
@@ -340,7 +361,9 @@ fn run_as(
                 store.add_user_end(&record).map(|()| Done::Stored)
             }
         };
-        tx.send(Ok(result.unwrap_or_else(|e| Done::Failed(store_failure(e)))));
+        let done = result.unwrap_or_else(|e| Done::Failed(store_failure(e)));
+        // Answered after the watcher's poll: the node's snapshot has the change then.
+        Box::new(move || tx.send(Ok(done))) as crate::store::AfterJob
     });
     if svc.node.keys.store_job(job).is_err() {
         return answer(out, ApiError::Unavailable(Unavailable::StoreUnreachable));

@@ -10,7 +10,8 @@
 pub(crate) mod users;
 pub(crate) mod webhook;
 
-pub(crate) use users::{UserBlockRecord, UserEndRecord};
+pub use users::UserBlockRecord;
+pub(crate) use users::UserEndRecord;
 pub use webhook::{HookKind, HookKinds, WebhookSpec};
 
 use crate::apikey::{KeyHash, KeyKind};

@@ -45,7 +45,7 @@ pub(crate) fn valid_user_id(user: &str) -> bool {
 
 /// A user of a project refused until `until` (unix seconds) or, with `None`, for ever.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct UserBlockRecord {
+pub struct UserBlockRecord {
     pub project_id: String,
     pub user_id: String,
     pub until: Option<i64>,
@@ -53,7 +53,7 @@ pub(crate) struct UserBlockRecord {
 
 impl UserBlockRecord {
     /// Whether the block still holds at `now` (unix seconds).
-    pub(crate) fn holds_at(&self, now: i64) -> bool {
+    pub fn holds_at(&self, now: i64) -> bool {
         self.until.is_none_or(|until| until > now)
     }
 }

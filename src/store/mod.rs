@@ -49,12 +49,17 @@ pub struct StoreContents {
     /// Ids of the projects whose WebSockets need a connection token (`--require-user on`).
     pub require_user: std::collections::HashSet<String>,
     /// Every block that still holds (expired ones are left out).
-    pub(crate) user_blocks: Vec<UserBlockRecord>,
+    pub user_blocks: Vec<UserBlockRecord>,
 }
 
 /// Work for the store, run on the key watcher's thread with its connection (the REST
-/// user endpoints run on workers, which never touch the store).
-pub(crate) type StoreJob = Box<dyn FnOnce(&mut dyn Store) + Send>;
+/// user endpoints run on workers, which never touch the store). What it returns runs
+/// after the watcher's next poll, so an answer sent from there is sent once the node's
+/// snapshot has the change.
+pub(crate) type StoreJob = Box<dyn FnOnce(&mut dyn Store) -> AfterJob + Send>;
+
+/// The second half of a [`StoreJob`] (typically: send the answer).
+pub(crate) type AfterJob = Box<dyn FnOnce() + Send>;
 
 /// Unix seconds now.
 pub(crate) fn unix_now() -> i64 {
