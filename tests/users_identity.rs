@@ -479,3 +479,86 @@ fn a_blocked_user_is_refused_everywhere_until_the_block_is_lifted() {
 fn upgrade_answer_is_101(s: &Server, p: &Project, token: &str) -> bool {
     tungstenite::connect(ws_url(s, p, token)).is_ok()
 }
+
+/// Open a raw WebSocket with `query` and read its 101 and its `connected` frame.
+fn raw_connected(s: &Server, query: &str) -> std::net::TcpStream {
+    use std::io::{Read, Write};
+    let mut t = std::net::TcpStream::connect(s.addr).unwrap();
+    let req = format!(
+        "GET /api/v1/ws?{query} HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    );
+    t.write_all(req.as_bytes()).unwrap();
+    t.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 512];
+    while !String::from_utf8_lossy(&got).contains("heartbeat_s") {
+        let n = t.read(&mut buf).unwrap();
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(got.starts_with(b"HTTP/1.1 101"));
+    t
+}
+
+/// The server's RSS (KiB) and CPU time (clock ticks) now.
+fn rss_and_cpu(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let rss = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let cpu = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    (rss, cpu)
+}
+
+/// `cargo test --release --test users_identity -- --ignored --nocapture cost` (with
+/// `RINGCAST_TEST_BIN=target/release/ringcast`): memory per idle connection and server
+/// CPU per connect, without a user and with one (each with its own user and token, so
+/// every connect checks a signature), from the same run.
+#[test]
+#[ignore = "a measurement, not a check: prints the cost of a connection with and without a user"]
+fn cost_of_a_connection_with_and_without_a_user() {
+    const N: usize = 3000;
+    let s = Server::start_with(
+        common::Options::config("max_upgrades_per_second = 100000\n").workers(1),
+    );
+    let p = s.test_project("users-cost");
+    let tokens: Vec<String> = (0..N)
+        .map(|i| conn_token(&p, &format!("user-{i}"), 3600))
+        .collect();
+    // Warm the worker's tables up, so both batches grow them alike.
+    let warm: Vec<_> = (0..200)
+        .map(|_| raw_connected(&s, &format!("key={}", p.public)))
+        .collect();
+    drop(warm);
+    std::thread::sleep(Duration::from_secs(1));
+    let mut held = Vec::with_capacity(2 * N);
+    let mut rows = Vec::new();
+    for with_user in [false, true] {
+        let (rss0, cpu0) = rss_and_cpu(s.pid());
+        for token in &tokens {
+            let query = if with_user {
+                format!("key={}&token={token}", p.public)
+            } else {
+                format!("key={}", p.public)
+            };
+            held.push(raw_connected(&s, &query));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        let (rss1, cpu1) = rss_and_cpu(s.pid());
+        let bytes = (rss1.saturating_sub(rss0) * 1024) as f64 / N as f64;
+        let ticks = (cpu1 - cpu0) as f64 / N as f64;
+        rows.push((with_user, bytes, ticks * 10_000.0));
+    }
+    for (with_user, bytes, us) in rows {
+        println!(
+            "{:<14} {N} idle connections: {bytes:>7.0} B RSS each, {us:>6.1} µs server CPU per connect",
+            if with_user { "with a user" } else { "without a user" }
+        );
+    }
+}
