@@ -133,10 +133,6 @@ class Emitter {
     return this;
   }
 
-  _has(event) {
-    return (this._listeners.get(event)?.size ?? 0) > 0;
-  }
-
   _emit(event, ...args) {
     const set = this._listeners.get(event);
     if (!set || set.size === 0) return false;
@@ -512,6 +508,7 @@ export class Ringcast extends Emitter {
         }
         break;
       case "refreshed":
+        this._settle(f.channel); // a connection token's refresh waits as `undefined`
         if (typeof f.exp !== "number") break;
         if (sub) this._scheduleRefresh(sub, f.exp);
         else if (f.channel === undefined) this._scheduleRefresh(this._user, f.exp);
@@ -614,10 +611,11 @@ export class Ringcast extends Emitter {
   _onErrorFrame(f) {
     const code = typeof f.code === "string" ? f.code : "error";
     let sub = typeof f.channel === "string" ? this._subs.get(f.channel) : undefined;
-    // Errors about a subscribe without a channel field (the server's channel checks):
-    // they answer the oldest subscribe still waiting.
+    // Errors without a channel field (the server's channel checks) answer the oldest frame
+    // still waiting: a subscribe, or (`undefined`) a connection token's refresh.
     if (!sub && f.channel === undefined && SUBSCRIBE_ERRORS.has(code) && this._pending.length) {
       sub = this._subs.get(this._pending[0]);
+      if (this._pending[0] === undefined) this._settle(undefined);
     }
     const err = new RingcastError(code, f.message ?? code, { frame: f });
     if (!sub) {
@@ -738,6 +736,7 @@ export class Ringcast extends Emitter {
             return;
           }
           if (sub === this._user) this._userToken = token; // for the next reconnect too
+          if (sub === this._user) this._pending.push(undefined); // answered in order, see _settle
           this._send({ type: "refresh", channel: sub.channel, token });
           // The server's `refreshed` answer reschedules with the exp it accepted.
           this._scheduleRefresh(sub, newExp);

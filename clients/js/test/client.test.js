@@ -787,3 +787,23 @@ test("connection token failing: an error, and another try after a backoff", asyn
   await flush();
   assert.equal(Socket.instances.length, 1);
 });
+
+test("a refused connection token refresh is the client's error, not a waiting subscribe's", async () => {
+  const { clock, Socket, client, errors } = setup({
+    heartbeatMarginMs: 1e9,
+    token: () => fakeJwt({ sub: "ann", exp: Math.floor(clock.now() / 1000) + 600 }),
+  });
+  client.connect();
+  await flush();
+  Socket.last.readyState = 1;
+  Socket.last.frame({ type: "connected", connection_id: "1.1", heartbeat_s: 1e6, user_id: "ann" });
+  clock.advance(570_000);
+  await flush();
+  assert.equal(Socket.last.sentOf("refresh").length, 1);
+  const sub = client.subscribe("news", () => {});
+  Socket.last.frame({ type: "error", code: "forbidden", message: "another user" });
+  assert.equal(errors.at(-1).code, "forbidden");
+  assert.equal(sub.state, "subscribing", "the subscribe still waits for its own answer");
+  Socket.last.frame({ type: "subscribed", channel: "news" });
+  assert.equal(sub.state, "subscribed");
+});
