@@ -13,7 +13,9 @@
 //! record asked while a node is briefly away is still applied when it comes back (if
 //! younger than [`crate::project::users::END_MAX_AGE_S`]). The price: `connections`
 //! in `GET /api/v1/users/{id}` is this node's count (no node answers another's
-//! question), and a disconnect costs one store write.
+//! question), and a disconnect costs one store write (on SQLite that write also makes
+//! the other processes' watchers reload their key snapshot once, as SQLite's
+//! `data_version` moves on any commit; bounded by the poll interval and the quota).
 //!
 //! Invariants: [`end_here`] never blocks and never touches the store (it runs on
 //! workers); records of projects this node does not know are ignored.
