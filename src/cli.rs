@@ -55,6 +55,10 @@ pub enum Command {
     /// Manage API keys.
     #[command(subcommand)]
     Key(KeyCommand),
+    /// End a user's access: disconnect, block, unblock, show (a running server acts
+    /// within 1 second).
+    #[command(subcommand)]
+    User(UserCommand),
     /// Inspect the configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -62,6 +66,28 @@ pub enum Command {
     Publish(PublishArgs),
     /// Subscribe to channels of a running server; prints each message as one JSON line.
     Subscribe(SubscribeArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum UserCommand {
+    /// Close every connection of the user in the project, on every server (4010).
+    Disconnect { project_id: String, user_id: String },
+    /// Refuse the user's tokens and sign-ins until a time (or for ever), and
+    /// disconnect them.
+    Block {
+        project_id: String,
+        user_id: String,
+        /// Until these unix seconds (default: for ever).
+        #[arg(long, conflicts_with = "for_")]
+        until: Option<i64>,
+        /// For this long from now: e.g. 90s, 10m, 1h (at most 30 days).
+        #[arg(long = "for", id = "for_")]
+        for_: Option<String>,
+    },
+    /// Lift a user's block.
+    Unblock { project_id: String, user_id: String },
+    /// Print the user's block.
+    Show { project_id: String, user_id: String },
 }
 
 #[derive(Debug, Subcommand)]
@@ -291,6 +317,8 @@ limit_args! {
     /// Allow webhook URLs resolving to loopback, private, link-local and similar
     /// addresses: true or false. Default false.
     webhook_allow_private_addresses => "RINGCAST_WEBHOOK_ALLOW_PRIVATE_ADDRESSES",
+    /// User blocks a project may hold in force (1 to 1000000). Default 10000.
+    max_blocked_users_per_project => "RINGCAST_MAX_BLOCKED_USERS_PER_PROJECT",
     /// How long an Idempotency-Key is remembered, seconds. Default 300.
     idempotency_window_s => "RINGCAST_IDEMPOTENCY_WINDOW_S",
     /// Idempotency keys remembered per project. Default 100000.
@@ -356,7 +384,7 @@ pub enum ProjectCommand {
         project_id: String,
         /// WebSocket connections the project may hold per node: a number (0 =
         /// unlimited) or `default` (the server's max_ws_connections_per_project).
-        #[arg(long, required_unless_present_any = ["client_events", "pusher"])]
+        #[arg(long, required_unless_present_any = ["client_events", "pusher", "require_user"])]
         max_connections: Option<String>,
         /// Whether subscribers of private and presence channels may send client
         /// events (`client-*`) to each other: `on` or `off` (the default).
@@ -366,6 +394,10 @@ pub enum ProjectCommand {
         /// app `pusher_app_id`): `on` (the default) or `off`.
         #[arg(long, value_enum)]
         pusher: Option<OnOff>,
+        /// Whether every WebSocket needs a valid connection token (a user): `on` or
+        /// `off` (the default).
+        #[arg(long, value_enum)]
+        require_user: Option<OnOff>,
     },
     /// Send the project's events (channel occupied/vacated, member added/removed,
     /// client events) to URL as Pusher-format webhooks, or turn them off with --off.

@@ -38,6 +38,15 @@ pub mod code {
     pub const SLOW_CONSUMER: u16 = 4008;
     /// Nothing heard from the client within three heartbeat periods.
     pub const HEARTBEAT_TIMEOUT: u16 = 4009;
+    /// The application ended this user's access (`POST /api/v1/users/{id}/disconnect`,
+    /// a block); clients do not reconnect by themselves.
+    pub const USER_DISCONNECTED: u16 = 4010;
+    /// The connection token expired (`exp` + 5 s) without a refresh; the JS client gets
+    /// a new token and reconnects.
+    pub const TOKEN_EXPIRED: u16 = 4011;
+    /// Pusher: the app terminated this user's connections (`terminate_connections`);
+    /// in 4000–4099, so pusher-js does not reconnect ("refused").
+    pub const PUSHER_TERMINATED: u16 = 4009;
     /// Pusher: over capacity or a limit; pusher-js reconnects after a delay ("backoff").
     pub const PUSHER_OVER_CAPACITY: u16 = 4100;
     /// Pusher: the server is going away; pusher-js reconnects at once ("retry").
@@ -96,6 +105,10 @@ impl Disconnect {
         code::HEARTBEAT_TIMEOUT,
         "no traffic within the heartbeat timeout",
     );
+    /// The application ended this user's access (disconnect or block).
+    pub const USER_DISCONNECTED: Disconnect = d(code::USER_DISCONNECTED, "disconnected");
+    /// The connection token's `exp` + 5 s passed without a refresh.
+    pub const TOKEN_EXPIRED: Disconnect = d(code::TOKEN_EXPIRED, "token expired");
     /// Pusher: the `protocol` query parameter names a version we do not speak.
     pub const PUSHER_BAD_PROTOCOL: Disconnect =
         d(code::PUSHER_BAD_PROTOCOL, "unsupported protocol version");

@@ -181,6 +181,10 @@ pub struct Config {
     /// Whether webhook URLs may resolve to loopback, private, link-local, unique-local,
     /// unspecified or multicast addresses. Default false (refused at connect time).
     pub webhook_allow_private_addresses: bool,
+    /// User blocks a project may hold in force (`POST /api/v1/users/{id}/block`); over it
+    /// the block is refused with 409 `too_many_blocks`. Expired blocks do not count.
+    /// Default 10000.
+    pub max_blocked_users_per_project: usize,
     /// How long an `Idempotency-Key` answer is remembered, seconds. Default 300.
     pub idempotency_window_s: u64,
     /// Idempotency keys remembered per project; over it the oldest is forgotten first.
@@ -279,6 +283,7 @@ impl Default for Config {
             max_history_answer_bytes: 4 * 1024 * 1024,
             max_pending_answer_bytes: 256 * 1024,
             webhook_allow_private_addresses: false,
+            max_blocked_users_per_project: 10_000,
             idempotency_window_s: 300,
             idempotency_max_keys_per_project: 100_000,
             max_upgrades_per_second: DEFAULT_MAX_UPGRADES_PER_SECOND,
@@ -667,6 +672,11 @@ impl Config {
         if self.replay_cache_bytes > 1 << 30 {
             let v = self.replay_cache_bytes;
             return bad("replay_cache_bytes", &v, "0 (off) to 1073741824 bytes");
+        }
+        if self.max_blocked_users_per_project == 0 || self.max_blocked_users_per_project > 1_000_000
+        {
+            let v = self.max_blocked_users_per_project;
+            return bad("max_blocked_users_per_project", &v, "1 to 1000000");
         }
         if self.drain_spread_s > 600 {
             return bad("drain_spread_s", &self.drain_spread_s, "0 to 600 seconds");

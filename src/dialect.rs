@@ -17,7 +17,8 @@ pub enum Dialect {
 impl Dialect {
     /// The close this dialect's client must see for `why`. Native: unchanged. Pusher:
     /// 4008 (slow consumer) becomes 4100 (reconnect after a delay), 4009 becomes 4201
-    /// and 1001 becomes 4200 (reconnect now); 4001 stays (pusher-js does not reconnect,
+    /// and 1001 becomes 4200 (reconnect now); 4010 (the app ended the user's access)
+    /// becomes 4009, Pusher's own `terminate_connections` close; 4001 stays (pusher-js does not reconnect,
     /// which is right for a revoked key); protocol-level 1xxx codes stay. Never a 43xx:
     /// pusher-js gives up on every one of them.
     pub const fn translate(self, why: Disconnect) -> Disconnect {
@@ -36,6 +37,10 @@ impl Dialect {
                     code: code::PUSHER_RECONNECT_NOW,
                     reason: why.reason,
                 },
+                code::USER_DISCONNECTED => Disconnect {
+                    code: code::PUSHER_TERMINATED,
+                    reason: "You got disconnected by the app.",
+                },
                 _ => why,
             },
         }
@@ -53,6 +58,13 @@ mod tests {
         assert_eq!(p.translate(Disconnect::HEARTBEAT_TIMEOUT).code, 4201);
         assert_eq!(p.translate(Disconnect::SHUTDOWN).code, 4200);
         assert_eq!(p.translate(Disconnect::KEY_REVOKED).code, 4001);
+        assert_eq!(p.translate(Disconnect::USER_DISCONNECTED).code, 4009);
+        assert_eq!(
+            Dialect::Native
+                .translate(Disconnect::USER_DISCONNECTED)
+                .code,
+            4010
+        );
         assert_eq!(p.translate(Disconnect::FRAME_TOO_LARGE).code, 1009);
         assert_eq!(
             Dialect::Native.translate(Disconnect::SLOW_CONSUMER).code,

@@ -9,6 +9,7 @@
 use std::io::Write;
 
 pub(crate) use crate::auth::pusher::RestAuthError;
+pub(crate) use crate::auth::token::TokenRefusal;
 pub(crate) use crate::auth::KeyRefusal;
 
 /// Why the service cannot take a request now (503).
@@ -25,6 +26,9 @@ pub enum Unavailable {
     HistoryUnreachable,
     /// The presence and occupancy state could not be read (its thread is gone).
     StateUnreachable,
+    /// The project store (SQLite or Redis) did not answer a user block or end, or its
+    /// queue of waiting requests is full.
+    StoreUnreachable,
 }
 
 impl Unavailable {
@@ -40,6 +44,9 @@ impl Unavailable {
             }
             Unavailable::StateUnreachable => {
                 "channel occupancy and presence cannot be read now; retry shortly"
+            }
+            Unavailable::StoreUnreachable => {
+                "the project store cannot be reached now; retry shortly"
             }
         }
     }
@@ -66,6 +73,9 @@ pub enum ApiError {
     InvalidField(&'static str, &'static str),
     FieldTooLong(&'static str),
     Unauthorized(KeyRefusal),
+    /// A WebSocket upgrade's connection token (`?token=`) was refused, or the project
+    /// requires one and none was given (401 `invalid_token`).
+    InvalidToken(TokenRefusal),
     PayloadTooLarge,
     UnsupportedMediaType,
     RateLimited,
@@ -105,6 +115,9 @@ pub enum ApiError {
     /// The first request with this `Idempotency-Key` is still being processed (409,
     /// `Retry-After: 1`).
     IdempotencyKeyInProgress,
+    /// `POST /api/v1/users/{id}/block` when the project already holds
+    /// `max_blocked_users_per_project` blocks in force (409).
+    TooManyBlocks,
 }
 
 impl ApiError {
@@ -119,12 +132,16 @@ impl ApiError {
             | ApiError::InvalidQuery(_)
             | ApiError::InvalidInfo(_)
             | ApiError::IdempotencyKeyInvalid => 400,
-            ApiError::Unauthorized(_) | ApiError::PusherUnauthorized(_) => 401,
+            ApiError::Unauthorized(_)
+            | ApiError::PusherUnauthorized(_)
+            | ApiError::InvalidToken(_) => 401,
             ApiError::Forbidden(_) => 403,
             ApiError::NotFound | ApiError::HistoryOff => 404,
             ApiError::MethodNotAllowed(_) => 405,
             ApiError::RequestTimeout => 408,
-            ApiError::EpochMismatch | ApiError::IdempotencyKeyInProgress => 409,
+            ApiError::EpochMismatch
+            | ApiError::IdempotencyKeyInProgress
+            | ApiError::TooManyBlocks => 409,
             ApiError::LengthRequired => 411,
             ApiError::PayloadTooLarge => 413,
             ApiError::UnsupportedMediaType => 415,
@@ -143,6 +160,7 @@ impl ApiError {
             ApiError::InvalidField(..) => "invalid_field",
             ApiError::FieldTooLong(_) => "field_too_long",
             ApiError::Unauthorized(_) | ApiError::PusherUnauthorized(_) => "unauthorized",
+            ApiError::InvalidToken(_) => "invalid_token",
             ApiError::InvalidQuery(_) => "invalid_query",
             ApiError::InvalidInfo(_) => "invalid_info",
             ApiError::Forbidden(Forbidden::PusherDisabled) => "pusher_disabled",
@@ -164,6 +182,7 @@ impl ApiError {
             ApiError::IdempotencyKeyInvalid => "invalid_idempotency_key",
             ApiError::IdempotencyKeyReused => "idempotency_key_reused",
             ApiError::IdempotencyKeyInProgress => "idempotency_key_in_progress",
+            ApiError::TooManyBlocks => "too_many_blocks",
         }
     }
 
@@ -178,6 +197,12 @@ impl ApiError {
                 write!(out, "the field '{f}' is longer than 100 characters")
             }
             ApiError::Unauthorized(why) => write!(out, "{}", why.message()),
+            // The one message here that is not written for JSON (it names fields in
+            // quotes): escaped.
+            ApiError::InvalidToken(why) => {
+                let text = format!("connection token refused: {why}");
+                write!(out, "{}", text.replace('\\', "\\\\").replace('"', "\\\""))
+            }
             ApiError::PayloadTooLarge => {
                 write!(
                     out,
@@ -212,6 +237,10 @@ impl ApiError {
             ApiError::HeadersTooLarge => write!(out, "the request head is too large"),
             ApiError::RequestTimeout => write!(out, "the request head took too long"),
             ApiError::HistoryOff => write!(out, "the project keeps no channel history"),
+            ApiError::TooManyBlocks => write!(
+                out,
+                "the project already blocks as many users as max_blocked_users_per_project allows; lift a block first"
+            ),
             ApiError::EpochMismatch => write!(
                 out,
                 "the channel's history has another epoch: positions of the old one are gone"
@@ -248,6 +277,9 @@ impl ApiError {
                 | ApiError::RequestTimeout
                 | ApiError::PayloadTooLarge
                 | ApiError::TooManyConnections
+                // A refused connection token: the next try costs a new connection, so
+                // one connection cannot make the worker check forged tokens in a loop.
+                | ApiError::InvalidToken(_)
         )
     }
 
@@ -270,5 +302,28 @@ impl ApiError {
         }
         body.extend_from_slice(b"}}");
         body
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_connection_token_is_401_invalid_token_in_valid_json() {
+        for why in [
+            TokenRefusal::Expired,
+            TokenRefusal::Missing,
+            TokenRefusal::NoUser,
+        ] {
+            let e = ApiError::InvalidToken(why);
+            assert_eq!((e.status(), e.code()), (401, "invalid_token"));
+            let body: serde_json::Value = serde_json::from_slice(&e.body()).unwrap();
+            assert_eq!(body["error"]["code"], "invalid_token");
+            assert!(body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .ends_with(&why.to_string()));
+        }
     }
 }

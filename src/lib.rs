@@ -112,7 +112,7 @@ pub use auth::cache::KeyCache;
 pub use auth::jwt_crypto::{install as install_jwt_verifiers, RING_VERIFIERS as JWT_VERIFIERS};
 pub use config::Config;
 pub use history::spec::HistorySpec;
-pub use project::{HookKind, HookKinds, KeyRecord, ProjectRecord, WebhookSpec};
+pub use project::{HookKind, HookKinds, KeyRecord, ProjectRecord, UserBlockRecord, WebhookSpec};
 pub use quota::rate_limit::RateLimit;
 pub use quota::Quota;
 pub use store::StoreContents;

@@ -67,7 +67,7 @@ fn main() {
         }
         Command::Publish(args) => ringcast::tools::publish(args).map_err(Into::into),
         Command::Subscribe(args) => ringcast::tools::subscribe(args).map_err(Into::into),
-        Command::Project(_) | Command::Key(_) => ringcast::run_admin(&cli),
+        Command::Project(_) | Command::Key(_) | Command::User(_) => ringcast::run_admin(&cli),
     };
     if let Err(err) = result {
         // A json-logging serve already logged why it did not start.

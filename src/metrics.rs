@@ -118,7 +118,10 @@ pub(crate) struct WorkerMetrics {
     bytes_sent: Cell64,
     slow_consumer_closes: Cell64,
     client_events: Cell64,
+    user_disconnects: Cell64,
+    user_blocks: Cell64,
     connections: Cell64,
+    user_connections: Cell64,
     subscriptions: Cell64,
     duration_buckets: [Cell64; BUCKET_NS.len()],
     duration_sum_ns: Cell64,
@@ -178,6 +181,17 @@ impl WorkerMetrics {
         self.upgrades_refused.add(1);
     }
 
+    /// One user disconnected (REST disconnect or block, Pusher terminate_connections)
+    /// by a request this worker took.
+    pub(crate) fn user_disconnect(&self) {
+        self.user_disconnects.add(1);
+    }
+
+    /// One user block stored by a request this worker took.
+    pub(crate) fn user_block(&self) {
+        self.user_blocks.add(1);
+    }
+
     /// One client event accepted from a connection of this worker and relayed.
     pub(crate) fn client_event(&self) {
         self.client_events.add(1);
@@ -186,6 +200,11 @@ impl WorkerMetrics {
     /// This worker's open WebSocket connections now.
     pub(crate) fn set_connections(&self, n: usize) {
         self.connections.set(n as u64);
+    }
+
+    /// This worker's WebSocket connections with a user (connection token or sign-in).
+    pub(crate) fn set_user_connections(&self, n: usize) {
+        self.user_connections.set(n as u64);
     }
 
     /// This worker's (connection, channel) subscriptions now.
@@ -316,12 +335,18 @@ impl Metrics {
             env!("CARGO_PKG_VERSION")
         );
 
-        let simple: [Family; 15] = [
+        let simple: [Family; 18] = [
             (
                 "ringcast_connections",
                 "gauge",
                 "Open WebSocket connections.",
                 |w| w.connections.get(),
+            ),
+            (
+                "ringcast_user_connections",
+                "gauge",
+                "Open WebSocket connections with a user (a connection token or a Pusher sign-in).",
+                |w| w.user_connections.get(),
             ),
             (
                 "ringcast_subscriptions",
@@ -382,6 +407,18 @@ impl Metrics {
                 "counter",
                 "Client events accepted from connections and relayed to the channel's other subscribers.",
                 |w| w.client_events.get(),
+            ),
+            (
+                "ringcast_user_disconnects_total",
+                "counter",
+                "Users whose connections were ended on every node by a request to this node (disconnect, block, Pusher terminate_connections).",
+                |w| w.user_disconnects.get(),
+            ),
+            (
+                "ringcast_user_blocks_total",
+                "counter",
+                "User blocks stored by requests to this node.",
+                |w| w.user_blocks.get(),
             ),
             (
                 "ringcast_idempotent_replays_total",

@@ -120,11 +120,17 @@ fn the_handshake_gives_a_socket_id_and_the_heartbeat_as_activity_timeout() {
     let id = data["socket_id"].as_str().unwrap();
     let (n, l) = id.split_once('.').unwrap();
     assert!(n.parse::<u32>().is_ok() && l.parse::<u64>().is_ok(), "{id}");
-    // Ping: a JSON pong. Unknown events, signin, bad JSON: pusher:error, still open.
+    // Ping: a JSON pong. Unknown events, bad JSON: pusher:error, still open. A sign-in
+    // without user_data and auth: pusher:error 4009 (tests/users_identity.rs signs in).
     send_json(&mut ws, json!({"event": "pusher:ping", "data": {}}));
     assert_eq!(next_json(&mut ws)["event"], "pusher:pong");
+    send_json(&mut ws, json!({"event": "pusher:signin", "data": {}}));
+    let e = next_json(&mut ws);
+    assert_eq!(
+        (&e["event"], &e["data"]["code"]),
+        (&json!("pusher:error"), &json!(4009))
+    );
     for bad in [
-        json!({"event": "pusher:signin", "data": {}}),
         json!({"event": "hello", "data": {}}),
         json!({"no": "event"}),
     ] {

@@ -74,6 +74,8 @@ export interface RingcastOptions {
   key: string;
   /** For `private-` and `presence-` channels: a JWT from your backend. Called again before the token expires. */
   getToken?: (channel: string) => Promise<string> | string;
+  /** The connection token (its `sub` is the connection's user): a JWT, or a function returning one; a function is called before each connect after a 4011 or a failed attempt, and before the token expires (refresh). */
+  token?: string | (() => Promise<string> | string);
   /** Backoff floor (default 500 ms). */
   minReconnectDelayMs?: number;
   /** Backoff ceiling (default 20000 ms). */
@@ -139,6 +141,8 @@ export class Ringcast extends Emitter<ClientEvents> {
   readonly url: string;
   readonly state: ConnectionState;
   readonly connectionId?: string;
+  /** The connection's user (`user_id` of the `connected` frame), with a connection token. */
+  readonly userId?: string;
   connect(): void;
   /** State "closed"; no reconnect until connect() is called again. Subscriptions are kept. */
   close(): void;
@@ -151,6 +155,8 @@ export const CloseCodes: Readonly<{
   KEY_REVOKED: 4001;
   SLOW_CONSUMER: 4008;
   HEARTBEAT_TIMEOUT: 4009;
+  USER_DISCONNECTED: 4010;
+  TOKEN_EXPIRED: 4011;
   GOING_AWAY: 1001;
   ABNORMAL: 1006;
   TRY_AGAIN_LATER: 1013;

@@ -15,6 +15,8 @@ export const CloseCodes = Object.freeze({
   KEY_REVOKED: 4001,
   SLOW_CONSUMER: 4008,
   HEARTBEAT_TIMEOUT: 4009,
+  USER_DISCONNECTED: 4010,
+  TOKEN_EXPIRED: 4011,
   GOING_AWAY: 1001,
   ABNORMAL: 1006,
   TRY_AGAIN_LATER: 1013,
@@ -33,6 +35,8 @@ const CLOSE_NAMES = {
   4001: "key_revoked",
   4008: "slow_consumer",
   4009: "heartbeat_timeout",
+  4010: "disconnected",
+  4011: "token_expired",
 };
 
 /** Close code the client sends when it gives up on a connection it considers dead. */
@@ -59,9 +63,9 @@ export function backoffDelay(attempt, minMs, maxMs, random = Math.random) {
 }
 
 /**
- * The least wait a close asks for (else `undefined`): 1013 `retry_after=<s>` (node over its
- * upgrade rate): s seconds plus up to 1 s of jitter; 1001 (shutdown): uniform over
- * [min, spreadMs], so a stopping node's clients do not reach the next node all at once.
+ * The least wait a close asks for (else `undefined`): 1013 `retry_after=<s>` (node over its upgrade
+ * rate): s seconds plus up to 1 s of jitter; 1001 (shutdown): uniform over [min, spreadMs], so a
+ * stopping node's clients do not reach the next node all at once.
  */
 export function closeDelay(code, reason, minMs, spreadMs, random = Math.random) {
   const m = code === 1013 && /(?:^|[^a-z_])retry_after=(\d{1,4})(?:$|\D)/.exec(reason ?? "");
@@ -71,10 +75,7 @@ export function closeDelay(code, reason, minMs, spreadMs, random = Math.random) 
   return Math.round(min + random() * Math.max(0, spreadMs - min));
 }
 
-/**
- * The `exp` claim (seconds since the epoch) of a JWT, read without verifying it, or
- * `undefined` when the token has none or is not a JWT.
- */
+/** A JWT's `exp` (seconds since the epoch), read without verifying it; else `undefined`. */
 export function jwtExp(token) {
   if (typeof token !== "string") return undefined;
   const parts = token.split(".");
@@ -132,10 +133,6 @@ class Emitter {
     return this;
   }
 
-  _has(event) {
-    return (this._listeners.get(event)?.size ?? 0) > 0;
-  }
-
   _emit(event, ...args) {
     const set = this._listeners.get(event);
     if (!set || set.size === 0) return false;
@@ -190,9 +187,9 @@ export class Subscription extends Emitter {
   }
 
   /**
-   * Send a client event (`client-...`) to the other subscribers of this private or
-   * presence channel. Returns false when it cannot be sent now (not subscribed, or the
-   * socket's send buffer is full); nothing is queued.
+   * Send a client event (`client-...`) to the other subscribers of this private or presence
+   * channel. Returns false when it cannot be sent now (not subscribed, or the socket's send
+   * buffer is full); nothing is queued.
    */
   trigger(event, data) {
     if (typeof event !== "string" || !event.startsWith("client-")) {
@@ -238,8 +235,11 @@ export class Ringcast extends Emitter {
 
     /** "connecting" | "connected" | "disconnected" | "closed". */
     this.state = "disconnected";
-    /** Id of the current connection (from the server's `connected` frame). */
-    this.connectionId = undefined;
+    /** Id and user of the current connection (from the server's `connected` frame). */
+    this.connectionId = this.userId = undefined;
+    // The connection token (options.token), refreshed as a subscription's token is.
+    this._user = { channel: undefined, _refreshTimer: null, _emit: (_, e) => this._emitError(e) };
+    this._userToken = null;
     this._ws = null;
     this._subs = new Map(); // channel -> Subscription
     this._pending = []; // channels whose subscribe was sent and not yet answered, in order
@@ -311,20 +311,23 @@ export class Ringcast extends Emitter {
       throw new TypeError(`not a WebSocket URL (ws://, wss://, http:// or https://): ${this.url}`);
     }
     u.searchParams.set("key", this.options.key);
+    if (this._userToken) u.searchParams.set("token", this._userToken);
     return u.toString();
   }
 
   _open() {
     this._setState("connecting");
     if (this.state !== "connecting") return; // a state listener closed the client
+    if (this.options.token !== undefined && this._userToken === null) {
+      // The connection token first (options.token); a state change meanwhile wins.
+      const go = (token) => ((this._userToken = token), this.state === "connecting" && !this._ws && this._open());
+      this._token(this._user).then(go, (err) => this.state === "connecting" && (this._emitError(err), this._lost()));
+      return;
+    }
     const Ctor = this._WebSocket;
     if (typeof Ctor !== "function") {
-      this._emitError(
-        new RingcastError(
-          "no_websocket",
-          "no WebSocket implementation: pass options.WebSocket (e.g. from the 'ws' package on Node 20)",
-        ),
-      );
+      const why = "no WebSocket implementation: pass options.WebSocket (e.g. from the 'ws' package on Node 20)";
+      this._emitError(new RingcastError("no_websocket", why));
       this._setState("closed");
       return;
     }
@@ -352,9 +355,7 @@ export class Ringcast extends Emitter {
     this._connectTimer = this._setTimeout(() => {
       this._connectTimer = null;
       if (ws !== this._ws || this.state !== "connecting") return;
-      this._emitError(
-        new RingcastError("connect_timeout", `no connected frame within ${this.connectTimeoutMs} ms`),
-      );
+      this._emitError(new RingcastError("connect_timeout", `no connected frame within ${this.connectTimeoutMs} ms`));
       this._drop(CLIENT_GIVE_UP, "connect timeout");
       this._lost();
     }, this.connectTimeoutMs);
@@ -364,6 +365,7 @@ export class Ringcast extends Emitter {
   _drop(code, reason) {
     this._cancel("_connectTimer");
     this._cancel("_heartbeatTimer");
+    this._cancelRefresh(this._user);
     for (const sub of this._subs.values()) this._resetSub(sub);
     this._pending = [];
     const ws = this._ws;
@@ -386,10 +388,12 @@ export class Ringcast extends Emitter {
     const detail = reason || this._socketError;
     const message = `connection closed (${code}${detail ? `: ${detail}` : ""})`;
     this._emitError(new RingcastError(name, message, { closeCode: code, reason }));
-    if (code === CloseCodes.KEY_REVOKED) {
+    if (code === CloseCodes.KEY_REVOKED || code === CloseCodes.USER_DISCONNECTED) {
       this._setState("closed");
       return;
     }
+    // A new connection token for the next attempt: this one expired, or was refused.
+    if (code === CloseCodes.TOKEN_EXPIRED || !wasConnected) this._userToken = null;
     if (wasConnected && this._now() - this._connectedAt >= this._stableMs()) this._attempt = 0;
     const { minReconnectDelayMs: min, shutdownReconnectSpreadMs: spread } = this;
     this._lost(closeDelay(code, reason, min, spread, this._random));
@@ -434,12 +438,7 @@ export class Ringcast extends Emitter {
     const idle = now - this._lastFrameAt;
     const deadIn = this._deadAfterMs() - idle;
     if (deadIn <= 0) {
-      this._emitError(
-        new RingcastError(
-          "heartbeat_timeout",
-          `no frame from the server for ${idle} ms: reconnecting`,
-        ),
-      );
+      this._emitError(new RingcastError("heartbeat_timeout", `no frame from the server for ${idle} ms: reconnecting`));
       this._drop(CLIENT_GIVE_UP, "heartbeat timeout");
       this._lost();
       return;
@@ -464,9 +463,7 @@ export class Ringcast extends Emitter {
     const ws = this._ws;
     if (!ws || ws.readyState !== OPEN) return false;
     if ((ws.bufferedAmount ?? 0) > this.maxBufferedBytes) {
-      this._emitError(
-        new RingcastError("send_buffer_full", "the socket's send buffer is full; frame not sent"),
-      );
+      this._emitError(new RingcastError("send_buffer_full", "the socket's send buffer is full; frame not sent"));
       return false;
     }
     ws.send(JSON.stringify(frame));
@@ -511,7 +508,10 @@ export class Ringcast extends Emitter {
         }
         break;
       case "refreshed":
-        if (sub && typeof f.exp === "number") this._scheduleRefresh(sub, f.exp);
+        this._settle(f.channel); // a connection token's refresh waits as `undefined`
+        if (typeof f.exp !== "number") break;
+        if (sub) this._scheduleRefresh(sub, f.exp);
+        else if (f.channel === undefined) this._scheduleRefresh(this._user, f.exp);
         break;
       case "presence":
         if (sub && sub.state === "subscribed") this._onPresence(sub, f);
@@ -528,6 +528,7 @@ export class Ringcast extends Emitter {
   _onConnected(f) {
     this._cancel("_connectTimer");
     this.connectionId = f.connection_id;
+    this.userId = f.user_id;
     this._heartbeatMs = Math.max(1, Number(f.heartbeat_s) || 25) * 1000;
     this._connectedAt = this._now();
     this._pingSentAt = 0;
@@ -537,6 +538,7 @@ export class Ringcast extends Emitter {
       if (sub.state === "pending") this._sendSubscribe(sub);
     }
     this._armHeartbeat();
+    if (this._userToken) this._scheduleRefresh(this._user, jwtExp(this._userToken));
   }
 
   _deliver(sub, f) {
@@ -582,9 +584,9 @@ export class Ringcast extends Emitter {
   }
 
   /**
-   * A join or leave. The server sends one join per user (its first connection) and one
-   * leave (its last): a join for a member already listed or a leave for one not listed
-   * changes nothing and is not reported. A leave reports the info the member joined with.
+   * A join or leave. The server sends one join per user (its first connection) and one leave (its
+   * last): a join for a member already listed or a leave for one not listed changes nothing and is
+   * not reported. A leave reports the info the member joined with.
    */
   _onPresence(sub, f) {
     if (f.user_id === undefined) return;
@@ -609,10 +611,11 @@ export class Ringcast extends Emitter {
   _onErrorFrame(f) {
     const code = typeof f.code === "string" ? f.code : "error";
     let sub = typeof f.channel === "string" ? this._subs.get(f.channel) : undefined;
-    // Errors about a subscribe without a channel field (the server's channel checks):
-    // they answer the oldest subscribe still waiting.
+    // Errors without a channel field (the server's channel checks) answer the oldest frame
+    // still waiting: a subscribe, or (`undefined`) a connection token's refresh.
     if (!sub && f.channel === undefined && SUBSCRIBE_ERRORS.has(code) && this._pending.length) {
       sub = this._subs.get(this._pending[0]);
+      if (this._pending[0] === undefined) this._settle(undefined);
     }
     const err = new RingcastError(code, f.message ?? code, { frame: f });
     if (!sub) {
@@ -678,74 +681,76 @@ export class Ringcast extends Emitter {
     );
   }
 
+  /** A token from the application: the channel's (getToken), or the connection's (token). */
   async _token(sub) {
-    const getToken = this.options.getToken;
+    const user = sub === this._user;
+    const getToken = user ? this.options.token : this.options.getToken;
+    if (user && typeof getToken === "string") return getToken;
+    const needs = user ? "options.token (a string or a function)" : "options.getToken(channel)";
     if (typeof getToken !== "function") {
-      throw new RingcastError(
-        "token_required",
-        `"${sub.channel}" needs a token: pass options.getToken(channel)`,
-        { channel: sub.channel },
-      );
+      const why = `${user ? "the connection" : `"${sub.channel}"`} needs a token: pass ${needs}`;
+      throw new RingcastError("token_required", why, { channel: sub.channel });
     }
+    const what = this._tokenSource(sub);
     let token;
     try {
       token = await getToken(sub.channel);
     } catch (e) {
-      throw new RingcastError("token_failed", `getToken("${sub.channel}") failed: ${e?.message ?? e}`, {
-        channel: sub.channel,
-        cause: e,
-      });
+      throw new RingcastError("token_failed", `${what} failed: ${e?.message ?? e}`, { channel: sub.channel, cause: e });
     }
     if (typeof token !== "string" || token === "") {
-      throw new RingcastError("token_failed", `getToken("${sub.channel}") returned no token`, {
-        channel: sub.channel,
-      });
+      throw new RingcastError("token_failed", `${what} returned no token`, { channel: sub.channel });
     }
     return token;
+  }
+
+  _tokenSource(sub) {
+    return sub === this._user ? "options.token()" : `getToken("${sub.channel}")`;
+  }
+
+  /** Whether `sub` (or the connection token's pseudo-subscription) is still held. */
+  _holds(sub) {
+    return sub === this._user || this._subs.get(sub.channel) === sub;
   }
 
   /** Ask for a fresh token before `exp` (seconds); refresh at most once per token. */
   _scheduleRefresh(sub, exp) {
     this._cancelRefresh(sub);
     if (typeof exp !== "number") return;
+    // A connection token given as a string cannot be renewed: the server ends it (4011).
+    if (sub === this._user && typeof this.options.token !== "function") return;
     sub._tokenExp = exp;
     const remaining = exp * 1000 - this._now();
     const delay = Math.max(1000, remaining - Math.min(this.tokenRefreshMarginMs, remaining / 2));
     const ws = this._ws;
     sub._refreshTimer = this._setTimeout(() => {
       sub._refreshTimer = null;
-      if (ws !== this._ws || this._subs.get(sub.channel) !== sub) return;
+      if (ws !== this._ws || !this._holds(sub)) return;
       this._token(sub).then(
         (token) => {
-          if (ws !== this._ws || this._subs.get(sub.channel) !== sub) return;
+          if (ws !== this._ws || !this._holds(sub)) return;
           const newExp = jwtExp(token);
           if (typeof newExp === "number" && newExp <= exp) {
-            sub._emit(
-              "error",
-              new RingcastError(
-                "token_not_refreshed",
-                `getToken("${sub.channel}") returned a token that does not expire later than the current one`,
-                { channel: sub.channel },
-              ),
-            );
+            const why = `${this._tokenSource(sub)} returned a token that does not expire later than the current one`;
+            sub._emit("error", new RingcastError("token_not_refreshed", why, { channel: sub.channel }));
             return;
           }
+          if (sub === this._user) this._userToken = token; // for the next reconnect too
+          if (sub === this._user) this._pending.push(undefined); // answered in order, see _settle
           this._send({ type: "refresh", channel: sub.channel, token });
           // The server's `refreshed` answer reschedules with the exp it accepted.
           this._scheduleRefresh(sub, newExp);
         },
         (err) => {
-          if (ws === this._ws && this._subs.get(sub.channel) === sub) sub._emit("error", err);
+          if (ws === this._ws && this._holds(sub)) sub._emit("error", err);
         },
       );
     }, delay);
   }
 
   _cancelRefresh(sub) {
-    if (sub._refreshTimer !== null) {
-      this._clearTimeout(sub._refreshTimer);
-      sub._refreshTimer = null;
-    }
+    if (sub._refreshTimer !== null) this._clearTimeout(sub._refreshTimer);
+    sub._refreshTimer = null;
   }
 
   /** Back to "pending" after a connection loss (keeps offset/epoch for `since`). */
@@ -786,10 +791,8 @@ export class Ringcast extends Emitter {
   }
 
   _cancel(name) {
-    if (this[name] !== null) {
-      this._clearTimeout(this[name]);
-      this[name] = null;
-    }
+    if (this[name] !== null) this._clearTimeout(this[name]);
+    this[name] = null;
   }
 }
 

@@ -16,6 +16,10 @@
 //! - A project's webhook ([`WebhookTarget`]: URL, event kinds, the `X-Pusher-Key` and
 //!   the signing secret) is resolved here too, so the webhook sender looks one index up;
 //!   the signing secret is never printed (`Debug` leaves it out).
+//! - A project's user blocks ([`ProjectState::user_blocked`]) and `require_user` come
+//!   from the store at each rebuild (so every node and process sees a block within the
+//!   watcher's interval); a project without blocks holds `None`, and the connect path's
+//!   check is then one atomic load.
 //! - Every project in a snapshot is found by its Pusher app id too
 //!   ([`KeySnapshot::project_by_app_id`]), and it is the same [`ProjectState`] its keys
 //!   lead to. An app id never moves to another project (the store never reuses one), so
@@ -24,9 +28,9 @@
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use arc_swap::{ArcSwap, Guard};
+use arc_swap::{ArcSwap, ArcSwapOption, Guard};
 
 use super::token::TokenKeys;
 use crate::apikey::{hash_key, is_well_formed, KeyHash, KeyKind};
@@ -34,7 +38,7 @@ use crate::history::HistoryCell;
 use crate::project::{HookKinds, TokenKeyRecord, TokenSecretRecord};
 use crate::quota::Quota;
 use crate::sealed::MasterKey;
-use crate::store::StoreContents;
+use crate::store::{StoreContents, StoreJob};
 
 /// A project as the data plane sees it.
 #[derive(Debug)]
@@ -63,7 +67,17 @@ pub struct ProjectState {
     /// Whether Pusher clients and the Pusher REST API may use the project (`project
     /// set-limits --pusher`). Updated in place by a rebuild, like `client_events`.
     pub pusher: std::sync::atomic::AtomicBool,
+    /// Whether a WebSocket of this project needs a valid connection token (`project
+    /// set-limits --require-user`). Updated in place by a rebuild, like `client_events`.
+    pub require_user: std::sync::atomic::AtomicBool,
+    /// The project's user blocks in force at the last rebuild; `None` (the usual case)
+    /// when it has none, so [`ProjectState::user_blocked`] costs one atomic load then.
+    /// Replaced whole by a rebuild (shared by a renamed project's new state).
+    pub(crate) blocks: Arc<ArcSwapOption<UserBlocks>>,
 }
+
+/// A project's blocked users: user id → until (unix seconds; `None`: for ever).
+pub(crate) type UserBlocks = HashMap<Box<str>, Option<u64>>;
 
 /// `ProjectState::max_connections` when the project has no limit of its own.
 pub(crate) const NODE_DEFAULT: u64 = u64::MAX;
@@ -78,6 +92,29 @@ impl ProjectState {
             NODE_DEFAULT => node_default,
             n => usize::try_from(n).unwrap_or(usize::MAX),
         }
+    }
+
+    /// Whether `user` is blocked at `now_s` (unix seconds): the connect path's check
+    /// for connection tokens, channel tokens and Pusher sign-ins with that `sub`. A
+    /// project without blocks answers after one atomic load, allocating nothing.
+    // Called by the connect path (connection tokens, channel tokens, Pusher sign-in),
+    // the other half of issue 25.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn user_blocked(&self, user: &str, now_s: u64) -> bool {
+        let blocks = self.blocks.load();
+        let Some(blocks) = blocks.as_ref() else {
+            return false;
+        };
+        match blocks.get(user) {
+            Some(None) => true,
+            Some(Some(until)) => *until > now_s,
+            None => false,
+        }
+    }
+
+    /// Whether a WebSocket of this project needs a valid connection token now.
+    pub fn requires_user(&self) -> bool {
+        self.require_user.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether the Pusher protocol (WebSocket `/app/{key}` and REST `/apps/{app_id}`)
@@ -299,6 +336,9 @@ pub struct KeyCache {
     rebuild: Mutex<RebuildState>,
     /// Opens the stored token secrets; without it no token secret verifies.
     master: Option<MasterKey>,
+    /// The door to the watcher's thread, which owns a store connection (set when the
+    /// watcher starts; see [`KeyCache::store_job`]).
+    store_jobs: OnceLock<crossbeam_channel::Sender<StoreJob>>,
 }
 
 impl KeyCache {
@@ -308,6 +348,7 @@ impl KeyCache {
             current: ArcSwap::from_pointee(KeySnapshot::default()),
             rebuild: Mutex::new(RebuildState::default()),
             master: None,
+            store_jobs: OnceLock::new(),
         })
     }
 
@@ -317,7 +358,23 @@ impl KeyCache {
             current: ArcSwap::from_pointee(KeySnapshot::default()),
             rebuild: Mutex::new(RebuildState::default()),
             master: Some(master),
+            store_jobs: OnceLock::new(),
         })
+    }
+
+    /// Where the watcher takes store jobs (once; a second watcher's door is ignored).
+    pub(crate) fn set_store_jobs(&self, tx: crossbeam_channel::Sender<StoreJob>) {
+        let _ = self.store_jobs.set(tx);
+    }
+
+    /// Hand `job` to the watcher's thread, which runs it on its store connection (a
+    /// worker never touches the store). `Err(job)` when no watcher runs or its queue
+    /// is full: the caller answers 503. Never blocks.
+    pub(crate) fn store_job(&self, job: StoreJob) -> Result<(), StoreJob> {
+        match self.store_jobs.get() {
+            Some(tx) => tx.try_send(job).map_err(|e| e.into_inner()),
+            None => Err(job),
+        }
     }
 
     /// The current snapshot. Cheap and lock-free; hold the guard only briefly (for one
@@ -341,7 +398,9 @@ impl KeyCache {
         let mut state = self.rebuild.lock().unwrap_or_else(PoisonError::into_inner);
         let mut projects = HashMap::with_capacity(contents.projects.len());
         let mut hooks = Vec::new();
+        let mut blocks = group_blocks(contents.user_blocks);
         for record in contents.projects {
+            let require_user = contents.require_user.contains(&record.id);
             if let Some(spec) = &record.webhook {
                 hooks.push((record.id.clone(), spec.clone()));
             }
@@ -364,6 +423,9 @@ impl KeyCache {
                     existing
                         .pusher
                         .store(record.pusher, std::sync::atomic::Ordering::Relaxed);
+                    existing
+                        .require_user
+                        .store(require_user, std::sync::atomic::Ordering::Relaxed);
                     Arc::clone(existing)
                 }
                 Some(existing) => {
@@ -381,6 +443,8 @@ impl KeyCache {
                         client_events: record.client_events.into(),
                         pusher_app_id: record.pusher_app_id,
                         pusher: record.pusher.into(),
+                        require_user: require_user.into(),
+                        blocks: Arc::clone(&existing.blocks),
                     });
                     replacement.history.set(record.history);
                     replacement.quota.set_limit(record.rate_limit);
@@ -401,9 +465,17 @@ impl KeyCache {
                         client_events: record.client_events.into(),
                         pusher_app_id: record.pusher_app_id,
                         pusher: record.pusher.into(),
+                        require_user: require_user.into(),
+                        blocks: Arc::default(),
                     })
                 }
             };
+            // Swapped only when it changed from or to "none", or has blocks: a project
+            // that never had any is never touched.
+            let mine = blocks.remove(&record.id).map(Arc::new);
+            if mine.is_some() || project.blocks.load().is_some() {
+                project.blocks.store(mine);
+            }
             state.known.insert(record.id.clone(), Arc::clone(&project));
             projects.insert(record.id, project);
         }
@@ -528,6 +600,19 @@ impl KeyCache {
             .collect();
         (tokens, newest, unopened)
     }
+}
+
+/// The blocks of a store read, by project id.
+fn group_blocks(records: Vec<crate::project::UserBlockRecord>) -> HashMap<String, UserBlocks> {
+    let mut by_project: HashMap<String, UserBlocks> = HashMap::new();
+    for b in records {
+        let until = b.until.map(|t| t.max(0) as u64);
+        by_project
+            .entry(b.project_id)
+            .or_default()
+            .insert(b.user_id.into_boxed_str(), until);
+    }
+    by_project
 }
 
 /// Pusher app id → project. Stores never give one id to two projects; should a

@@ -323,6 +323,19 @@ pub(crate) fn check_channel_auth<'a>(
     }
 }
 
+/// Check the `auth` of a `pusher:signin` (Pusher's user authentication): as
+/// [`check_channel_auth`], over `<socket_id>::user::<user_data>` (`user_data` exactly as
+/// received). Returns the key part.
+pub(crate) fn check_user_auth<'a>(
+    auth: &'a str,
+    socket_id: &str,
+    user_data: &str,
+    secrets: &[&str],
+) -> Result<&'a str, ChannelAuthError> {
+    // `<socket_id>` `:` `:user:` `:` `<user_data>` is exactly Pusher's string to sign.
+    check_channel_auth(auth, socket_id, ":user:", Some(user_data), secrets)
+}
+
 /// HMAC-SHA256 of `msg` under `secret`, as lowercase hex (webhook signatures, tests).
 pub(crate) fn sign(secret: &[u8], msg: &[u8]) -> String {
     let key = hmac::Key::new(hmac::HMAC_SHA256, secret);

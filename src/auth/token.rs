@@ -23,6 +23,15 @@ use serde::Deserialize;
 
 use crate::project::TokenKeyAlg;
 
+/// The "channel" a connection token is verified for (`?token=` on the upgrade, a
+/// `refresh` without `channel`): no channel name is empty, so a channel token never
+/// passes as a connection token, nor the reverse (and the worker's cache of verified
+/// tokens keys them apart).
+pub(crate) const CONNECTION: &str = "";
+
+/// Longest user id a connection token's `sub` may be, in characters (contract 1.3).
+pub(crate) const MAX_CONNECTION_USER_CHARS: usize = 200;
+
 /// Clock leeway on `exp` and `nbf`, in seconds: at subscribe, at refresh, and for the
 /// expiry of a subscription (`exp + LEEWAY_S`).
 pub(crate) const LEEWAY_S: u64 = 5;
@@ -103,6 +112,18 @@ pub enum TokenRefusal {
     BadInfo,
     #[error("a presence channel needs a token whose sub (1 to 128 characters) names the user")]
     NoSubject,
+    #[error("a connection token needs a sub (1 to 200 characters) naming the user")]
+    NoUser,
+    #[error("a connection token names no channel: this is a channel token")]
+    ChannelToken,
+    #[error("the token's sub is not this connection's user")]
+    NotConnectionUser,
+    #[error("this connection was opened without a connection token: there is none to refresh")]
+    NoConnectionToken,
+    #[error("this user is blocked")]
+    Blocked,
+    #[error("this project requires a connection token (?token=) naming the user")]
+    UserRequired,
 }
 
 #[derive(Deserialize)]
@@ -164,7 +185,8 @@ impl TokenKeys {
         self.secrets.is_empty() && self.keys.is_empty()
     }
 
-    /// Verify `token` for `channel` at `now` (unix seconds).
+    /// Verify `token` for `channel` at `now` (unix seconds); `channel` [`CONNECTION`]
+    /// verifies a connection token (its `sub`, 1 to 200 characters, is required).
     pub fn verify(&self, token: &str, channel: &str, now: u64) -> Result<Grant, TokenRefusal> {
         self.verify_until(token, channel, now)
             .map(|(grant, _)| grant)
@@ -212,13 +234,25 @@ impl TokenKeys {
         if claims.exp.saturating_add(LEEWAY_S) < now {
             return Err(TokenRefusal::Expired);
         }
-        let named = claims.channel.as_deref() == Some(channel)
-            || claims
-                .channels
-                .as_ref()
-                .is_some_and(|list| list.iter().any(|c| c == channel));
-        if !named {
-            return Err(TokenRefusal::WrongChannel);
+        if channel == CONNECTION {
+            // A connection token names its user and no channel: a channel token given
+            // to one client is not a way to open connections as its user.
+            if claims.channel.is_some() || claims.channels.is_some() {
+                return Err(TokenRefusal::ChannelToken);
+            }
+            let chars = claims.sub.as_deref().map_or(0, |s| s.chars().count());
+            if !(1..=MAX_CONNECTION_USER_CHARS).contains(&chars) {
+                return Err(TokenRefusal::NoUser);
+            }
+        } else {
+            let named = claims.channel.as_deref() == Some(channel)
+                || claims
+                    .channels
+                    .as_ref()
+                    .is_some_and(|list| list.iter().any(|c| c == channel));
+            if !named {
+                return Err(TokenRefusal::WrongChannel);
+            }
         }
         let info = match claims.info {
             None | Some(serde_json::Value::Null) => None,
@@ -383,6 +417,37 @@ mod tests {
         assert_eq!(
             k.verify(&wrong, "private-a", now()),
             Err(TokenRefusal::Signature)
+        );
+    }
+
+    #[test]
+    fn connection_tokens_name_a_user_and_never_pass_for_channel_tokens() {
+        let k = keys();
+        let t = hs(
+            SECRET,
+            json!({"sub": "ann", "exp": now() + 60, "info": {"name": "Ann"}}),
+        );
+        let g = k.verify(&t, CONNECTION, now()).unwrap();
+        assert_eq!(g.sub.as_deref(), Some("ann"));
+        assert_eq!(g.info.as_deref(), Some(r#"{"name":"Ann"}"#));
+        assert_eq!(
+            k.verify(&t, "private-a", now()),
+            Err(TokenRefusal::WrongChannel)
+        );
+        for sub in [json!(null), json!(""), json!("u".repeat(201))] {
+            let t = hs(SECRET, json!({"sub": sub, "exp": now() + 60}));
+            assert_eq!(k.verify(&t, CONNECTION, now()), Err(TokenRefusal::NoUser));
+        }
+        let t = hs(SECRET, json!({"sub": "u".repeat(200), "exp": now() + 60}));
+        assert!(k.verify(&t, CONNECTION, now()).is_ok());
+        // A channel token with a sub is not a connection token either way round.
+        let ch = hs(
+            SECRET,
+            json!({"channel": "private-a", "sub": "ann", "exp": now() + 60}),
+        );
+        assert_eq!(
+            k.verify(&ch, CONNECTION, now()),
+            Err(TokenRefusal::ChannelToken)
         );
     }
 

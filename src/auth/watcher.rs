@@ -13,14 +13,35 @@
 //!   `db_ok` goes back to true as soon as the store answers.
 //! - The thread exits within [`STOP_POLL`] of `stop` being set (at once if the caller
 //!   also unparks it: `handle.thread().unpark()`).
+//! - Store jobs ([`StoreJob`], sent through [`KeyCache::store_job`] by the REST user
+//!   endpoints, which run on workers and must never touch the store) run on this
+//!   thread between polls, on its store connection; a job is followed by a poll at
+//!   once, and then by its second half (its answer), so a block stored by this node is
+//!   in its own snapshot before the answer.
+//! - End records (a user disconnected or unsubscribed, see [`crate::project::users`])
+//!   are read by their cursor at every poll, whether or not the change token moved,
+//!   and handed to `on_end`, except this process's own (already applied where they
+//!   were asked) and those older than [`END_MAX_AGE_S`] (a node that was cut off must
+//!   not close connections made since). The first poll only takes the cursor.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+
 use super::cache::KeyCache;
-use crate::store::{Store, StoreError};
+use crate::project::users::{process_origin, END_MAX_AGE_S};
+use crate::project::UserEndRecord;
+use crate::store::{Store, StoreError, StoreJob};
+
+/// Store jobs waiting for the watcher: the REST user endpoints answer 503 beyond this
+/// (each job is one short store call; a backlog longer than this means a stuck store).
+pub(crate) const STORE_JOBS: usize = 1024;
+
+/// What the server does with another process's end record.
+pub(crate) type OnEnd = Box<dyn Fn(&UserEndRecord) + Send>;
 
 /// Longest the thread sleeps without looking at the stop flag.
 pub(crate) const STOP_POLL: Duration = Duration::from_millis(50);
@@ -34,6 +55,9 @@ pub(crate) struct Watcher {
     on_change: Box<dyn Fn() + Send>,
     db_ok: Arc<AtomicBool>,
     last_token: Option<u64>,
+    on_end: Option<OnEnd>,
+    /// Where the next read of end records starts (`None` until the first poll).
+    end_cursor: Option<u64>,
 }
 
 impl Watcher {
@@ -49,7 +73,15 @@ impl Watcher {
             on_change,
             db_ok,
             last_token: None,
+            on_end: None,
+            end_cursor: None,
         }
+    }
+
+    /// Apply other processes' end records with `on_end` (see the module docs).
+    pub(crate) fn with_ends(mut self, on_end: OnEnd) -> Watcher {
+        self.on_end = Some(on_end);
+        self
     }
 
     /// Check the store once. `Ok(true)` when a new snapshot was published (and
@@ -70,6 +102,9 @@ impl Watcher {
     }
 
     fn refresh(&mut self) -> Result<bool, StoreError> {
+        if self.on_end.is_some() {
+            self.apply_ends()?;
+        }
         let token = self.store.change_token()?;
         if self.last_token == Some(token) {
             return Ok(false);
@@ -81,21 +116,68 @@ impl Watcher {
         Ok(true)
     }
 
-    /// Run [`Watcher::poll`] every `interval` on a new thread until `stop` is set.
+    fn apply_ends(&mut self) -> Result<(), StoreError> {
+        let (ends, next) = self.store.user_ends_after(self.end_cursor)?;
+        self.end_cursor = Some(next);
+        let Some(on_end) = &self.on_end else {
+            return Ok(());
+        };
+        let oldest = crate::store::unix_now() - END_MAX_AGE_S;
+        let origin = process_origin();
+        for end in ends
+            .iter()
+            .filter(|e| e.origin != origin && e.created_at >= oldest)
+        {
+            on_end(end);
+        }
+        Ok(())
+    }
+
+    /// Run [`Watcher::poll`] every `interval` on a new thread until `stop` is set, and
+    /// the store jobs sent through `cache` in between.
     pub(crate) fn spawn(
         mut self,
         interval: Duration,
         stop: Arc<AtomicBool>,
     ) -> std::io::Result<JoinHandle<()>> {
+        let (tx, jobs) = crossbeam_channel::bounded(STORE_JOBS);
+        self.cache.set_store_jobs(tx);
         std::thread::Builder::new()
             .name("ringcast-keys".into())
             .spawn(move || {
                 while !stop.load(Ordering::Acquire) {
                     // Errors are logged and reflected in `db_ok` by `poll`.
                     let _ = self.poll();
-                    sleep_unless_stopped(interval, &stop);
+                    self.run_jobs_until(Instant::now() + interval, &jobs, &stop);
                 }
             })
+    }
+
+    /// Run store jobs as they come until `deadline` (or `stop`); after a job, poll at
+    /// once so its change is in this node's snapshot before its answer is read.
+    fn run_jobs_until(&mut self, deadline: Instant, jobs: &Receiver<StoreJob>, stop: &AtomicBool) {
+        loop {
+            if stop.load(Ordering::Acquire) {
+                return;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return;
+            }
+            match jobs.recv_timeout((deadline - now).min(STOP_POLL)) {
+                Ok(job) => {
+                    let after = job(&mut *self.store);
+                    let _ = self.poll();
+                    after();
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                // The cache (and so every sender) is gone: only polls are left to do.
+                Err(RecvTimeoutError::Disconnected) => {
+                    sleep_unless_stopped(deadline - now, stop);
+                    return;
+                }
+            }
+        }
     }
 }
 
@@ -105,10 +187,13 @@ pub(crate) fn spawn_watcher(
     cache: Arc<KeyCache>,
     interval: Duration,
     on_change: Box<dyn Fn() + Send>,
+    on_end: OnEnd,
     db_ok: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
 ) -> std::io::Result<JoinHandle<()>> {
-    Watcher::new(store, cache, on_change, db_ok).spawn(interval, stop)
+    Watcher::new(store, cache, on_change, db_ok)
+        .with_ends(on_end)
+        .spawn(interval, stop)
 }
 
 fn sleep_unless_stopped(interval: Duration, stop: &AtomicBool) {
@@ -168,6 +253,7 @@ mod tests {
             Box::new(move || {
                 counted.fetch_add(1, Ordering::SeqCst);
             }),
+            Box::new(|_| {}),
             Arc::clone(&db_ok),
             Arc::clone(&stop),
         )
@@ -308,6 +394,139 @@ mod tests {
             self.check()?;
             self.inner.is_empty()
         }
+        fn requires_user(&mut self, id: &str) -> Result<bool, StoreError> {
+            self.check()?;
+            self.inner.requires_user(id)
+        }
+        fn block_user(
+            &mut self,
+            block: &crate::project::UserBlockRecord,
+            max: usize,
+        ) -> Result<(), StoreError> {
+            self.check()?;
+            self.inner.block_user(block, max)
+        }
+        fn unblock_user(&mut self, id: &str, user: &str) -> Result<bool, StoreError> {
+            self.check()?;
+            self.inner.unblock_user(id, user)
+        }
+        fn user_block(
+            &mut self,
+            id: &str,
+            user: &str,
+        ) -> Result<Option<crate::project::UserBlockRecord>, StoreError> {
+            self.check()?;
+            self.inner.user_block(id, user)
+        }
+        fn add_user_end(&mut self, end: &UserEndRecord) -> Result<(), StoreError> {
+            self.check()?;
+            self.inner.add_user_end(end)
+        }
+        fn user_ends_after(
+            &mut self,
+            after: Option<u64>,
+        ) -> Result<(Vec<UserEndRecord>, u64), StoreError> {
+            self.check()?;
+            self.inner.user_ends_after(after)
+        }
+    }
+
+    #[test]
+    fn blocks_require_user_ends_and_jobs_reach_the_node() {
+        use crate::project::UserBlockRecord;
+        let dir = tempfile::tempdir().unwrap();
+        let mut admin = SqliteStore::open(dir.path()).unwrap();
+        let (project, ..) = admin
+            .create_project(
+                "p",
+                RateLimit::parse("10/s").unwrap(),
+                crate::history::HistorySpec::OFF,
+                &crate::sealed::MasterKey::random(),
+            )
+            .unwrap();
+        let cache = KeyCache::new();
+        let ended = Arc::new(std::sync::Mutex::new(Vec::<UserEndRecord>::new()));
+        let seen = Arc::clone(&ended);
+        let stop = Arc::new(AtomicBool::new(false));
+        let handle = Watcher::new(
+            Box::new(SqliteStore::open(dir.path()).unwrap()),
+            Arc::clone(&cache),
+            Box::new(|| {}),
+            Arc::new(AtomicBool::new(true)),
+        )
+        .with_ends(Box::new(move |e| seen.lock().unwrap().push(e.clone())))
+        .spawn(Duration::from_millis(20), Arc::clone(&stop))
+        .unwrap();
+        wait_for("first load", || cache.load().project(&project.id).is_some());
+        let state = Arc::clone(cache.load().project(&project.id).unwrap());
+        assert!(!state.user_blocked("u1", 0));
+        assert!(!state.requires_user());
+
+        // The CLI's way: straight into the store.
+        admin
+            .block_user(
+                &UserBlockRecord {
+                    project_id: project.id.clone(),
+                    user_id: "u1".into(),
+                    until: Some(crate::store::unix_now() + 60),
+                },
+                10,
+            )
+            .unwrap();
+        admin
+            .set_project(&project.id, &ProjectChange::RequireUser(true))
+            .unwrap();
+        wait_for("block", || state.user_blocked("u1", 0));
+        wait_for("require_user", || state.requires_user());
+        let until = crate::store::unix_now() as u64 + 60;
+        assert!(!state.user_blocked("u1", until), "over at until");
+        assert!(!state.user_blocked("u2", 0));
+
+        // A REST endpoint's way: a job on the watcher's thread; the snapshot has the
+        // lift before the job's answer is read back.
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let id = project.id.clone();
+        assert!(cache
+            .store_job(Box::new(move |store| {
+                let lifted = store.unblock_user(&id, "u1");
+                Box::new(move || {
+                    let _ = tx.send(lifted);
+                })
+            }))
+            .is_ok());
+        assert!(rx.recv_timeout(Duration::from_secs(5)).unwrap().unwrap());
+        assert!(
+            !state.user_blocked("u1", 0),
+            "in the snapshot before the answer"
+        );
+
+        // End records: another process's are applied, this one's and old ones are not.
+        let end = |user: &str, origin: u64, age: i64| UserEndRecord {
+            seq: 0,
+            project_id: project.id.clone(),
+            user_id: user.into(),
+            channel: None,
+            origin,
+            created_at: crate::store::unix_now() - age,
+        };
+        admin
+            .add_user_end(&end("mine", process_origin(), 0))
+            .unwrap();
+        admin.add_user_end(&end("old", 0, 60)).unwrap();
+        admin.add_user_end(&end("cli", 0, 0)).unwrap();
+        wait_for("the CLI's end", || !ended.lock().unwrap().is_empty());
+        std::thread::sleep(Duration::from_millis(100));
+        let users: Vec<String> = ended
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|e| e.user_id.clone())
+            .collect();
+        assert_eq!(users, ["cli"]);
+
+        stop.store(true, Ordering::Release);
+        handle.thread().unpark();
+        handle.join().unwrap();
     }
 
     #[test]

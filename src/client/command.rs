@@ -21,10 +21,17 @@ pub(crate) enum Command<'a> {
     Subscribe(Subscribe<'a>),
     /// Leave a channel (answered `unsubscribed` natively; Pusher answers nothing).
     Unsubscribe(Cow<'a, str>),
-    /// A new token for a held private channel (native only).
+    /// A new token for a held private channel, or without `channel` for the
+    /// connection (native only).
     Refresh {
-        channel: &'a str,
+        channel: Option<&'a str>,
         token: Option<&'a str>,
+    },
+    /// Pusher's user authentication (`pusher:signin`): `user_data` (a JSON object text
+    /// with the user's `id`) and `auth` (`<key>:<signature>`), both as received.
+    Signin {
+        user_data: Cow<'a, str>,
+        auth: Cow<'a, str>,
     },
     /// A `client-` event for the channel's other subscribers.
     ClientEvent {
@@ -105,9 +112,14 @@ pub(crate) enum Reply<'a> {
     Unsubscribed {
         channel: &'a str,
     },
-    /// A refresh moved the channel's expiry to `exp` (unix seconds).
+    /// A refresh moved the channel's expiry (or, without `channel`, the connection
+    /// token's) to `exp` (unix seconds).
     Refreshed {
-        channel: &'a str,
+        channel: Option<&'a str>,
         exp: u64,
+    },
+    /// A `pusher:signin` was accepted: the connection's user is `user_data`'s.
+    SignedIn {
+        user_data: &'a str,
     },
 }

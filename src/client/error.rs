@@ -41,8 +41,18 @@ pub(crate) enum ClientError {
     SubscribeData,
     /// `pusher:unsubscribe` without its data object.
     UnsubscribeData,
-    /// `pusher:signin` (user authentication is not offered).
-    Signin,
+    /// `pusher:signin` without its data object (`user_data` and `auth`, strings).
+    SigninData,
+    /// A `pusher:signin` whose `auth` does not verify.
+    Signin(ChannelAuthError),
+    /// The key in a `pusher:signin`'s `auth` is not an active public key of the project.
+    SigninKey,
+    /// A `pusher:signin` whose `user_data` names no acceptable user.
+    SigninUser(&'static str),
+    /// A `pusher:signin` of a blocked user.
+    SigninBlocked,
+    /// A second `pusher:signin` naming another user (a connection's user never changes).
+    SigninOtherUser,
     /// A Pusher cache channel (not offered).
     CacheChannel,
     /// The connection holds `max_subscriptions_per_connection` channels.
@@ -120,7 +130,15 @@ impl ClientError {
                 "the frame needs a string field 'type'".into(),
                 false,
             ),
-            E::UnknownType | E::SubscribeData | E::UnsubscribeData | E::Signin => (
+            E::UnknownType
+            | E::SubscribeData
+            | E::UnsubscribeData
+            | E::SigninData
+            | E::Signin(_)
+            | E::SigninKey
+            | E::SigninUser(_)
+            | E::SigninBlocked
+            | E::SigninOtherUser => (
                 "unknown_type",
                 "type must be subscribe, unsubscribe, refresh, client_event or ping".into(),
                 false,
@@ -207,9 +225,35 @@ impl ClientError {
                 Error { code: None },
                 "pusher:unsubscribe needs data {\"channel\": string}".into(),
             ),
-            E::Signin => (
-                Error { code: None },
-                "user authentication (pusher:signin) is not supported".into(),
+            // Pusher's code for a connection that is not authorised (the connection
+            // stays open: the application may sign in again).
+            E::SigninData => (
+                Error { code: Some(4009) },
+                "pusher:signin needs data {\"user_data\": string, \"auth\": string}".into(),
+            ),
+            E::Signin(e) => (
+                Error { code: Some(4009) },
+                match e {
+                    ChannelAuthError::Malformed => "auth must be <key>:<64 hex digits>",
+                    ChannelAuthError::NoSecret => {
+                        "the project has no token secret; create one with `ringcast project rotate-token-secret`"
+                    }
+                    ChannelAuthError::Signature => "Invalid signature",
+                }
+                .into(),
+            ),
+            E::SigninKey => (
+                Error { code: Some(4009) },
+                "the key in auth is not an active public key of this app".into(),
+            ),
+            E::SigninUser(why) => (Error { code: Some(4009) }, (*why).into()),
+            E::SigninBlocked => (
+                Error { code: Some(4009) },
+                TokenRefusal::Blocked.to_string().into(),
+            ),
+            E::SigninOtherUser => (
+                Error { code: Some(4009) },
+                "this connection is signed in as another user".into(),
             ),
             E::InvalidChannel => (
                 sub("InvalidChannel", 400),

@@ -7,7 +7,7 @@
 //! expiry timer ([`private`]), client events relayed between the subscribers of a
 //! private channel ([`events`]), what a subscribe may cost a worker ([`admit`]: each
 //! connection's budget, the cache of verified tokens), the channels one connection
-//! holds ([`subs`]). The frames themselves are written by `crate::wire` (native and
+//! holds ([`subs`]), who the connection is ([`user`]: connection tokens, Pusher sign-in). The frames themselves are written by `crate::wire` (native and
 //! Pusher).
 //!
 //! Sits above the shard core (it subscribes through [`crate::shard::Shard`], which
@@ -25,6 +25,7 @@ pub(crate) mod events;
 pub(crate) mod private;
 pub(crate) mod session;
 pub(crate) mod subs;
+pub(crate) mod user;
 
 pub(crate) use crate::wire::native::connected_frame;
 pub(crate) use admit::Admission;

@@ -7,6 +7,8 @@
 //! - The fan-out never looks at a clock or a grant: a private subscription is an
 //!   ordinary registry entry, and expiry removes it. The only per-grant costs are at
 //!   subscribe, refresh, unsubscribe and expiry (an ordered-map insert or removal).
+//! - A connection token's deadline (`client::user`) is a grant of the empty channel
+//!   ([`crate::auth::token::CONNECTION`]): at it the connection closes with 4011.
 //! - One timer per worker (an ordered map of deadlines and one task sleeping until the
 //!   earliest), never one per subscription.
 //! - An expired grant is unsubscribed and answered `unsubscribed` + `token_expired` in
@@ -24,7 +26,9 @@ use std::task::{Poll, Waker};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::auth::token::LEEWAY_S;
-use crate::shard::Shard;
+use crate::close::Disconnect;
+use crate::shard::registry::Unsubscribed;
+use crate::shard::{is_presence, Shard};
 use crate::ws::conn::WsConn;
 
 use crate::wire::native::unsubscribed_with_reason;
@@ -181,9 +185,20 @@ impl Expiry {
                 continue;
             }
             ended += 1;
-            self.shard
+            if grant.channel.is_empty() {
+                // A connection token's deadline (`client::user`): the connection ends.
+                if let Some(conn) = grant.conn.upgrade() {
+                    conn.close(Disconnect::TOKEN_EXPIRED);
+                }
+                continue;
+            }
+            let left = self
+                .shard
                 .unsubscribe(grant.project, &grant.channel, grant.conn_id);
-            if let Some(conn) = grant.conn.upgrade() {
+            // A channel the server took already (`shard::users`) was answered then; a
+            // presence join still waiting for the hub is answered now.
+            let held = left != Unsubscribed::NotSubscribed || is_presence(&grant.channel);
+            if let (true, Some(conn)) = (held, grant.conn.upgrade()) {
                 conn.send(unsubscribed_with_reason(&grant.channel, "token_expired"));
             }
         }

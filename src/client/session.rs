@@ -30,7 +30,7 @@ use std::marker::PhantomData;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use crate::auth::token::TokenRefusal;
+use crate::auth::token::{TokenRefusal, CONNECTION};
 use crate::auth::ProjectState;
 use crate::close::Disconnect;
 use crate::history::spec::HistorySpec;
@@ -50,6 +50,7 @@ use super::error::ClientError;
 use super::events::{self, ClientEvent, RateLog, Refusal};
 use super::private::{needs_token, Grant};
 use super::subs::Subs;
+use super::user::{ConnUser, UserState};
 
 /// A session of ringcast's own protocol.
 pub(crate) type NativeSession = ClientSession<Native>;
@@ -83,7 +84,18 @@ struct Extras {
     grants: Vec<Rc<Grant>>,
     /// This connection's recent client events (made on its first one).
     event_log: Option<Box<RateLog>>,
+    /// The connection's user (a connection token or a Pusher sign-in; `client::user`):
+    /// boxed, so a connection with private channels and no user pays 8 bytes for it.
+    user: Option<Box<UserState>>,
 }
+
+/// `size_of` of a session's extras and of its user, for the per-connection budget
+/// (`http::upgrade::sizes`).
+#[cfg(test)]
+pub(crate) const EXTRAS_SIZES: (usize, usize) = (
+    std::mem::size_of::<Extras>(),
+    std::mem::size_of::<UserState>(),
+);
 
 impl<C: Codec> ClientSession<C> {
     pub(crate) fn new(ctx: Rc<SessionCtx>, project: Arc<ProjectState>) -> ClientSession<C> {
@@ -113,6 +125,59 @@ impl<C: Codec> ClientSession<C> {
         self.extras.get_or_insert_with(Box::default)
     }
 
+    /// The connection's user, if it has one.
+    fn user(&self) -> Option<&UserState> {
+        self.extras.as_ref().and_then(|x| x.user.as_deref())
+    }
+
+    /// Make `user` this connection's user (a verified connection token at the upgrade,
+    /// or an accepted sign-in): index it in the worker and arm its token's expiry.
+    pub(crate) fn set_user(&mut self, conn: &Rc<WsConn>, user: ConnUser) {
+        let entry = self
+            .ctx
+            .shard
+            .user_join(self.project.index, user.sub.clone(), conn);
+        let grant = user.exp.map(|exp| {
+            let grant = Grant::new(self.project.index, CONNECTION, conn, None, exp);
+            self.ctx.expiry.arm(&grant, exp);
+            grant
+        });
+        self.extras().user = Some(Box::new(UserState {
+            entry,
+            grant,
+            info: user.info,
+        }));
+    }
+
+    /// A verified channel credential, seen from the connection's user: it may not name
+    /// another user, and it names the connection's user (and `info`) where it names none
+    /// (contract 1.3). A blocked user's credential is refused.
+    fn as_connection_user(&self, member: &mut Member) -> Result<(), ClientError> {
+        if let Some(state) = self.user() {
+            match member.sub.as_deref() {
+                Some(sub) if sub != &**state.user() => {
+                    return Err(ClientError::Token(TokenRefusal::NotConnectionUser));
+                }
+                Some(_) => {}
+                None => member.sub = Some(state.user().to_string()),
+            }
+            if member.info.is_none() {
+                member.info = state.info.as_deref().map(str::to_owned);
+            }
+        }
+        self.not_blocked(member.sub.as_deref())
+    }
+
+    /// A credential naming a blocked user is refused (`forbidden`).
+    fn not_blocked(&self, sub: Option<&str>) -> Result<(), ClientError> {
+        match sub {
+            Some(sub) if super::user::blocked(&self.project, sub, super::private::unix_now()) => {
+                Err(ClientError::Token(TokenRefusal::Blocked))
+            }
+            _ => Ok(()),
+        }
+    }
+
     fn grant(&self, channel: &str) -> Option<Rc<Grant>> {
         self.grants()
             .iter()
@@ -136,9 +201,23 @@ impl<C: Codec> ClientSession<C> {
                 self.unsubscribe(conn, &channel);
                 return;
             }
-            Command::Refresh { channel, token } => match self.refresh(conn, channel, token) {
+            Command::Refresh {
+                channel: Some(channel),
+                token,
+            } => match self.refresh(conn, channel, token) {
                 Ok(()) => return,
                 Err(e) => (e, Some(Cow::Borrowed(channel))),
+            },
+            Command::Refresh {
+                channel: None,
+                token,
+            } => match self.refresh_connection(conn, token) {
+                Ok(()) => return,
+                Err(e) => (e, None),
+            },
+            Command::Signin { user_data, auth } => match self.signin(conn, &user_data, &auth) {
+                Ok(()) => return,
+                Err(e) => (e, None),
             },
             Command::ClientEvent {
                 channel,
@@ -211,17 +290,25 @@ impl<C: Codec> ClientSession<C> {
         // A held channel's credential is checked too (it acts as a refresh): charged.
         self.within_budget()?;
         let member = match sub.credential {
-            Credential::Token(_) => credential::token(&self.ctx, &self.project, channel, offered)?,
+            Credential::Token(_) => {
+                let mut member = credential::token(&self.ctx, &self.project, channel, offered)?;
+                self.as_connection_user(&mut member)?;
+                member
+            }
             Credential::Signature { channel_data, .. } => {
                 let socket_id = SocketId::local(self.ctx.shard.index(), conn.id).text();
-                credential::signature(
+                let member = credential::signature(
                     &self.ctx,
                     &self.project,
                     socket_id.as_str(),
                     channel,
                     offered,
                     channel_data,
-                )?
+                )?;
+                // A presence member naming a blocked user is refused like a channel
+                // token naming one (Pusher's members stay `channel_data`'s).
+                self.not_blocked(member.sub.as_deref())?;
+                member
             }
         };
         let hub = if presence {
@@ -380,7 +467,8 @@ impl<C: Codec> ClientSession<C> {
             .ok_or(ClientError::Token(TokenRefusal::NotSubscribed))?;
         let token = token.ok_or(ClientError::Token(TokenRefusal::Missing))?;
         self.within_budget()?;
-        let member = credential::token(&self.ctx, &self.project, channel, token)?;
+        let mut member = credential::token(&self.ctx, &self.project, channel, token)?;
+        self.as_connection_user(&mut member)?;
         if member.sub.as_deref() != held.sub.as_deref() {
             return Err(ClientError::Token(TokenRefusal::SubjectChanged));
         }
@@ -390,10 +478,68 @@ impl<C: Codec> ClientSession<C> {
         send_reply::<C>(
             conn,
             Reply::Refreshed {
-                channel,
+                channel: Some(channel),
                 exp: held.exp(),
             },
         );
+        Ok(())
+    }
+
+    /// `refresh` without `channel` (native): a new connection token, for the same user,
+    /// moves the connection's deadline. A refused one leaves the old `exp` in force.
+    fn refresh_connection(
+        &mut self,
+        conn: &Rc<WsConn>,
+        token: Option<&str>,
+    ) -> Result<(), ClientError> {
+        let held = self
+            .user()
+            .and_then(|u| u.grant.clone())
+            .ok_or(ClientError::Token(TokenRefusal::NoConnectionToken))?;
+        let token = token.ok_or(ClientError::Token(TokenRefusal::Missing))?;
+        self.within_budget()?;
+        let user = super::user::connection_token(&self.ctx, &self.project, token)
+            .map_err(ClientError::Token)?;
+        if self.user().is_some_and(|u| u.user() != &user.sub) {
+            return Err(ClientError::Token(TokenRefusal::NotConnectionUser));
+        }
+        if let Some(exp) = user.exp {
+            self.ctx.expiry.arm(&held, exp);
+        }
+        send_reply::<C>(
+            conn,
+            Reply::Refreshed {
+                channel: None,
+                exp: held.exp(),
+            },
+        );
+        Ok(())
+    }
+
+    /// `pusher:signin`: the user `user_data` names becomes the connection's user, once
+    /// its signature holds (charged to the subscribe budget). Signing in again as the
+    /// same user is answered again; as another user, refused.
+    fn signin(
+        &mut self,
+        conn: &Rc<WsConn>,
+        user_data: &str,
+        auth: &str,
+    ) -> Result<(), ClientError> {
+        self.within_budget()?;
+        let socket_id = SocketId::local(self.ctx.shard.index(), conn.id).text();
+        let user = super::user::signin(
+            &self.ctx,
+            &self.project,
+            socket_id.as_str(),
+            user_data,
+            auth,
+        )?;
+        match self.user() {
+            Some(held) if held.user() != &user.sub => return Err(ClientError::SigninOtherUser),
+            Some(_) => {}
+            None => self.set_user(conn, user),
+        }
+        send_reply::<C>(conn, Reply::SignedIn { user_data });
         Ok(())
     }
 
@@ -408,12 +554,22 @@ impl<C: Codec> ClientSession<C> {
         }
     }
 
-    /// Drop the channels whose grant the expiry timer or the presence hub ended (the
-    /// registry and the client were told already).
+    /// Drop the channels whose grant the expiry timer or the presence hub ended, and
+    /// those the server unsubscribed this connection's user from (the registry and the
+    /// client were told already).
     fn prune_ended(&mut self) {
         let Some(extras) = self.extras.as_mut() else {
             return;
         };
+        if let Some(user) = extras.user.as_ref().filter(|u| u.entry.has_removed()) {
+            for channel in user.entry.take_removed() {
+                if let Some(pos) = extras.grants.iter().position(|g| *g.channel == *channel) {
+                    let grant = extras.grants.swap_remove(pos);
+                    self.ctx.expiry.end(&grant);
+                }
+                self.subscriptions.remove(&channel);
+            }
+        }
         if !extras.grants.iter().any(|g| g.is_ended()) {
             return;
         }
@@ -527,6 +683,12 @@ impl<C: Codec> Session for ClientSession<C> {
         if let Some(extras) = self.extras.take() {
             for grant in extras.grants {
                 self.ctx.expiry.disarm(&grant);
+            }
+            if let Some(user) = extras.user {
+                if let Some(grant) = &user.grant {
+                    self.ctx.expiry.disarm(grant);
+                }
+                self.ctx.shard.user_leave(&user.entry);
             }
         }
         for channel in self.subscriptions.take_all() {

@@ -22,6 +22,8 @@
 //! - [`leases`] (`ringcast-quota`): tops up each project's leased share of the
 //!   cluster-wide quota (blocks of tokens from an atomic Lua script; see
 //!   [`crate::quota::lease`]).
+//! - [`users`]: a user's disconnect or unsubscribe on every node, through the store
+//!   (end records the key watcher of every process applies), not through pub/sub.
 //! - [`history`] (`ringcast-history`): projects with history publish through Redis, not
 //!   through the relay: one script call per request gives each message its offset, keeps
 //!   it in the channel's stream and PUBLISHes it to every node, this one included
@@ -48,6 +50,7 @@ pub(crate) mod idempotency;
 pub(crate) mod inbound;
 pub(crate) mod leases;
 pub(crate) mod outbound;
+pub(crate) mod users;
 
 // The relay's payloads and frame checks (`crate::wire::relay`), under the name the
 // bridge's files import them by (`super::wire`).

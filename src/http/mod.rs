@@ -4,10 +4,11 @@
 //! - [`conn`]: one connection's state ([`conn::HttpConn`]) and its read → serve →
 //!   flush steps, keep-alive and pipelining.
 //! - [`route`]: the routing table, answering with an [`outcome::Outcome`]; [`publish`], [`history`], [`health`] and [`upgrade`] are its
-//!   endpoints, [`pusher_ws`] and [`pusher_rest`] the Pusher protocol's; [`upgrade_limit`] is
+//!   endpoints, [`pusher_ws`] and [`pusher_rest`] (with [`pusher_terminate`]) the Pusher protocol's; [`upgrade_limit`] is
 //!   `max_upgrades_per_second` at both upgrades; [`response`] writes every answer from the one error table
 //!   ([`crate::error`]).
 //! - [`idempotent`]: the `Idempotency-Key` header around the publish endpoints.
+//! - [`users`]: ending a user's access (disconnect, block, unsubscribe, show).
 //! - [`transport`]: plain TCP or TLS under the same loop; [`service`]: what one worker's
 //!   HTTP side holds (the node, its shard, the publish parser, id generator).
 //!
@@ -29,6 +30,7 @@ pub(crate) mod outcome;
 pub(crate) mod parse;
 pub(crate) mod publish;
 pub(crate) mod pusher_rest;
+pub(crate) mod pusher_terminate;
 pub(crate) mod pusher_ws;
 pub(crate) mod response;
 pub(crate) mod route;
@@ -36,6 +38,7 @@ pub(crate) mod service;
 pub(crate) mod transport;
 pub(crate) mod upgrade;
 pub(crate) mod upgrade_limit;
+pub(crate) mod users;
 
 pub(crate) use response::ApiError;
 pub(crate) use service::Service;

@@ -4,6 +4,7 @@
 use super::response::{write_error, Extra};
 use super::ApiError;
 use crate::auth::ProjectState;
+use crate::client::user::ConnUser;
 use crate::dialect::Dialect;
 use crate::shard::ProjectSlot;
 use std::sync::Arc;
@@ -38,6 +39,8 @@ pub(crate) struct Upgrade {
     /// permessage-deflate was agreed in the 101 (`ws::deflate`), with this server
     /// window in bits.
     pub deflate: Option<u8>,
+    /// The user its connection token named (native `?token=`; `None` without one).
+    pub user: Option<ConnUser>,
 }
 
 /// Answer with an error from the table.

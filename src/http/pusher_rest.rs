@@ -79,6 +79,9 @@ enum Endpoint<'a> {
     /// The `{channel}` segment, still percent-encoded.
     Channel(&'a [u8]),
     Users(&'a [u8]),
+    /// `POST users/{user_id}/terminate_connections` (the user id still percent-encoded;
+    /// served by [`super::pusher_terminate`]).
+    Terminate(&'a [u8]),
 }
 
 impl Endpoint<'_> {
@@ -88,7 +91,7 @@ impl Endpoint<'_> {
 }
 
 /// Split what follows `/apps/` into the app id segment and the endpoint; `None` for a
-/// path no endpoint has (404, user endpoints such as `terminate_connections` included).
+/// path no endpoint has (404).
 fn split(rest: &[u8]) -> Option<(&[u8], Endpoint<'_>)> {
     let mut parts = rest.split(|&b| b == b'/');
     let app_id = parts.next()?;
@@ -98,6 +101,9 @@ fn split(rest: &[u8]) -> Option<(&[u8], Endpoint<'_>)> {
         (b"channels", None, ..) => Endpoint::Channels,
         (b"channels", Some(c), None, _) if !c.is_empty() => Endpoint::Channel(c),
         (b"channels", Some(c), Some(b"users"), None) if !c.is_empty() => Endpoint::Users(c),
+        (b"users", Some(u), Some(b"terminate_connections"), None) if !u.is_empty() => {
+            Endpoint::Terminate(u)
+        }
         _ => return None,
     };
     Some((app_id, endpoint))
@@ -127,7 +133,8 @@ pub(crate) fn handle(
         }
         answer(out, err)
     };
-    let (method, method_name) = if publish {
+    let terminate = matches!(endpoint, Endpoint::Terminate(_));
+    let (method, method_name) = if publish || terminate {
         (Method::Post, "POST")
     } else {
         (Method::Get, "GET")
@@ -142,12 +149,13 @@ pub(crate) fn handle(
     let too_large = match endpoint {
         Endpoint::Events => length > cfg.max_body_bytes,
         Endpoint::Batch => length > cfg.max_batch_body_bytes,
+        Endpoint::Terminate(_) => length > cfg.max_body_bytes,
         _ => false,
     };
     if too_large {
         return refuse(out, ApiError::PayloadTooLarge);
     }
-    if !publish && head.has_body() {
+    if !publish && !terminate && head.has_body() {
         return refuse(
             out,
             ApiError::BadRequest("a GET request of the Pusher API must not have a body"),
@@ -234,6 +242,7 @@ pub(crate) fn handle(
         Endpoint::Channels => channels(svc, project.index, &q, out),
         Endpoint::Channel(raw) => channel(svc, project.index, raw, &q, out),
         Endpoint::Users(raw) => users(svc, project.index, raw, &q, out),
+        Endpoint::Terminate(raw) => super::pusher_terminate::handle(svc, &project, raw, out),
     }
 }
 
@@ -713,6 +722,10 @@ mod tests {
             split(b"1/channels/presence-a/users"),
             Some((&b"1"[..], Endpoint::Users(b"presence-a")))
         );
+        assert_eq!(
+            split(b"1/users/u%201/terminate_connections"),
+            Some((&b"1"[..], Endpoint::Terminate(b"u%201")))
+        );
         for none in [
             &b""[..],
             b"1",
@@ -722,7 +735,8 @@ mod tests {
             b"1/channels//users",
             b"1/channels/a/users/",
             b"1/channels/a/members",
-            b"1/users/u1/terminate_connections",
+            b"1/users//terminate_connections",
+            b"1/users/u1/terminate_connections/",
         ] {
             assert_eq!(split(none), None, "{}", String::from_utf8_lossy(none));
         }

@@ -84,6 +84,8 @@ pub(crate) fn handle(
         slot,
         dialect: Dialect::Pusher,
         deflate,
+        // Pusher has no connection token: its connections sign in (`pusher:signin`).
+        user: None,
     })
 }
 

@@ -10,7 +10,8 @@ use std::rc::Rc;
 use super::outcome::{answer, Outcome};
 use super::parse::{Method, RequestHead};
 use super::{
-    channels, console, health, history, publish, pusher_rest, pusher_ws, upgrade, ApiError, Service,
+    channels, console, health, history, publish, pusher_rest, pusher_ws, upgrade, users, ApiError,
+    Service,
 };
 
 /// Route one request whose head is parsed; `req` starts at the head.
@@ -52,6 +53,10 @@ pub(crate) fn route(
             Method::Get => channels::handle(svc, head, req, out, channels::Ask::Presence),
             _ => answer(out, ApiError::MethodNotAllowed("GET")),
         },
+        b"/api/v1/channels/unsubscribe" => users::handle_unsubscribe(svc, head, req, out),
+        path if path.starts_with(b"/api/v1/users/") => {
+            users::handle_user(svc, head, req, out, &path[14..])
+        }
         b"/health" => match head.method() {
             Method::Get | Method::Head if head.has_body() => answer(
                 out,

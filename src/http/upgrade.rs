@@ -4,7 +4,8 @@
 //! shutting down (503), `?key=` an active public key (401, checked by the one key check
 //! `KeySnapshot::authenticate`), the node under `max_upgrades_per_second` (else 101
 //! then close 1013, `super::upgrade_limit`), and the project under its per-node
-//! connection limit (503). Then the 101 answer is written and [`start`] hands the socket to the
+//! connection limit (503), and `?token=`, when given (or required by the project), a
+//! valid connection token (401 `invalid_token`, `client::user`). Then the 101 answer is written and [`start`] hands the socket to the
 //! transport (`ws::conn`) with the client protocol (`client::ClientSession`) on top,
 //! registered with the worker's shard. The per-project slot and the worker's admission
 //! guard live exactly as long as the connection's reader task.
@@ -21,6 +22,9 @@ use super::parse::{query_param, Method, RequestHead};
 use super::transport::{Transport, WsIo};
 use super::{ApiError, Service};
 use crate::apikey::KeyKind;
+use crate::auth::token::TokenRefusal;
+use crate::auth::ProjectState;
+use crate::client::user::ConnUser;
 use crate::client::{connected_frame, NativeSession, PusherSession};
 use crate::dialect::Dialect;
 use crate::engine;
@@ -95,6 +99,12 @@ pub(crate) fn handle(
     if let Some(retry_after) = super::upgrade_limit::over_rate(svc) {
         return super::upgrade_limit::refuse_native(out, ws_key, retry_after);
     }
+    // After the node's upgrade rate (and the per-IP connect rate): each token checked
+    // here took one of their units (and a repeat is a cache hit, `auth::verified`).
+    let user = match connection_user(svc, head, req, &entry.project) {
+        Ok(user) => user,
+        Err(why) => return answer(out, ApiError::InvalidToken(why)),
+    };
     let limit = entry
         .project
         .connection_limit(svc.config().max_ws_connections_per_project);
@@ -112,7 +122,33 @@ pub(crate) fn handle(
         slot,
         dialect: Dialect::Native,
         deflate,
+        user,
     })
+}
+
+/// The user of the upgrade's connection token (`?token=`, contract 1.3), or `None`
+/// without one (refused when the project requires a user). A JWT is base64url and dots:
+/// it is taken as sent, with no percent-decoding to do.
+fn connection_user(
+    svc: &Service,
+    head: &RequestHead,
+    req: &[u8],
+    project: &ProjectState,
+) -> Result<Option<ConnUser>, TokenRefusal> {
+    let token = head
+        .query
+        .as_ref()
+        .and_then(|q| query_param(&req[q.clone()], b"token"))
+        .filter(|t| !t.is_empty());
+    let Some(token) = token else {
+        return if crate::client::user::requires_user(project) {
+            Err(TokenRefusal::UserRequired)
+        } else {
+            Ok(None)
+        };
+    };
+    let token = std::str::from_utf8(token).map_err(|_| TokenRefusal::Malformed)?;
+    crate::client::user::connection_token(&svc.sessions, project, token).map(Some)
 }
 
 /// Whether this upgrade (native or Pusher) gets permessage-deflate: `ws_compression` is
@@ -183,8 +219,9 @@ pub(crate) fn start<S: Transport>(
     let conn = Rc::new(conn);
     conn.set_write_coalesce(Duration::from_millis(cfg.write_coalesce_ms));
     let connection_id = SocketId::local(shard.index(), conn.id).text();
+    let user_id = upgrade.user.as_ref().map(|u| &*u.sub);
     conn.send(match upgrade.dialect {
-        Dialect::Native => connected_frame(connection_id.as_str(), cfg.heartbeat_s),
+        Dialect::Native => connected_frame(connection_id.as_str(), cfg.heartbeat_s, user_id),
         Dialect::Pusher => pusher_frame::connection_established(
             connection_id.as_str(),
             u32::try_from(cfg.heartbeat_s).unwrap_or(u32::MAX),
@@ -215,7 +252,10 @@ pub(crate) fn start<S: Transport>(
     };
     match upgrade.dialect {
         Dialect::Native => {
-            let session = NativeSession::new(svc.sessions.clone(), upgrade.project);
+            let mut session = NativeSession::new(svc.sessions.clone(), upgrade.project);
+            if let Some(user) = upgrade.user {
+                session.set_user(&conn, user);
+            }
             read_side(&svc, rd, conn, session, pending, held);
         }
         Dialect::Pusher => {

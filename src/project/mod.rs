@@ -1,14 +1,17 @@
 //! What a project is: its record, its keys, token secrets and token keys as every store
 //! keeps them, the changes `project set-*` makes, and its webhook setting. Plain data:
 //! the stores ([`crate::store`]) persist these, the key snapshot ([`crate::auth`])
-//! indexes them, the admin commands print them.
+//! indexes them, the admin commands print them. [`users`]: user blocks and end records.
 //!
 //! Invariants (kept by every store, see [`crate::store`]): of a secret key only its
 //! [`KeyHash`] and display prefix exist here; a token secret only sealed; every project
 //! has a Pusher app id from [`FIRST_PUSHER_APP_ID`] upwards, never reused.
 
+pub(crate) mod users;
 pub(crate) mod webhook;
 
+pub use users::UserBlockRecord;
+pub(crate) use users::UserEndRecord;
 pub use webhook::{HookKind, HookKinds, WebhookSpec};
 
 use crate::apikey::{KeyHash, KeyKind};
@@ -145,6 +148,9 @@ pub(crate) enum ProjectChange {
     Pusher(bool),
     /// The webhook; `None` turns it off.
     Webhook(Option<WebhookSpec>),
+    /// Whether a WebSocket needs a valid connection token (`--require-user`). Kept
+    /// apart from [`ProjectRecord`] (in [`crate::store::StoreContents::require_user`]).
+    RequireUser(bool),
 }
 
 /// A Pusher app id for a test's hand-made [`ProjectRecord`]: the same for the same id

@@ -346,6 +346,7 @@ fn serve(
     let fault = fault::Fault::from_env();
     let stop_watcher = Arc::new(AtomicBool::new(false));
     let notify = mailboxes.clone();
+    let on_end = crate::cluster::users::on_end(mailboxes.clone(), keys.clone());
     let watcher = crate::auth::spawn_watcher(
         store,
         keys,
@@ -354,6 +355,7 @@ fn serve(
             fault.on_key_change();
             notify.control(|| Envelope::KeysChanged)
         }),
+        on_end,
         db_ok,
         stop_watcher.clone(),
     )?;

@@ -28,6 +28,7 @@ use bytes::Bytes;
 use crossbeam_channel::{Receiver, Sender};
 
 use super::interest::{channel_hash, InterestFilter};
+use super::users::{UserCounts, UserEnd};
 use crate::dialect::Dialect;
 use crate::ids::SocketId;
 
@@ -159,6 +160,13 @@ pub enum Envelope {
     /// touches (an idempotency key's entry: `publish::idempotency`). A control
     /// envelope: one per keyed publish that lands on another worker than its key's.
     Run(Task),
+    /// End a user's access on this worker (`Mailboxes::end_user`, `shard::users`). A
+    /// control envelope: every worker gets one per REST call.
+    EndUser {
+        project: u32,
+        user: Arc<str>,
+        end: UserEnd,
+    },
 }
 
 /// A job for [`Envelope::Run`], run on the receiving worker's thread.
@@ -208,6 +216,8 @@ pub struct Mailbox {
     asleep: AtomicBool,
     /// The channels this mailbox's worker has subscribers for.
     pub interest: Arc<InterestFilter>,
+    /// This worker's connections per (project, user), for `Mailboxes::user_connections`.
+    pub(crate) users: UserCounts,
 }
 
 impl Mailbox {
@@ -223,6 +233,7 @@ impl Mailbox {
             waker: AtomicWaker::new(),
             asleep: AtomicBool::new(false),
             interest: Arc::default(),
+            users: UserCounts::default(),
         }
     }
 
@@ -248,7 +259,8 @@ impl Mailbox {
             | Envelope::HistoryReady { .. }
             | Envelope::Presence(_)
             | Envelope::PresenceReady { .. }
-            | Envelope::Run(_) => 0,
+            | Envelope::Run(_)
+            | Envelope::EndUser { .. } => 0,
         }
     }
 
@@ -420,6 +432,25 @@ impl Mailboxes {
             }
             None => false,
         }
+    }
+
+    /// End `user`'s access on every worker of this node (`shard::users`): one control
+    /// envelope each, never refused; each worker acts when it drains its mailbox.
+    pub(crate) fn end_user(&self, project_index: u32, user: Arc<str>, end: UserEnd) {
+        self.control(|| Envelope::EndUser {
+            project: project_index,
+            user: user.clone(),
+            end: end.clone(),
+        });
+    }
+
+    /// Connections of `user` in the project of index `project_index` on this node now
+    /// (only connections with a user are counted; one short lock per worker).
+    pub(crate) fn user_connections(&self, project_index: u32, user: &str) -> u32 {
+        self.boxes
+            .iter()
+            .map(|mb| mb.users.get(project_index, user))
+            .fold(0, u32::saturating_add)
     }
 
     /// How many workers (mailboxes) there are.

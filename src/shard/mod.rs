@@ -29,6 +29,7 @@ pub(crate) mod registry;
 pub(crate) mod stop;
 mod subscribers;
 mod upkeep;
+pub(crate) mod users;
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
@@ -188,6 +189,8 @@ pub(crate) struct Shard {
     /// Joins waiting for Redis or the presence hub (`join`).
     pending: RefCell<Vec<join::Pending>>,
     watch: Option<Arc<dyn ChannelWatch>>,
+    /// Connections with a user, by project and user (`users`).
+    users: RefCell<users::Users>,
 }
 
 /// One admitted connection; the shard's open count drops when it does.
@@ -243,6 +246,7 @@ impl Shard {
             history: setup.history,
             pending: RefCell::new(Vec::new()),
             watch: setup.watch,
+            users: RefCell::default(),
         }
     }
 
@@ -549,6 +553,7 @@ impl Shard {
             }
             Envelope::PresenceReady { ticket, answer } => self.presence_ready(ticket, answer),
             Envelope::Run(task) => (task.0)(),
+            Envelope::EndUser { project, user, end } => self.end_user(project, &user, &end),
         }
     }
 

@@ -1,9 +1,11 @@
 //! Unit tests of `shard`.
 
 use super::*;
+use crate::dialect::Dialect;
 use crate::ids::SocketId;
 use crate::shard::join::HistoryDone;
 use crate::shard::mailbox::Mailboxes;
+use crate::shard::users::UserEnd;
 
 /// A shard on its own, with a mailbox and an optional recording interest sink.
 pub(crate) fn shard(sink: Option<Arc<dyn InterestSink>>) -> (Rc<Shard>, Mailboxes) {
@@ -340,4 +342,74 @@ fn a_held_history_channel_is_asked_again_without_since() {
         "a first subscribe recovers"
     );
     assert!(seen[1].is_none(), "a held channel is not replayed");
+}
+
+// Users (`users`): ending a user's access on one worker.
+
+fn frames(conn: &WsConn) -> Vec<serde_json::Value> {
+    conn.take_queued()
+        .iter()
+        .filter(|f| f[0] == 0x81)
+        .map(|f| serde_json::from_str(crate::wire::test_payload(f)).unwrap())
+        .collect()
+}
+
+#[test]
+fn end_user_closes_with_4010_and_unsubscribes_with_reason_server() {
+    // A close starts the connection's writer and grace timer: a runtime is needed.
+    monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
+        .enable_timer()
+        .build()
+        .expect("legacy runtime")
+        .block_on(async { end_user_on_one_worker() });
+}
+
+fn end_user_on_one_worker() {
+    let (shard, mailboxes) = shard(None);
+    let a = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
+    let b = Rc::new(WsConn::new(2, -1, 1 << 20, 0));
+    let other = Rc::new(WsConn::new(3, -1, 1 << 20, 0));
+    let pusher = Rc::new(WsConn::new(4, -1, 1 << 20, 0).with_dialect(Dialect::Pusher));
+    let ua = shard.user_join(7, "ann".into(), &a);
+    let _ub = shard.user_join(7, "ann".into(), &b);
+    let _uo = shard.user_join(7, "bob".into(), &other);
+    let _up = shard.user_join(7, "ann".into(), &pusher);
+    // The same user id in another project is another user.
+    let elsewhere = Rc::new(WsConn::new(5, -1, 1 << 20, 0));
+    let _ue = shard.user_join(8, "ann".into(), &elsewhere);
+    assert_eq!(mailboxes.user_connections(7, "ann"), 3);
+    assert_eq!(mailboxes.user_connections(7, "bob"), 1);
+    assert_eq!(mailboxes.user_connections(8, "ann"), 1);
+    assert_eq!(mailboxes.user_connections(9, "ann"), 0);
+    assert_eq!(shard.user_connections(), 5);
+
+    for c in [&a, &other, &pusher] {
+        shard.subscribe(7, "news", c);
+    }
+    mailboxes.end_user(7, "ann".into(), UserEnd::Unsubscribe("news".into()));
+    assert_eq!(shard.drain(), 1);
+    assert_eq!(shard.subscriber_count(7, "news"), 1, "bob keeps it");
+    assert_eq!(
+        frames(&a),
+        vec![serde_json::json!({"type":"unsubscribed","channel":"news","reason":"server"})]
+    );
+    assert!(frames(&b).is_empty(), "b held no such channel");
+    assert!(
+        pusher.take_queued().is_empty(),
+        "Pusher has no frame for it"
+    );
+    assert_eq!(&*ua.take_removed(), &["news".into()] as &[Arc<str>]);
+    assert!(!ua.has_removed());
+
+    mailboxes.end_user(7, "ann".into(), UserEnd::Disconnect);
+    assert_eq!(shard.drain(), 1);
+    assert_eq!(a.close_code(), Some(4010));
+    assert_eq!(b.close_code(), Some(4010));
+    assert_eq!(pusher.close_code(), Some(4009), "Pusher's terminate close");
+    assert!(other.is_open() && elsewhere.is_open());
+
+    shard.user_leave(&ua);
+    shard.user_leave(&ua);
+    assert_eq!(mailboxes.user_connections(7, "ann"), 2, "left once");
+    assert_eq!(shard.user_connections(), 4);
 }

@@ -32,7 +32,7 @@ use crate::apikey::KeyKind;
 use crate::history::HistorySpec;
 use crate::project::{
     KeyRecord, ProjectChange, ProjectRecord, TokenKeyAlg, TokenKeyRecord, TokenSecretRecord,
-    MAX_PROJECT_NAME_CHARS,
+    UserBlockRecord, UserEndRecord, MAX_PROJECT_NAME_CHARS,
 };
 use crate::quota::RateLimit;
 use crate::sealed::{MasterKey, SealError};
@@ -46,7 +46,20 @@ pub struct StoreContents {
     /// Token secrets, oldest first, expired ones included (the snapshot drops them).
     pub token_secrets: Vec<TokenSecretRecord>,
     pub token_keys: Vec<TokenKeyRecord>,
+    /// Ids of the projects whose WebSockets need a connection token (`--require-user on`).
+    pub require_user: std::collections::HashSet<String>,
+    /// Every block that still holds (expired ones are left out).
+    pub user_blocks: Vec<UserBlockRecord>,
 }
+
+/// Work for the store, run on the key watcher's thread with its connection (the REST
+/// user endpoints run on workers, which never touch the store). What it returns runs
+/// after the watcher's next poll, so an answer sent from there is sent once the node's
+/// snapshot has the change.
+pub(crate) type StoreJob = Box<dyn FnOnce(&mut dyn Store) -> AfterJob + Send>;
+
+/// The second half of a [`StoreJob`] (typically: send the answer).
+pub(crate) type AfterJob = Box<dyn FnOnce() + Send>;
 
 /// Unix seconds now.
 pub(crate) fn unix_now() -> i64 {
@@ -105,6 +118,11 @@ pub(crate) enum StoreError {
     /// No Redis client could be made from the URL and CA file given.
     #[error(transparent)]
     Link(#[from] crate::redis_link::LinkError),
+    /// The project already has `max_blocked_users_per_project` blocks in force.
+    #[error(
+        "the project already blocks {0} users (max_blocked_users_per_project); lift some first"
+    )]
+    TooManyBlocks(usize),
 }
 
 /// Projects and keys, wherever they live. Methods take `&mut self` because a store is a
@@ -174,6 +192,37 @@ pub(crate) trait Store: Send {
 
     /// True when there are no projects at all (`serve --dev`).
     fn is_empty(&mut self) -> Result<bool, StoreError>;
+
+    /// Whether the project needs a connection token on every WebSocket.
+    fn requires_user(&mut self, project_id: &str) -> Result<bool, StoreError>;
+
+    /// Block a user (replacing a block already there). The project's expired blocks
+    /// are dropped first; then `TooManyBlocks` when the project already has `max`
+    /// others. NotFound when no project has that id.
+    fn block_user(&mut self, block: &UserBlockRecord, max: usize) -> Result<(), StoreError>;
+
+    /// Lift a block; `Ok(false)` when there was none in force.
+    fn unblock_user(&mut self, project_id: &str, user_id: &str) -> Result<bool, StoreError>;
+
+    /// The user's block if one holds now.
+    fn user_block(
+        &mut self,
+        project_id: &str,
+        user_id: &str,
+    ) -> Result<Option<UserBlockRecord>, StoreError>;
+
+    /// Store an end record (its `seq` is given here) for every node to apply; keeps at
+    /// most [`crate::project::users::MAX_STORED_ENDS`]. Does not move the change token:
+    /// ends are read by [`Store::user_ends_after`], not by a snapshot rebuild.
+    fn add_user_end(&mut self, end: &UserEndRecord) -> Result<(), StoreError>;
+
+    /// End records written after `after`, oldest first, at most
+    /// [`crate::project::users::ENDS_PER_READ`], and the cursor to pass next. `None`:
+    /// no records, only the current cursor (where a starting watcher begins).
+    fn user_ends_after(
+        &mut self,
+        after: Option<u64>,
+    ) -> Result<(Vec<UserEndRecord>, u64), StoreError>;
 }
 
 /// Open the store the command line points at: SQLite in `data_dir`, or Redis at `redis`

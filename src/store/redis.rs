@@ -28,7 +28,8 @@
 //!   sealed under the master key (never in clear);
 //! - `token_keys` hash: id → JSON `{project_id, alg, public_pem, seq}` (public halves only);
 //! - `version`: INCR'd in the same MULTI/EXEC as every change (the change token);
-//! - `seq`: a counter that orders projects and keys "oldest first".
+//! - `seq`: a counter that orders projects and keys "oldest first";
+//! - users (`require_user`, `user_blocks:<project id>`, `user_ends`): see [`users`].
 //!
 //! Invariants: of secret keys only hashes and display prefixes are stored; every change and its
 //! `version` bump commit atomically (MULTI/EXEC); [`Store::load_all`] is one MULTI/EXEC,
@@ -56,12 +57,14 @@ use super::{
 use crate::apikey::{generate_id, hash_key, key_prefix, KeyKind};
 use crate::history::HistorySpec;
 use crate::project::{
-    KeyRecord, ProjectChange, ProjectRecord, TokenKeyAlg, TokenKeyRecord, FIRST_PUSHER_APP_ID,
+    KeyRecord, ProjectChange, ProjectRecord, TokenKeyAlg, TokenKeyRecord, UserBlockRecord,
+    UserEndRecord, FIRST_PUSHER_APP_ID,
 };
 use crate::quota::RateLimit;
 use crate::redis_link::PREFIX;
 
 mod records;
+mod users;
 use crate::sealed::MasterKey;
 use records::*;
 
@@ -446,6 +449,7 @@ impl Store for RedisStore {
                 }
                 ProjectChange::ClientEvents(on) => set(&mut pipe, "client_events", *on),
                 ProjectChange::Pusher(on) => set(&mut pipe, "pusher_off", !*on),
+                ProjectChange::RequireUser(on) => set(&mut pipe, "require_user", *on),
                 ProjectChange::Webhook(_) => {
                     match &webhook {
                         Some(json) => pipe.hset(k("webhooks"), project_id, json),
@@ -538,7 +542,9 @@ impl Store for RedisStore {
                 .cmd("HGETALL")
                 .arg(k("token_secrets"))
                 .cmd("HGETALL")
-                .arg(k("token_keys"));
+                .arg(k("token_keys"))
+                .cmd("SMEMBERS")
+                .arg(k("require_user"));
             let replies: Vec<redis::Value> = self.with(|c| pipe.query(c))?;
             let mut replies = replies.into_iter();
             let fields = ProjectFields::take(&mut replies)?;
@@ -551,11 +557,16 @@ impl Store for RedisStore {
             let revoked: HashSet<String> = next_reply(&mut replies)?;
             let secrets = next_reply(&mut replies)?;
             let token_keys = next_reply(&mut replies)?;
+            let require_user = next_reply(&mut replies)?;
+            let projects = decode_projects(fields)?;
+            let ids: Vec<String> = projects.iter().map(|p| p.id.clone()).collect();
             return Ok(StoreContents {
-                projects: decode_projects(fields)?,
+                projects,
                 keys: decode_keys(keys, &revoked, None)?,
                 token_secrets: token_secret_records(secrets)?,
                 token_keys: token_key_records(token_keys)?,
+                require_user,
+                user_blocks: users::read_blocks(self, &ids)?,
             });
         }
     }
@@ -568,6 +579,37 @@ impl Store for RedisStore {
     fn is_empty(&mut self) -> Result<bool, StoreError> {
         let n: u64 = self.with(|c| redis::cmd("HLEN").arg(k("projects")).query(c))?;
         Ok(n == 0)
+    }
+
+    fn requires_user(&mut self, project_id: &str) -> Result<bool, StoreError> {
+        self.requires_user_(project_id)
+    }
+
+    fn block_user(&mut self, block: &UserBlockRecord, max: usize) -> Result<(), StoreError> {
+        self.block_user_(block, max)
+    }
+
+    fn unblock_user(&mut self, project_id: &str, user_id: &str) -> Result<bool, StoreError> {
+        self.unblock_user_(project_id, user_id)
+    }
+
+    fn user_block(
+        &mut self,
+        project_id: &str,
+        user_id: &str,
+    ) -> Result<Option<UserBlockRecord>, StoreError> {
+        self.user_block_(project_id, user_id)
+    }
+
+    fn add_user_end(&mut self, end: &UserEndRecord) -> Result<(), StoreError> {
+        self.add_user_end_(end)
+    }
+
+    fn user_ends_after(
+        &mut self,
+        after: Option<u64>,
+    ) -> Result<(Vec<UserEndRecord>, u64), StoreError> {
+        self.user_ends_after_(after)
     }
 }
 

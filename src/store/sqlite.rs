@@ -36,8 +36,10 @@ use crate::apikey::{generate_id, hash_key, key_prefix, KeyHash, KeyKind};
 use crate::history::HistorySpec;
 use crate::project::{
     HookKinds, KeyRecord, ProjectChange, ProjectRecord, TokenKeyAlg, TokenKeyRecord,
-    TokenSecretRecord, WebhookSpec, FIRST_PUSHER_APP_ID,
+    TokenSecretRecord, UserBlockRecord, UserEndRecord, WebhookSpec, FIRST_PUSHER_APP_ID,
 };
+
+mod users;
 use crate::quota::RateLimit;
 use crate::sealed::MasterKey;
 
@@ -49,7 +51,7 @@ pub(super) const DB_FILE: &str = "ringcast.db";
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Schema version this build writes (`PRAGMA user_version`).
-const SCHEMA_VERSION: i64 = 7;
+const SCHEMA_VERSION: i64 = 8;
 
 /// Migrations, index i brings the schema from version i to i + 1.
 const MIGRATIONS: &[&str] = &[
@@ -111,6 +113,24 @@ const MIGRATIONS: &[&str] = &[
     UPDATE projects SET pusher_app_id = 1000000
         + (SELECT COUNT(*) FROM projects AS p WHERE p.rowid < projects.rowid);
     CREATE UNIQUE INDEX projects_pusher_app_id ON projects(pusher_app_id);",
+    // 7 -> 8: users: `--require-user`, blocks (until NULL: for ever) and end records
+    // (see `users`).
+    "ALTER TABLE projects ADD COLUMN require_user INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE user_blocks (
+        project_id  TEXT NOT NULL REFERENCES projects(id),
+        user_id     TEXT NOT NULL,
+        until       INTEGER,
+        created_at  INTEGER NOT NULL,
+        PRIMARY KEY (project_id, user_id)
+    );
+    CREATE TABLE user_ends (
+        seq         INTEGER PRIMARY KEY AUTOINCREMENT,
+        project_id  TEXT NOT NULL,
+        user_id     TEXT NOT NULL,
+        channel     TEXT,
+        origin      INTEGER NOT NULL,
+        created_at  INTEGER NOT NULL
+    );",
 ];
 
 /// A connection to the SQLite store. One per thread; not shared.
@@ -314,6 +334,7 @@ fn project_update(change: &ProjectChange) -> Result<(&'static str, Vec<Value>), 
         ProjectChange::History(h) => ("history = ?1", vec![Value::Text(h.to_string())]),
         ProjectChange::ClientEvents(on) => ("client_events = ?1", vec![flag(*on)]),
         ProjectChange::Pusher(on) => ("pusher_enabled = ?1", vec![flag(*on)]),
+        ProjectChange::RequireUser(on) => ("require_user = ?1", vec![flag(*on)]),
         ProjectChange::MaxConnections(n) => {
             let n = n
                 .map(i64::try_from)
@@ -641,12 +662,15 @@ impl Store for SqliteStore {
         let keys = read_keys(&tx, "ORDER BY created_at, rowid", [])?;
         let token_secrets = read_token_secrets(&tx)?;
         let token_keys = read_token_keys(&tx)?;
+        let (require_user, user_blocks) = users::read_all(&tx)?;
         tx.commit()?;
         Ok(StoreContents {
             projects,
             keys,
             token_secrets,
             token_keys,
+            require_user,
+            user_blocks,
         })
     }
 
@@ -670,6 +694,37 @@ impl Store for SqliteStore {
             .query_row("SELECT NOT EXISTS (SELECT 1 FROM projects)", [], |r| {
                 r.get(0)
             })?)
+    }
+
+    fn requires_user(&mut self, project_id: &str) -> Result<bool, StoreError> {
+        self.requires_user_(project_id)
+    }
+
+    fn block_user(&mut self, block: &UserBlockRecord, max: usize) -> Result<(), StoreError> {
+        self.block_user_(block, max)
+    }
+
+    fn unblock_user(&mut self, project_id: &str, user_id: &str) -> Result<bool, StoreError> {
+        self.unblock_user_(project_id, user_id)
+    }
+
+    fn user_block(
+        &mut self,
+        project_id: &str,
+        user_id: &str,
+    ) -> Result<Option<UserBlockRecord>, StoreError> {
+        self.user_block_(project_id, user_id)
+    }
+
+    fn add_user_end(&mut self, end: &UserEndRecord) -> Result<(), StoreError> {
+        self.add_user_end_(end)
+    }
+
+    fn user_ends_after(
+        &mut self,
+        after: Option<u64>,
+    ) -> Result<(Vec<UserEndRecord>, u64), StoreError> {
+        self.user_ends_after_(after)
     }
 }
 

@@ -327,25 +327,34 @@ pub(crate) fn unsubscribed_with_reason(channel: &str, reason: &str) -> Bytes {
     })
 }
 
-/// The answer to an accepted `refresh`: the new `exp` now in force.
-pub(crate) fn refreshed_frame(channel: &str, exp: u64) -> Bytes {
+/// The answer to an accepted `refresh`: the new `exp` now in force; without `channel`
+/// for the connection token's refresh.
+pub(crate) fn refreshed_frame(channel: Option<&str>, exp: u64) -> Bytes {
     build(|out| {
-        out.put(b"{\"type\":\"refreshed\",\"channel\":");
-        str_lit(out, channel);
-        out.put(b",\"exp\":");
+        out.put(b"{\"type\":\"refreshed\",");
+        if let Some(channel) = channel {
+            out.put(b"\"channel\":");
+            str_lit(out, channel);
+            out.put(b",");
+        }
+        out.put(b"\"exp\":");
         num(out, exp);
         out.put(b"}");
     })
 }
 
 /// The frame sent right after the upgrade (`connection_id` is made by ringcast: no
-/// escaping).
-pub(crate) fn connected_frame(connection_id: &str, heartbeat_s: u64) -> Bytes {
+/// escaping), with the connection token's user when there is one.
+pub(crate) fn connected_frame(connection_id: &str, heartbeat_s: u64, user: Option<&str>) -> Bytes {
     build(|out| {
         out.put(b"{\"type\":\"connected\",\"connection_id\":\"");
         out.put(connection_id.as_bytes());
         out.put(b"\",\"heartbeat_s\":");
         num(out, heartbeat_s);
+        if let Some(user) = user {
+            out.put(b",\"user_id\":");
+            str_lit(out, user);
+        }
         out.put(b"}");
     })
 }

@@ -58,6 +58,20 @@ pub(crate) fn subscription_succeeded(channel: &str, data_json: &str) -> Bytes {
     })
 }
 
+/// `{"event":"pusher:signin_success","data":"{\"user_data\":\"…\"}"}`: the accepted
+/// `user_data`, exactly as the client sent it (pusher-js parses it again).
+pub(crate) fn signin_success(user_data: &str) -> Bytes {
+    build(|out| {
+        out.put(b"{\"event\":\"pusher:signin_success\",");
+        data_string(out, |d| {
+            d.put(b"{\"user_data\":");
+            str_lit(d, user_data);
+            d.put(b"}");
+        });
+        out.put(b"}");
+    })
+}
+
 /// `pusher:subscription_error` of `channel`, data `{"type":…,"error":…,"status":N}`.
 pub(crate) fn subscription_error(channel: &str, type_: &str, error: &str, status: u16) -> Bytes {
     build(|out| {
@@ -248,6 +262,14 @@ mod tests {
 
     /// Quotes, backslashes, control characters, DEL and non-ASCII.
     const NASTY: &str = "a\"b\\c\n\r\t\u{1}\u{1f}\u{7f}é\u{1F600}/";
+
+    #[test]
+    fn signin_success_carries_user_data_as_sent() {
+        let user_data = r#"{"id":"ann","user_info":{"name":"A \"B\""}}"#;
+        let f = signin_success(user_data);
+        assert_eq!(parsed(&f)["event"], "pusher:signin_success");
+        assert_eq!(data_of(&f), json!({ "user_data": user_data }));
+    }
 
     #[test]
     fn connection_established_golden() {

@@ -237,9 +237,12 @@ fn query_body_and_route_refusals() {
     assert_eq!((st, header(&head, "allow").as_deref()), (405, Some("POST")));
     let (st, head, _) = Req::post(&a, "/channels", &body).send(&s);
     assert_eq!((st, header(&head, "allow").as_deref()), (405, Some("GET")));
+    // terminate_connections is a POST (issue 25).
+    let (st, head, _) = Req::new(&a, "GET", "/users/u1/terminate_connections").send(&s);
+    assert_eq!((st, header(&head, "allow").as_deref()), (405, Some("POST")));
     for path in [
         "/nope",
-        "/users/u1/terminate_connections",
+        "/users/u1/terminate_connections/x",
         "/channels/c/members",
         "",
     ] {

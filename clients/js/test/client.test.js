@@ -1,29 +1,8 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { Ringcast } from "../ringcast.js";
-import { FakeClock, fakeSocketClass, fakeJwt, flush } from "../test-helpers/fakes.js";
-
-/** A client wired to a fake clock, a fake socket class and a fixed random value. */
-function setup(options = {}) {
-  const clock = new FakeClock();
-  const Socket = fakeSocketClass();
-  const states = [];
-  const errors = [];
-  const client = new Ringcast("ws://127.0.0.1:9/api/v1/ws", {
-    key: "pk_test",
-    WebSocket: Socket,
-    setTimeout: clock.setTimeout,
-    clearTimeout: clock.clearTimeout,
-    now: clock.now,
-    random: () => 0.5,
-    minReconnectDelayMs: 100,
-    maxReconnectDelayMs: 1000,
-    ...options,
-  });
-  client.on("state", (s) => states.push(s));
-  client.on("error", (e) => errors.push(e));
-  return { clock, Socket, client, states, errors };
-}
+import { fakeJwt, flush } from "../test-helpers/fakes.js";
+import { setup } from "../test-helpers/setup.js";
 
 test("connect: the key goes in the query, state follows the connected frame", () => {
   const { Socket, client, states } = setup();

@@ -470,3 +470,26 @@ fn sign_is_lowercase_hex_hmac_sha256() {
     assert_eq!(s.len(), 64);
     assert!(s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')));
 }
+
+#[test]
+fn user_auth_signs_socket_id_user_user_data() {
+    let socket = "1234.5678";
+    let data = r#"{"id":"ann","user_info":{"name":"Ann"}}"#;
+    let sig = rc_sign("ts_s", &format!("{socket}::user::{data}"));
+    let auth = format!("pk_ab:{sig}");
+    assert_eq!(check_user_auth(&auth, socket, data, &["ts_s"]), Ok("pk_ab"));
+    assert_eq!(
+        check_user_auth(&auth, "1234.5679", data, &["ts_s"]),
+        Err(ChannelAuthError::Signature)
+    );
+    assert_eq!(
+        check_user_auth(&auth, socket, r#"{"id":"bob"}"#, &["ts_s"]),
+        Err(ChannelAuthError::Signature)
+    );
+    // A channel authorisation of a channel named "user" is not a user authorisation.
+    let channel_sig = rc_sign("ts_s", &format!("{socket}:user"));
+    assert_eq!(
+        check_user_auth(&format!("pk_ab:{channel_sig}"), socket, data, &["ts_s"]),
+        Err(ChannelAuthError::Signature)
+    );
+}

@@ -44,13 +44,20 @@ impl Codec for Native {
         ) {
             return apply(refused(ClientError::UnknownType, None));
         }
+        let token = || value.get("token").and_then(|t| t.as_str());
+        if kind == "refresh" && value.get("channel").is_none() {
+            // The connection token's refresh (contract 1.3, "Users").
+            return apply(Command::Refresh {
+                channel: None,
+                token: token(),
+            });
+        }
         let Some(channel) = value.get("channel").and_then(|c| c.as_str()) else {
             return apply(refused(ClientError::ChannelNotString, None));
         };
         if crate::names::check(channel).is_err() {
             return apply(refused(ClientError::InvalidChannel, None));
         }
-        let token = || value.get("token").and_then(|t| t.as_str());
         let command = match kind {
             "subscribe" => match since(value.get("since")) {
                 Err(()) => refused(ClientError::InvalidSince, None),
@@ -61,7 +68,7 @@ impl Codec for Native {
                 }),
             },
             "refresh" => Command::Refresh {
-                channel,
+                channel: Some(channel),
                 token: token(),
             },
             "unsubscribe" => Command::Unsubscribe(Cow::Borrowed(channel)),
@@ -95,6 +102,8 @@ impl Codec for Native {
             Reply::PresenceJoined { channel, members } => subscribed_presence(channel, members),
             Reply::Unsubscribed { channel } => reply("unsubscribed", channel),
             Reply::Refreshed { channel, exp } => refreshed_frame(channel, exp),
+            // Pusher's only: the native protocol signs in with the connection token.
+            Reply::SignedIn { .. } => return None,
         })
     }
 

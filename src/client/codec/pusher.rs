@@ -4,7 +4,8 @@
 //!
 //! What a pusher-js client may send: `pusher:ping` / `pusher:pong`, `pusher:subscribe`
 //! (`data` an object, or a string holding one, as Pusher clients in the wild send
-//! both), `pusher:unsubscribe`, `client-*` events. Subscription problems are
+//! both), `pusher:unsubscribe`, `pusher:signin` (answered `pusher:signin_success`, or
+//! `pusher:error` 4009), `client-*` events. Subscription problems are
 //! `pusher:subscription_error` naming the channel; anything else is a `pusher:error`,
 //! with code 4301 for the client-event rate only.
 
@@ -40,6 +41,13 @@ struct Frame<'a> {
     channel: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     data: Option<&'a RawValue>,
+}
+
+/// `pusher:signin`'s `data`.
+#[derive(Deserialize)]
+struct SigninData {
+    user_data: String,
+    auth: String,
 }
 
 /// `pusher:subscribe`'s and `pusher:unsubscribe`'s `data`.
@@ -93,7 +101,13 @@ impl Codec for Pusher {
                 None => apply(refused(ClientError::UnsubscribeData, None)),
                 Some(sub) => apply(Command::Unsubscribe(Cow::Borrowed(&sub.channel))),
             },
-            "pusher:signin" => apply(refused(ClientError::Signin, None)),
+            "pusher:signin" => match frame.data.and_then(object_of::<SigninData>) {
+                None => apply(refused(ClientError::SigninData, None)),
+                Some(d) => apply(Command::Signin {
+                    user_data: Cow::Owned(d.user_data),
+                    auth: Cow::Owned(d.auth),
+                }),
+            },
             e if e.starts_with(events::EVENT_PREFIX) => {
                 match client_event(e, frame.channel.as_deref(), frame.data) {
                     Ok((channel, data)) => apply(Command::ClientEvent {
@@ -120,6 +134,7 @@ impl Codec for Pusher {
                     Err(_) => Self::refusal(&ClientError::MemberList, Some(channel)),
                 })
             }
+            Reply::SignedIn { user_data } => Some(pusher_frame::signin_success(user_data)),
             // Pusher answers an unsubscribe with nothing; it has no refresh.
             Reply::Unsubscribed { .. } | Reply::Refreshed { .. } => None,
         }

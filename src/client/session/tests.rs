@@ -43,6 +43,8 @@ fn setup(max: usize) -> (NativeSession, Rc<WsConn>, Rc<Shard>, Arc<Recorder>) {
         client_events: false.into(),
         pusher_app_id: 1_000_000,
         pusher: true.into(),
+        require_user: false.into(),
+        blocks: Arc::default(),
     });
     let events = test_events(mailboxes_of(&rec));
     (

@@ -141,6 +141,20 @@ fn research_sizes() {
         size_of::<TcpStream>(),
     );
     record_row("shard::Member", crate::shard::MEMBER_SIZE);
+    // Issue 25: what a connection's user costs. None of it exists without a user, except
+    // the extras' pointer to it (extras: made on a first private subscribe or client
+    // event, or with a user).
+    let (extras, user) = crate::client::session::EXTRAS_SIZES;
+    record_row("session extras (boxed, only once used)", extras);
+    record_row("client::user::UserState (boxed, with a user)", user);
+    record_row(
+        "RcBox<shard::users::UserConn> (with a user)",
+        size_of::<crate::shard::users::UserConn>() + 16,
+    );
+    record_row(
+        "RcBox<client::private::Grant> (connection token's deadline)",
+        size_of::<crate::client::private::Grant>() + 16,
+    );
     record_row("queue slot (Bytes, bool)", size_of::<(Bytes, bool)>());
     // The writer's coalescing timer (`write_loop`): boxed, made on the first write
     // that follows another within `write_coalesce_ms`, kept for the connection's life.

@@ -240,11 +240,13 @@ fn every_older_schema_migrates() {
             tx.execute_batch(step).unwrap();
         }
         // Inserted newest-stamped first: app ids follow insertion (rowid) order.
-        tx.execute(
-            "INSERT INTO projects (id, name, rate_limit, created_at) VALUES ('prj_old', 'old', '5/s', 1), ('prj_older', 'older', '5/s', 0)",
-            [],
-        )
-        .unwrap();
+        // From schema 7 on, a project is always written with its app id.
+        let sql = if version >= 7 {
+            "INSERT INTO projects (id, name, rate_limit, created_at, pusher_app_id) VALUES ('prj_old', 'old', '5/s', 1, 1000000), ('prj_older', 'older', '5/s', 0, 1000001)"
+        } else {
+            "INSERT INTO projects (id, name, rate_limit, created_at) VALUES ('prj_old', 'old', '5/s', 1), ('prj_older', 'older', '5/s', 0)"
+        };
+        tx.execute(sql, []).unwrap();
         tx.pragma_update(None, "user_version", version).unwrap();
         tx.commit().unwrap();
         drop(raw);
@@ -290,6 +292,18 @@ fn every_older_schema_migrates() {
             .unwrap();
         assert!(!project.pusher, "schema {version}");
         assert_eq!(project.pusher_app_id, 1_000_000, "schema {version}");
+        assert!(!store.requires_user("prj_old").unwrap(), "schema {version}");
+        store
+            .set_project("prj_old", &ProjectChange::RequireUser(true))
+            .unwrap();
+        assert!(store.requires_user("prj_old").unwrap(), "schema {version}");
+        let block = crate::project::UserBlockRecord {
+            project_id: "prj_old".into(),
+            user_id: "u".into(),
+            until: None,
+        };
+        store.block_user(&block, 1).unwrap();
+        assert_eq!(store.user_block("prj_old", "u").unwrap(), Some(block));
         store
             .rotate_token_secret("prj_old", &MasterKey::random(), 0)
             .unwrap();

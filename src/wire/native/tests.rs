@@ -115,7 +115,7 @@ fn replies_escape_channels() {
         serde_json::json!({"type":"error","code":"forbidden","channel":"private-\"x","message":"no"})
     );
     assert_eq!(
-        parse(refreshed_frame("private-a", 1_900_000_000)),
+        parse(refreshed_frame(Some("private-a"), 1_900_000_000)),
         serde_json::json!({"type":"refreshed","channel":"private-a","exp":1_900_000_000u64})
     );
 }
@@ -153,7 +153,7 @@ use crate::wire::test_payload as payload;
 
 #[test]
 fn goldens() {
-    let cases: [(Bytes, &str); 16] = [
+    let cases: [(Bytes, &str); 18] = [
         (
             message_frame("c\"1", "e", br#"{"a":1}"#, "abc"),
             r#"{"type":"message","channel":"c\"1","event":"e","data":{"a":1},"id":"abc"}"#,
@@ -208,12 +208,20 @@ fn goldens() {
             r#"{"type":"unsubscribed","channel":"private-a","reason":"token_expired"}"#,
         ),
         (
-            refreshed_frame("private-a", u64::MAX),
+            refreshed_frame(Some("private-a"), u64::MAX),
             r#"{"type":"refreshed","channel":"private-a","exp":18446744073709551615}"#,
         ),
         (
-            connected_frame("0123456789abcdef", 25),
+            refreshed_frame(None, 1_900_000_000),
+            r#"{"type":"refreshed","exp":1900000000}"#,
+        ),
+        (
+            connected_frame("0123456789abcdef", 25, None),
             r#"{"type":"connected","connection_id":"0123456789abcdef","heartbeat_s":25}"#,
+        ),
+        (
+            connected_frame("0123456789abcdef", 25, Some("ann \"a\"")),
+            r#"{"type":"connected","connection_id":"0123456789abcdef","heartbeat_s":25,"user_id":"ann \"a\""}"#,
         ),
     ];
     for (frame, json) in cases {
