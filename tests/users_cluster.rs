@@ -103,8 +103,10 @@ fn disconnect_block_and_unsubscribe_reach_every_node() {
     assert_eq!(v["channel"], "news", "{v}");
 
     // Block asked on B: ann on A closed, refused on both until `until`, then accepted.
+    // `until` leaves a loaded machine time to see the refusal on A (its watcher polls
+    // the store every 250 ms) before the block ends.
     let mut ann_a = native_as(a.addr, &p, "ann");
-    let until = unix_now() + 3;
+    let until = unix_now() + 6;
     let body = format!(r#"{{"until":{until}}}"#);
     assert_eq!(post(&b, "/api/v1/users/ann/block", &p.secret, &body).0, 202);
     assert_eq!(close_code(&mut ann_a), Some(4010));

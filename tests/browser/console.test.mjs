@@ -10,7 +10,7 @@ import path from "node:path";
 import { existsSync } from "node:fs";
 import {
   repoRoot, tempDir, startServer, createProject, publish, staticServer,
-  waitFor, watchPage, perFile,
+  waitFor, watchPage, perFile, signToken,
 } from "./helpers.mjs";
 
 const pages = perFile();
@@ -130,6 +130,36 @@ test("the console page (served statically, ?server=) connects, lists messages, r
   assert.equal((await rows(page)).length, 0);
   await page.click("#disconnect");
   await page.waitForSelector('#state[data-state="closed"]');
+  assert.deepEqual(problems, []);
+  await page.close();
+});
+
+test("the console connects with a connection token, shows its user, and says so when the user is disconnected", async () => {
+  const server = await startServer();
+  const project = await createProject(server);
+  const site = await staticServer({
+    "/console": path.join(repoRoot, "clients/console/index.html"),
+    "/console/ringcast.js": path.join(repoRoot, "clients/js/ringcast.js"),
+  });
+  const page = await pages.browser.newPage();
+  const problems = watchPage(page);
+  await page.goto(`${site.url}/console?server=${encodeURIComponent(server.url)}`);
+  await page.waitForSelector("body[data-ready=true]");
+  const exp = Math.floor(Date.now() / 1000) + 600;
+  await page.click("details summary"); // "Server and user" is folded by default
+  await page.fill("#token", signToken(project.tokenSecret, { sub: "ann", exp }));
+  await watch(page, project.public, ["orders"]);
+  assert.equal(await page.getAttribute("#state", "data-user"), "ann");
+  assert.match(await page.textContent("#state"), /user ann/);
+
+  // The backend ends the user's access: the console closes and says why.
+  const res = await fetch(`${server.url}/api/v1/users/ann/disconnect`, {
+    method: "POST",
+    headers: { "X-Api-Key": project.secret },
+  });
+  assert.equal(res.status, 202);
+  await page.waitForSelector('#state[data-state="closed"]');
+  await waitFor(async () => /4010/.test(await page.textContent("#notice")), { message: "4010 notice" });
   assert.deepEqual(problems, []);
   await page.close();
 });
