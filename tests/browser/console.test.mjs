@@ -100,7 +100,9 @@ test("GET /console on `serve --dev` shows a published message (saves docs/consol
   await page.close();
 });
 
-test("the console page (served statically, ?server=) connects, lists messages, refuses a secret key", async () => {
+/** A fresh server and project, and the console page served statically (the files as
+ * they are in the repository), pointed at that server with ?server=. */
+async function staticConsole() {
   const server = await startServer();
   const project = await createProject(server);
   const site = await staticServer({
@@ -110,6 +112,11 @@ test("the console page (served statically, ?server=) connects, lists messages, r
   const page = await pages.browser.newPage();
   const problems = watchPage(page);
   await page.goto(`${site.url}/console?server=${encodeURIComponent(server.url)}`);
+  return { server, project, page, problems };
+}
+
+test("the console page (served statically, ?server=) connects, lists messages, refuses a secret key", async () => {
+  const { server, project, page, problems } = await staticConsole();
 
   // A secret key is refused before anything is sent.
   await page.waitForSelector("body[data-ready=true]");
@@ -135,15 +142,7 @@ test("the console page (served statically, ?server=) connects, lists messages, r
 });
 
 test("the console connects with a connection token, shows its user, and says so when the user is disconnected", async () => {
-  const server = await startServer();
-  const project = await createProject(server);
-  const site = await staticServer({
-    "/console": path.join(repoRoot, "clients/console/index.html"),
-    "/console/ringcast.js": path.join(repoRoot, "clients/js/ringcast.js"),
-  });
-  const page = await pages.browser.newPage();
-  const problems = watchPage(page);
-  await page.goto(`${site.url}/console?server=${encodeURIComponent(server.url)}`);
+  const { server, project, page, problems } = await staticConsole();
   await page.waitForSelector("body[data-ready=true]");
   const exp = Math.floor(Date.now() / 1000) + 600;
   await page.click("details summary"); // "Server and user" is folded by default
