@@ -6,11 +6,9 @@
 
 mod common;
 use common::cluster as support;
+use common::users::{native_as, pusher_as, upgrade_status};
 
-use std::net::SocketAddr;
-use std::time::Duration;
-
-use common::{close_code, next_json, parse_response, set_timeout, unix_now, Ws};
+use common::{close_code, next_json, parse_response, unix_now};
 use serde_json::{json, Value};
 use support::{Node, Project, Redis};
 
@@ -18,34 +16,6 @@ fn start() -> Option<(Redis, Node, Node, Project)> {
     let (redis, a, b) = support::two_nodes()?;
     let p = support::project_on(&redis, "p", "10000/s", &[&a, &b]);
     Some((redis, a, b, p))
-}
-
-fn conn_token(p: &Project, sub: &str) -> String {
-    common::hs256(
-        &p.token_secret,
-        json!({"sub": sub, "exp": unix_now() + 600}),
-    )
-}
-
-fn native_as(addr: SocketAddr, p: &Project, sub: &str) -> Ws {
-    let url = format!(
-        "ws://{addr}/api/v1/ws?key={}&token={}",
-        p.public,
-        conn_token(p, sub)
-    );
-    let (mut ws, _) = tungstenite::connect(url).expect("ws connect");
-    set_timeout(&mut ws, Duration::from_secs(10));
-    assert_eq!(next_json(&mut ws)["user_id"], sub);
-    ws
-}
-
-fn upgrade_status(node: &Node, p: &Project, sub: &str) -> u16 {
-    let req = format!(
-        "GET /api/v1/ws?key={}&token={} HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
-        p.public,
-        conn_token(p, sub)
-    );
-    parse_response(&node.raw(req.as_bytes())).0
 }
 
 fn post(node: &Node, path: &str, key: &str, body: &str) -> (u16, Value) {
@@ -90,13 +60,16 @@ fn disconnect_block_and_unsubscribe_reach_every_node() {
         json!({"type": "unsubscribed", "channel": "news", "reason": "server"})
     );
 
-    // Disconnect asked on A closes ann on both nodes; bob stays.
+    // Disconnect asked on A closes ann on both nodes, her Pusher connection on B too
+    // (4009: pusher-js does not reconnect); bob stays.
+    let mut ann_pusher_b = pusher_as(b.addr, &p, "ann");
     assert_eq!(
         post(&a, "/api/v1/users/ann/disconnect", &p.secret, "").0,
         202
     );
     assert_eq!(close_code(&mut ann_a), Some(4010));
     assert_eq!(close_code(&mut ann_b), Some(4010));
+    assert_eq!(close_code(&mut ann_pusher_b), Some(4009));
     let (st, _, _) = a.publish(&p.secret, "news", json!({"n": 1}));
     assert_eq!(st, 202);
     let v = next_json(&mut bob_b);
@@ -110,13 +83,13 @@ fn disconnect_block_and_unsubscribe_reach_every_node() {
     let body = format!(r#"{{"until":{until}}}"#);
     assert_eq!(post(&b, "/api/v1/users/ann/block", &p.secret, &body).0, 202);
     assert_eq!(close_code(&mut ann_a), Some(4010));
-    assert_eq!(upgrade_status(&b, &p, "ann"), 401);
+    assert_eq!(upgrade_status(b.addr, &p, "ann"), 401);
     support::wait_for("the block to reach A", || {
-        upgrade_status(&a, &p, "ann") == 401
+        upgrade_status(a.addr, &p, "ann") == 401
     });
     assert_eq!(show(&a, &p, "ann")["blocked_until"], until);
     support::wait_for("the block to end", || {
-        upgrade_status(&a, &p, "ann") == 101 && upgrade_status(&b, &p, "ann") == 101
+        upgrade_status(a.addr, &p, "ann") == 101 && upgrade_status(b.addr, &p, "ann") == 101
     });
 
     // The CLI on the same Redis: a disconnect and a block reach both nodes.
@@ -128,7 +101,7 @@ fn disconnect_block_and_unsubscribe_reach_every_node() {
     let v = support::cli(&redis, &["user", "block", &p.id, "ann"]);
     assert_eq!(v["blocked"], true);
     support::wait_for("the CLI's block on both", || {
-        upgrade_status(&a, &p, "ann") == 401 && upgrade_status(&b, &p, "ann") == 401
+        upgrade_status(a.addr, &p, "ann") == 401 && upgrade_status(b.addr, &p, "ann") == 401
     });
     // Lifted on A over REST: both accept again.
     let lift = format!(
@@ -137,7 +110,7 @@ fn disconnect_block_and_unsubscribe_reach_every_node() {
     );
     assert_eq!(parse_response(&a.raw(lift.as_bytes())).0, 202);
     support::wait_for("the lift on both", || {
-        upgrade_status(&a, &p, "ann") == 101 && upgrade_status(&b, &p, "ann") == 101
+        upgrade_status(a.addr, &p, "ann") == 101 && upgrade_status(b.addr, &p, "ann") == 101
     });
     // bob never noticed.
     let (st, _, _) = b.publish(&p.secret, "news", json!({"n": 2}));

@@ -4,6 +4,7 @@
 //! here. Cluster mode (a real Redis, two nodes): `users_cluster.rs`.
 
 mod common;
+use common::users::{native_as, pusher_as, upgrade_status};
 
 use std::time::Duration;
 
@@ -451,57 +452,6 @@ fn pusher_terminate_connections_statuses() {
     assert_eq!(code(&v), "pusher_disabled", "{v}");
 }
 
-/// A connection token for `sub`, valid ten minutes.
-fn conn_token(p: &Project, sub: &str) -> String {
-    common::hs256(
-        &p.token_secret,
-        json!({"sub": sub, "exp": unix_now() + 600}),
-    )
-}
-
-/// A native connection of `sub` (through a connection token) to `addr`.
-fn native_as(addr: std::net::SocketAddr, p: &Project, sub: &str) -> common::Ws {
-    let url = format!(
-        "ws://{addr}/api/v1/ws?key={}&token={}",
-        p.public,
-        conn_token(p, sub)
-    );
-    let (mut ws, _) = tungstenite::connect(url).expect("ws connect");
-    common::set_timeout(&mut ws, Duration::from_secs(10));
-    let hello = common::next_json(&mut ws);
-    assert_eq!(hello["user_id"], sub, "{hello}");
-    ws
-}
-
-/// The upgrade status of `sub`'s connection token at `addr`.
-fn upgrade_status(s: &Server, p: &Project, sub: &str) -> u16 {
-    let req = format!(
-        "GET /api/v1/ws?key={}&token={} HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
-        p.public,
-        conn_token(p, sub)
-    );
-    let resp = s.raw(req.as_bytes());
-    parse_response(&resp).0
-}
-
-/// A Pusher connection signed in as `sub`.
-fn pusher_as(s: &Server, p: &Project, sub: &str) -> common::Ws {
-    let url = format!(
-        "ws://{}/app/{}?protocol=7&client=js&version=8.4.0",
-        s.addr, p.public
-    );
-    let (mut ws, socket_id) = common::pusher_connect(&url);
-    let user_data = json!({"id": sub}).to_string();
-    let sig = hmac_hex(&p.token_secret, &format!("{socket_id}::user::{user_data}"));
-    common::send_json(
-        &mut ws,
-        json!({"event": "pusher:signin", "data": {"user_data": user_data, "auth": format!("{}:{sig}", p.public)}}),
-    );
-    let ok = common::next_json(&mut ws);
-    assert_eq!(ok["event"], "pusher:signin_success", "{ok}");
-    ws
-}
-
 /// The next frame is a message of `channel`.
 fn expect_message(ws: &mut common::Ws, channel: &str) {
     let v = common::next_json(ws);
@@ -518,7 +468,7 @@ fn disconnect_unsubscribe_and_block_reach_the_users_connections() {
     let p = s.test_project("ends");
     let mut ann1 = native_as(s.addr, &p, "ann");
     let mut ann2 = native_as(s.addr, &p, "ann");
-    let mut ann_pusher = pusher_as(&s, &p, "ann");
+    let mut ann_pusher = pusher_as(s.addr, &p, "ann");
     let mut bob = native_as(s.addr, &p, "bob");
     let mut anon = s.ws(&p.public);
     wait_for(Duration::from_secs(5), "three connections of ann", || {
@@ -573,10 +523,10 @@ fn disconnect_unsubscribe_and_block_reach_the_users_connections() {
         202
     );
     assert_eq!(common::close_code(&mut ann), Some(4010));
-    assert_eq!(upgrade_status(&s, &p, "ann"), 401);
-    assert_eq!(upgrade_status(&s, &p, "bob"), 101);
+    assert_eq!(upgrade_status(s.addr, &p, "ann"), 401);
+    assert_eq!(upgrade_status(s.addr, &p, "bob"), 101);
     wait_for(Duration::from_secs(10), "the block to end", || {
-        upgrade_status(&s, &p, "ann") == 101
+        upgrade_status(s.addr, &p, "ann") == 101
     });
     assert!(unix_now() >= until);
 
@@ -590,13 +540,13 @@ fn disconnect_unsubscribe_and_block_reach_the_users_connections() {
     wait_for(
         Duration::from_secs(5),
         "the block to reach the server",
-        || upgrade_status(&s, &p, "carol") == 401,
+        || upgrade_status(s.addr, &p, "carol") == 401,
     );
     cli(&s.data_dir, &["user", "unblock", &p.id, "carol"]);
     wait_for(
         Duration::from_secs(5),
         "the lift to reach the server",
-        || upgrade_status(&s, &p, "carol") == 101,
+        || upgrade_status(s.addr, &p, "carol") == 101,
     );
     // bob and the anonymous connection never noticed.
     assert_eq!(s.publish(&p.secret, "news", "e", json!({"n": 3})).0, 202);

@@ -4,49 +4,18 @@
 //! the server's.
 
 mod common;
+use common::users::{conn_token, connect_as, pusher_as, signin, upgrade_answer, ws_url};
 use common::Project;
 
 use std::time::Duration;
 
 use common::{
-    close_code, expect_silence, hs256, next_json, parse_response, send_json, set_timeout, unix_now,
-    Server, Ws,
+    close_code, expect_silence, hs256, next_json, parse_response, send_json, unix_now, Server,
 };
 use serde_json::{json, Value};
 
-/// A connection token for `sub`, valid `secs` seconds.
-fn conn_token(p: &Project, sub: &str, secs: u64) -> String {
-    hs256(
-        &p.token_secret,
-        json!({"sub": sub, "exp": unix_now() + secs}),
-    )
-}
-
-fn ws_url(s: &Server, p: &Project, token: &str) -> String {
-    format!("ws://{}/api/v1/ws?key={}&token={token}", s.addr, p.public)
-}
-
-/// Connect with a connection token; returns the socket and its `connected` frame.
-fn connect_as(s: &Server, p: &Project, token: &str) -> (Ws, Value) {
-    let (mut ws, _) = tungstenite::connect(ws_url(s, p, token)).expect("ws connect");
-    set_timeout(&mut ws, Duration::from_secs(15));
-    let hello = next_json(&mut ws);
-    assert_eq!(hello["type"], "connected", "{hello}");
-    (ws, hello)
-}
-
-/// The upgrade's answer for `token` on a raw connection: status and JSON body.
-fn upgrade_answer(s: &Server, p: &Project, token: &str) -> (u16, Value) {
-    let req = format!(
-        "GET /api/v1/ws?key={}&token={token} HTTP/1.1\r\nHost: t\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
-        p.public
-    );
-    let (status, _, body) = parse_response(&s.raw(req.as_bytes()));
-    (status, body)
-}
-
 fn expect_invalid_token(s: &Server, p: &Project, token: &str, why: &str) {
-    let (status, body) = upgrade_answer(s, p, token);
+    let (status, body) = upgrade_answer(s.addr, p, token);
     assert_eq!(status, 401, "{why}: {body}");
     assert_eq!(body["error"]["code"], "invalid_token", "{why}: {body}");
 }
@@ -57,10 +26,10 @@ fn connection_tokens_are_checked_at_the_upgrade() {
     let p = s.test_project("users-a");
     let other = s.test_project("users-b");
 
-    let (mut ws, hello) = connect_as(&s, &p, &conn_token(&p, "ann", 600));
+    let (mut ws, hello) = connect_as(s.addr, &p, &conn_token(&p, "ann", 600));
     assert_eq!(hello["user_id"], "ann", "{hello}");
     // An empty token is no token: anonymous, as without one (no user_id).
-    let (_, hello) = connect_as(&s, &p, "");
+    let (_, hello) = connect_as(s.addr, &p, "");
     assert!(hello.get("user_id").is_none(), "{hello}");
 
     let now = unix_now();
@@ -85,7 +54,7 @@ fn connection_tokens_are_checked_at_the_upgrade() {
     expect_invalid_token(&s, &p, "not.a.jwt", "garbage");
 
     // 200 characters is still a user.
-    let (_, hello) = connect_as(&s, &p, &conn_token(&p, &"u".repeat(200), 600));
+    let (_, hello) = connect_as(s.addr, &p, &conn_token(&p, &"u".repeat(200), 600));
     assert_eq!(hello["user_id"].as_str().map(str::len), Some(200));
     // The first connection is unaffected by all of it.
     send_json(&mut ws, json!({"type": "ping"}));
@@ -97,8 +66,8 @@ fn a_refresh_keeps_the_connection_and_without_one_it_closes_with_4011() {
     let s = Server::start();
     let p = s.test_project("users-refresh");
     // Both tokens end in 2 s: the deadline is exp + 5 s.
-    let (mut late, _) = connect_as(&s, &p, &conn_token(&p, "ann", 2));
-    let (mut kept, _) = connect_as(&s, &p, &conn_token(&p, "bob", 2));
+    let (mut late, _) = connect_as(s.addr, &p, &conn_token(&p, "ann", 2));
+    let (mut kept, _) = connect_as(s.addr, &p, &conn_token(&p, "bob", 2));
 
     // Another user's token is refused, and does not move anything.
     send_json(
@@ -149,7 +118,7 @@ fn channel_tokens_belong_to_the_connections_user_and_presence_takes_it() {
         &p.token_secret,
         json!({"sub": "ann", "exp": unix_now() + 600, "info": {"name": "Ann"}}),
     );
-    let (mut ann, _) = connect_as(&s, &p, &token);
+    let (mut ann, _) = connect_as(s.addr, &p, &token);
 
     let bobs = common::channel_token(&p.token_secret, "private-a", "bob");
     send_json(
@@ -197,16 +166,6 @@ fn channel_tokens_belong_to_the_connections_user_and_presence_takes_it() {
     );
     assert_eq!(next_json(&mut anon)["code"], "forbidden");
     expect_silence(&mut ann, Duration::from_millis(200));
-}
-
-/// `pusher:signin` as pusher-js sends it, signed as Pusher's server SDKs sign it.
-fn signin(ws: &mut Ws, p: &Project, socket_id: &str, user_data: &str, secret: &str) -> Value {
-    let sig = common::sign::hmac_hex(secret, &format!("{socket_id}::user::{user_data}"));
-    send_json(
-        ws,
-        json!({"event": "pusher:signin", "data": {"user_data": user_data, "auth": format!("{}:{sig}", p.public)}}),
-    );
-    next_json(ws)
 }
 
 #[test]
@@ -262,13 +221,13 @@ fn with_require_user_on_an_upgrade_needs_a_valid_connection_token() {
         "require_user to reach the server",
         refused,
     );
-    let (status, body) = upgrade_answer(&s, &p, "");
+    let (status, body) = upgrade_answer(s.addr, &p, "");
     assert_eq!(
         (status, &body["error"]["code"]),
         (401, &json!("invalid_token"))
     );
     expect_invalid_token(&s, &p, "not.a.jwt", "garbage");
-    let (_, hello) = connect_as(&s, &p, &conn_token(&p, "ann", 600));
+    let (_, hello) = connect_as(s.addr, &p, &conn_token(&p, "ann", 600));
     assert_eq!(hello["user_id"], "ann");
     // Pusher connections have no connection token: not affected (they sign in).
     let url = format!("ws://{}/app/{}?protocol=7", s.addr, p.public);
@@ -296,16 +255,6 @@ fn rest(s: &Server, method: &str, path: &str, p: &Project, body: &str) -> (u16, 
     (status, v)
 }
 
-/// A Pusher connection signed in as `user`.
-fn pusher_as(s: &Server, p: &Project, user: &str) -> Ws {
-    let url = format!("ws://{}/app/{}?protocol=7", s.addr, p.public);
-    let (mut ws, socket_id) = common::pusher_connect(&url);
-    let data = json!({ "id": user }).to_string();
-    let ok = signin(&mut ws, p, &socket_id, &data, &p.token_secret);
-    assert_eq!(ok["event"], "pusher:signin_success", "{ok}");
-    ws
-}
-
 fn connections(s: &Server, p: &Project, user: &str) -> u64 {
     let (status, v) = s.get_json(&p.secret, &format!("/api/v1/users/{user}"));
     assert_eq!(status, 200, "{v}");
@@ -316,10 +265,10 @@ fn connections(s: &Server, p: &Project, user: &str) -> u64 {
 fn a_disconnect_closes_the_users_connections_with_4010_and_pushers_with_4009() {
     let s = Server::start_with(common::Options::default().workers(2));
     let p = s.test_project("users-disconnect");
-    let (mut a1, _) = connect_as(&s, &p, &conn_token(&p, "ann", 600));
-    let (mut a2, _) = connect_as(&s, &p, &conn_token(&p, "ann", 600));
-    let (mut bob, _) = connect_as(&s, &p, &conn_token(&p, "bob", 600));
-    let mut pa = pusher_as(&s, &p, "ann");
+    let (mut a1, _) = connect_as(s.addr, &p, &conn_token(&p, "ann", 600));
+    let (mut a2, _) = connect_as(s.addr, &p, &conn_token(&p, "ann", 600));
+    let (mut bob, _) = connect_as(s.addr, &p, &conn_token(&p, "bob", 600));
+    let mut pa = pusher_as(s.addr, &p, "ann");
     assert_eq!(connections(&s, &p, "ann"), 3);
     assert_eq!(connections(&s, &p, "bob"), 1);
 
@@ -350,10 +299,10 @@ fn a_disconnect_closes_the_users_connections_with_4010_and_pushers_with_4009() {
 fn a_server_unsubscribe_says_reason_server_and_the_channel_can_be_taken_again() {
     let s = Server::start();
     let p = s.test_project("users-unsub");
-    let (mut ann, _) = connect_as(&s, &p, &conn_token(&p, "ann", 600));
+    let (mut ann, _) = connect_as(s.addr, &p, &conn_token(&p, "ann", 600));
     common::subscribe(&mut ann, "news");
     common::subscribe(&mut ann, "sentinel");
-    let mut pa = pusher_as(&s, &p, "ann");
+    let mut pa = pusher_as(s.addr, &p, "ann");
     send_json(
         &mut pa,
         json!({"event": "pusher:subscribe", "data": {"channel": "news"}}),
@@ -412,7 +361,7 @@ fn a_server_unsubscribe_says_reason_server_and_the_channel_can_be_taken_again() 
 fn a_blocked_user_is_refused_everywhere_until_the_block_is_lifted() {
     let s = Server::start();
     let p = s.test_project("users-block");
-    let (mut ann, _) = connect_as(&s, &p, &conn_token(&p, "ann", 600));
+    let (mut ann, _) = connect_as(s.addr, &p, &conn_token(&p, "ann", 600));
     let (status, v) = rest(
         &s,
         "POST",
@@ -426,9 +375,9 @@ fn a_blocked_user_is_refused_everywhere_until_the_block_is_lifted() {
     common::wait_for(
         Duration::from_secs(3),
         "the block to reach the server",
-        || upgrade_answer(&s, &p, &token).0 == 401,
+        || upgrade_answer(s.addr, &p, &token).0 == 401,
     );
-    let (_, body) = upgrade_answer(&s, &p, &token);
+    let (_, body) = upgrade_answer(s.addr, &p, &token);
     assert_eq!(body["error"]["code"], "invalid_token", "{body}");
     // A channel token naming ann, on an anonymous connection.
     let mut anon = s.ws(&p.public);
@@ -458,7 +407,7 @@ fn a_blocked_user_is_refused_everywhere_until_the_block_is_lifted() {
     let refused = next_json(&mut pws);
     assert_eq!(refused["event"], "pusher:subscription_error", "{refused}");
     // Others are not blocked.
-    let (_, hello) = connect_as(&s, &p, &conn_token(&p, "bob", 600));
+    let (_, hello) = connect_as(s.addr, &p, &conn_token(&p, "bob", 600));
     assert_eq!(hello["user_id"], "bob");
 
     let (status, v) = rest(&s, "DELETE", "/api/v1/users/ann/block", &p, "");
@@ -471,13 +420,13 @@ fn a_blocked_user_is_refused_everywhere_until_the_block_is_lifted() {
         "the unblock to reach the server",
         || upgrade_answer_is_101(&s, &p, &token),
     );
-    let (_, hello) = connect_as(&s, &p, &token);
+    let (_, hello) = connect_as(s.addr, &p, &token);
     assert_eq!(hello["user_id"], "ann");
 }
 
 /// Whether an upgrade with `token` is accepted (the socket is dropped at once).
 fn upgrade_answer_is_101(s: &Server, p: &Project, token: &str) -> bool {
-    tungstenite::connect(ws_url(s, p, token)).is_ok()
+    tungstenite::connect(ws_url(s.addr, p, token)).is_ok()
 }
 
 /// Open a raw WebSocket with `query` and read its 101 and its `connected` frame.

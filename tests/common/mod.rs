@@ -13,6 +13,7 @@
 pub mod cluster;
 pub mod metrics;
 pub mod sign;
+pub mod users;
 mod ws;
 
 pub use ws::*;
