@@ -124,7 +124,9 @@ fn blocks_in_redis_expire_and_a_lost_store_answers_503() {
         return;
     };
     let cli = |args: &[&str]| support::cli(&redis, args);
-    let until = unix_now() + 2;
+    // Long enough for a loaded machine to run two CLI processes and a REST call before
+    // the block ends.
+    let until = unix_now() + 6;
     let v = cli(&[
         "user",
         "block",

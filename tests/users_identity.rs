@@ -42,6 +42,9 @@ fn connection_tokens_are_checked_at_the_upgrade() {
     expect_invalid_token(&s, &p, &no_sub, "no sub");
     let long = conn_token(&p, &"u".repeat(201), 600);
     expect_invalid_token(&s, &p, &long, "sub over 200 characters");
+    // A user the REST calls could not name (a control character) is never let in.
+    let control = conn_token(&p, "a\nb", 600);
+    expect_invalid_token(&s, &p, &control, "sub with a control character");
     let big = hs256(
         &p.token_secret,
         json!({"sub": "ann", "exp": now + 600, "info": {"x": "y".repeat(1100)}}),
@@ -199,6 +202,14 @@ fn pusher_signin_needs_pushers_signature_and_names_the_user() {
     // user_data without a string id.
     let no_id = signin(&mut ws, &p, &socket_id, r#"{"id":7}"#, &p.token_secret);
     assert_eq!(no_id["event"], "pusher:error", "{no_id}");
+    let control = signin(
+        &mut ws,
+        &p,
+        &socket_id,
+        r#"{"id":"a\u0007b"}"#,
+        &p.token_secret,
+    );
+    assert_eq!(control["event"], "pusher:error", "{control}");
     send_json(&mut ws, json!({"event": "pusher:ping", "data": {}}));
     assert_eq!(next_json(&mut ws)["event"], "pusher:pong");
 }

@@ -51,9 +51,10 @@ pub(super) fn parse(command: &UserCommand) -> Result<UserRequest, AdminError> {
             for_,
         } => {
             let until = match (until, for_) {
-                (Some(t), _) if *t < 0 => {
+                (Some(t), _) if !(0..=crate::project::users::MAX_UNTIL).contains(t) => {
                     return Err(AdminError::User(format!(
-                        "--until must be unix seconds (0 or more), not {t}"
+                        "--until must be unix seconds (0 to {}), not {t}",
+                        crate::project::users::MAX_UNTIL
                     )))
                 }
                 (Some(t), _) => Some(*t),

@@ -97,9 +97,6 @@ impl ProjectState {
     /// Whether `user` is blocked at `now_s` (unix seconds): the connect path's check
     /// for connection tokens, channel tokens and Pusher sign-ins with that `sub`. A
     /// project without blocks answers after one atomic load, allocating nothing.
-    // Called by the connect path (connection tokens, channel tokens, Pusher sign-in),
-    // the other half of issue 25.
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn user_blocked(&self, user: &str, now_s: u64) -> bool {
         let blocks = self.blocks.load();
         let Some(blocks) = blocks.as_ref() else {

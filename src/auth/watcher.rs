@@ -102,25 +102,32 @@ impl Watcher {
     }
 
     fn refresh(&mut self) -> Result<bool, StoreError> {
-        if self.on_end.is_some() {
-            self.apply_ends()?;
-        }
+        // End records are read before the snapshot and applied after it: a block is
+        // written before its end record, so an end read here has its block in the
+        // snapshot loaded next, and a connection closed by it cannot come back in
+        // through the old snapshot. The cursor moves only once both worked.
+        let ends = match self.on_end {
+            Some(_) => Some(self.store.user_ends_after(self.end_cursor)?),
+            None => None,
+        };
         let token = self.store.change_token()?;
-        if self.last_token == Some(token) {
-            return Ok(false);
+        let changed = self.last_token != Some(token);
+        if changed {
+            let contents = self.store.load_all()?;
+            let _unopened = self.cache.rebuild(contents);
+            self.last_token = Some(token);
+            (self.on_change)();
         }
-        let contents = self.store.load_all()?;
-        let _unopened = self.cache.rebuild(contents);
-        self.last_token = Some(token);
-        (self.on_change)();
-        Ok(true)
+        if let Some((ends, next)) = ends {
+            self.end_cursor = Some(next);
+            self.apply_ends(&ends);
+        }
+        Ok(changed)
     }
 
-    fn apply_ends(&mut self) -> Result<(), StoreError> {
-        let (ends, next) = self.store.user_ends_after(self.end_cursor)?;
-        self.end_cursor = Some(next);
+    fn apply_ends(&self, ends: &[UserEndRecord]) {
         let Some(on_end) = &self.on_end else {
-            return Ok(());
+            return;
         };
         let oldest = crate::store::unix_now() - END_MAX_AGE_S;
         let origin = process_origin();
@@ -130,7 +137,6 @@ impl Watcher {
         {
             on_end(end);
         }
-        Ok(())
     }
 
     /// Run [`Watcher::poll`] every `interval` on a new thread until `stop` is set, and
@@ -556,5 +562,60 @@ mod tests {
         up.store(true, Ordering::SeqCst);
         assert!(!watcher.poll().unwrap());
         assert!(db_ok.load(Ordering::Acquire));
+    }
+    // Another process's block (the block, then its end record, as the REST block and
+    // the CLI write them): when its end is applied here (the connections closed), the
+    // block is already in this node's snapshot, so a client reconnecting at once is
+    // refused.
+    #[test]
+    fn an_end_is_applied_after_its_block_is_in_the_snapshot() {
+        use crate::project::UserBlockRecord;
+        let dir = tempfile::tempdir().unwrap();
+        let mut admin = SqliteStore::open(dir.path()).unwrap();
+        let (project, ..) = admin
+            .create_project(
+                "p",
+                RateLimit::parse("10/s").unwrap(),
+                crate::history::HistorySpec::OFF,
+                &crate::sealed::MasterKey::random(),
+            )
+            .unwrap();
+        let cache = KeyCache::new();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::<bool>::new()));
+        let (seen2, cache2, id2) = (Arc::clone(&seen), Arc::clone(&cache), project.id.clone());
+        let mut watcher = Watcher::new(
+            Box::new(SqliteStore::open(dir.path()).unwrap()),
+            Arc::clone(&cache),
+            Box::new(|| {}),
+            Arc::new(AtomicBool::new(true)),
+        )
+        .with_ends(Box::new(move |e| {
+            let snap = cache2.load();
+            let blocked = snap.project(&id2).unwrap().user_blocked(&e.user_id, 0);
+            seen2.lock().unwrap().push(blocked);
+        }));
+        watcher.poll().unwrap();
+        admin
+            .block_user(
+                &UserBlockRecord {
+                    project_id: project.id.clone(),
+                    user_id: "u1".into(),
+                    until: None,
+                },
+                10,
+            )
+            .unwrap();
+        admin
+            .add_user_end(&UserEndRecord {
+                seq: 0,
+                project_id: project.id.clone(),
+                user_id: "u1".into(),
+                channel: None,
+                origin: 0,
+                created_at: crate::store::unix_now(),
+            })
+            .unwrap();
+        watcher.poll().unwrap();
+        assert_eq!(*seen.lock().unwrap(), vec![true]);
     }
 }

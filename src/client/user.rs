@@ -19,7 +19,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use crate::auth::pusher::check_user_auth;
-use crate::auth::token::{TokenRefusal, CONNECTION, MAX_CONNECTION_USER_CHARS};
+use crate::auth::token::{TokenRefusal, CONNECTION};
 use crate::auth::ProjectState;
 use crate::shard::users::UserConn;
 
@@ -135,8 +135,11 @@ fn user_of(user_data: &str) -> Result<(String, Option<Box<str>>), ClientError> {
         Some(serde_json::Value::String(s)) => s,
         _ => return Err(bad("user_data needs an id (a string)")),
     };
-    if !(1..=MAX_CONNECTION_USER_CHARS).contains(&id.chars().count()) {
-        return Err(bad("the user id must be 1 to 200 characters"));
+    // The ids the REST calls that end a user's access take (no control character).
+    if !crate::project::users::valid_user_id(&id) {
+        return Err(bad(
+            "the user id must be 1 to 200 characters, no control characters",
+        ));
     }
     let info = match fields.remove("user_info") {
         Some(v @ serde_json::Value::Object(_)) => {

@@ -271,8 +271,10 @@ pub(crate) async fn serve<S: Transport>(
     }
     loop {
         let upgrade = conn.serve_buffered(&svc);
-        if svc.shard.has_mail() {
-            // Busy workers must drain their mailbox themselves (see `Shard::drain`).
+        if upgrade.is_none() && svc.shard.has_mail() {
+            // Busy workers must drain their mailbox themselves (see `Shard::drain`). Not
+            // between an upgrade's checks and its registration: an envelope drained there
+            // (a user's disconnect, a key revoked) would miss the new connection.
             svc.shard.drain();
         }
         if let Some(u) = upgrade {

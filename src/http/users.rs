@@ -33,7 +33,7 @@ use crate::apikey::KeyKind;
 use crate::auth::ProjectState;
 use crate::cluster::users::{connections_here, end_here, End};
 use crate::error::Unavailable;
-use crate::project::users::{process_origin, valid_user_id};
+use crate::project::users::{process_origin, valid_user_id, MAX_UNTIL};
 use crate::project::{UserBlockRecord, UserEndRecord};
 use crate::quota::now_ns;
 use crate::reply::reply;
@@ -166,10 +166,6 @@ pub(crate) fn handle_unsubscribe(
         Some(channel),
     )
 }
-
-/// Latest `until` accepted: the last second of year 9999 (a block meant for ever is
-/// `null`; a bound keeps every store's integer and every client's date type safe).
-const MAX_UNTIL: i64 = 253_402_300_799;
 
 /// `until` as unix seconds: an integer, or a number with no fraction (JSON does not tell
 /// `5` from `5.0` apart), from 0 to [`MAX_UNTIL`].

@@ -37,6 +37,10 @@ pub(crate) fn process_origin() -> u64 {
 
 /// Whether `user` is a user id the contract allows: 1 to 200 characters, no control
 /// characters (it is printed in logs, terminals and JSON).
+/// The latest `until` a block takes (the last second of the year 9999: every client
+/// language represents it exactly; REST and the CLI both refuse later ones).
+pub(crate) const MAX_UNTIL: i64 = 253_402_300_799;
+
 pub(crate) fn valid_user_id(user: &str) -> bool {
     !user.is_empty()
         && user.chars().count() <= MAX_USER_ID_CHARS

@@ -9,7 +9,8 @@
 //! Invariants: a block or lift is one Lua script (drop the project's expired blocks,
 //! check the bound, write, bump `version`), so two writers cannot both pass the bound
 //! and every node reloads; an end record does not bump `version` (nodes read it by
-//! `seq`, see [`crate::auth::watcher`]).
+//! `seq`, see [`crate::auth::watcher`]), and takes its `seq` in the same script that
+//! adds it, so records become visible in `seq` order and no reader skips one.
 
 use std::collections::HashMap;
 
@@ -56,6 +57,18 @@ redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('INCR', KEYS[2])
 return 1
 ";
+
+/// KEYS: the end counter, the end records' sorted set. ARGV: the record's JSON after its
+/// opening `{"seq":0,`, the rank below which older records are trimmed. The `seq` is
+/// taken and the record added in one step: with an INCR and a ZADD apart, a reader
+/// could see a later `seq` before an earlier one was added, move its cursor past it
+/// and never read it. Returns the `seq`.
+const ADD_END: &str = r#"
+local seq = redis.call('INCR', KEYS[1])
+redis.call('ZADD', KEYS[2], seq, '{"seq":' .. seq .. ',' .. ARGV[1])
+redis.call('ZREMRANGEBYRANK', KEYS[2], 0, tonumber(ARGV[2]))
+return seq
+"#;
 
 /// KEYS: blocks hash, version. ARGV: user, now. Returns whether a block was in force.
 const UNBLOCK: &str = r"
@@ -191,9 +204,10 @@ impl RedisStore {
     }
 
     pub(super) fn add_user_end_(&mut self, end: &UserEndRecord) -> Result<(), StoreError> {
-        let seq: u64 = self.with(|c| redis::cmd("INCR").arg(k("user_end_seq")).query(c))?;
+        // The record without its `seq`: the script takes the next one and writes it in
+        // front, in the same step as the ZADD (see ADD_END).
         let json = serde_json::to_string(&StoredEnd {
-            seq,
+            seq: 0,
             project_id: end.project_id.clone(),
             user_id: end.user_id.clone(),
             channel: end.channel.clone(),
@@ -201,19 +215,19 @@ impl RedisStore {
             created_at: end.created_at,
         })
         .map_err(|e| StoreError::Corrupt(format!("cannot encode end record: {e}")))?;
+        let rest = json
+            .strip_prefix("{\"seq\":0,")
+            .ok_or_else(|| StoreError::Corrupt("end record encoding".into()))?;
         // Keep the newest MAX_STORED_ENDS: ranks 0 .. -(MAX + 1) are the older ones.
         let oldest_kept = -(i64::try_from(MAX_STORED_ENDS).unwrap_or(i64::MAX)) - 1;
         self.with(|c| {
-            redis::pipe()
-                .atomic()
-                .zadd(k("user_ends"), json, seq)
-                .ignore()
-                .cmd("ZREMRANGEBYRANK")
-                .arg(k("user_ends"))
-                .arg(0)
+            redis::Script::new(ADD_END)
+                .key(k("user_end_seq"))
+                .key(k("user_ends"))
+                .arg(rest)
                 .arg(oldest_kept)
-                .ignore()
-                .query::<()>(c)
+                .invoke::<i64>(c)
+                .map(drop)
         })
     }
 
