@@ -100,6 +100,9 @@ hold_phase() {
     "$m0 $m1 $cpu0 $cpu1 $rcpu0 $rcpu1 $t0 $t_stop $t1" "$settled" "$load_before" "$(cut -d' ' -f1-3 /proc/loadavg)" \
     "$HOLD $COMMON_RATE $OWN_RATE $DRAIN" <<'PY'
 import glob, json, sys
+sys.dont_write_bytecode = True  # no __pycache__ in the tree
+sys.path.insert(0, "loadtest")
+import latency_merge
 tmp, adm, nodes, hz, results, want = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], int(sys.argv[6])
 ints = lambda x: [int(float(v)) for v in x.split()]
 held, fds, rss0, rss1, rss_end = (ints(a) for a in sys.argv[7:12])
@@ -110,26 +113,7 @@ gens = [json.loads(l) for f in sorted(glob.glob(tmp + "/gen-*.json")) for l in o
 pub = [json.loads(l) for l in open(tmp + "/pub.json") if l.strip()]
 pub = pub[0] if pub else {}
 s = lambda k: sum(g.get(k, 0) for g in gens)
-# Every generator's histogram has the same buckets (loadtest/src/storm/latency.rs):
-# adding counts per bucket value is the exact merge.
-buckets = {}
-for g in gens:
-    for v, c in g.get("latency", {}).get("buckets", []):
-        buckets[v] = buckets.get(v, 0) + c
-count = sum(buckets.values())
-vals = sorted(buckets)
-def q(p):
-    if not count:
-        return None
-    rank, cum = max(1, int(p * count + 0.5)), 0
-    for v in vals:
-        cum += buckets[v]
-        if cum >= rank:
-            return round(v / 1000, 1)
-    return round(vals[-1] / 1000, 1)
-latency = {"count": count, "p50_us": q(0.5), "p90_us": q(0.9), "p99_us": q(0.99), "p999_us": q(0.999),
-           "max_us": round(vals[-1] / 1000, 1) if vals else None,
-           "p99_us_per_generator": [g.get("latency", {}).get("p99_us") for g in gens]}
+latency = latency_merge.merge(gens)
 # Peak RSS per node over the publishing window (0.5 s samples).
 peak = {}
 for line in open(tmp + "/samples"):
@@ -184,7 +168,7 @@ print(f"scale (hold) admission={adm}/s: {out['connections_held']} of {want} conn
       f"RSS MiB per node {mib(rss0)} -> {mib(rss1)} ({out['rss_bytes_per_connection_all_nodes']} B per connection); "
       f"{pub.get('accepted')} publishes ({pub.get('accepted_common')} common); "
       f"lost {lost} ({out['lost_common']} common), duplicated {dups} of {expected} expected: ratio {out['delivery_ratio']}; "
-      f"latency p50/p99/p999/max ms {[None if x is None else round(x / 1000, 1) for x in (latency['p50_us'], latency['p99_us'], latency['p999_us'], latency['max_us'])]}; "
+      f"latency p50/p99/p999/max ms {latency_merge.ms(latency)}; "
       f"CPU {out['cpu_us_per_delivery_nodes_plus_redis']} us per delivery (redis {out['cpu_us_per_delivery_redis']}) "
       f"over {deliveries} deliveries in {t1 - t0} ms; load {load_before} -> {load_after}; ok={out['ok']}", file=sys.stderr)
 sys.exit(0 if out["ok"] else 1)

@@ -26,7 +26,9 @@
 # true/false, lost and duplicated messages (both must be 0), 1013 refusals seen by the
 # clients and the nodes' ringcast_upgrades_refused_total, peak upgrades/s that became
 # Ready per surviving node, peak CPU (% of one core, 0.5 s samples of /proc) and peak
-# RSS and fds per surviving node, and the machine's load average.
+# RSS and fds per surviving node, the machine's load average, and the publish->delivery
+# latency of live deliveries (a recovery's replay is not timed: `replayed_messages`),
+# merged over every generator's histogram (latency_merge.py).
 #
 # MODE=hold reports instead (one JSON line, "mode":"scale"): connections held per node
 # (the clients' status files, and the node's open fds); RSS per node before any client
@@ -256,6 +258,9 @@ run_one() {
   [ "$fail" = 0 ] || { echo "storm.sh: a generator or the publisher reported a failure" >&2; tail -n 3 "$TMP"/gen-*.err "$TMP/pub.err" >&2 || true; }
   python3 - "$TMP" "$MODE" "$adm" "$NODES" "$HZ" "[${events%,}]" "$load_before" "$(cut -d' ' -f1-3 /proc/loadavg)" "$fds0" "$refused" "$RESULTS" "$BALANCE" <<'PY'
 import glob, json, sys
+sys.dont_write_bytecode = True  # no __pycache__ in the tree
+sys.path.insert(0, "loadtest")
+import latency_merge
 tmp, mode, adm, nodes, hz = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 results, balance = sys.argv[11], sys.argv[12]
 events = json.loads(sys.argv[6]); load_before, load_after = sys.argv[7], sys.argv[8]
@@ -315,6 +320,8 @@ out = {
     "back_ms_p50_max": max((g["back_ms"]["p50"] or 0 for g in gens), default=None),
     "back_ms_p99_max": max((g["back_ms"]["p99"] or 0 for g in gens), default=None),
     "publisher": {k: pub.get(k) for k in ("publishes", "accepted", "retries", "replayed", "failed", "publisher_duplicate_offsets", "statuses")},
+    # Publish->delivery of live deliveries only (a recovery's replay is not timed).
+    "latency": latency_merge.merge(gens), "replayed_messages": s("replayed_messages"),
     "load_before": load_before, "load_after": load_after,
     "ok": all(g.get("ok") for g in gens) and bool(pub.get("ok")) and lost == 0 and dups == 0
           and rec_f == 0 and all(e["back_ok"] for e in events),
@@ -328,7 +335,7 @@ print(f"storm {mode} admission={adm}/s: {out['clients']} clients, {out['clients_
       f"(metric {sum(refused_metric)}); peak Ready upgrades/s per survivor {list(peak_ups.values())}; "
       f"peak CPU % {[p['cpu_pct'] for p in peak.values()]}; peak RSS MiB {[round(p['rss_bytes'] / 2**20) for p in peak.values()]}; "
       f"peak fds {[p['fds'] for p in peak.values()]}; publisher {pub.get('accepted')} accepted, {pub.get('retries')} retries, "
-      f"{pub.get('replayed')} replayed; load {load_before} -> {load_after}; ok={out['ok']}", file=sys.stderr)
+      f"{pub.get('replayed')} replayed; latency p50/p99/p999/max ms {latency_merge.ms(out['latency'])}; load {load_before} -> {load_after}; ok={out['ok']}", file=sys.stderr)
 PY
   finish_run
 }
