@@ -84,6 +84,7 @@ case "$BALANCE" in leastconn | roundrobin) ;; *) echo "storm.sh: BALANCE is leas
 case "$MODE" in kill | term | rolling | hold) ;; *) echo "storm.sh: MODE is kill, term, rolling or hold" >&2; exit 1 ;; esac
 [ -x "$RC" ] || { echo "storm.sh: no ringcast binary at $RC (cargo build --release, or RC_BIN)" >&2; exit 1; }
 [ -x "$LT" ] || { echo "storm.sh: no loadtest binary at $LT (cargo build --release -p loadtest, or LT_BIN)" >&2; exit 1; }
+[ "$MODE" != hold ] || [ "$DRAIN" -ge 3 ] || { echo "storm.sh: DRAIN must be at least 3 s (the window waits 1.5 s of quiet)" >&2; exit 1; }
 [ "$GEN_MAX" -lt 19000 ] || { echo "storm.sh: GEN_MAX must stay under 19,000 (open files)" >&2; exit 1; }
 HZ=$(getconf CLK_TCK)
 now_ms() { date +%s%3N; }

@@ -96,7 +96,10 @@ mod tests {
         assert_eq!(u64_field(m, "k"), Some(7));
         assert_eq!(u64_field(m, "offset"), Some(42));
         // A frame without a stamp (another publisher) has none.
-        assert_eq!(u64_field(br#"{"type":"message","data":{"k":1}}"#, "t"), None);
+        assert_eq!(
+            u64_field(br#"{"type":"message","data":{"k":1}}"#, "t"),
+            None
+        );
     }
 
     #[test]
