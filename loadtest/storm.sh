@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# storm.sh: the `storm` scenario of issue 26 and the rolling restart, by hand only
-# (never in CI). See RELIABILITY.md for the figures and the exact commands.
+# storm.sh: the `storm` scenario of issue 26 and the rolling restart, by hand only, and
+# (MODE=hold) the issue's `scale` scenario, which loadtest/scale.sh runs. See
+# RELIABILITY.md and BENCHMARKS.md for the figures and the exact commands.
 #
 # Per run: redis-server and NODES ringcast nodes in cluster mode (lib-cluster.sh), one
 # project with history (HISTORY, large enough to hold the whole gap), a fleet of
@@ -15,6 +16,8 @@
 #   MODE=term    the same with SIGTERM (1001 closes spread over drain_spread_s).
 #   MODE=rolling SIGTERM each node in turn, wait for it to exit, start it again at once
 #                (as a deploy does), wait until every client is back, next node.
+#   MODE=hold    no signal (issue 26's `scale`): the publisher publishes for HOLD s, then
+#                stops; the clients keep receiving DRAIN s. See "MODE=hold" below.
 # Each admission value in ADMISSIONS is one full run (fresh cluster), so "on" and
 # "off" are measured by the same invocation: ADMISSIONS="2000 0".
 #
@@ -23,14 +26,32 @@
 # true/false, lost and duplicated messages (both must be 0), 1013 refusals seen by the
 # clients and the nodes' ringcast_upgrades_refused_total, peak upgrades/s that became
 # Ready per surviving node, peak CPU (% of one core, 0.5 s samples of /proc) and peak
-# RSS and fds per surviving node, and the machine's load average.
+# RSS and fds per surviving node, the machine's load average, and the publish->delivery
+# latency of live deliveries (a recovery's replay is not timed: `replayed_messages`),
+# merged over every generator's histogram (latency_merge.py).
+#
+# MODE=hold reports instead (one JSON line, "mode":"scale"): connections held per node
+# (the clients' status files, and the node's open fds); RSS per node before any client
+# and once the fleet is connected (2 s after the last client was subscribed), and their
+# difference per connection; the same ledger (expected, lost, duplicated; delivery
+# ratio = 1 - lost/expected), split common/own; the publish->delivery latency merged
+# over every generator's histogram (p50/p90/p99/p999/max); and CPU µs per delivery: the
+# CPU ticks of every node plus redis-server over the publishing window, divided by the
+# messages the fleet received in that window. The window opens just before the
+# publisher starts (no publish before it) and closes once the fleet's message count
+# (status files, rewritten every 0.5 s) has not moved for 1.5 s after the publisher
+# stopped: it holds every delivery of the run and at most ~2 s of idle tail. Exit 1
+# unless ok (0 lost, 0 duplicated, every client held, every publish accepted).
 #
 # Usage:
 #   loadtest/storm.sh                                   # 3 nodes x 1,000 clients, kill
 #   NODES=5 VICTIM_CLIENTS=19800 OTHER_CLIENTS=14800 MODE=kill ADMISSIONS="2000 0" loadtest/storm.sh
 #   NODES=5 VICTIM_CLIENTS=14800 OTHER_CLIENTS=14800 MODE=rolling loadtest/storm.sh
+#   NODES=3 VICTIM_CLIENTS=300 OTHER_CLIENTS=300 MODE=hold HOLD=3 loadtest/storm.sh   # smoke
 # Environment: RC_BIN, LT_BIN (default target/release/...), NODES, VICTIM_CLIENTS,
-# OTHER_CLIENTS, GEN_MAX (9,900), MODE, ADMISSIONS ("2000 0"), COMMON_RATE (2),
+# OTHER_CLIENTS, GEN_MAX (9,900), MODE, ADMISSIONS ("2000 0"; hold: "2000", the
+# server's default, once), HOLD (hold: 20 s of publishing), DRAIN (hold: 10 s the
+# clients keep receiving after the publisher stopped; other modes 5), COMMON_RATE (2),
 # OWN_RATE (200), WARM (5 s of publishing before the signal), AFTER (5 s after all are
 # back), BACK_TIMEOUT (120 s), HISTORY (2000/600s), CONNECT_RATE (first connects/s per
 # generator, 800), BALANCE (leastconn: reconnects go to the node holding the fewest
@@ -45,7 +66,9 @@ VICTIM_CLIENTS="${VICTIM_CLIENTS:-1000}"
 OTHER_CLIENTS="${OTHER_CLIENTS:-1000}"
 GEN_MAX="${GEN_MAX:-9900}"
 MODE="${MODE:-kill}"
-ADMISSIONS="${ADMISSIONS:-2000 0}"
+if [ "$MODE" = hold ]; then ADMISSIONS="${ADMISSIONS:-2000}"; else ADMISSIONS="${ADMISSIONS:-2000 0}"; fi
+HOLD="${HOLD:-20}"
+DRAIN="${DRAIN:-10}"
 COMMON_RATE="${COMMON_RATE:-2}"
 OWN_RATE="${OWN_RATE:-200}"
 WARM="${WARM:-5}"
@@ -58,9 +81,10 @@ BASE_PORT="${BASE_PORT:-28500}"
 REDIS_PORT="${REDIS_PORT:-28499}"
 RESULTS="${RESULTS:-/dev/null}"
 case "$BALANCE" in leastconn | roundrobin) ;; *) echo "storm.sh: BALANCE is leastconn or roundrobin" >&2; exit 1 ;; esac
-case "$MODE" in kill | term | rolling) ;; *) echo "storm.sh: MODE is kill, term or rolling" >&2; exit 1 ;; esac
+case "$MODE" in kill | term | rolling | hold) ;; *) echo "storm.sh: MODE is kill, term, rolling or hold" >&2; exit 1 ;; esac
 [ -x "$RC" ] || { echo "storm.sh: no ringcast binary at $RC (cargo build --release, or RC_BIN)" >&2; exit 1; }
 [ -x "$LT" ] || { echo "storm.sh: no loadtest binary at $LT (cargo build --release -p loadtest, or LT_BIN)" >&2; exit 1; }
+[ "$MODE" != hold ] || [ "$DRAIN" -ge 3 ] || { echo "storm.sh: DRAIN must be at least 3 s (the window waits 1.5 s of quiet)" >&2; exit 1; }
 [ "$GEN_MAX" -lt 19000 ] || { echo "storm.sh: GEN_MAX must stay under 19,000 (open files)" >&2; exit 1; }
 HZ=$(getconf CLK_TCK)
 now_ms() { date +%s%3N; }
@@ -85,6 +109,7 @@ trap 'exit 130' INT TERM
 . loadtest/lib-cluster.sh
 
 # ready_total: "<ready> <total>" summed over every generator's status file.
+# (Each status file is `<ready> <total> <lost now> <messages received>`.)
 ready_total() {
   cat "$TMP"/status-* 2>/dev/null | awk '{r += $1; t += $2} END {print r + 0, t + 0}'
 }
@@ -117,16 +142,21 @@ run_one() {
     echo "${NODE_PIDS[i]}" >"$TMP/node$i.pid"
   done
   for i in $(seq 0 $((NODES - 1))); do cluster_wait_health "$i"; done
+  # Each node's RSS before any client (hold: the base of RSS per connection).
+  local rss0=""
+  for i in $(seq 0 $((NODES - 1))); do rss0="$rss0 $(rss_of "${NODE_PIDS[i]}")"; done
   local urls="" tag
   for i in $(seq 0 $((NODES - 1))); do urls="$urls,http://127.0.0.1:$((BASE_PORT + i))"; done
   urls="${urls#,}"
   tag="s$(date +%s)"
   local common=(--quiet --secret-key "$SK" --public-key "$PK" --tag "$tag" storm --nodes "$urls"
     --stop-file "$TMP/stop" --accepted-file "$TMP/accepted" --duration 3600)
+  if [ "$MODE" = hold ]; then common+=(--drain "$DRAIN"); fi
 
   # The fleet: per node, processes of at most GEN_MAX clients.
   local first=0 g=0 n per gens k
   GEN_PIDS=()
+  GEN_NODE=()
   for i in $(seq 0 $((NODES - 1))); do
     n=$OTHER_CLIENTS
     [ "$i" = 0 ] && n=$VICTIM_CLIENTS
@@ -137,6 +167,7 @@ run_one() {
         --first-client "$first" --home-node "$i" --connect-rate "$CONNECT_RATE" \
         --status-file "$TMP/status-$g" --loads-file "$TMP/loads" >"$TMP/gen-$g.json" 2>"$TMP/gen-$g.err" &
       GEN_PIDS+=("$!")
+      GEN_NODE+=("$i")
       PIDS+=("$!")
       first=$((first + per))
       g=$((g + 1))
@@ -147,6 +178,11 @@ run_one() {
   wait_all_back 600 >/dev/null || { tail -n 3 "$TMP"/gen-*.err >&2; return 1; }
   local fds0=""
   for i in $(seq 0 $((NODES - 1))); do fds0="$fds0 $(ls "/proc/${NODE_PIDS[i]}/fd" | wc -l)"; done
+  if [ "$MODE" = hold ]; then
+    hold_phase "$adm" "$rss0" || HOLD_FAIL=1
+    finish_run
+    return
+  fi
 
   "$LT" "${common[@]}" --role publisher --total-clients "$WANT" --common-rate "$COMMON_RATE" \
     --own-rate "$OWN_RATE" >"$TMP/pub.json" 2>"$TMP/pub.err" &
@@ -223,6 +259,9 @@ run_one() {
   [ "$fail" = 0 ] || { echo "storm.sh: a generator or the publisher reported a failure" >&2; tail -n 3 "$TMP"/gen-*.err "$TMP/pub.err" >&2 || true; }
   python3 - "$TMP" "$MODE" "$adm" "$NODES" "$HZ" "[${events%,}]" "$load_before" "$(cut -d' ' -f1-3 /proc/loadavg)" "$fds0" "$refused" "$RESULTS" "$BALANCE" <<'PY'
 import glob, json, sys
+sys.dont_write_bytecode = True  # no __pycache__ in the tree
+sys.path.insert(0, "loadtest")
+import latency_merge
 tmp, mode, adm, nodes, hz = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 results, balance = sys.argv[11], sys.argv[12]
 events = json.loads(sys.argv[6]); load_before, load_after = sys.argv[7], sys.argv[8]
@@ -282,6 +321,8 @@ out = {
     "back_ms_p50_max": max((g["back_ms"]["p50"] or 0 for g in gens), default=None),
     "back_ms_p99_max": max((g["back_ms"]["p99"] or 0 for g in gens), default=None),
     "publisher": {k: pub.get(k) for k in ("publishes", "accepted", "retries", "replayed", "failed", "publisher_duplicate_offsets", "statuses")},
+    # Publish->delivery of live deliveries only (a recovery's replay is not timed).
+    "latency": latency_merge.merge(gens), "replayed_messages": s("replayed_messages"),
     "load_before": load_before, "load_after": load_after,
     "ok": all(g.get("ok") for g in gens) and bool(pub.get("ok")) and lost == 0 and dups == 0
           and rec_f == 0 and all(e["back_ok"] for e in events),
@@ -295,13 +336,23 @@ print(f"storm {mode} admission={adm}/s: {out['clients']} clients, {out['clients_
       f"(metric {sum(refused_metric)}); peak Ready upgrades/s per survivor {list(peak_ups.values())}; "
       f"peak CPU % {[p['cpu_pct'] for p in peak.values()]}; peak RSS MiB {[round(p['rss_bytes'] / 2**20) for p in peak.values()]}; "
       f"peak fds {[p['fds'] for p in peak.values()]}; publisher {pub.get('accepted')} accepted, {pub.get('retries')} retries, "
-      f"{pub.get('replayed')} replayed; load {load_before} -> {load_after}; ok={out['ok']}", file=sys.stderr)
+      f"{pub.get('replayed')} replayed; latency p50/p99/p999/max ms {latency_merge.ms(out['latency'])}; load {load_before} -> {load_after}; ok={out['ok']}", file=sys.stderr)
 PY
+  finish_run
+}
+
+# finish_run: stop this run's processes and drop (or keep) its temp dir.
+finish_run() {
   stop_all
   if [ "${KEEP_TMP:-0}" = 1 ]; then echo "storm.sh: logs kept in $TMP" >&2; else rm -rf "$TMP"; fi
   TMP=""
 }
 
+# shellcheck source=loadtest/storm-hold.sh
+. loadtest/storm-hold.sh
+
+HOLD_FAIL=0
 for adm in $ADMISSIONS; do
   run_one "$adm"
 done
+[ "$HOLD_FAIL" = 0 ]

@@ -80,6 +80,9 @@ pub struct Client {
     pub lost_at: Option<Instant>,
     /// Has been Ready at least once.
     pub was_ready: bool,
+    /// [common, own]: the offset in this connection's `subscribed`; a message at or
+    /// below it is the recovery's replay, above it a live delivery.
+    live_after: [u64; 2],
     pending_subs: u8,
     input: Vec<u8>,
     out: Vec<u8>,
@@ -98,6 +101,7 @@ impl Client {
             since: Instant::now(),
             lost_at: None,
             was_ready: false,
+            live_after: [0; 2],
             pending_subs: 0,
             input: Vec::new(),
             out: Vec::new(),
@@ -319,8 +323,14 @@ impl Client {
                     c.unpositioned += 1;
                     return Outcome::Nothing;
                 };
-                self.tracks[slot(ch)].receive(off, ep);
+                let s = slot(ch);
+                self.tracks[s].receive(off, ep);
                 c.messages += 1;
+                if off <= self.live_after[s] {
+                    c.replayed += 1;
+                } else if let Some(t) = fields::u64_field(f, "t") {
+                    c.latency.record_since(t);
+                }
                 Outcome::Nothing
             }
             Some(b"subscribed") => {
@@ -332,7 +342,9 @@ impl Client {
                     c.unpositioned += 1;
                     return Outcome::Nothing;
                 };
-                let t = &mut self.tracks[slot(ch)];
+                let s = slot(ch);
+                self.live_after[s] = off;
+                let t = &mut self.tracks[s];
                 match fields::bool_field(f, "recovered") {
                     Some(true) => c.recovered_true += 1,
                     Some(false) => {

@@ -1,11 +1,11 @@
 //! Reading the few fields the storm client needs (`type`, `channel`, `offset`, `epoch`,
-//! `recovered`) straight out of a server frame, without building a JSON value.
+//! `recovered`, and the publisher's send stamp `t`) straight out of a server frame, without building a JSON value.
 //!
 //! Invariants:
 //! - Never allocates, never panics: a missing or malformed field is `None`.
 //! - Sound for ringcast's frames as documented (`docs/protocol.md`, "Server to client"):
-//!   the storm publisher's `data` is `{"k":<n>}`, so no key searched for here can occur
-//!   inside a payload before the real field.
+//!   the storm publisher's `data` is `{"k":<n>,"t":<unix ns>}`, so no key searched for
+//!   here other than `t` can occur inside a payload, and `t` occurs only there.
 
 /// The string value of `"key":"..."` (no escapes: names and epochs have none).
 pub fn str_field<'a>(frame: &'a [u8], key: &str) -> Option<&'a [u8]> {
@@ -86,6 +86,20 @@ mod tests {
         let s = br#"{"type":"subscribed","channel":"c","recovered":true,"offset":45,"epoch":"9f3a01c2"}"#;
         assert_eq!(bool_field(s, "recovered"), Some(true));
         assert_eq!(u64_field(s, "offset"), Some(45));
+    }
+
+    #[test]
+    fn reads_the_publishers_send_stamp() {
+        let m = br#"{"type":"message","channel":"ltall","event":"s","data":{"k":7,"t":1795000000123456789},"id":"d4f6","offset":42,"epoch":"9f3a01c2"}"#;
+        // `"type":` is not `"t":`; the stamp is read from `data`.
+        assert_eq!(u64_field(m, "t"), Some(1_795_000_000_123_456_789));
+        assert_eq!(u64_field(m, "k"), Some(7));
+        assert_eq!(u64_field(m, "offset"), Some(42));
+        // A frame without a stamp (another publisher) has none.
+        assert_eq!(
+            u64_field(br#"{"type":"message","data":{"k":1}}"#, "t"),
+            None
+        );
     }
 
     #[test]

@@ -37,7 +37,8 @@ pub struct Plan {
     pub until: Instant,
     pub drain: Duration,
     pub stop_file: Option<PathBuf>,
-    /// Rewritten every 500 ms: `<ready> <total> <lost_now>`.
+    /// Rewritten every 500 ms: `<ready> <total> <lost_now> <messages>` (messages: every
+    /// `message` frame received so far, what `storm.sh` counts deliveries by).
     pub status_file: Option<PathBuf>,
     /// Connects started per second during the first connect (0: unpaced).
     pub connect_rate: u32,
@@ -301,7 +302,13 @@ pub fn run(plan: &Plan, names: &Names, c: &mut Counters) -> Result<Vec<Client>, 
             if let Some(p) = &plan.status_file {
                 let lost_now = f.clients.iter().filter(|x| x.lost_at.is_some()).count();
                 let tmp = p.with_extension("tmp");
-                let line = format!("{} {} {}\n", f.ready, f.clients.len(), lost_now);
+                let line = format!(
+                    "{} {} {} {}\n",
+                    f.ready,
+                    f.clients.len(),
+                    lost_now,
+                    c.messages
+                );
                 if std::fs::write(&tmp, line).is_ok() {
                     let _ = std::fs::rename(&tmp, p);
                 }
@@ -338,6 +345,12 @@ pub fn run(plan: &Plan, names: &Names, c: &mut Counters) -> Result<Vec<Client>, 
         }
     }
     c.ready_at_end = f.ready;
+    c.ready_per_node = vec![0; n];
+    for cl in f.clients.iter().filter(|x| x.phase == Phase::Ready) {
+        if let Some(r) = c.ready_per_node.get_mut(cl.node) {
+            *r += 1;
+        }
+    }
     c.lost_at_end = f.clients.iter().filter(|x| x.lost_at.is_some()).count() as u32;
     c.never_ready = f.clients.iter().filter(|x| !x.was_ready).count() as u32;
     Ok(f.clients)

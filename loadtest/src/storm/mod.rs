@@ -11,6 +11,9 @@
 //!   (`publish.rs`), and writes every accepted (channel, offset, epoch) to
 //!   `--accepted-file` (written whole, then renamed, so readers never see half).
 //!
+//! Both carry the publish→delivery latency (`latency.rs`): the publisher stamps every
+//! message's `data` with its send time, the clients histogram every live delivery.
+//!
 //! Invariants: every phase is bounded (`--duration` or `--stop-file`, then `--drain`,
 //! then at most `ACCEPTED_WAIT` for the publisher's file); one JSON line on stdout.
 
@@ -18,6 +21,7 @@ mod backoff;
 mod client;
 mod fields;
 mod fleet;
+mod latency;
 mod ledger;
 mod publish;
 
@@ -98,6 +102,11 @@ pub struct Counters {
     pub attempts: u64,
     pub losses: u64,
     pub messages: u64,
+    /// Messages at or below the offset of their connection's `subscribed`: the replay of
+    /// a recovery (no latency recorded for them).
+    pub replayed: u64,
+    /// Publish→delivery latency of every live, stamped message.
+    pub latency: latency::Latency,
     /// 1013 on a reconnect (the storm) and on a first connect (the fleet's start-up).
     pub refused_1013: u64,
     pub refused_1013_first: u64,
@@ -122,6 +131,8 @@ pub struct Counters {
     /// (node, unix second) → connections that became Ready.
     pub upgrades: HashMap<(usize, u64), u32>,
     pub ready_at_end: u32,
+    /// Ready clients per node (index in `--nodes`) at the end.
+    pub ready_per_node: Vec<u32>,
     pub lost_at_end: u32,
     pub never_ready: u32,
 }
@@ -247,6 +258,8 @@ fn run_publisher(
         "mode": "storm", "role": "publisher",
         "publishes": sum(|o| o.publishes),
         "accepted": sum(|o| o.accepted.len() as u64),
+        // The first plan is the common channel's.
+        "accepted_common": outs.first().map_or(0, |o| o.accepted.len()),
         "retries": sum(|o| o.retries),
         "replayed": sum(|o| o.replayed),
         "failed": failed,
@@ -304,6 +317,9 @@ fn run_clients(
     };
     let mut lost = 0u64;
     let mut expected = 0u64;
+    // [common, own]: a publish to the common channel must reach every client.
+    let mut lost_by = [0u64; 2];
+    let mut expected_by = [0u64; 2];
     let mut dups = 0u64;
     let mut clients_with_loss = 0u64;
     let (mut foreign, mut before, mut unstarted) = (0u64, 0u64, 0u64);
@@ -324,8 +340,12 @@ fn run_clients(
                     names.own(cl.idx)
                 };
                 let offs = acc.offsets(&ch, &t.epoch);
-                expected += offs.iter().filter(|&&o| o > t.start).count() as u64;
-                l += t.lost(offs);
+                let e = offs.iter().filter(|&&o| o > t.start).count() as u64;
+                let tl = t.lost(offs);
+                expected += e;
+                expected_by[slot] += e;
+                lost_by[slot] += tl;
+                l += tl;
             }
         }
         lost += l;
@@ -360,6 +380,10 @@ fn run_clients(
         "ready_at_end": k.ready_at_end, "lost_at_end": k.lost_at_end, "never_ready": k.never_ready,
         "attempts": k.attempts, "losses": k.losses, "messages": k.messages,
         "expected": expected, "lost": lost, "duplicates": dups,
+        "expected_common": expected_by[0], "lost_common": lost_by[0],
+        "expected_own": expected_by[1], "lost_own": lost_by[1],
+        "replayed_messages": k.replayed, "latency": k.latency.to_json(),
+        "ready_per_node": k.ready_per_node,
         "clients_with_loss": clients_with_loss,
         "recovered_true": k.recovered_true, "recovered_false": k.recovered_false,
         "recovered_false_fresh": k.recovered_false_fresh,

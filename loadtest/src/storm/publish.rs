@@ -153,7 +153,12 @@ pub fn run(plan: PubPlan) -> PubOut {
         }
         let ch = &plan.channels[(seq as usize) % plan.channels.len()];
         let key = format!("{}-{seq}", plan.key_prefix);
-        let body = format!(r#"{{"channel":"{ch}","event":"s","data":{{"k":{seq}}}}}"#);
+        // `t`: the send time, for the clients' publish→delivery latency (a retry sends the
+        // same bytes, so a failover's delay counts in its latency).
+        let body = format!(
+            r#"{{"channel":"{ch}","event":"s","data":{{"k":{seq},"t":{}}}}}"#,
+            crate::stats::unix_ns()
+        );
         seq += 1;
         out.publishes += 1;
         let first = Instant::now();
