@@ -388,7 +388,9 @@ export class Ringcast extends Emitter {
     const detail = reason || this._socketError;
     const message = `connection closed (${code}${detail ? `: ${detail}` : ""})`;
     this._emitError(new RingcastError(name, message, { closeCode: code, reason }));
-    if (code === CloseCodes.KEY_REVOKED || code === CloseCodes.USER_DISCONNECTED) {
+    // Ended for good: a revoked key, a disconnected user, an expired token given as a string.
+    const fixed = code === CloseCodes.TOKEN_EXPIRED && typeof this.options.token === "string";
+    if (code === CloseCodes.KEY_REVOKED || code === CloseCodes.USER_DISCONNECTED || fixed) {
       this._setState("closed");
       return;
     }
@@ -400,9 +402,7 @@ export class Ringcast extends Emitter {
   }
 
   /** A connection that lasted this long resets the backoff. */
-  _stableMs() {
-    return Math.max(5000, this.maxReconnectDelayMs);
-  }
+  _stableMs() { return Math.max(5000, this.maxReconnectDelayMs); }
 
   /** The connection is gone (not by the application): wait (at least `atLeast`), retry. */
   _lost(atLeast = 0) {

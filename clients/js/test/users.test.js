@@ -50,6 +50,19 @@ test("close 4010 (disconnected by the application) ends in closed with no reconn
   });
 });
 
+test("close 4011 with a connection token given as a string: closed (it cannot be renewed)", async () => {
+  const { clock, Socket, client, errors } = setup({ token: fakeJwt({ sub: "ann", exp: 4e9 }) });
+  client.connect();
+  await flush();
+  Socket.last.accept();
+  Socket.last.serverClose(4011, "token expired");
+  assert.equal(client.state, "closed");
+  assert.equal(errors.at(-1).code, "token_expired");
+  clock.advance(3_600_000);
+  await flush();
+  assert.equal(Socket.instances.length, 1, "no reconnect with the expired token");
+});
+
 test("close 4011 (token expired): a new connection token, then a reconnect with it", async () => {
   let n = 0;
   const { clock, Socket, client, errors } = setup({
