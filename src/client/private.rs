@@ -28,7 +28,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crate::auth::token::LEEWAY_S;
 use crate::close::Disconnect;
 use crate::shard::registry::Unsubscribed;
-use crate::shard::{is_presence, Shard};
+use crate::shard::Shard;
 use crate::ws::conn::WsConn;
 
 use crate::wire::native::unsubscribed_with_reason;
@@ -192,12 +192,13 @@ impl Expiry {
                 }
                 continue;
             }
-            let left = self
+            let (left, cancelled) = self
                 .shard
-                .unsubscribe(grant.project, &grant.channel, grant.conn_id);
+                .leave(grant.project, &grant.channel, grant.conn_id);
             // A channel the server took already (`shard::users`) was answered then; a
-            // presence join still waiting for the hub is answered now.
-            let held = left != Unsubscribed::NotSubscribed || is_presence(&grant.channel);
+            // join still waiting (history from Redis, presence from the hub) is the
+            // session's channel and is answered now.
+            let held = left != Unsubscribed::NotSubscribed || cancelled;
             if let (true, Some(conn)) = (held, grant.conn.upgrade()) {
                 conn.send(unsubscribed_with_reason(&grant.channel, "token_expired"));
             }
