@@ -295,9 +295,9 @@ mod tests {
     #[test]
     fn a_pending_join_at_its_deadline_is_told_token_expired() {
         use crate::shard::tests::HistorySink;
+        use crate::shard::JoinRequest;
         use bytes::Bytes;
         use std::sync::Arc;
-        use crate::shard::JoinRequest;
         let sink = Arc::new(HistorySink::default());
         let (shard, _m) = shard(Some(sink.clone()));
         let expiry = Expiry::new(shard.clone());
@@ -313,7 +313,12 @@ mod tests {
             again: false,
         };
         shard.join(&conn, req, answer);
-        shard.presence_wait(conn.id, 9, "presence-b", Box::new(|_, _| panic!("cancelled")));
+        shard.presence_wait(
+            conn.id,
+            9,
+            "presence-b",
+            Box::new(|_, _| panic!("cancelled")),
+        );
         assert_eq!(sink.0.lock().unwrap().len(), 1, "the join waits for Redis");
         let now = unix_now();
         let a = Grant::new(9, "private-a", &conn, None, now);

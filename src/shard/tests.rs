@@ -435,11 +435,18 @@ fn a_server_unsubscribe_lists_only_held_channels_once() {
     // Held, taken, held again (the session did not run in between), taken again.
     for _ in 0..2 {
         shard.subscribe(7, "presence-room", &a);
-        mailboxes.end_user(7, "ann".into(), UserEnd::Unsubscribe("presence-room".into()));
+        mailboxes.end_user(
+            7,
+            "ann".into(),
+            UserEnd::Unsubscribe("presence-room".into()),
+        );
         shard.drain();
     }
     assert_eq!(frames(&a).len(), 2, "each take is told");
-    assert_eq!(&*ua.take_removed(), &["presence-room".into()] as &[Arc<str>]);
+    assert_eq!(
+        &*ua.take_removed(),
+        &["presence-room".into()] as &[Arc<str>]
+    );
 }
 
 /// Review of issue 25: a server unsubscribe of a channel whose join still waits (a
@@ -468,13 +475,22 @@ fn a_server_unsubscribe_of_a_pending_join_is_told() {
         };
         shard.join(c, req, answer);
     }
-    shard.presence_wait(a.id, 3, "presence-room", Box::new(|_, _| panic!("cancelled")));
+    shard.presence_wait(
+        a.id,
+        3,
+        "presence-room",
+        Box::new(|_, _| panic!("cancelled")),
+    );
     assert_eq!(sink.0.lock().unwrap().len(), 2, "both joins wait for Redis");
     let h = channel_hash(3, "news");
     assert!(mailboxes.get(0).unwrap().interest.may_want(h));
 
     mailboxes.end_user(3, "ann".into(), UserEnd::Unsubscribe("news".into()));
-    mailboxes.end_user(3, "ann".into(), UserEnd::Unsubscribe("presence-room".into()));
+    mailboxes.end_user(
+        3,
+        "ann".into(),
+        UserEnd::Unsubscribe("presence-room".into()),
+    );
     assert_eq!(shard.drain(), 2);
     assert_eq!(
         frames(&a),

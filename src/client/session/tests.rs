@@ -56,7 +56,7 @@ fn setup_with(
         require_user: false.into(),
         blocks: Arc::default(),
     });
-    let events = test_events(mailboxes_of(&rec));
+    let events = test_events(mailboxes_of(rec));
     (
         NativeSession::new(
             SessionCtx::new(
@@ -436,7 +436,11 @@ fn a_server_unsubscribe_of_a_pending_history_join_lets_a_later_subscribe_join() 
     assert_eq!(sink.1.lock().unwrap().len(), 1, "the join waits for Redis");
     assert!(frames(&conn).is_empty());
 
-    mailboxes.end_user(9, "ann".into(), crate::shard::users::UserEnd::Unsubscribe("news".into()));
+    mailboxes.end_user(
+        9,
+        "ann".into(),
+        crate::shard::users::UserEnd::Unsubscribe("news".into()),
+    );
     shard.drain();
     assert_eq!(
         frames(&conn),
