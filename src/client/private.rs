@@ -28,7 +28,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crate::auth::token::LEEWAY_S;
 use crate::close::Disconnect;
 use crate::shard::registry::Unsubscribed;
-use crate::shard::{is_presence, Shard};
+use crate::shard::Shard;
 use crate::ws::conn::WsConn;
 
 use crate::wire::native::unsubscribed_with_reason;
@@ -192,12 +192,13 @@ impl Expiry {
                 }
                 continue;
             }
-            let left = self
+            let (left, cancelled) = self
                 .shard
-                .unsubscribe(grant.project, &grant.channel, grant.conn_id);
+                .leave(grant.project, &grant.channel, grant.conn_id);
             // A channel the server took already (`shard::users`) was answered then; a
-            // presence join still waiting for the hub is answered now.
-            let held = left != Unsubscribed::NotSubscribed || is_presence(&grant.channel);
+            // join still waiting (history from Redis, presence from the hub) is the
+            // session's channel and is answered now.
+            let held = left != Unsubscribed::NotSubscribed || cancelled;
             if let (true, Some(conn)) = (held, grant.conn.upgrade()) {
                 conn.send(unsubscribed_with_reason(&grant.channel, "token_expired"));
             }
@@ -286,6 +287,60 @@ mod tests {
         expiry.disarm(&b);
         assert_eq!(expiry.armed(), 0);
         assert_eq!(expiry.fire_due(later + Duration::from_secs(7200)), 0);
+    }
+
+    /// Review of issue 25: a grant whose join still waits at its deadline (a cluster
+    /// history subscribe waiting for Redis, a presence join waiting for the hub) is
+    /// ended as a held one: the join is cancelled and the client told `token_expired`.
+    #[test]
+    fn a_pending_join_at_its_deadline_is_told_token_expired() {
+        use crate::shard::tests::HistorySink;
+        use crate::shard::JoinRequest;
+        use bytes::Bytes;
+        use std::sync::Arc;
+        let sink = Arc::new(HistorySink::default());
+        let (shard, _m) = shard(Some(sink.clone()));
+        let expiry = Expiry::new(shard.clone());
+        let conn = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
+        fn answer(_: &str, _: Option<(u64, &str)>, _: Option<bool>) -> Option<Bytes> {
+            Some(Bytes::from_static(b"subscribed"))
+        }
+        let req = JoinRequest {
+            project: 9,
+            channel: "private-a",
+            history: crate::history::HistorySpec::parse("10/60s").unwrap(),
+            since: None,
+            again: false,
+        };
+        shard.join(&conn, req, answer);
+        shard.presence_wait(
+            conn.id,
+            9,
+            "presence-b",
+            Box::new(|_, _| panic!("cancelled")),
+        );
+        assert_eq!(sink.0.lock().unwrap().len(), 1, "the join waits for Redis");
+        let now = unix_now();
+        let a = Grant::new(9, "private-a", &conn, None, now);
+        let b = Grant::new(9, "presence-b", &conn, None, now);
+        expiry.arm(&a, now);
+        expiry.arm(&b, now);
+        let later = Instant::now() + Duration::from_secs(LEEWAY_S + 2);
+        assert_eq!(expiry.fire_due(later), 2);
+        let mut told: Vec<serde_json::Value> = conn
+            .take_queued()
+            .iter()
+            .map(|f| serde_json::from_slice(&f[2..]).unwrap())
+            .collect();
+        told.sort_by_key(|v| v["channel"].as_str().map(str::to_owned));
+        assert_eq!(
+            told,
+            vec![
+                serde_json::json!({"type":"unsubscribed","channel":"presence-b","reason":"token_expired"}),
+                serde_json::json!({"type":"unsubscribed","channel":"private-a","reason":"token_expired"}),
+            ]
+        );
+        assert_eq!(shard.subscriber_count(9, "private-a"), 0);
     }
 
     #[test]

@@ -303,21 +303,26 @@ impl Shard {
     }
 
     /// Forget `conn_id`'s waiting joins of a channel it leaves (a history subscribe's
-    /// hold is given back; a presence join's answer will find nothing).
-    pub(super) fn cancel_pending(&self, project: u32, channel: &str, conn_id: u64) {
-        let mut cancelled = Vec::new();
+    /// hold is given back; a presence join's answer will find nothing). `true` when a
+    /// join was waiting: the session counts the channel as its own, so a server
+    /// unsubscribe or an expiry must tell it (and the client) as for a held one.
+    pub(super) fn cancel_pending(&self, project: u32, channel: &str, conn_id: u64) -> bool {
+        let mut holds = 0;
+        let mut any = false;
         self.pending.borrow_mut().retain_mut(|p| {
             if !p.is(conn_id, project, channel) {
                 return true;
             }
+            any = true;
             if matches!(p.wait, Wait::History(_)) {
-                cancelled.push(());
+                holds += 1;
             }
             false
         });
-        for () in cancelled {
+        for _ in 0..holds {
             self.release_history_hold(project, channel);
         }
+        any
     }
 
     fn release_history_hold(&self, project: u32, channel: &str) {

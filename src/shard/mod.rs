@@ -456,7 +456,14 @@ impl Shard {
     /// Unsubscribe, mirroring a last subscriber gone into the interest filter and the
     /// cluster.
     pub(crate) fn unsubscribe(&self, project: u32, channel: &str, conn_id: u64) -> Unsubscribed {
-        self.cancel_pending(project, channel, conn_id);
+        self.leave(project, channel, conn_id).0
+    }
+
+    /// [`Shard::unsubscribe`], also saying whether a join of the channel was still
+    /// waiting (and is cancelled): the session holds such a channel as well, so whoever
+    /// takes it from the connection (a server unsubscribe, an expiry) must tell it.
+    pub(crate) fn leave(&self, project: u32, channel: &str, conn_id: u64) -> (Unsubscribed, bool) {
+        let cancelled = self.cancel_pending(project, channel, conn_id);
         let t = self
             .registry
             .borrow_mut()
@@ -481,7 +488,7 @@ impl Shard {
                 sink.interest(self.index, project, channel, false, 0);
             }
         }
-        t
+        (t, cancelled)
     }
 
     /// Local subscribers of a channel.

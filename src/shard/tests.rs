@@ -52,7 +52,7 @@ impl InterestSink for Recorder {
 
 /// A sink standing for the cluster: records history subscribes.
 #[derive(Default)]
-struct HistorySink(std::sync::Mutex<Vec<(u64, bool)>>);
+pub(crate) struct HistorySink(pub std::sync::Mutex<Vec<(u64, bool)>>);
 impl InterestSink for HistorySink {
     fn interest(&self, _worker: usize, _project: u32, _channel: &str, on: bool, _t: u64) {
         self.0.lock().unwrap().push((0, on));
@@ -412,4 +412,102 @@ fn end_user_on_one_worker() {
     shard.user_leave(&ua);
     assert_eq!(mailboxes.user_connections(7, "ann"), 2, "left once");
     assert_eq!(shard.user_connections(), 4);
+}
+
+/// Review of issue 25: a server unsubscribe of a channel an idle connection neither holds
+/// nor is joining leaves nothing for its session to forget (the REST call can name any
+/// channel, and the list is emptied only when the session runs); one it holds is listed
+/// once, however often it is taken.
+#[test]
+fn a_server_unsubscribe_lists_only_held_channels_once() {
+    let (shard, mailboxes) = shard(None);
+    let a = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
+    let ua = shard.user_join(7, "ann".into(), &a);
+    for i in 0..1000 {
+        let channel = format!("presence-{}", i % 10);
+        mailboxes.end_user(7, "ann".into(), UserEnd::Unsubscribe(channel.into()));
+        mailboxes.end_user(7, "ann".into(), UserEnd::Unsubscribe("news".into()));
+        shard.drain();
+    }
+    assert!(!ua.has_removed(), "never held: nothing listed");
+    assert!(frames(&a).is_empty(), "never held: nothing told");
+
+    // Held, taken, held again (the session did not run in between), taken again.
+    for _ in 0..2 {
+        shard.subscribe(7, "presence-room", &a);
+        mailboxes.end_user(
+            7,
+            "ann".into(),
+            UserEnd::Unsubscribe("presence-room".into()),
+        );
+        shard.drain();
+    }
+    assert_eq!(frames(&a).len(), 2, "each take is told");
+    assert_eq!(
+        &*ua.take_removed(),
+        &["presence-room".into()] as &[Arc<str>]
+    );
+}
+
+/// Review of issue 25: a server unsubscribe of a channel whose join still waits (a
+/// cluster history subscribe waiting for Redis, a presence join waiting for the hub)
+/// treats it as held: the join is cancelled (its interest given back), the session is
+/// told to forget the channel and a native client gets `unsubscribed` (Pusher nothing).
+#[test]
+fn a_server_unsubscribe_of_a_pending_join_is_told() {
+    let sink = Arc::new(HistorySink::default());
+    let (shard, mailboxes) = shard(Some(sink.clone()));
+    let a = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
+    let p = Rc::new(WsConn::new(2, -1, 1 << 20, 0).with_dialect(Dialect::Pusher));
+    let ua = shard.user_join(3, "ann".into(), &a);
+    let up = shard.user_join(3, "ann".into(), &p);
+    let spec = crate::history::HistorySpec::parse("10/60s").unwrap();
+    fn answer(channel: &str, _: Option<(u64, &str)>, _: Option<bool>) -> Option<Bytes> {
+        Some(Bytes::from(format!("subscribed {channel}")))
+    }
+    for c in [&a, &p] {
+        let req = JoinRequest {
+            project: 3,
+            channel: "news",
+            history: spec,
+            since: None,
+            again: false,
+        };
+        shard.join(c, req, answer);
+    }
+    shard.presence_wait(
+        a.id,
+        3,
+        "presence-room",
+        Box::new(|_, _| panic!("cancelled")),
+    );
+    assert_eq!(sink.0.lock().unwrap().len(), 2, "both joins wait for Redis");
+    let h = channel_hash(3, "news");
+    assert!(mailboxes.get(0).unwrap().interest.may_want(h));
+
+    mailboxes.end_user(3, "ann".into(), UserEnd::Unsubscribe("news".into()));
+    mailboxes.end_user(
+        3,
+        "ann".into(),
+        UserEnd::Unsubscribe("presence-room".into()),
+    );
+    assert_eq!(shard.drain(), 2);
+    assert_eq!(
+        frames(&a),
+        vec![
+            serde_json::json!({"type":"unsubscribed","channel":"news","reason":"server"}),
+            serde_json::json!({"type":"unsubscribed","channel":"presence-room","reason":"server"}),
+        ]
+    );
+    assert!(p.take_queued().is_empty(), "Pusher has no frame for it");
+    assert_eq!(
+        &*ua.take_removed(),
+        &["news".into(), "presence-room".into()] as &[Arc<str>]
+    );
+    assert_eq!(&*up.take_removed(), &["news".into()] as &[Arc<str>]);
+    assert!(
+        !mailboxes.get(0).unwrap().interest.may_want(h),
+        "the joins' holds are given back"
+    );
+    assert_eq!(shard.subscriber_count(3, "news"), 0);
 }

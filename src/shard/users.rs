@@ -21,6 +21,9 @@
 //!   synchronous step, so no broadcast handled after it reaches the connection on that
 //!   channel; the session forgets the channel (and its grant) the next time it runs
 //!   ([`UserConn::take_removed`]), as it does with a grant the expiry timer ended.
+//! - `removed` holds only channels the connection held or had a join of still waiting
+//!   (which the session counts as its own), each once: an idle connection's list is
+//!   bounded by its subscriptions, whatever names the REST call is given.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -28,7 +31,7 @@ use std::rc::{Rc, Weak};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::registry::Unsubscribed;
-use super::{is_presence, Shard};
+use super::Shard;
 use crate::close::Disconnect;
 use crate::dialect::Dialect;
 use crate::ws::conn::WsConn;
@@ -197,14 +200,21 @@ impl Shard {
                     conn.close(Disconnect::USER_DISCONNECTED);
                 }
                 UserEnd::Unsubscribe(channel) => {
-                    let t = self.unsubscribe(project, channel, entry.conn_id);
-                    if t == Unsubscribed::NotSubscribed && !is_presence(channel) {
-                        // Not held (or held by a pending history join, cancelled by
-                        // the unsubscribe): nothing to tell.
+                    let (t, cancelled) = self.leave(project, channel, entry.conn_id);
+                    if t == Unsubscribed::NotSubscribed && !cancelled {
+                        // Neither held nor joining: nothing to tell, nothing for the
+                        // session to forget (an idle connection must not collect
+                        // every name the REST call is given).
                         continue;
                     }
-                    entry.removed.borrow_mut().push(channel.clone());
-                    if t != Unsubscribed::NotSubscribed && conn.dialect() == Dialect::Native {
+                    // A join still waiting (history from Redis, presence from the hub)
+                    // is the session's channel too: told and forgotten as a held one.
+                    let mut removed = entry.removed.borrow_mut();
+                    if !removed.contains(channel) {
+                        removed.push(channel.clone());
+                    }
+                    drop(removed);
+                    if conn.dialect() == Dialect::Native {
                         conn.send(crate::wire::native::unsubscribed_with_reason(
                             channel, "server",
                         ));

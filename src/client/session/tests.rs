@@ -29,7 +29,17 @@ fn send(session: &mut NativeSession, conn: &Rc<WsConn>, text: &str) -> Result<()
 
 fn setup(max: usize) -> (NativeSession, Rc<WsConn>, Rc<Shard>, Arc<Recorder>) {
     let rec = Arc::new(Recorder::default());
-    let (shard, mailboxes) = shard(Some(rec.clone()));
+    let (s, conn, shard) = setup_with(max, &rec, rec.clone());
+    (s, conn, shard, rec)
+}
+
+/// [`setup`] with `sink` standing for the cluster (`rec` confirms interest for it).
+fn setup_with(
+    max: usize,
+    rec: &Arc<Recorder>,
+    sink: Arc<dyn crate::shard::InterestSink>,
+) -> (NativeSession, Rc<WsConn>, Rc<Shard>) {
+    let (shard, mailboxes) = shard(Some(sink));
     *rec.1.lock().unwrap() = Some(mailboxes);
     let conn = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
     let project = Arc::new(ProjectState {
@@ -46,7 +56,7 @@ fn setup(max: usize) -> (NativeSession, Rc<WsConn>, Rc<Shard>, Arc<Recorder>) {
         require_user: false.into(),
         blocks: Arc::default(),
     });
-    let events = test_events(mailboxes_of(&rec));
+    let events = test_events(mailboxes_of(rec));
     (
         NativeSession::new(
             SessionCtx::new(
@@ -61,7 +71,6 @@ fn setup(max: usize) -> (NativeSession, Rc<WsConn>, Rc<Shard>, Arc<Recorder>) {
         ),
         conn,
         shard,
-        rec,
     )
 }
 
@@ -387,4 +396,69 @@ fn test_read_ctx() -> crate::ws::conn::ReadCtx {
         },
         clock: Box::new(|| 0),
     }
+}
+
+/// A sink standing for the cluster whose history subscribes wait (their tickets kept)
+/// until the test answers them; interest is confirmed as `Recorder` does.
+struct WaitingSink(Arc<Recorder>, std::sync::Mutex<Vec<u64>>);
+impl crate::shard::InterestSink for WaitingSink {
+    fn interest(&self, worker: usize, project: u32, channel: &str, on: bool, ticket: u64) {
+        self.0.interest(worker, project, channel, on, ticket);
+    }
+    fn history_subscribe(&self, req: crate::shard::HistorySubscribe) -> bool {
+        self.1.lock().unwrap().push(req.ticket);
+        true
+    }
+}
+
+/// Review of issue 25: a server unsubscribe of a channel whose cluster history join
+/// still waits for Redis tells the client, and the session forgets the channel: a
+/// later subscribe is a new join, answered and registered (not "again").
+#[test]
+fn a_server_unsubscribe_of_a_pending_history_join_lets_a_later_subscribe_join() {
+    use crate::shard::mailbox::{Envelope, HistoryReady};
+    let rec = Arc::new(Recorder::default());
+    let sink = Arc::new(WaitingSink(rec.clone(), Default::default()));
+    let (mut s, conn, shard) = setup_with(8, &rec, sink.clone());
+    let mailboxes = mailboxes_of(&rec);
+    s.project
+        .history
+        .set(crate::history::HistorySpec::parse("10/60s").unwrap());
+    s.set_user(
+        &conn,
+        crate::client::user::ConnUser {
+            sub: "ann".into(),
+            exp: None,
+            info: None,
+        },
+    );
+    send(&mut s, &conn, r#"{"type":"subscribe","channel":"news"}"#).unwrap();
+    assert_eq!(sink.1.lock().unwrap().len(), 1, "the join waits for Redis");
+    assert!(frames(&conn).is_empty());
+
+    mailboxes.end_user(
+        9,
+        "ann".into(),
+        crate::shard::users::UserEnd::Unsubscribe("news".into()),
+    );
+    shard.drain();
+    assert_eq!(
+        frames(&conn),
+        vec![serde_json::json!({"type":"unsubscribed","channel":"news","reason":"server"})]
+    );
+
+    send(&mut s, &conn, r#"{"type":"subscribe","channel":"news"}"#).unwrap();
+    let ticket = *sink.1.lock().unwrap().last().unwrap();
+    mailboxes.control_to(
+        0,
+        Envelope::HistoryReady {
+            ticket,
+            ready: HistoryReady::Unknown,
+        },
+    );
+    shard.drain();
+    let replies = frames(&conn);
+    assert_eq!(replies.len(), 1, "{replies:?}");
+    assert_eq!(replies[0]["type"], "subscribed");
+    assert_eq!(shard.subscriber_count(9, "news"), 1, "registered anew");
 }
