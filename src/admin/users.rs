@@ -144,6 +144,7 @@ mod tests {
     use crate::quota::RateLimit;
     use crate::sealed::MasterKey;
     use crate::store::SqliteStore;
+    use crate::store::UserStore;
 
     fn cmd(args: &[&str]) -> Result<UserRequest, AdminError> {
         use clap::Parser;

@@ -223,6 +223,7 @@ mod tests {
     use crate::apikey::KeyKind;
     use crate::project::{KeyRecord, ProjectChange, ProjectRecord};
     use crate::quota::RateLimit;
+    use crate::store::UserStore;
     use crate::store::{SqliteStore, StoreContents};
     use std::sync::atomic::AtomicUsize;
 
@@ -400,6 +401,9 @@ mod tests {
             self.check()?;
             self.inner.is_empty()
         }
+    }
+
+    impl crate::store::UserStore for Switchable {
         fn requires_user(&mut self, id: &str) -> Result<bool, StoreError> {
             self.check()?;
             self.inner.requires_user(id)

@@ -477,7 +477,27 @@ pub(crate) fn publish_one(
     fanout: &dyn Fanout,
     keyed: Option<&Keyed<'_>>,
 ) -> Decided {
-    let msgs = std::slice::from_ref(msg);
+    take(
+        project,
+        std::slice::from_ref(msg),
+        ids,
+        fanout,
+        keyed,
+        false,
+    )
+}
+
+/// [`publish_one`] and [`publish_batch`] once their messages are valid: the quota of
+/// all of them in one step (429), shutting down (503), one id per message (the batch's
+/// answer lists them: `many`), then out ([`admitted`]).
+fn take(
+    project: &Arc<ProjectState>,
+    msgs: &[Publish<'_>],
+    ids: &IdGen,
+    fanout: &dyn Fanout,
+    keyed: Option<&Keyed<'_>>,
+    many: bool,
+) -> Decided {
     let units = units(msgs);
     let rate = match reserve(project, units) {
         Ok(d) => d,
@@ -486,11 +506,13 @@ pub(crate) fn publish_one(
     if fanout.shutting_down() {
         return Decided::Now(unavailable(project, Unavailable::ShuttingDown, units));
     }
-    let accepted = Accepted::One(ids.next_id(), None);
-    let spec = project.history.get();
+    let accepted = match many {
+        false => Accepted::One(ids.next_id(), None),
+        true => Accepted::Many(msgs.iter().map(|_| ids.next_id()).collect()),
+    };
     let a = Admitted {
         project,
-        spec,
+        spec: project.history.get(),
         msgs,
         accepted,
         rate,
@@ -567,23 +589,5 @@ pub(crate) fn publish_batch(
     fanout: &dyn Fanout,
     keyed: Option<&Keyed<'_>>,
 ) -> Decided {
-    let units = units(msgs);
-    let rate = match reserve(project, units) {
-        Ok(d) => d,
-        Err(answer) => return Decided::Now(answer),
-    };
-    if fanout.shutting_down() {
-        return Decided::Now(unavailable(project, Unavailable::ShuttingDown, units));
-    }
-    let accepted = Accepted::Many(msgs.iter().map(|_| ids.next_id()).collect());
-    let spec = project.history.get();
-    let a = Admitted {
-        project,
-        spec,
-        msgs,
-        accepted,
-        rate,
-        units,
-    };
-    admitted(fanout, a, keyed)
+    take(project, msgs, ids, fanout, keyed, true)
 }

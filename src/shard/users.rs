@@ -38,7 +38,7 @@ use crate::ws::conn::WsConn;
 
 /// What ending a user's access does to each of that user's connections.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum UserEnd {
+pub enum UserEnd {
     /// Close with 4010 `disconnected` (Pusher: `pusher:error` 4009, then close 4009, as
     /// Pusher's `terminate_connections` does; pusher-js does not reconnect).
     Disconnect,

@@ -127,7 +127,7 @@ pub(crate) enum StoreError {
 
 /// Projects and keys, wherever they live. Methods take `&mut self` because a store is a
 /// connection: one per thread (admin command, watcher), never shared.
-pub(crate) trait Store: Send {
+pub(crate) trait Store: UserStore + Send {
     /// A new project with one secret key, one public key and a token secret (sealed
     /// with `master`). Returns the project, then the full secret key, the full public
     /// key and the clear token secret (shown once, never stored in clear).
@@ -192,7 +192,11 @@ pub(crate) trait Store: Send {
 
     /// True when there are no projects at all (`serve --dev`).
     fn is_empty(&mut self) -> Result<bool, StoreError>;
+}
 
+/// The users half of a store (issue 25): `require_user`, blocks and end records. Each
+/// store implements it in its own `users` module.
+pub(crate) trait UserStore {
     /// Whether the project needs a connection token on every WebSocket.
     fn requires_user(&mut self, project_id: &str) -> Result<bool, StoreError>;
 

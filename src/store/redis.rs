@@ -57,8 +57,7 @@ use super::{
 use crate::apikey::{generate_id, hash_key, key_prefix, KeyKind};
 use crate::history::HistorySpec;
 use crate::project::{
-    KeyRecord, ProjectChange, ProjectRecord, TokenKeyAlg, TokenKeyRecord, UserBlockRecord,
-    UserEndRecord, FIRST_PUSHER_APP_ID,
+    KeyRecord, ProjectChange, ProjectRecord, TokenKeyAlg, TokenKeyRecord, FIRST_PUSHER_APP_ID,
 };
 use crate::quota::RateLimit;
 use crate::redis_link::PREFIX;
@@ -579,37 +578,6 @@ impl Store for RedisStore {
     fn is_empty(&mut self) -> Result<bool, StoreError> {
         let n: u64 = self.with(|c| redis::cmd("HLEN").arg(k("projects")).query(c))?;
         Ok(n == 0)
-    }
-
-    fn requires_user(&mut self, project_id: &str) -> Result<bool, StoreError> {
-        self.requires_user_(project_id)
-    }
-
-    fn block_user(&mut self, block: &UserBlockRecord, max: usize) -> Result<(), StoreError> {
-        self.block_user_(block, max)
-    }
-
-    fn unblock_user(&mut self, project_id: &str, user_id: &str) -> Result<bool, StoreError> {
-        self.unblock_user_(project_id, user_id)
-    }
-
-    fn user_block(
-        &mut self,
-        project_id: &str,
-        user_id: &str,
-    ) -> Result<Option<UserBlockRecord>, StoreError> {
-        self.user_block_(project_id, user_id)
-    }
-
-    fn add_user_end(&mut self, end: &UserEndRecord) -> Result<(), StoreError> {
-        self.add_user_end_(end)
-    }
-
-    fn user_ends_after(
-        &mut self,
-        after: Option<u64>,
-    ) -> Result<(Vec<UserEndRecord>, u64), StoreError> {
-        self.user_ends_after_(after)
     }
 }
 

@@ -36,7 +36,7 @@ use crate::apikey::{generate_id, hash_key, key_prefix, KeyHash, KeyKind};
 use crate::history::HistorySpec;
 use crate::project::{
     HookKinds, KeyRecord, ProjectChange, ProjectRecord, TokenKeyAlg, TokenKeyRecord,
-    TokenSecretRecord, UserBlockRecord, UserEndRecord, WebhookSpec, FIRST_PUSHER_APP_ID,
+    TokenSecretRecord, WebhookSpec, FIRST_PUSHER_APP_ID,
 };
 
 mod users;
@@ -694,37 +694,6 @@ impl Store for SqliteStore {
             .query_row("SELECT NOT EXISTS (SELECT 1 FROM projects)", [], |r| {
                 r.get(0)
             })?)
-    }
-
-    fn requires_user(&mut self, project_id: &str) -> Result<bool, StoreError> {
-        self.requires_user_(project_id)
-    }
-
-    fn block_user(&mut self, block: &UserBlockRecord, max: usize) -> Result<(), StoreError> {
-        self.block_user_(block, max)
-    }
-
-    fn unblock_user(&mut self, project_id: &str, user_id: &str) -> Result<bool, StoreError> {
-        self.unblock_user_(project_id, user_id)
-    }
-
-    fn user_block(
-        &mut self,
-        project_id: &str,
-        user_id: &str,
-    ) -> Result<Option<UserBlockRecord>, StoreError> {
-        self.user_block_(project_id, user_id)
-    }
-
-    fn add_user_end(&mut self, end: &UserEndRecord) -> Result<(), StoreError> {
-        self.add_user_end_(end)
-    }
-
-    fn user_ends_after(
-        &mut self,
-        after: Option<u64>,
-    ) -> Result<(Vec<UserEndRecord>, u64), StoreError> {
-        self.user_ends_after_(after)
     }
 }
 

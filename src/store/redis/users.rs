@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use super::{k, project_not_found, RedisStore};
 use crate::project::users::{ENDS_PER_READ, MAX_STORED_ENDS};
 use crate::project::{UserBlockRecord, UserEndRecord};
-use crate::store::{unix_now, StoreError};
+use crate::store::{unix_now, StoreError, UserStore};
 
 fn blocks_key(project_id: &str) -> String {
     k(&format!("user_blocks:{project_id}"))
@@ -122,8 +122,8 @@ pub(super) fn read_blocks(
     Ok(out)
 }
 
-impl RedisStore {
-    pub(super) fn requires_user_(&mut self, project_id: &str) -> Result<bool, StoreError> {
+impl UserStore for RedisStore {
+    fn requires_user(&mut self, project_id: &str) -> Result<bool, StoreError> {
         if !self.project_exists(project_id)? {
             return Err(project_not_found(project_id));
         }
@@ -135,11 +135,7 @@ impl RedisStore {
         })
     }
 
-    pub(super) fn block_user_(
-        &mut self,
-        block: &UserBlockRecord,
-        max: usize,
-    ) -> Result<(), StoreError> {
+    fn block_user(&mut self, block: &UserBlockRecord, max: usize) -> Result<(), StoreError> {
         if !self.project_exists(&block.project_id)? {
             return Err(project_not_found(&block.project_id));
         }
@@ -159,11 +155,7 @@ impl RedisStore {
         Ok(())
     }
 
-    pub(super) fn unblock_user_(
-        &mut self,
-        project_id: &str,
-        user_id: &str,
-    ) -> Result<bool, StoreError> {
+    fn unblock_user(&mut self, project_id: &str, user_id: &str) -> Result<bool, StoreError> {
         if !self.project_exists(project_id)? {
             return Err(project_not_found(project_id));
         }
@@ -178,7 +170,7 @@ impl RedisStore {
         Ok(held == 1)
     }
 
-    pub(super) fn user_block_(
+    fn user_block(
         &mut self,
         project_id: &str,
         user_id: &str,
@@ -203,7 +195,7 @@ impl RedisStore {
         Ok(block.holds_at(unix_now()).then_some(block))
     }
 
-    pub(super) fn add_user_end_(&mut self, end: &UserEndRecord) -> Result<(), StoreError> {
+    fn add_user_end(&mut self, end: &UserEndRecord) -> Result<(), StoreError> {
         // The record without its `seq`: the script takes the next one and writes it in
         // front, in the same step as the ZADD (see ADD_END).
         let json = serde_json::to_string(&StoredEnd {
@@ -231,7 +223,7 @@ impl RedisStore {
         })
     }
 
-    pub(super) fn user_ends_after_(
+    fn user_ends_after(
         &mut self,
         after: Option<u64>,
     ) -> Result<(Vec<UserEndRecord>, u64), StoreError> {

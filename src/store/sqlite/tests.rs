@@ -1,6 +1,7 @@
 //! Unit tests of `store::sqlite`.
 
 use super::*;
+use crate::store::UserStore;
 
 fn rl(s: &str) -> RateLimit {
     RateLimit::parse(s).unwrap()

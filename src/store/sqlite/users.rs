@@ -13,7 +13,7 @@ use rusqlite::{params, OptionalExtension, Transaction, TransactionBehavior};
 use super::{project_exists, project_not_found, unix_now, SqliteStore};
 use crate::project::users::{ENDS_PER_READ, MAX_STORED_ENDS};
 use crate::project::{UserBlockRecord, UserEndRecord};
-use crate::store::StoreError;
+use crate::store::{StoreError, UserStore};
 
 /// `require_user` projects and the blocks that hold now, inside `load_all`'s read.
 pub(super) fn read_all(
@@ -38,8 +38,8 @@ pub(super) fn read_all(
     Ok((require, blocks))
 }
 
-impl SqliteStore {
-    pub(super) fn requires_user_(&mut self, project_id: &str) -> Result<bool, StoreError> {
+impl UserStore for SqliteStore {
+    fn requires_user(&mut self, project_id: &str) -> Result<bool, StoreError> {
         self.conn
             .query_row(
                 "SELECT require_user != 0 FROM projects WHERE id = ?1",
@@ -50,11 +50,7 @@ impl SqliteStore {
             .ok_or_else(|| project_not_found(project_id))
     }
 
-    pub(super) fn block_user_(
-        &mut self,
-        block: &UserBlockRecord,
-        max: usize,
-    ) -> Result<(), StoreError> {
+    fn block_user(&mut self, block: &UserBlockRecord, max: usize) -> Result<(), StoreError> {
         self.write(|tx| {
             if !project_exists(tx, &block.project_id)? {
                 return Err(project_not_found(&block.project_id));
@@ -82,11 +78,7 @@ impl SqliteStore {
         })
     }
 
-    pub(super) fn unblock_user_(
-        &mut self,
-        project_id: &str,
-        user_id: &str,
-    ) -> Result<bool, StoreError> {
+    fn unblock_user(&mut self, project_id: &str, user_id: &str) -> Result<bool, StoreError> {
         let now = unix_now();
         self.write(|tx| {
             if !project_exists(tx, project_id)? {
@@ -107,7 +99,7 @@ impl SqliteStore {
         })
     }
 
-    pub(super) fn user_block_(
+    fn user_block(
         &mut self,
         project_id: &str,
         user_id: &str,
@@ -131,7 +123,7 @@ impl SqliteStore {
         }))
     }
 
-    pub(super) fn add_user_end_(&mut self, end: &UserEndRecord) -> Result<(), StoreError> {
+    fn add_user_end(&mut self, end: &UserEndRecord) -> Result<(), StoreError> {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -156,7 +148,7 @@ impl SqliteStore {
         Ok(())
     }
 
-    pub(super) fn user_ends_after_(
+    fn user_ends_after(
         &mut self,
         after: Option<u64>,
     ) -> Result<(Vec<UserEndRecord>, u64), StoreError> {
