@@ -10,9 +10,18 @@ use common::Project;
 use std::time::Duration;
 
 use common::{
-    close_code, expect_silence, hs256, next_json, parse_response, send_json, unix_now, Server,
+    close_code, expect_silence, hs256, next_json, parse_response, send_json, unix_now, Server, Ws,
 };
 use serde_json::{json, Value};
+
+/// Subscribe to `channel` with a channel token; the answer.
+fn subscribe_with(ws: &mut Ws, channel: &str, token: &str) -> Value {
+    send_json(
+        ws,
+        json!({"type": "subscribe", "channel": channel, "token": token}),
+    );
+    next_json(ws)
+}
 
 fn expect_invalid_token(s: &Server, p: &Project, token: &str, why: &str) {
     let (status, body) = upgrade_answer(s.addr, p, token);
@@ -124,11 +133,7 @@ fn channel_tokens_belong_to_the_connections_user_and_presence_takes_it() {
     let (mut ann, _) = connect_as(s.addr, &p, &token);
 
     let bobs = common::channel_token(&p.token_secret, "private-a", "bob");
-    send_json(
-        &mut ann,
-        json!({"type": "subscribe", "channel": "private-a", "token": bobs}),
-    );
-    let refused = next_json(&mut ann);
+    let refused = subscribe_with(&mut ann, "private-a", &bobs);
     assert_eq!(refused["code"], "forbidden", "{refused}");
     assert_eq!(refused["channel"], "private-a", "{refused}");
 
@@ -393,11 +398,7 @@ fn a_blocked_user_is_refused_everywhere_until_the_block_is_lifted() {
     // A channel token naming ann, on an anonymous connection.
     let mut anon = s.ws(&p.public);
     let anns = common::channel_token(&p.token_secret, "private-a", "ann");
-    send_json(
-        &mut anon,
-        json!({"type": "subscribe", "channel": "private-a", "token": anns}),
-    );
-    let refused = next_json(&mut anon);
+    let refused = subscribe_with(&mut anon, "private-a", &anns);
     assert_eq!(refused["code"], "forbidden", "{refused}");
     // A Pusher sign-in as ann.
     let url = format!("ws://{}/app/{}?protocol=7", s.addr, p.public);

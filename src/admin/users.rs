@@ -140,9 +140,6 @@ pub(super) fn execute(store: &mut dyn Store, request: UserRequest) -> Result<Val
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::history::HistorySpec;
-    use crate::quota::RateLimit;
-    use crate::sealed::MasterKey;
     use crate::store::SqliteStore;
     use crate::store::UserStore;
 
@@ -160,16 +157,7 @@ mod tests {
 
     #[test]
     fn commands_run_on_the_store() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut store = SqliteStore::open(dir.path()).unwrap();
-        let (p, ..) = store
-            .create_project(
-                "p",
-                RateLimit::parse("1/s").unwrap(),
-                HistorySpec::OFF,
-                &MasterKey::random(),
-            )
-            .unwrap();
+        let (_dir, mut store, p) = crate::store::test_store_with_project();
         let run = |store: &mut SqliteStore, args: &[&str]| {
             execute(store, cmd(args).unwrap()).map_err(|e| e.to_string())
         };

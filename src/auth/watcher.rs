@@ -444,16 +444,7 @@ mod tests {
     #[test]
     fn blocks_require_user_ends_and_jobs_reach_the_node() {
         use crate::project::UserBlockRecord;
-        let dir = tempfile::tempdir().unwrap();
-        let mut admin = SqliteStore::open(dir.path()).unwrap();
-        let (project, ..) = admin
-            .create_project(
-                "p",
-                RateLimit::parse("10/s").unwrap(),
-                crate::history::HistorySpec::OFF,
-                &crate::sealed::MasterKey::random(),
-            )
-            .unwrap();
+        let (dir, mut admin, project) = crate::store::test_store_with_project();
         let cache = KeyCache::new();
         let ended = Arc::new(std::sync::Mutex::new(Vec::<UserEndRecord>::new()));
         let seen = Arc::clone(&ended);
@@ -574,16 +565,7 @@ mod tests {
     #[test]
     fn an_end_is_applied_after_its_block_is_in_the_snapshot() {
         use crate::project::UserBlockRecord;
-        let dir = tempfile::tempdir().unwrap();
-        let mut admin = SqliteStore::open(dir.path()).unwrap();
-        let (project, ..) = admin
-            .create_project(
-                "p",
-                RateLimit::parse("10/s").unwrap(),
-                crate::history::HistorySpec::OFF,
-                &crate::sealed::MasterKey::random(),
-            )
-            .unwrap();
+        let (dir, mut admin, project) = crate::store::test_store_with_project();
         let cache = KeyCache::new();
         let seen = Arc::new(std::sync::Mutex::new(Vec::<bool>::new()));
         let (seen2, cache2, id2) = (Arc::clone(&seen), Arc::clone(&cache), project.id.clone());

@@ -24,6 +24,8 @@ mod redis;
 mod sqlite;
 
 pub(crate) use self::redis::RedisStore;
+#[cfg(test)]
+pub(crate) use sqlite::test_store_with_project;
 pub(crate) use sqlite::SqliteStore;
 
 use std::path::{Path, PathBuf};

@@ -697,5 +697,22 @@ impl Store for SqliteStore {
     }
 }
 
+/// A store in a fresh directory with one project (`p`, 10/s, no history): the opening of
+/// every unit test that needs a project to act on (stores, watcher, admin commands).
+#[cfg(test)]
+pub(crate) fn test_store_with_project() -> (tempfile::TempDir, SqliteStore, ProjectRecord) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut store = SqliteStore::open(dir.path()).expect("open store");
+    let (project, ..) = store
+        .create_project(
+            "p",
+            RateLimit::parse("10/s").expect("rate"),
+            HistorySpec::OFF,
+            &crate::sealed::MasterKey::random(),
+        )
+        .expect("create project");
+    (dir, store, project)
+}
+
 #[cfg(test)]
 mod tests;

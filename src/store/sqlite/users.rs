@@ -190,23 +190,11 @@ impl UserStore for SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::history::HistorySpec;
     use crate::project::ProjectChange;
-    use crate::quota::RateLimit;
-    use crate::sealed::MasterKey;
     use crate::store::Store;
 
     fn store_with_project() -> (tempfile::TempDir, SqliteStore, String) {
-        let dir = tempfile::tempdir().unwrap();
-        let mut store = SqliteStore::open(dir.path()).unwrap();
-        let (p, ..) = store
-            .create_project(
-                "p",
-                RateLimit::parse("10/s").unwrap(),
-                HistorySpec::OFF,
-                &MasterKey::random(),
-            )
-            .unwrap();
+        let (dir, store, p) = crate::store::test_store_with_project();
         (dir, store, p.id)
     }
 
