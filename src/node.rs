@@ -2,10 +2,9 @@
 //! mailboxes of all workers, the cluster bridge, and the node's health flags.
 //!
 //! Read-mostly; nothing here is locked on the hot path. A [`Node`] is made once by the
-//! server at start and handed to every worker behind an `Arc`. It is also how an
-//! accepted publish or client event leaves its worker ([`Fanout`], the one way out):
-//! into the mailboxes of the workers that want its channel, then (cluster mode) to the
-//! other nodes.
+//! server at start and handed to every worker behind an `Arc`. It is what an accepted
+//! publish or client event asks of its node ([`Fanout`]: the mailboxes, the relay, the
+//! history backend); the hand-over itself is `publish`'s.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -16,7 +15,7 @@ use crate::config::Config;
 use crate::history::backend::Backend;
 use crate::history::History;
 use crate::publish::Fanout;
-use crate::shard::mailbox::{Broadcast, BroadcastBatch, Mailboxes};
+use crate::shard::mailbox::{Mailboxes, Relay};
 use crate::webhook::Webhooks;
 
 pub(crate) struct Node {
@@ -65,40 +64,12 @@ impl Node {
 }
 
 impl Fanout for Node {
-    fn broadcast(&self, msg: Arc<Broadcast>) -> bool {
-        match &self.cluster {
-            None => self.mailboxes.broadcast(msg),
-            // Relay only what was accepted locally: a 503 here means no node delivers it.
-            // The relay is an `Arc` clone into a bounded queue: no allocation, no wait.
-            Some(cluster) => {
-                if !cluster.relay_room(1) || !self.mailboxes.broadcast(Arc::clone(&msg)) {
-                    return false;
-                }
-                cluster.relay(msg);
-                true
-            }
-        }
+    fn mailboxes(&self) -> &Mailboxes {
+        &self.mailboxes
     }
 
-    fn broadcast_batch(&self, batch: BroadcastBatch) -> bool {
-        // No room to relay it: 503 rather than a 202 whose relays are dropped.
-        if self
-            .cluster
-            .as_ref()
-            .is_some_and(|c| !c.relay_room(batch.len()))
-        {
-            return false;
-        }
-        if !self.mailboxes.broadcast_batch(Arc::clone(&batch)) {
-            return false;
-        }
-        if let Some(cluster) = &self.cluster {
-            // Per-channel order holds: the relay queue is FIFO and one thread drains it.
-            for msg in batch.iter() {
-                cluster.relay(Arc::clone(msg));
-            }
-        }
-        true
+    fn relay(&self) -> Option<&dyn Relay> {
+        self.cluster.as_deref().map(|c| c as &dyn Relay)
     }
 
     fn shutting_down(&self) -> bool {

@@ -323,6 +323,16 @@ impl crate::shard::InterestSink for Cluster {
     }
 }
 
+impl crate::shard::mailbox::Relay for Cluster {
+    fn room(&self, frames: usize) -> bool {
+        self.relay_room(frames)
+    }
+
+    fn relay(&self, msg: Arc<Broadcast>) {
+        Cluster::relay(self, msg);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,14 +11,12 @@
 //! one-shot reply: the worker never waits on a lock. Not a hot path: it allocates
 //! freely.
 
-use std::rc::Rc;
 
 use super::history::percent_decode;
-use super::outcome::{answer, Outcome};
-use super::parse::{query_param, RequestHead};
+use super::outcome::{answer, Outcome, Request};
+use super::parse::query_param;
 use super::response::{write_json, write_json_with, Extra};
-use super::{ApiError, Service};
-use crate::apikey::KeyKind;
+use super::ApiError;
 use crate::error::Unavailable;
 use crate::json::write_json_str;
 use crate::presence::{write_members, Query, MAX_LISTED};
@@ -32,20 +30,13 @@ pub(crate) enum Ask {
     Presence,
 }
 
-pub(crate) fn handle(
-    svc: &Rc<Service>,
-    head: &RequestHead,
-    req: &[u8],
-    out: &mut Vec<u8>,
-    ask: Ask,
-) -> Outcome {
-    let keys = svc.node.keys.load();
-    let raw_key = head.api_key.as_ref().map(|r| &req[r.clone()]);
-    let project = match keys.authenticate(raw_key, KeyKind::Secret) {
-        Ok(entry) => entry.project.index,
-        Err(refusal) => return answer(out, ApiError::Unauthorized(refusal)),
+pub(crate) fn handle(r: &Request<'_>, out: &mut Vec<u8>, ask: Ask) -> Outcome {
+    let svc = r.svc;
+    let project = match r.secret_project() {
+        Ok(project) => project.index,
+        Err(err) => return answer(out, err),
     };
-    let query = head.query.as_ref().map_or(&b""[..], |q| &req[q.clone()]);
+    let query = r.query();
     let hub = &svc.node.presence;
     match ask {
         Ask::List => {

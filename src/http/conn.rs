@@ -4,6 +4,13 @@
 //! of them), flush, read more. Or hand the socket to the WebSocket layer after an
 //! upgrade.
 //!
+//! Serving a request is parsing its head (`super::parse`) and routing it ([`route`]:
+//! the routing table) to the endpoint that answers it. Unknown paths get 404, wrong
+//! methods 405 with `Allow`. `GET`/`HEAD /health` and the WebSocket upgrades take no
+//! body: a head declaring one (`Content-Length` above 0) is a 400 decided from the
+//! head, before any of the body is waited for, and the connection closes (the body is
+//! never read).
+//!
 //! Pending answers are bounded: a buffered request is served only while less than
 //! `max_pending_answer_bytes` of answers wait to be written, so a client that pipelines
 //! requests and never reads holds at most that plus one answer (itself bounded: a
@@ -26,13 +33,14 @@ use monoio::buf::IoBufMut;
 use monoio::io::AsyncWriteRentExt;
 use monoio::net::TcpStream;
 
-use super::outcome::{Deferred, Outcome, Upgrade};
-use super::parse::parse_head;
+use super::outcome::{answer, Deferred, Outcome, Request, Upgrade};
+use super::parse::{parse_head, Method};
 use super::response::{write_error, Extra};
-use super::route::route;
 use super::transport::Transport;
-use super::upgrade;
-use super::{ApiError, Service};
+use super::{
+    channels, console, health, history, publish, pusher_rest, pusher_ws, upgrade, users, ApiError,
+    Service,
+};
 use crate::config::Config;
 use crate::shard::ConnGuard;
 
@@ -121,7 +129,13 @@ impl HttpConn {
                     .or(self.peer),
                 _ => self.peer,
             };
-            match route(svc, &head, req, &mut self.out, peer) {
+            let request = Request {
+                svc,
+                head: &head,
+                bytes: req,
+                peer,
+            };
+            match route(&request, &mut self.out) {
                 Outcome::NeedMore => break,
                 Outcome::Answered { close } => {
                     let body = head.content_length.unwrap_or(0);
@@ -217,6 +231,60 @@ impl HttpConn {
             Err(_) if self.request_started.is_some() || len > 0 => Read::TimedOut,
             Err(_) => Read::Closed,
         }
+    }
+}
+
+/// The routing table: which endpoint answers a request whose head is parsed.
+fn route(r: &Request<'_>, out: &mut Vec<u8>) -> Outcome {
+    let method = r.head.method();
+    let no_body = |out: &mut Vec<u8>, what: &'static str| answer(out, ApiError::BadRequest(what));
+    match r.path() {
+        b"/api/v1/publish" | b"/api/v1/publish/batch" if method != Method::Post => {
+            publish::count(405);
+            answer(out, ApiError::MethodNotAllowed("POST"))
+        }
+        b"/api/v1/publish" => publish::handle(r, out, publish::Endpoint::One),
+        b"/api/v1/publish/batch" => publish::handle(r, out, publish::Endpoint::Batch),
+        b"/api/v1/history" | b"/api/v1/channels" | b"/api/v1/channels/info"
+        | b"/api/v1/presence"
+            if method != Method::Get =>
+        {
+            answer(out, ApiError::MethodNotAllowed("GET"))
+        }
+        b"/api/v1/history" => history::handle(r, out),
+        b"/api/v1/channels" => channels::handle(r, out, channels::Ask::List),
+        b"/api/v1/channels/info" => channels::handle(r, out, channels::Ask::Info),
+        b"/api/v1/presence" => channels::handle(r, out, channels::Ask::Presence),
+        b"/api/v1/channels/unsubscribe" => users::handle_unsubscribe(r, out),
+        path if path.starts_with(b"/api/v1/users/") => users::handle_user(r, out, &path[14..]),
+        b"/health" => match method {
+            Method::Get | Method::Head if r.head.has_body() => {
+                no_body(out, "a /health request must not have a body")
+            }
+            Method::Get | Method::Head => health::handle(r, out),
+            _ => answer(out, ApiError::MethodNotAllowed("GET, HEAD")),
+        },
+        b"/api/v1/ws" if method == Method::Get && r.head.has_body() => {
+            no_body(out, "the WebSocket upgrade request must not have a body")
+        }
+        b"/api/v1/ws" => upgrade::handle(r, out),
+        // The Pusher REST API: `/apps/{app_id}/...` (404 and 405 are its own to decide).
+        path if path.starts_with(b"/apps/") => pusher_rest::handle(r, out, &path[6..]),
+        // The Pusher protocol's WebSocket: `/app/{key}` (one segment; pusher-js puts
+        // nothing else in the path unless told to use a `wsPath` prefix).
+        path if path.starts_with(b"/app/") && path.len() > 5 && !path[5..].contains(&b'/') => {
+            if method == Method::Get && r.head.has_body() {
+                return no_body(out, "the WebSocket upgrade request must not have a body");
+            }
+            pusher_ws::handle(r, out, &path[5..])
+        }
+        b"/console" | b"/console/" | b"/console/ringcast.js" if r.svc.config().console => {
+            match method {
+                Method::Get | Method::Head => console::handle(r.head, r.path(), out),
+                _ => answer(out, ApiError::MethodNotAllowed("GET, HEAD")),
+            }
+        }
+        _ => answer(out, ApiError::NotFound),
     }
 }
 

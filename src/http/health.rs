@@ -7,20 +7,19 @@
 //! head, Content-Length included, and no body (RFC 9110 §9.3.2). A request with a body
 //! never gets here: the router answers it 400 from the head (`route`).
 
-use std::rc::Rc;
 use std::sync::atomic::Ordering;
 
-use super::outcome::Outcome;
-use super::parse::{Method, RequestHead};
+use super::outcome::{Outcome, Request};
+use super::parse::Method;
 use super::response::{write_json, Extra};
 use super::Service;
 
 /// Answer a body-less `GET`/`HEAD /health` (the router refuses one with a body).
-pub(crate) fn handle(svc: &Rc<Service>, head: &RequestHead, out: &mut Vec<u8>) -> Outcome {
-    debug_assert!(!head.has_body());
+pub(crate) fn handle(r: &Request<'_>, out: &mut Vec<u8>) -> Outcome {
+    debug_assert!(!r.head.has_body());
     let start = out.len();
-    write_health(svc, out);
-    if head.method() == Method::Head {
+    write_health(r.svc, out);
+    if r.head.method() == Method::Head {
         if let Some(end) = out[start..].windows(4).position(|w| w == b"\r\n\r\n") {
             out.truncate(start + end + 4);
         }

@@ -11,13 +11,11 @@
 //! `offset` is the channel's last assigned offset even when older messages are gone.
 //! Not a hot path: it allocates freely.
 
-use std::rc::Rc;
 
-use super::outcome::{answer, Outcome};
-use super::parse::{query_param, RequestHead};
+use super::outcome::{answer, Outcome, Request};
+use super::parse::query_param;
 use super::response::{write_json_with, Extra};
-use super::{ApiError, Service};
-use crate::apikey::KeyKind;
+use super::ApiError;
 use crate::error::Unavailable;
 use crate::history::backend::{Project, Read, ReadAnswer, ReadAsk};
 use crate::json::write_json_str;
@@ -26,20 +24,13 @@ use crate::json::write_json_str;
 const MAX_LIMIT: usize = 1000;
 const DEFAULT_LIMIT: usize = 100;
 
-pub(crate) fn handle(
-    svc: &Rc<Service>,
-    head: &RequestHead,
-    req: &[u8],
-    out: &mut Vec<u8>,
-) -> Outcome {
-    let keys = svc.node.keys.load();
-    let raw_key = head.api_key.as_ref().map(|r| &req[r.clone()]);
-    let project = match keys.authenticate(raw_key, KeyKind::Secret) {
-        Ok(entry) => &entry.project,
-        Err(refusal) => return answer(out, ApiError::Unauthorized(refusal)),
+pub(crate) fn handle(r: &Request<'_>, out: &mut Vec<u8>) -> Outcome {
+    let svc = r.svc;
+    let project = match r.secret_project() {
+        Ok(project) => project,
+        Err(err) => return answer(out, err),
     };
-    let query = head.query.as_ref().map_or(&b""[..], |q| &req[q.clone()]);
-    let params = match Params::parse(query) {
+    let params = match Params::parse(r.query()) {
         Ok(p) => p,
         Err(e) => return answer(out, e),
     };

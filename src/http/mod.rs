@@ -2,8 +2,9 @@
 //!
 //! - [`parse`]: request heads (httparse) as offsets into the read buffer.
 //! - [`conn`]: one connection's state ([`conn::HttpConn`]) and its read → serve →
-//!   flush steps, keep-alive and pipelining.
-//! - [`route`]: the routing table, answering with an [`outcome::Outcome`]; [`publish`], [`history`], [`health`] and [`upgrade`] are its
+//!   flush steps, keep-alive and pipelining; the routing table, which hands each
+//!   request to its endpoint as an [`outcome::Request`] and takes back an
+//!   [`outcome::Outcome`]; [`publish`], [`history`], [`health`] and [`upgrade`] are its
 //!   endpoints, [`pusher_ws`] and [`pusher_rest`] (with [`pusher_terminate`]) the Pusher protocol's; [`upgrade_limit`] is
 //!   `max_upgrades_per_second` at both upgrades; [`response`] writes every answer from the one error table
 //!   ([`crate::error`]).
@@ -33,7 +34,6 @@ pub(crate) mod pusher_rest;
 pub(crate) mod pusher_terminate;
 pub(crate) mod pusher_ws;
 pub(crate) mod response;
-pub(crate) mod route;
 pub(crate) mod service;
 pub(crate) mod transport;
 pub(crate) mod upgrade;

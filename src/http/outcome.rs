@@ -1,13 +1,73 @@
-//! What an endpoint decided for one request: answered (and whether the connection must
-//! close), waiting for more of the body, or switching to WebSocket.
+//! An endpoint's contract: the [`Request`] it is handed (the worker's service, the
+//! parsed head and the bytes it indexes, the client) and the [`Outcome`] it decided:
+//! answered (and whether the connection must close), waiting for more of the body, or
+//! switching to WebSocket.
 
+use std::net::IpAddr;
+use std::ops::Range;
+use std::rc::Rc;
+
+use super::parse::RequestHead;
 use super::response::{write_error, Extra};
-use super::ApiError;
+use super::{ApiError, Service};
+use crate::apikey::KeyKind;
 use crate::auth::ProjectState;
 use crate::client::user::ConnUser;
 use crate::dialect::Dialect;
 use crate::shard::ProjectSlot;
 use std::sync::Arc;
+
+/// One request as every endpoint sees it. `bytes` starts at the head; the body may not
+/// have arrived whole yet ([`Request::body`] says).
+pub(crate) struct Request<'a> {
+    pub svc: &'a Rc<Service>,
+    pub head: &'a RequestHead,
+    pub bytes: &'a [u8],
+    /// The client's address (the TCP peer's, or what a trusted proxy named).
+    pub peer: Option<IpAddr>,
+}
+
+impl<'a> Request<'a> {
+    /// The bytes of one part of the head the parser located.
+    pub(crate) fn part(&self, range: &Option<Range<usize>>) -> Option<&'a [u8]> {
+        range.as_ref().map(|r| &self.bytes[r.clone()])
+    }
+
+    pub(crate) fn path(&self) -> &'a [u8] {
+        &self.bytes[self.head.path.clone()]
+    }
+
+    /// The query string without its `?` (empty when there is none).
+    pub(crate) fn query(&self) -> &'a [u8] {
+        self.part(&self.head.query).unwrap_or_default()
+    }
+
+    /// The key the request presents (`Authorization: Bearer` or `X-Api-Key`).
+    pub(crate) fn api_key(&self) -> Option<&'a [u8]> {
+        self.part(&self.head.api_key)
+    }
+
+    pub(crate) fn content_type(&self) -> Option<&'a [u8]> {
+        self.part(&self.head.content_type)
+    }
+
+    /// The project whose secret key the request presents, or the 401 to answer. (The
+    /// publish endpoints check the key themselves: they borrow the project from the
+    /// snapshot instead of taking a reference count.)
+    pub(crate) fn secret_project(&self) -> Result<Arc<ProjectState>, ApiError> {
+        let keys = self.svc.node.keys.load();
+        keys.authenticate(self.api_key(), KeyKind::Secret)
+            .map(|entry| Arc::clone(&entry.project))
+            .map_err(ApiError::Unauthorized)
+    }
+
+    /// The whole body, or `None` while some of it is still to be read.
+    pub(crate) fn body(&self) -> Option<&'a [u8]> {
+        let start = self.head.head_len;
+        let end = start + self.head.content_length.unwrap_or(0);
+        self.bytes.get(start..end)
+    }
+}
 
 pub(crate) enum Outcome {
     /// The whole answer is in the output; keep reading requests (unless `close`).

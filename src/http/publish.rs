@@ -13,8 +13,8 @@
 use std::rc::Rc;
 use std::time::Instant;
 
-use super::outcome::{answer, Outcome};
-use super::parse::{is_json_media_type, RequestHead};
+use super::outcome::{answer, Outcome, Request};
+use super::parse::is_json_media_type;
 use super::response::{write_error, write_json, Extra, RateHeaders};
 use super::{ApiError, Service};
 use crate::apikey::KeyKind;
@@ -40,13 +40,8 @@ pub(crate) fn count(status: u16) {
     crate::metrics::with(|m| m.publish_request(Api::Native, status));
 }
 
-pub(crate) fn handle(
-    svc: &Rc<Service>,
-    head: &RequestHead,
-    req: &[u8],
-    out: &mut Vec<u8>,
-    endpoint: Endpoint,
-) -> Outcome {
+pub(crate) fn handle(r: &Request<'_>, out: &mut Vec<u8>, endpoint: Endpoint) -> Outcome {
+    let (svc, head) = (r.svc, r.head);
     let node = &svc.node;
     let refuse = |out: &mut Vec<u8>, err: ApiError| {
         count(err.status());
@@ -56,13 +51,11 @@ pub(crate) fn handle(
         return refuse(out, ApiError::Unavailable(Unavailable::ShuttingDown));
     }
     let keys = node.keys.load();
-    let raw_key = head.api_key.as_ref().map(|r| &req[r.clone()]);
-    let project = match keys.authenticate(raw_key, KeyKind::Secret) {
+    let project = match keys.authenticate(r.api_key(), KeyKind::Secret) {
         Ok(entry) => &entry.project,
         Err(refusal) => return refuse(out, ApiError::Unauthorized(refusal)),
     };
-    let content_type = head.content_type.as_ref().map(|r| &req[r.clone()]);
-    if !content_type.is_some_and(is_json_media_type) {
+    if !r.content_type().is_some_and(is_json_media_type) {
         return refuse_known(out, project, ApiError::UnsupportedMediaType);
     }
     let length = head.content_length.unwrap_or(0);
@@ -73,15 +66,14 @@ pub(crate) fn handle(
     if length > max_body {
         return refuse_known(out, project, ApiError::PayloadTooLarge);
     }
-    if req.len() < head.head_len + length {
+    let Some(body) = r.body() else {
         // Authorized, body still arriving (the head is checked again when it has).
         return Outcome::NeedMore;
-    }
+    };
     // The request is complete: the publish-duration histogram starts here. Two clock
     // reads per publish, only while metrics are served.
     let started = node.metrics_timing.then(Instant::now);
-    let body = &req[head.head_len..head.head_len + length];
-    if let Some(key) = &head.idempotency_key {
+    if let Some(key) = r.part(&head.idempotency_key) {
         // A keyed request: claimed first (single node) or published by Redis' idempotent
         // script (cluster mode). Without the header, nothing of this is paid.
         let owned = Arc::clone(project);
@@ -89,7 +81,6 @@ pub(crate) fn handle(
             move |svc: &Rc<Service>, body: &[u8], keyed: Option<&Keyed<'_>>, out: &mut Vec<u8>| {
                 publish_body(svc, &owned, body, endpoint, started, keyed, out)
             };
-        let key = &req[key.clone()];
         return super::idempotent::guard(svc, project, key, body, Api::Native, out, run);
     }
     publish_body(svc, project, body, endpoint, started, None, out)

@@ -39,8 +39,8 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::outcome::{answer, Outcome};
-use super::parse::{is_json_media_type, Method, RequestHead};
+use super::outcome::{answer, Outcome, Request};
+use super::parse::{is_json_media_type, Method};
 use super::publish::{answer_extra, rate_headers};
 use super::response::{write_error, write_json, write_json_with, Extra};
 use super::{ApiError, Service};
@@ -115,13 +115,8 @@ fn count(status: u16) {
 }
 
 /// Serve a request whose path starts with `/apps/`; `rest` is the path after it.
-pub(crate) fn handle(
-    svc: &Rc<Service>,
-    head: &RequestHead,
-    req: &[u8],
-    out: &mut Vec<u8>,
-    rest: &[u8],
-) -> Outcome {
+pub(crate) fn handle(r: &Request<'_>, out: &mut Vec<u8>, rest: &[u8]) -> Outcome {
+    let (svc, head) = (r.svc, r.head);
     // 1. Route and method.
     let Some((app_id, endpoint)) = split(rest) else {
         return answer(out, ApiError::NotFound);
@@ -163,8 +158,7 @@ pub(crate) fn handle(
     }
 
     // 3. The query: every parameter once.
-    let raw_query = head.query.as_ref().map_or(&b""[..], |r| &req[r.clone()]);
-    let q = match parse_query(raw_query) {
+    let q = match parse_query(r.query()) {
         Ok(q) => q,
         Err(e) => return refuse(out, ApiError::InvalidQuery(query_message(&e))),
     };
@@ -188,7 +182,7 @@ pub(crate) fn handle(
         .token_keys(project.index)
         .map_or_else(Vec::new, |k| k.secrets_at(now));
     // A path that is not UTF-8 cannot have been signed by an SDK.
-    let signed = std::str::from_utf8(&req[head.path.clone()])
+    let signed = std::str::from_utf8(r.path())
         .map_err(|_| RestAuthError::Signature)
         .and_then(|path| check_signature(method_name, path, &q, &tag, &secrets));
     if let Err(e) = signed {
@@ -196,12 +190,11 @@ pub(crate) fn handle(
     }
 
     // 9. The body (its size was bounded in step 2) is the one signed: body_md5.
-    if req.len() < head.head_len + length {
+    let Some(body) = r.body() else {
         return Outcome::NeedMore;
-    }
+    };
     // The request is complete: the publish-duration histogram starts here, as native.
     let started = (publish && svc.node.metrics_timing).then(Instant::now);
-    let body = &req[head.head_len..head.head_len + length];
     if let Err(e) = check_body(&q, body) {
         return refuse(out, ApiError::PusherUnauthorized(e));
     }
@@ -212,8 +205,7 @@ pub(crate) fn handle(
     }
 
     // 11. A publish body is JSON (Pusher has no 415; the SDKs always send the header).
-    let content_type = head.content_type.as_ref().map(|r| &req[r.clone()]);
-    if publish && !content_type.is_some_and(is_json_media_type) {
+    if publish && !r.content_type().is_some_and(is_json_media_type) {
         return refuse(
             out,
             ApiError::BadRequest("Content-Type must be application/json"),
@@ -223,7 +215,7 @@ pub(crate) fn handle(
     // 12. The endpoint (a keyed publish under its key: `super::idempotent`).
     let project = Arc::clone(project);
     drop(keys);
-    if let (true, Some(key)) = (publish, &head.idempotency_key) {
+    if let (true, Some(key)) = (publish, r.part(&head.idempotency_key)) {
         let batch = matches!(endpoint, Endpoint::Batch);
         let owned = Arc::clone(&project);
         let run =
@@ -233,7 +225,6 @@ pub(crate) fn handle(
                     false => events(svc, &owned, body, out, started, keyed),
                 }
             };
-        let key = &req[key.clone()];
         return super::idempotent::guard(svc, &project, key, body, Api::Pusher, out, run);
     }
     match endpoint {

@@ -11,13 +11,11 @@
 //! bytes (101, the error frame, the close frame) are one HTTP answer after which the
 //! socket is closed: no WebSocket state is ever made for it.
 
-use std::rc::Rc;
 use std::sync::Arc;
 
-use super::outcome::{answer, Outcome, Upgrade};
-use super::parse::{query_param, RequestHead};
+use super::outcome::{answer, Outcome, Upgrade, Request};
+use super::parse::query_param;
 use super::upgrade::validate;
-use super::Service;
 use crate::apikey::KeyKind;
 use crate::close::Disconnect;
 use crate::dialect::Dialect;
@@ -30,20 +28,13 @@ use crate::ws::handshake::write_switching;
 /// what they ignore).
 const PROTOCOLS: std::ops::RangeInclusive<u32> = 5..=7;
 
-pub(crate) fn handle(
-    svc: &Rc<Service>,
-    head: &RequestHead,
-    req: &[u8],
-    out: &mut Vec<u8>,
-    peer: Option<std::net::IpAddr>,
-    key: &[u8],
-) -> Outcome {
-    let ws_key = match validate(head, req) {
+pub(crate) fn handle(r: &Request<'_>, out: &mut Vec<u8>, key: &[u8]) -> Outcome {
+    let svc = r.svc;
+    let ws_key = match validate(r.head, r.bytes) {
         Ok(k) => k,
         Err(err) => return answer(out, err),
     };
-    let query = head.query.as_ref().map(|q| &req[q.clone()]);
-    let protocol = query.and_then(|q| query_param(q, b"protocol"));
+    let protocol = query_param(r.query(), b"protocol");
     let protocol_ok = match protocol {
         None => true,
         Some(p) => std::str::from_utf8(p)
@@ -57,7 +48,7 @@ pub(crate) fn handle(
     if svc.shard.is_stopping() {
         return refuse(out, ws_key, Dialect::Pusher.translate(Disconnect::SHUTDOWN));
     }
-    if let (Some(rate), Some(ip)) = (&svc.node.connect_rate, peer) {
+    if let (Some(rate), Some(ip)) = (&svc.node.connect_rate, r.peer) {
         if !rate.admit(ip) {
             return refuse(out, ws_key, Disconnect::PUSHER_OVER_CAPACITY);
         }
@@ -76,7 +67,7 @@ pub(crate) fn handle(
     let Some(slot) = ProjectSlot::take(&entry.project.ws_connections, limit) else {
         return refuse(out, ws_key, Disconnect::PUSHER_OVER_CAPACITY);
     };
-    let deflate = super::upgrade::agrees_to_deflate(svc, head, req);
+    let deflate = super::upgrade::agrees_to_deflate(r);
     crate::ws::handshake::write_switching_with(out, ws_key, deflate);
     Outcome::Upgrade(Upgrade {
         project: Arc::clone(&entry.project),

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::outcome::{answer, Outcome, Upgrade};
+use super::outcome::{answer, Outcome, Upgrade, Request};
 use super::parse::{query_param, Method, RequestHead};
 use super::transport::{Transport, WsIo};
 use super::{ApiError, Service};
@@ -67,19 +67,14 @@ pub fn validate<'a>(head: &RequestHead, buf: &'a [u8]) -> Result<&'a [u8], ApiEr
     Ok(key)
 }
 
-pub(crate) fn handle(
-    svc: &Rc<Service>,
-    head: &RequestHead,
-    req: &[u8],
-    out: &mut Vec<u8>,
-    peer: Option<std::net::IpAddr>,
-) -> Outcome {
-    let ws_key = match validate(head, req) {
+pub(crate) fn handle(r: &Request<'_>, out: &mut Vec<u8>) -> Outcome {
+    let svc = r.svc;
+    let ws_key = match validate(r.head, r.bytes) {
         Ok(k) => k,
         Err(err) => return answer(out, err),
     };
     // Before the key is looked at: a flood of upgrades costs one counter each.
-    if let (Some(rate), Some(ip)) = (&svc.node.connect_rate, peer) {
+    if let (Some(rate), Some(ip)) = (&svc.node.connect_rate, r.peer) {
         if !rate.admit(ip) {
             return answer(out, ApiError::ConnectRateLimited);
         }
@@ -87,10 +82,7 @@ pub(crate) fn handle(
     if svc.shard.is_stopping() {
         return answer(out, ApiError::Unavailable(Unavailable::ShuttingDown));
     }
-    let raw_key = head
-        .query
-        .as_ref()
-        .and_then(|q| query_param(&req[q.clone()], b"key"));
+    let raw_key = query_param(r.query(), b"key");
     let keys = svc.node.keys.load();
     let entry = match keys.authenticate(raw_key, KeyKind::Public) {
         Ok(entry) => entry,
@@ -101,7 +93,7 @@ pub(crate) fn handle(
     }
     // After the node's upgrade rate (and the per-IP connect rate): each token checked
     // here took one of their units (and a repeat is a cache hit, `auth::verified`).
-    let user = match connection_user(svc, head, req, &entry.project) {
+    let user = match connection_user(r, &entry.project) {
         Ok(user) => user,
         Err(why) => return answer(out, ApiError::InvalidToken(why)),
     };
@@ -114,7 +106,7 @@ pub(crate) fn handle(
             ApiError::Unavailable(Unavailable::ProjectConnectionLimit),
         );
     };
-    let deflate = agrees_to_deflate(svc, head, req);
+    let deflate = agrees_to_deflate(r);
     write_switching_with(out, ws_key, deflate);
     Outcome::Upgrade(Upgrade {
         project: Arc::clone(&entry.project),
@@ -130,16 +122,10 @@ pub(crate) fn handle(
 /// without one (refused when the project requires a user). A JWT is base64url and dots:
 /// it is taken as sent, with no percent-decoding to do.
 fn connection_user(
-    svc: &Service,
-    head: &RequestHead,
-    req: &[u8],
+    r: &Request<'_>,
     project: &ProjectState,
 ) -> Result<Option<ConnUser>, TokenRefusal> {
-    let token = head
-        .query
-        .as_ref()
-        .and_then(|q| query_param(&req[q.clone()], b"token"))
-        .filter(|t| !t.is_empty());
+    let token = query_param(r.query(), b"token").filter(|t| !t.is_empty());
     let Some(token) = token else {
         return if crate::client::user::requires_user(project) {
             Err(TokenRefusal::UserRequired)
@@ -148,28 +134,27 @@ fn connection_user(
         };
     };
     let token = std::str::from_utf8(token).map_err(|_| TokenRefusal::Malformed)?;
-    crate::client::user::connection_token(&svc.sessions, project, token).map(Some)
+    crate::client::user::connection_token(&r.svc.sessions, project, token).map(Some)
 }
 
 /// Whether this upgrade (native or Pusher) gets permessage-deflate: `ws_compression` is
 /// on, the client offers it in a form the server honours (`ws::deflate::negotiate`), and
 /// it is not Safari 15.0–15.3 (which mishandles `client_no_context_takeover`).
 /// The server window agreed (bits), or `None`.
-pub(crate) fn agrees_to_deflate(svc: &Service, head: &RequestHead, req: &[u8]) -> Option<u8> {
-    if !svc.config().ws_compression.is_on() {
+pub(crate) fn agrees_to_deflate(r: &Request<'_>) -> Option<u8> {
+    if !r.svc.config().ws_compression.is_on() {
         return None;
     }
     // No offer at all: nothing more to look at.
-    head.ws_extensions.as_ref()?;
-    let safari_15 = head
-        .user_agent
-        .as_ref()
-        .is_some_and(|ua| negotiate::mishandles_no_context_takeover(&req[ua.clone()]));
+    r.head.ws_extensions.as_ref()?;
+    let safari_15 = r
+        .part(&r.head.user_agent)
+        .is_some_and(negotiate::mishandles_no_context_takeover);
     if safari_15 {
         return None;
     }
     // Several headers are one list: the first acceptable offer of any of them.
-    head.ws_extension_values(req)
+    r.head.ws_extension_values(r.bytes)
         .find_map(negotiate::acceptable)
 }
 

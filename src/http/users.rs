@@ -25,11 +25,10 @@
 use std::rc::Rc;
 use std::sync::Arc;
 
-use super::outcome::{answer, Outcome};
-use super::parse::{is_json_media_type, Method, RequestHead};
+use super::outcome::{answer, Outcome, Request};
+use super::parse::{is_json_media_type, Method};
 use super::response::{write_json, write_json_with, Extra};
 use super::{ApiError, Service};
-use crate::apikey::KeyKind;
 use crate::auth::ProjectState;
 use crate::cluster::users::{connections_here, end_here, End};
 use crate::error::Unavailable;
@@ -50,18 +49,13 @@ enum Action {
 }
 
 /// `path` after `/api/v1/users/`: `{id}`, `{id}/disconnect` or `{id}/block`.
-pub(crate) fn handle_user(
-    svc: &Rc<Service>,
-    head: &RequestHead,
-    req: &[u8],
-    out: &mut Vec<u8>,
-    path: &[u8],
-) -> Outcome {
+pub(crate) fn handle_user(r: &Request<'_>, out: &mut Vec<u8>, path: &[u8]) -> Outcome {
+    let (svc, head) = (r.svc, r.head);
     let (raw_id, rest) = match memchr::memchr(b'/', path) {
         Some(i) => (&path[..i], &path[i..]),
         None => (path, &b""[..]),
     };
-    let delete = is_delete(req);
+    let delete = is_delete(r.bytes);
     let action = match (rest, head.method(), delete) {
         (b"", Method::Get, _) => Action::Show,
         (b"", ..) => return answer(out, ApiError::MethodNotAllowed("GET")),
@@ -72,7 +66,7 @@ pub(crate) fn handle_user(
         (b"/block", ..) => return answer(out, ApiError::MethodNotAllowed("POST, DELETE")),
         _ => return answer(out, ApiError::NotFound),
     };
-    let project = match authenticate(svc, head, req) {
+    let project = match r.secret_project() {
         Ok(p) => p,
         Err(e) => return answer(out, e),
     };
@@ -88,14 +82,14 @@ pub(crate) fn handle_user(
         Action::Show | Action::Unblock | Action::Disconnect => {
             if action == Action::Disconnect {
                 // An optional body, which must then be a JSON object (ignored).
-                if let Err(outcome) = body_object(svc, head, req, out, true) {
+                if let Err(outcome) = body_object(r, out, true) {
                     return outcome;
                 }
             }
             run(svc, out, &project, user, action, None, None)
         }
         Action::Block => {
-            let body = match body_object(svc, head, req, out, false) {
+            let body = match body_object(r, out, false) {
                 Ok(b) => b,
                 Err(outcome) => return outcome,
             };
@@ -121,20 +115,16 @@ pub(crate) fn handle_user(
 }
 
 /// `POST /api/v1/channels/unsubscribe`.
-pub(crate) fn handle_unsubscribe(
-    svc: &Rc<Service>,
-    head: &RequestHead,
-    req: &[u8],
-    out: &mut Vec<u8>,
-) -> Outcome {
-    if head.method() != Method::Post {
+pub(crate) fn handle_unsubscribe(r: &Request<'_>, out: &mut Vec<u8>) -> Outcome {
+    let svc = r.svc;
+    if r.head.method() != Method::Post {
         return answer(out, ApiError::MethodNotAllowed("POST"));
     }
-    let project = match authenticate(svc, head, req) {
+    let project = match r.secret_project() {
         Ok(p) => p,
         Err(e) => return answer(out, e),
     };
-    let body = match body_object(svc, head, req, out, false) {
+    let body = match body_object(r, out, false) {
         Ok(b) => b.unwrap_or_default(),
         Err(outcome) => return outcome,
     };
@@ -196,42 +186,27 @@ fn is_delete(req: &[u8]) -> bool {
     req.starts_with(b"DELETE ")
 }
 
-fn authenticate(
-    svc: &Rc<Service>,
-    head: &RequestHead,
-    req: &[u8],
-) -> Result<Arc<ProjectState>, ApiError> {
-    let keys = svc.node.keys.load();
-    let raw_key = head.api_key.as_ref().map(|r| &req[r.clone()]);
-    keys.authenticate(raw_key, KeyKind::Secret)
-        .map(|entry| Arc::clone(&entry.project))
-        .map_err(ApiError::Unauthorized)
-}
-
 /// The request's JSON object body. `optional`: no body is `Ok(None)`. `Err` carries
 /// the outcome to return (an answer, or "need more bytes").
 fn body_object(
-    svc: &Rc<Service>,
-    head: &RequestHead,
-    req: &[u8],
+    r: &Request<'_>,
     out: &mut Vec<u8>,
     optional: bool,
 ) -> Result<Option<serde_json::Map<String, serde_json::Value>>, Outcome> {
-    let length = head.content_length.unwrap_or(0);
+    let length = r.head.content_length.unwrap_or(0);
     if length == 0 && optional {
         return Ok(None);
     }
-    let content_type = head.content_type.as_ref().map(|r| &req[r.clone()]);
-    if !content_type.is_some_and(is_json_media_type) {
+    if !r.content_type().is_some_and(is_json_media_type) {
         return Err(answer(out, ApiError::UnsupportedMediaType));
     }
-    if length > svc.node.config.max_body_bytes {
+    if length > r.svc.node.config.max_body_bytes {
         return Err(answer(out, ApiError::PayloadTooLarge));
     }
-    if req.len() < head.head_len + length {
+    let Some(body) = r.body() else {
         return Err(Outcome::NeedMore);
-    }
-    match serde_json::from_slice::<serde_json::Value>(&req[head.head_len..head.head_len + length]) {
+    };
+    match serde_json::from_slice::<serde_json::Value>(body) {
         Ok(serde_json::Value::Object(map)) => Ok(Some(map)),
         Ok(_) => Err(answer(out, ApiError::NotAnObject)),
         Err(_) => Err(answer(out, ApiError::InvalidJson)),

@@ -42,7 +42,7 @@ use crate::history::{HistorySpec, Position};
 use crate::ids::{Id, IdGen};
 use crate::quota::{now_ns, Decision};
 use crate::reply::{Reply, Unreachable};
-use crate::shard::mailbox::{Broadcast, BroadcastBatch};
+use crate::shard::mailbox::{Broadcast, BroadcastBatch, Mailboxes, Relay};
 use crate::wire::native as encode;
 
 pub(crate) use parse::PublishParser;
@@ -100,13 +100,49 @@ impl Answer {
     }
 }
 
-/// What the caller needs to broadcast an accepted publish.
+/// What an accepted publish (or client event) needs of its node: the mailboxes of its
+/// workers, the relay to other nodes, the shutdown flag, the history backend. The hand
+/// over itself is written here once ([`Fanout::broadcast`]), for every node kind.
 pub(crate) trait Fanout {
-    /// Hand one encoded message to every worker; `false` when any mailbox is full.
-    fn broadcast(&self, msg: Arc<Broadcast>) -> bool;
-    /// Hand several encoded messages to every worker in one push each, in order;
-    /// `false` (and nothing queued) when any mailbox is full.
-    fn broadcast_batch(&self, batch: BroadcastBatch) -> bool;
+    /// Every worker's mailbox on this node.
+    fn mailboxes(&self) -> &Mailboxes;
+    /// Cluster mode's relay to the other nodes; `None` on a single node.
+    fn relay(&self) -> Option<&dyn Relay>;
+    /// Hand one encoded message to every worker that wants it, and (cluster mode) to
+    /// the other nodes; `false` when any mailbox or the relay is full (nothing sent).
+    /// Only what was accepted locally is relayed: a `false` means no node delivers it.
+    /// The relay is an `Arc` clone into a bounded queue: no allocation, no wait.
+    fn broadcast(&self, msg: Arc<Broadcast>) -> bool {
+        match self.relay() {
+            None => self.mailboxes().broadcast(msg),
+            Some(relay) => {
+                if !relay.room(1) || !self.mailboxes().broadcast(Arc::clone(&msg)) {
+                    return false;
+                }
+                relay.relay(msg);
+                true
+            }
+        }
+    }
+    /// Hand several encoded messages to every worker in one push each, in order, and
+    /// relay them; `false` (and nothing queued) when any mailbox or the relay is full.
+    fn broadcast_batch(&self, batch: BroadcastBatch) -> bool {
+        let relay = self.relay();
+        // No room to relay it: 503 rather than a 202 whose relays are dropped.
+        if relay.is_some_and(|r| !r.room(batch.len())) {
+            return false;
+        }
+        if !self.mailboxes().broadcast_batch(Arc::clone(&batch)) {
+            return false;
+        }
+        if let Some(relay) = relay {
+            // Per-channel order holds: the relay queue is FIFO and one thread drains it.
+            for msg in batch.iter() {
+                relay.relay(Arc::clone(msg));
+            }
+        }
+        true
+    }
     /// Whether the service is shutting down.
     fn shutting_down(&self) -> bool;
     /// Where the node's channel history lives (only history projects and keyed

@@ -327,6 +327,16 @@ pub struct Mailboxes {
     boxes: Arc<Vec<Arc<Mailbox>>>,
 }
 
+/// Where a node's accepted messages go beyond its own workers (cluster mode: the Redis
+/// relay to the other nodes). The publisher asks for room first, so a message is either
+/// queued here and relayed, or refused whole.
+pub trait Relay {
+    /// Whether `frames` more relays fit now.
+    fn room(&self, frames: usize) -> bool;
+    /// Queue one accepted message for the other nodes; never blocks.
+    fn relay(&self, msg: Arc<Broadcast>);
+}
+
 impl Mailboxes {
     pub fn new(workers: usize, capacity: usize) -> Mailboxes {
         Mailboxes {

@@ -78,11 +78,11 @@ fn setup_with(
 struct TestRelay(crate::shard::mailbox::Mailboxes, crate::history::History);
 
 impl crate::publish::Fanout for TestRelay {
-    fn broadcast(&self, msg: Arc<crate::shard::mailbox::Broadcast>) -> bool {
-        self.0.broadcast(msg)
+    fn mailboxes(&self) -> &crate::shard::mailbox::Mailboxes {
+        &self.0
     }
-    fn broadcast_batch(&self, batch: crate::shard::mailbox::BroadcastBatch) -> bool {
-        self.0.broadcast_batch(batch)
+    fn relay(&self) -> Option<&dyn crate::shard::mailbox::Relay> {
+        None
     }
     fn shutting_down(&self) -> bool {
         false
