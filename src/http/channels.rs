@@ -11,7 +11,6 @@
 //! one-shot reply: the worker never waits on a lock. Not a hot path: it allocates
 //! freely.
 
-
 use super::history::percent_decode;
 use super::outcome::{answer, Outcome, Request};
 use super::parse::query_param;

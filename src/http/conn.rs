@@ -245,7 +245,9 @@ fn route(r: &Request<'_>, out: &mut Vec<u8>) -> Outcome {
         }
         b"/api/v1/publish" => publish::handle(r, out, publish::Endpoint::One),
         b"/api/v1/publish/batch" => publish::handle(r, out, publish::Endpoint::Batch),
-        b"/api/v1/history" | b"/api/v1/channels" | b"/api/v1/channels/info"
+        b"/api/v1/history"
+        | b"/api/v1/channels"
+        | b"/api/v1/channels/info"
         | b"/api/v1/presence"
             if method != Method::Get =>
         {

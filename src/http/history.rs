@@ -11,7 +11,6 @@
 //! `offset` is the channel's last assigned offset even when older messages are gone.
 //! Not a hot path: it allocates freely.
 
-
 use super::outcome::{answer, Outcome, Request};
 use super::parse::query_param;
 use super::response::{write_json_with, Extra};

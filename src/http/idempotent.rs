@@ -63,7 +63,15 @@ where
     );
     let here = svc.shard.index();
     match idempotency::claim(&svc.node.mailboxes, here, limits, project.index, key, hash) {
-        Pending::Now(claim, ticket) => decide(svc, project, claim, ticket, body, api, out, run),
+        Pending::Now(claim, ticket) => {
+            let endpoint = Endpoint {
+                svc,
+                project,
+                api,
+                run,
+            };
+            decide(endpoint, claim, ticket, body, out)
+        }
         pending => {
             // The key's owner is another worker: answer once it answered (the request
             // was read whole; the body is copied for later).
@@ -71,7 +79,13 @@ where
             Outcome::Deferred(Box::pin(async move {
                 let (claim, ticket) = pending.wait().await;
                 let mut out = Vec::new();
-                match decide(&svc, &project, claim, ticket, &body, api, &mut out, run) {
+                let endpoint = Endpoint {
+                    svc: &svc,
+                    project: &project,
+                    api,
+                    run,
+                };
+                match decide(endpoint, claim, ticket, &body, &mut out) {
                     Outcome::Deferred(answer) => answer.await,
                     _ => out,
                 }
@@ -80,21 +94,32 @@ where
     }
 }
 
+/// The endpoint a keyed request is for: its worker, its project, its REST dialect and
+/// its publish of a complete body.
+struct Endpoint<'a, F> {
+    svc: &'a Rc<Service>,
+    project: &'a Arc<ProjectState>,
+    api: Api,
+    run: F,
+}
+
 /// Answer a claim: the stored answer, a refusal, or the endpoint's work.
-#[allow(clippy::too_many_arguments)]
 fn decide<F>(
-    svc: &Rc<Service>,
-    project: &Arc<ProjectState>,
+    endpoint: Endpoint<'_, F>,
     claim: Claim,
     ticket: Ticket,
     body: &[u8],
-    api: Api,
     out: &mut Vec<u8>,
-    run: F,
 ) -> Outcome
 where
     F: FnOnce(&Rc<Service>, &[u8], Option<&Keyed<'_>>, &mut Vec<u8>) -> Outcome + 'static,
 {
+    let Endpoint {
+        svc,
+        project,
+        api,
+        run,
+    } = endpoint;
     match claim {
         Claim::Fresh => {}
         Claim::Replay(stored) => {
@@ -163,12 +188,7 @@ fn split_response(response: &[u8]) -> Option<(u16, &[u8])> {
 }
 
 fn peek(project: &ProjectState) -> RateHeaders {
-    let d = project.quota.peek(now_ns());
-    RateHeaders {
-        limit: d.limit,
-        remaining: d.remaining,
-        reset_s: d.reset_s,
-    }
+    super::publish::rate_headers(&project.quota.peek(now_ns()))
 }
 
 /// A refusal of the key itself: counted, with the rate headers peeked.

@@ -57,7 +57,7 @@ use crate::metrics::Api;
 use crate::presence::{ChannelInfo, Hub, Query as HubQuery, MAX_LISTED};
 use crate::publish::parse::{validate_name, BatchLimits};
 use crate::publish::pusher::Info;
-use crate::publish::{Accepted, Answer, Decided, Keyed};
+use crate::publish::{Accepted, Answer, Decided, Keyed, PublishParser};
 use crate::quota::now_ns;
 use crate::reply::reply;
 
@@ -220,16 +220,13 @@ pub(crate) fn handle(r: &Request<'_>, out: &mut Vec<u8>, rest: &[u8]) -> Outcome
         let owned = Arc::clone(&project);
         let run =
             move |svc: &Rc<Service>, body: &[u8], keyed: Option<&Keyed<'_>>, out: &mut Vec<u8>| {
-                match batch {
-                    true => batch_events(svc, &owned, body, out, started, keyed),
-                    false => events(svc, &owned, body, out, started, keyed),
-                }
+                publish_events(svc, &owned, body, batch, out, started, keyed)
             };
         return super::idempotent::guard(svc, &project, key, body, Api::Pusher, out, run);
     }
     match endpoint {
-        Endpoint::Events => events(svc, &project, body, out, started, None),
-        Endpoint::Batch => batch_events(svc, &project, body, out, started, None),
+        Endpoint::Events => publish_events(svc, &project, body, false, out, started, None),
+        Endpoint::Batch => publish_events(svc, &project, body, true, out, started, None),
         Endpoint::Channels => channels(svc, project.index, &q, out),
         Endpoint::Channel(raw) => channel(svc, project.index, raw, &q, out),
         Endpoint::Users(raw) => users(svc, project.index, raw, &q, out),
@@ -280,62 +277,75 @@ enum Asked {
     Batch(Vec<Option<(Info, Box<str>)>>),
 }
 
-/// `POST /apps/{app_id}/events`.
-fn events(
+/// `POST /apps/{app_id}/events`, or `batch_events` when `batch`.
+fn publish_events(
     svc: &Rc<Service>,
     project: &Arc<ProjectState>,
     body: &[u8],
+    batch: bool,
     out: &mut Vec<u8>,
     started: Option<Instant>,
     keyed: Option<&Keyed<'_>>,
 ) -> Outcome {
-    let (decided, asked) = {
+    let parsed = {
         let mut parser = svc.parser.borrow_mut();
-        let event = match parser.parse_pusher(body) {
-            Ok(event) => event,
-            Err(err) => return refuse_known(out, project, err, None),
-        };
-        let asked = event.info.map(|info| {
-            let names = event.msg.channels.as_slice().iter();
-            Asked::Channels(info, names.map(|&c| c.into()).collect())
-        });
-        let decided = crate::publish::publish_one(project, &event.msg, &svc.ids, &*svc.node, keyed);
-        (decided, asked)
+        match batch {
+            false => events(svc, &mut parser, project, body, keyed),
+            true => batch_events(svc, &mut parser, project, body, keyed),
+        }
     };
-    finish(svc, project.index, decided, asked, out, started)
+    match parsed {
+        Ok((decided, asked)) => finish(svc, project.index, decided, asked, out, started),
+        Err((err, index)) => refuse_known(out, project, err, index),
+    }
 }
 
-/// `POST /apps/{app_id}/batch_events`.
-fn batch_events(
-    svc: &Rc<Service>,
+/// What a publish decided and the counts it asked for, or the body's 400 (with the
+/// failing event's index in a batch).
+type Parsed = Result<(Decided, Option<Asked>), (ApiError, Option<usize>)>;
+
+/// `events`: one event to one or several channels.
+fn events(
+    svc: &Service,
+    parser: &mut PublishParser,
     project: &Arc<ProjectState>,
     body: &[u8],
-    out: &mut Vec<u8>,
-    started: Option<Instant>,
     keyed: Option<&Keyed<'_>>,
-) -> Outcome {
+) -> Parsed {
+    let event = parser.parse_pusher(body).map_err(|err| (err, None))?;
+    let asked = event.info.map(|info| {
+        let names = event.msg.channels.as_slice().iter();
+        Asked::Channels(info, names.map(|&c| c.into()).collect())
+    });
+    let decided = crate::publish::publish_one(project, &event.msg, &svc.ids, &*svc.node, keyed);
+    Ok((decided, asked))
+}
+
+/// `batch_events`: several events, each to one channel.
+fn batch_events(
+    svc: &Service,
+    parser: &mut PublishParser,
+    project: &Arc<ProjectState>,
+    body: &[u8],
+    keyed: Option<&Keyed<'_>>,
+) -> Parsed {
     let cfg = svc.config();
     let limits = BatchLimits {
         max_messages: cfg.max_batch_messages,
         max_message_bytes: cfg.max_body_bytes,
     };
-    let (decided, asked) = {
-        let mut parser = svc.parser.borrow_mut();
-        let events = match parser.parse_pusher_batch(body, limits) {
-            Ok(events) => events,
-            Err(e) => return refuse_known(out, project, e.error, e.index),
-        };
-        let asked = events.iter().any(|e| e.info.is_some()).then(|| {
-            let per_event = events
-                .iter()
-                .map(|e| e.info.map(|i| (i, e.msg.channel().into())));
-            Asked::Batch(per_event.collect())
-        });
-        let msgs: Vec<_> = events.into_iter().map(|e| e.msg).collect();
-        let decided = crate::publish::publish_batch(project, &msgs, &svc.ids, &*svc.node, keyed);
-        (decided, asked)
-    };
-    finish(svc, project.index, decided, asked, out, started)
+    let events = parser
+        .parse_pusher_batch(body, limits)
+        .map_err(|e| (e.error, e.index))?;
+    let asked = events.iter().any(|e| e.info.is_some()).then(|| {
+        let per_event = events
+            .iter()
+            .map(|e| e.info.map(|i| (i, e.msg.channel().into())));
+        Asked::Batch(per_event.collect())
+    });
+    let msgs: Vec<_> = events.into_iter().map(|e| e.msg).collect();
+    let decided = crate::publish::publish_batch(project, &msgs, &svc.ids, &*svc.node, keyed);
+    Ok((decided, asked))
 }
 
 /// A 400 of the body's validation: nothing was spent, the rate headers are peeked.

@@ -11,7 +11,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use super::outcome::{answer, Outcome};
-use super::{ApiError, Service};
+use super::Service;
 use crate::auth::ProjectState;
 use crate::project::users::valid_user_id;
 
@@ -24,15 +24,7 @@ pub(crate) fn handle(
     // Literal `+`: the segment is signed as sent, and a user id may contain one.
     let user = match crate::percent::decode(raw_user, crate::percent::Plus::Literal) {
         Ok(u) if valid_user_id(&u) => u,
-        _ => {
-            return answer(
-                out,
-                ApiError::InvalidField(
-                    "user_id",
-                    "must be 1 to 200 characters without control characters",
-                ),
-            )
-        }
+        _ => return answer(out, super::users::bad_user_id()),
     };
     super::users::pusher_terminate(svc, out, project, user)
 }

@@ -11,15 +11,12 @@
 //! bytes (101, the error frame, the close frame) are one HTTP answer after which the
 //! socket is closed: no WebSocket state is ever made for it.
 
-use std::sync::Arc;
-
-use super::outcome::{answer, Outcome, Upgrade, Request};
+use super::outcome::{answer, Outcome, Request};
 use super::parse::query_param;
 use super::upgrade::validate;
 use crate::apikey::KeyKind;
 use crate::close::Disconnect;
 use crate::dialect::Dialect;
-use crate::shard::ProjectSlot;
 use crate::wire::pusher as pusher_frame;
 use crate::ws::frame::close_frame;
 use crate::ws::handshake::write_switching;
@@ -61,23 +58,9 @@ pub(crate) fn handle(r: &Request<'_>, out: &mut Vec<u8>, key: &[u8]) -> Outcome 
     if super::upgrade_limit::over_rate(svc).is_some() {
         return refuse(out, ws_key, Disconnect::PUSHER_OVER_CAPACITY);
     }
-    let limit = entry
-        .project
-        .connection_limit(svc.config().max_ws_connections_per_project);
-    let Some(slot) = ProjectSlot::take(&entry.project.ws_connections, limit) else {
-        return refuse(out, ws_key, Disconnect::PUSHER_OVER_CAPACITY);
-    };
-    let deflate = super::upgrade::agrees_to_deflate(r);
-    crate::ws::handshake::write_switching_with(out, ws_key, deflate);
-    Outcome::Upgrade(Upgrade {
-        project: Arc::clone(&entry.project),
-        key_id: entry.key_id.as_str().into(),
-        slot,
-        dialect: Dialect::Pusher,
-        deflate,
-        // Pusher has no connection token: its connections sign in (`pusher:signin`).
-        user: None,
-    })
+    // Pusher has no connection token: its connections sign in (`pusher:signin`).
+    super::upgrade::switch(r, out, ws_key, entry, Dialect::Pusher, None)
+        .unwrap_or_else(|| refuse(out, ws_key, Disconnect::PUSHER_OVER_CAPACITY))
 }
 
 /// The 101, then `pusher:error` with the close's code and reason, then the close frame;

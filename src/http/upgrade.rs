@@ -17,11 +17,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::outcome::{answer, Outcome, Upgrade, Request};
+use super::outcome::{answer, Outcome, Request, Upgrade};
 use super::parse::{query_param, Method, RequestHead};
 use super::transport::{Transport, WsIo};
 use super::{ApiError, Service};
 use crate::apikey::KeyKind;
+use crate::auth::cache::KeyEntry;
 use crate::auth::token::TokenRefusal;
 use crate::auth::ProjectState;
 use crate::client::user::ConnUser;
@@ -97,25 +98,39 @@ pub(crate) fn handle(r: &Request<'_>, out: &mut Vec<u8>) -> Outcome {
         Ok(user) => user,
         Err(why) => return answer(out, ApiError::InvalidToken(why)),
     };
-    let limit = entry
-        .project
-        .connection_limit(svc.config().max_ws_connections_per_project);
-    let Some(slot) = ProjectSlot::take(&entry.project.ws_connections, limit) else {
-        return answer(
+    switch(r, out, ws_key, entry, Dialect::Native, user).unwrap_or_else(|| {
+        answer(
             out,
             ApiError::Unavailable(Unavailable::ProjectConnectionLimit),
-        );
-    };
+        )
+    })
+}
+
+/// The last step of both upgrades (native and Pusher): the connection takes its place
+/// under the project's per-node limit, and the 101 is written (with permessage-deflate
+/// when agreed). `None` at the limit: nothing was written, the caller refuses in its
+/// protocol's way.
+pub(crate) fn switch(
+    r: &Request<'_>,
+    out: &mut Vec<u8>,
+    ws_key: &[u8],
+    entry: &KeyEntry,
+    dialect: Dialect,
+    user: Option<ConnUser>,
+) -> Option<Outcome> {
+    let project = &entry.project;
+    let limit = project.connection_limit(r.svc.config().max_ws_connections_per_project);
+    let slot = ProjectSlot::take(&project.ws_connections, limit)?;
     let deflate = agrees_to_deflate(r);
     write_switching_with(out, ws_key, deflate);
-    Outcome::Upgrade(Upgrade {
-        project: Arc::clone(&entry.project),
+    Some(Outcome::Upgrade(Upgrade {
+        project: Arc::clone(project),
         key_id: entry.key_id.as_str().into(),
         slot,
-        dialect: Dialect::Native,
+        dialect,
         deflate,
         user,
-    })
+    }))
 }
 
 /// The user of the upgrade's connection token (`?token=`, contract 1.3), or `None`
@@ -154,7 +169,8 @@ pub(crate) fn agrees_to_deflate(r: &Request<'_>) -> Option<u8> {
         return None;
     }
     // Several headers are one list: the first acceptable offer of any of them.
-    r.head.ws_extension_values(r.bytes)
+    r.head
+        .ws_extension_values(r.bytes)
         .find_map(negotiate::acceptable)
 }
 

@@ -86,7 +86,7 @@ pub(crate) fn handle_user(r: &Request<'_>, out: &mut Vec<u8>, path: &[u8]) -> Ou
                     return outcome;
                 }
             }
-            run(svc, out, &project, user, action, None, None)
+            run(svc, out, &project, Call::native(user, action))
         }
         Action::Block => {
             let body = match body_object(r, out, false) {
@@ -108,7 +108,11 @@ pub(crate) fn handle_user(r: &Request<'_>, out: &mut Vec<u8>, path: &[u8]) -> Ou
                         ),
                     },
                 };
-            run(svc, out, &project, user, action, until, None)
+            let call = Call {
+                until,
+                ..Call::native(user, action)
+            };
+            run(svc, out, &project, call)
         }
         Action::Unsubscribe => answer(out, ApiError::NotFound),
     }
@@ -146,15 +150,11 @@ pub(crate) fn handle_unsubscribe(r: &Request<'_>, out: &mut Vec<u8>) -> Outcome 
         Some(serde_json::Value::String(u)) if valid_user_id(u) => u.clone(),
         Some(_) => return answer(out, bad_user_id()),
     };
-    run(
-        svc,
-        out,
-        &project,
-        user,
-        Action::Unsubscribe,
-        None,
-        Some(channel),
-    )
+    let call = Call {
+        channel: Some(channel),
+        ..Call::native(user, Action::Unsubscribe)
+    };
+    run(svc, out, &project, call)
 }
 
 /// `until` as unix seconds: an integer, or a number with no fraction (JSON does not tell
@@ -173,7 +173,7 @@ fn until_of(v: &serde_json::Value) -> Option<i64> {
     (0..=MAX_UNTIL).contains(&t).then_some(t)
 }
 
-fn bad_user_id() -> ApiError {
+pub(super) fn bad_user_id() -> ApiError {
     ApiError::InvalidField(
         "user_id",
         "must be 1 to 200 characters without control characters",
@@ -238,6 +238,30 @@ enum Api {
     Pusher,
 }
 
+/// One call of a user endpoint, once its request is checked.
+struct Call {
+    user: String,
+    action: Action,
+    /// `block`'s end (unix seconds); `None`: until lifted.
+    until: Option<i64>,
+    /// `channels/unsubscribe`'s channel.
+    channel: Option<String>,
+    /// Which REST dialect answers.
+    api: Api,
+}
+
+impl Call {
+    fn native(user: String, action: Action) -> Call {
+        Call {
+            user,
+            action,
+            until: None,
+            channel: None,
+            api: Api::Native,
+        }
+    }
+}
+
 /// Pusher's `terminate_connections` for `user` of an already authenticated project:
 /// the native disconnect, answered Pusher's way (200 `{}`).
 pub(crate) fn pusher_terminate(
@@ -246,43 +270,23 @@ pub(crate) fn pusher_terminate(
     project: &Arc<ProjectState>,
     user: String,
 ) -> Outcome {
-    run_as(
-        svc,
-        out,
-        project,
-        user,
-        Action::Disconnect,
-        None,
-        None,
-        Api::Pusher,
-    )
-}
-
-fn run(
-    svc: &Rc<Service>,
-    out: &mut Vec<u8>,
-    project: &Arc<ProjectState>,
-    user: String,
-    action: Action,
-    until: Option<i64>,
-    channel: Option<String>,
-) -> Outcome {
-    run_as(svc, out, project, user, action, until, channel, Api::Native)
+    let call = Call {
+        api: Api::Pusher,
+        ..Call::native(user, Action::Disconnect)
+    };
+    run(svc, out, project, call)
 }
 
 /// Charge the quota, hand the store work to the watcher's thread, end the user's
 /// connections here, and answer once the store has.
-#[allow(clippy::too_many_arguments)]
-fn run_as(
-    svc: &Rc<Service>,
-    out: &mut Vec<u8>,
-    project: &Arc<ProjectState>,
-    user: String,
-    action: Action,
-    until: Option<i64>,
-    channel: Option<String>,
-    api: Api,
-) -> Outcome {
+fn run(svc: &Rc<Service>, out: &mut Vec<u8>, project: &Arc<ProjectState>, call: Call) -> Outcome {
+    let Call {
+        user,
+        action,
+        until,
+        channel,
+        api,
+    } = call;
     if !project.quota.check(now_ns()).allowed {
         let extra = Extra {
             retry_after_s: Some(1),
