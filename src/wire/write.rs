@@ -96,6 +96,8 @@ pub(super) fn object(out: &mut dyn Sink, fields: &[Field<'_>]) {
     out.put(if written { b"}" } else { b"{}" });
 }
 
+/// One value of [`object`] (nothing for [`Val::Absent`], which `object` skips with its
+/// key).
 fn value(out: &mut dyn Sink, val: &Val<'_>) {
     match *val {
         Val::Absent => {}
