@@ -43,7 +43,6 @@ use crossbeam_channel::{Receiver, Sender};
 use indexmap::IndexMap;
 
 use crate::ids::SocketId;
-use crate::json::write_json_str;
 use crate::reply::ReplyTx;
 use crate::shard::mailbox::{Broadcast, Envelope, Mailboxes, PresenceAnswer};
 use crate::shard::ChannelWatch;
@@ -581,38 +580,9 @@ fn warn_unchecked(what: &'static str) {
     }
 }
 
-/// `{"count":N,"members":[{"user_id":"u1","info":{...}},...]}`.
-pub(crate) fn presence_object<'a>(
-    members: impl ExactSizeIterator<Item = (&'a str, Option<&'a str>)>,
-) -> String {
-    let mut out = Vec::with_capacity(32 + 48 * members.len());
-    out.extend_from_slice(format!("{{\"count\":{},\"members\":", members.len()).as_bytes());
-    write_members(&mut out, members);
-    out.push(b'}');
-    // Only JSON text was written: names escaped, info already JSON.
-    String::from_utf8(out).unwrap_or_default()
-}
-
-/// `[{"user_id":"u1","info":{...}},...]` (`info` left out for a member without one).
-pub(crate) fn write_members<'a>(
-    out: &mut Vec<u8>,
-    members: impl Iterator<Item = (&'a str, Option<&'a str>)>,
-) {
-    out.push(b'[');
-    for (i, (user, info)) in members.enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        out.extend_from_slice(b"{\"user_id\":");
-        write_json_str(out, user);
-        if let Some(info) = info {
-            out.extend_from_slice(b",\"info\":");
-            out.extend_from_slice(info.as_bytes());
-        }
-        out.push(b'}');
-    }
-    out.push(b']');
-}
+// The presence object and its member list are written by `wire::native` (every frame
+// format in one place); listings and replies here and in `http` use them.
+pub(crate) use crate::wire::native::{presence_object, write_members};
 
 #[cfg(test)]
 mod tests;

@@ -8,6 +8,8 @@
 //! formatting included), so its span is located in the original body by a small scanner
 //! that runs only after simd-json has proven the body is valid JSON. A batch is parsed
 //! once, whole: one tape walk validates every message, one scan finds every `data`.
+//! The native body and Pusher's (`super::pusher`) are two [`Format`]s of this one parse:
+//! a format names the fields it reads and what a valid message becomes.
 //!
 //! Rules (docs/protocol.md): body is a JSON object; exactly one of `channel` (a name) or
 //! `channels` (1..=100 distinct names) is present; names are 1..=100 Unicode scalar
@@ -160,12 +162,7 @@ impl PublishParser {
 
     /// Parse and validate one message (`POST /api/v1/publish`).
     pub fn parse<'a>(&'a mut self, body: &'a [u8]) -> Result<Publish<'a>, ApiError> {
-        let (fields, _) = self.with_tape(
-            body,
-            |nodes| message_fields(nodes, 0),
-            Err(ApiError::InvalidJson),
-        )?;
-        fields.finish(body)
+        self.parse_one::<Native>(body)
     }
 
     /// Parse and validate a whole batch (`POST /api/v1/publish/batch`): every message or
@@ -175,18 +172,110 @@ impl PublishParser {
         body: &'a [u8],
         limits: BatchLimits,
     ) -> Result<Vec<Publish<'a>>, BatchError> {
+        self.parse_many::<Native>(body, limits)
+    }
+
+    /// One message of format `F`: its fields read from the tape, then its `data`
+    /// located in `body`.
+    pub(super) fn parse_one<'a, F: Format>(
+        &'a mut self,
+        body: &'a [u8],
+    ) -> Result<F::Message<'a>, ApiError> {
+        let (fields, _) = self.with_tape(
+            body,
+            |nodes| F::fields(nodes, 0, false),
+            Err(ApiError::InvalidJson),
+        )?;
+        finish::<F>(fields, body)
+    }
+
+    /// A whole batch of format `F` (`{"<F::BATCH_KEY>": [ ... ]}`): every message or
+    /// none, the first invalid one with its index. Each message obeys the single-publish
+    /// size limit.
+    pub(super) fn parse_many<'a, F: Format>(
+        &'a mut self,
+        body: &'a [u8],
+        limits: BatchLimits,
+    ) -> Result<Vec<F::Message<'a>>, BatchError> {
         let fields = self.with_tape(
             body,
-            |nodes| batch_fields(nodes, limits.max_messages),
+            |nodes| {
+                let (at, len) =
+                    batch_array(nodes, F::BATCH_KEY, F::BATCH_WHAT, limits.max_messages)?;
+                each_element(nodes, at, len, |nodes, i| F::fields(nodes, i, true))
+            },
             Err(ApiError::InvalidJson.into()),
         )?;
         finish_batch(
             body,
-            b"messages",
+            F::BATCH_KEY.as_bytes(),
             fields,
             limits.max_message_bytes,
-            Fields::finish,
+            finish::<F>,
         )
+    }
+}
+
+/// A publish body format: the native API's or Pusher's REST events. The parse is
+/// shared (tape, batch array, size limit per message, locating `data`); a format says
+/// which fields it reads from a message object and what a valid one becomes.
+pub(super) trait Format {
+    /// One message's fields as read from the tape; `data` still to be located.
+    type Fields<'a>;
+    /// A valid message.
+    type Message<'a>;
+    /// The top-level array of a batch body.
+    const BATCH_KEY: &'static str;
+    /// The error text when that key holds no array.
+    const BATCH_WHAT: &'static str;
+    /// The message object at tape node `at` (`in_batch`: an element of a batch), and the
+    /// nodes it spans.
+    fn fields<'a>(
+        nodes: &[Node<'a>],
+        at: usize,
+        in_batch: bool,
+    ) -> Result<(Self::Fields<'a>, usize), ApiError>;
+    /// The message from its fields and its `data`, the raw JSON text as published.
+    fn message<'a>(fields: Self::Fields<'a>, data: &'a [u8]) -> Self::Message<'a>;
+}
+
+/// Locate `data` in `text`, the message object's own bytes (the format's `fields`
+/// already checked its kind), and make the message.
+fn finish<'a, F: Format>(
+    fields: F::Fields<'a>,
+    text: &'a [u8],
+) -> Result<F::Message<'a>, ApiError> {
+    let data = top_level_value(text, b"data")
+        .map(|r| &text[r])
+        .ok_or(ApiError::InvalidJson)?;
+    Ok(F::message(fields, data))
+}
+
+/// The native API's body: `{channel|channels, event, data, socket_id}` and the batch
+/// `{"messages": [...]}`.
+struct Native;
+
+impl Format for Native {
+    type Fields<'a> = Fields<'a>;
+    type Message<'a> = Publish<'a>;
+    const BATCH_KEY: &'static str = "messages";
+    const BATCH_WHAT: &'static str = "must be an array of messages";
+
+    fn fields<'a>(
+        nodes: &[Node<'a>],
+        at: usize,
+        _in_batch: bool,
+    ) -> Result<(Fields<'a>, usize), ApiError> {
+        message_fields(nodes, at)
+    }
+
+    fn message<'a>(f: Fields<'a>, data: &'a [u8]) -> Publish<'a> {
+        Publish {
+            channels: f.channels,
+            event: f.event,
+            data,
+            except: f.except,
+        }
     }
 }
 
@@ -197,26 +286,9 @@ struct Fields<'a> {
     except: Option<SocketId>,
 }
 
-impl<'a> Fields<'a> {
-    /// Locate `data` in `text`, the message object's own bytes.
-    /// `message_fields` already checked that `data` is an object or a string.
-    fn finish(self, text: &'a [u8]) -> Result<Publish<'a>, ApiError> {
-        let data = top_level_value(text, b"data")
-            .map(|r| &text[r])
-            .ok_or(ApiError::InvalidJson)?;
-        Ok(Publish {
-            channels: self.channels,
-            event: self.event,
-            data,
-            except: self.except,
-        })
-    }
-}
-
-/// The array under `key` of a batch body's top-level object (`messages` natively,
-/// `batch` for Pusher's `batch_events`): its tape position and length, checked to hold
-/// 1..=`max` elements (`what` names them in the error).
-pub(crate) fn batch_array(
+/// The array under `key` of a batch body's top-level object: its tape position and
+/// length, checked to hold 1..=`max` elements (`what` names them in the error).
+fn batch_array(
     nodes: &[Node<'_>],
     key: &'static str,
     what: &'static str,
@@ -242,24 +314,9 @@ pub(crate) fn batch_array(
     Ok((at, *len))
 }
 
-/// `{"messages": [ ... ]}`: every message's fields, or the first error with its index.
-fn batch_fields<'a>(
-    nodes: &[Node<'a>],
-    max_messages: usize,
-) -> Result<Vec<Fields<'a>>, BatchError> {
-    let (at, len) = batch_array(
-        nodes,
-        "messages",
-        "must be an array of messages",
-        max_messages,
-    )?;
-    each_element(nodes, at, len, message_fields)
-}
-
 /// Each of the `len` objects of the array at tape node `at`, read by `fields` (which
-/// returns the nodes each spans), or the first error with its index. Shared by the
-/// native and the Pusher batch.
-pub(super) fn each_element<'a, F>(
+/// returns the nodes each spans), or the first error with its index.
+fn each_element<'a, F>(
     nodes: &[Node<'a>],
     at: usize,
     len: usize,
@@ -280,12 +337,11 @@ pub(super) fn each_element<'a, F>(
     Ok(out)
 }
 
-/// The second half of a batch parse, shared by the native and the Pusher batch: each
-/// element of the top-level array `key` (the scanner finds it again, since simd-json
+/// The second half of a batch parse: each element of the top-level array `key` (the scanner finds it again, since simd-json
 /// accepted the body) is finished with its fields, and may be at most
 /// `max_message_bytes` long (the single-publish limit), or the first error with its
 /// index.
-pub(super) fn finish_batch<'a, F, T>(
+fn finish_batch<'a, F, T>(
     body: &'a [u8],
     key: &[u8],
     fields: Vec<F>,

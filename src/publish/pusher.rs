@@ -22,9 +22,8 @@
 use simd_json::Node;
 
 use super::parse::{
-    batch_array, channels_field, each_element, event_name, finish_batch, kind, object_fields,
-    socket_id_field, top_level_value, BatchError, BatchLimits, Channels, Kind, Publish,
-    PublishParser,
+    channels_field, event_name, kind, object_fields, socket_id_field, BatchError, BatchLimits,
+    Channels, Format, Kind, Publish, PublishParser,
 };
 use crate::error::ApiError;
 
@@ -87,33 +86,42 @@ struct Fields<'a> {
     info: Option<Info>,
 }
 
-impl<'a> Fields<'a> {
-    /// Locate `data` (a string, checked on the tape) in `text`, the event object's bytes.
-    fn finish(self, text: &'a [u8]) -> Result<Event<'a>, ApiError> {
-        let data = top_level_value(text, b"data")
-            .map(|r| &text[r])
-            .ok_or(ApiError::InvalidJson)?;
-        Ok(Event {
+/// Pusher's REST body: the event `{name, channel|channels, data, socket_id, info}` and
+/// the batch `{"batch": [...]}`.
+struct Pusher;
+
+impl Format for Pusher {
+    type Fields<'a> = Fields<'a>;
+    type Message<'a> = Event<'a>;
+    const BATCH_KEY: &'static str = "batch";
+    const BATCH_WHAT: &'static str = "must be an array of events";
+
+    fn fields<'a>(
+        nodes: &[Node<'a>],
+        at: usize,
+        in_batch: bool,
+    ) -> Result<(Fields<'a>, usize), ApiError> {
+        event_fields(nodes, at, in_batch)
+    }
+
+    /// `data` is a string (checked on the tape).
+    fn message<'a>(f: Fields<'a>, data: &'a [u8]) -> Event<'a> {
+        Event {
             msg: Publish {
-                channels: self.channels,
-                event: self.name,
+                channels: f.channels,
+                event: f.name,
                 data,
-                except: self.except,
+                except: f.except,
             },
-            info: self.info,
-        })
+            info: f.info,
+        }
     }
 }
 
 impl PublishParser {
     /// Parse and validate the body of `POST /apps/{app_id}/events`.
     pub(crate) fn parse_pusher<'a>(&'a mut self, body: &'a [u8]) -> Result<Event<'a>, ApiError> {
-        let (fields, _) = self.with_tape(
-            body,
-            |nodes| event_fields(nodes, 0, false),
-            Err(ApiError::InvalidJson),
-        )?;
-        fields.finish(body)
+        self.parse_one::<Pusher>(body)
     }
 
     /// Parse and validate the whole body of `POST /apps/{app_id}/batch_events`: every
@@ -123,26 +131,8 @@ impl PublishParser {
         body: &'a [u8],
         limits: BatchLimits,
     ) -> Result<Vec<Event<'a>>, BatchError> {
-        let fields = self.with_tape(
-            body,
-            |nodes| batch_fields(nodes, limits.max_messages),
-            Err(ApiError::InvalidJson.into()),
-        )?;
-        // Each event obeys the single-publish size limit, as a native batch message.
-        finish_batch(
-            body,
-            b"batch",
-            fields,
-            limits.max_message_bytes,
-            Fields::finish,
-        )
+        self.parse_many::<Pusher>(body, limits)
     }
-}
-
-/// `{"batch": [ ... ]}`: every event's fields, or the first error with its index.
-fn batch_fields<'a>(nodes: &[Node<'a>], max_events: usize) -> Result<Vec<Fields<'a>>, BatchError> {
-    let (at, len) = batch_array(nodes, "batch", "must be an array of events", max_events)?;
-    each_element(nodes, at, len, |nodes, i| event_fields(nodes, i, true))
 }
 
 /// The event object at tape node `at` (`in_batch`: one of `batch_events`, which names

@@ -572,11 +572,17 @@ mod tests {
         assert_eq!(mb.len(), 0);
     }
 
-    #[test]
-    fn control_ignores_capacity() {
+    /// One worker of capacity 1, full with one broadcast.
+    fn full_box() -> Mailboxes {
         let boxes = Mailboxes::new(1, 1);
         interested(&boxes);
         assert!(boxes.broadcast(msg()));
+        boxes
+    }
+
+    #[test]
+    fn control_ignores_capacity() {
+        let boxes = full_box();
         boxes.control(|| Envelope::Shutdown);
         let mb = boxes.get(0).unwrap();
         assert!(matches!(mb.try_recv(), Some(Envelope::Broadcast(_))));
@@ -588,9 +594,7 @@ mod tests {
     /// takes room from broadcasts nor shows in the depth (and taking it frees none).
     #[test]
     fn interest_ready_counts_no_frames() {
-        let boxes = Mailboxes::new(1, 1);
-        interested(&boxes);
-        assert!(boxes.broadcast(msg()));
+        let boxes = full_box();
         assert!(boxes.control_to(
             0,
             Envelope::InterestReady {

@@ -2,15 +2,17 @@
 //! checks of what comes back from Redis.
 //!
 //! - [`native`]: the native protocol's server frames: the message frame of a publish
-//!   (with a history position, or a client event's `user_id`), the presence frame, the
-//!   replies (`subscribed`, `error`, `pong`, `connected`, ...). The message JSON is
-//!   spelled once, there; the history body that Redis keeps and relays is a prefix of it.
+//!   (with a history position, or a client event's `user_id`), the presence frame and the
+//!   presence object (member list), the replies (`subscribed`, `error`, `pong`,
+//!   `connected`, ...). The message JSON is spelled once, there; the history body that
+//!   Redis keeps and relays is a prefix of it.
 //! - [`pusher`]: the Pusher Channels (protocol 7) server frames.
 //! - [`relay`]: the cluster's Redis payloads (versioned header, origin node, excepted
 //!   connection, history position) and the checks a received frame passes before it
 //!   reaches a client.
-//! - [`write`]: the shared writer of the frames whose payload is counted, then written
-//!   into one buffer of exactly that size.
+//! - [`write`]: the shared writer of every frame but the message frame: a JSON object
+//!   given as a table of fields, counted, then written into one buffer of exactly that
+//!   size. A native and a Pusher frame differ only in their tables.
 //!
 //! Invariants:
 //! - Every frame is one complete, final, unmasked WebSocket text frame (header from

@@ -11,15 +11,15 @@
 //! would have built itself, and the relay's frame check accepts exactly these.
 //!
 //! Invariants: the message frame is built in one exactly-sized allocation with no
-//! dynamic dispatch (it is on the hot path); the other frames go through
-//! `super::write::build` (one allocation). Names are escaped; `data`, `info` and the
+//! dynamic dispatch (it is on the hot path); the other frames are tables of fields
+//! written by `super::write::object_frame` (one allocation). Names are escaped; `data`, `info` and the
 //! presence object are JSON text the caller checked and are copied as they are.
 
 use std::ops::Range;
 
 use bytes::Bytes;
 
-use super::write::{build, num, str_lit};
+use super::write::{num, object, object_frame, Val, Val::*};
 use crate::json::{decimal, json_str_len, write_json_str};
 use crate::ws::frame::{header_len, write_header, Opcode};
 
@@ -224,19 +224,46 @@ pub(crate) fn client_event_frame(
 /// `{"type":"presence","channel":...,"action":"join"|"leave","user_id":...[,"info":{...}]}`.
 /// `action` is one of the two literals; `info` is a checked JSON object.
 pub(crate) fn presence_frame(channel: &str, action: &str, user: &str, info: Option<&str>) -> Bytes {
-    build(|out| {
-        out.put(b"{\"type\":\"presence\",\"channel\":");
-        str_lit(out, channel);
-        out.put(b",\"action\":\"");
-        out.put(action.as_bytes());
-        out.put(b"\",\"user_id\":");
-        str_lit(out, user);
-        if let Some(info) = info {
-            out.put(b",\"info\":");
-            out.put(info.as_bytes());
+    object_frame(&[
+        ("type", Str("presence")),
+        ("channel", Str(channel)),
+        ("action", Str(action)),
+        ("user_id", Str(user)),
+        ("info", info.map_or(Absent, Json)),
+    ])
+}
+
+/// The hub's presence object, `{"count":N,"members":[...]}` ([`write_members`]): what a
+/// presence `subscribed` carries and a presence query answers.
+pub(crate) fn presence_object<'a>(
+    members: impl ExactSizeIterator<Item = (&'a str, Option<&'a str>)>,
+) -> String {
+    let mut out = Vec::with_capacity(32 + 48 * members.len());
+    out.extend_from_slice(b"{\"count\":");
+    num(&mut out, members.len() as u64);
+    out.extend_from_slice(b",\"members\":");
+    write_members(&mut out, members);
+    out.push(b'}');
+    // Only JSON text was written: names escaped, info already JSON.
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// `[{"user_id":"u1","info":{...}},...]` (`info` left out for a member without one).
+pub(crate) fn write_members<'a>(
+    out: &mut Vec<u8>,
+    members: impl Iterator<Item = (&'a str, Option<&'a str>)>,
+) {
+    out.push(b'[');
+    for (i, (user, info)) in members.enumerate() {
+        if i > 0 {
+            out.push(b',');
         }
-        out.put(b"}");
-    })
+        object(
+            out,
+            &[("user_id", Str(user)), ("info", info.map_or(Absent, Json))],
+        );
+    }
+    out.push(b']');
 }
 
 /// `{"type":"pong"}` as a complete frame.
@@ -244,13 +271,7 @@ pub(crate) const PONG: &[u8] = b"\x81\x0f{\"type\":\"pong\"}";
 
 /// `{"type":"<kind>","channel":…}` (`kind` a literal: `subscribed`, `unsubscribed`).
 pub(crate) fn reply(kind: &str, channel: &str) -> Bytes {
-    build(|out| {
-        out.put(b"{\"type\":\"");
-        out.put(kind.as_bytes());
-        out.put(b"\",\"channel\":");
-        str_lit(out, channel);
-        out.put(b"}");
-    })
+    object_frame(&[("type", Str(kind)), ("channel", Str(channel))])
 }
 
 /// `subscribed` with what a history channel adds: its position and, for a subscribe
@@ -260,103 +281,73 @@ pub(crate) fn subscribed(
     position: Option<(u64, &str)>,
     recovered: Option<bool>,
 ) -> Bytes {
-    build(|out| {
-        out.put(b"{\"type\":\"subscribed\",\"channel\":");
-        str_lit(out, channel);
-        if let Some(r) = recovered {
-            out.put(if r {
-                b",\"recovered\":true"
-            } else {
-                b",\"recovered\":false"
-            });
-        }
-        if let Some((offset, epoch)) = position {
-            out.put(OFFSET);
-            num(out, offset);
-            out.put(EPOCH);
-            str_lit(out, epoch);
-        }
-        out.put(b"}");
-    })
+    object_frame(&[
+        ("type", Str("subscribed")),
+        ("channel", Str(channel)),
+        ("recovered", recovered.map_or(Absent, Bool)),
+        ("offset", position.map_or(Absent, |(offset, _)| Num(offset))),
+        ("epoch", position.map_or(Absent, |(_, epoch)| Str(epoch))),
+    ])
 }
 
-/// `subscribed` on a presence channel: the hub's presence object (`{"count":N,
-/// "members":[...]}`, JSON text it wrote) under `"presence"`.
+/// `subscribed` on a presence channel: the hub's presence object ([`presence_object`])
+/// under `"presence"`.
 pub(crate) fn subscribed_presence(channel: &str, presence: &str) -> Bytes {
-    build(|out| {
-        out.put(b"{\"type\":\"subscribed\",\"channel\":");
-        str_lit(out, channel);
-        out.put(b",\"presence\":");
-        out.put(presence.as_bytes());
-        out.put(b"}");
-    })
+    object_frame(&[
+        ("type", Str("subscribed")),
+        ("channel", Str(channel)),
+        ("presence", Json(presence)),
+    ])
 }
 
 /// An error frame that keeps the connection open.
 pub(crate) fn error_frame(code: &str, message: &str) -> Bytes {
-    build(|out| {
-        out.put(b"{\"type\":\"error\",\"code\":");
-        str_lit(out, code);
-        out.put(b",\"message\":");
-        str_lit(out, message);
-        out.put(b"}");
-    })
+    error(code, Absent, message)
 }
 
 /// An error frame about one channel (`forbidden` for a refused token).
 pub(crate) fn channel_error_frame(code: &str, channel: &str, message: &str) -> Bytes {
-    build(|out| {
-        out.put(b"{\"type\":\"error\",\"code\":");
-        str_lit(out, code);
-        out.put(b",\"channel\":");
-        str_lit(out, channel);
-        out.put(b",\"message\":");
-        str_lit(out, message);
-        out.put(b"}");
-    })
+    error(code, Str(channel), message)
+}
+
+/// `{"type":"error","code":…[,"channel":…],"message":…}`.
+fn error(code: &str, channel: Val<'_>, message: &str) -> Bytes {
+    object_frame(&[
+        ("type", Str("error")),
+        ("code", Str(code)),
+        ("channel", channel),
+        ("message", Str(message)),
+    ])
 }
 
 /// `unsubscribed` sent by the server on its own (e.g. `token_expired`).
 pub(crate) fn unsubscribed_with_reason(channel: &str, reason: &str) -> Bytes {
-    build(|out| {
-        out.put(b"{\"type\":\"unsubscribed\",\"channel\":");
-        str_lit(out, channel);
-        out.put(b",\"reason\":");
-        str_lit(out, reason);
-        out.put(b"}");
-    })
+    object_frame(&[
+        ("type", Str("unsubscribed")),
+        ("channel", Str(channel)),
+        ("reason", Str(reason)),
+    ])
 }
 
 /// The answer to an accepted `refresh`: the new `exp` now in force; without `channel`
 /// for the connection token's refresh.
 pub(crate) fn refreshed_frame(channel: Option<&str>, exp: u64) -> Bytes {
-    build(|out| {
-        out.put(b"{\"type\":\"refreshed\",");
-        if let Some(channel) = channel {
-            out.put(b"\"channel\":");
-            str_lit(out, channel);
-            out.put(b",");
-        }
-        out.put(b"\"exp\":");
-        num(out, exp);
-        out.put(b"}");
-    })
+    object_frame(&[
+        ("type", Str("refreshed")),
+        ("channel", channel.map_or(Absent, Str)),
+        ("exp", Num(exp)),
+    ])
 }
 
-/// The frame sent right after the upgrade (`connection_id` is made by ringcast: no
-/// escaping), with the connection token's user when there is one.
+/// The frame sent right after the upgrade (`connection_id` is made by ringcast, so its
+/// escaping changes nothing), with the connection token's user when there is one.
 pub(crate) fn connected_frame(connection_id: &str, heartbeat_s: u64, user: Option<&str>) -> Bytes {
-    build(|out| {
-        out.put(b"{\"type\":\"connected\",\"connection_id\":\"");
-        out.put(connection_id.as_bytes());
-        out.put(b"\",\"heartbeat_s\":");
-        num(out, heartbeat_s);
-        if let Some(user) = user {
-            out.put(b",\"user_id\":");
-            str_lit(out, user);
-        }
-        out.put(b"}");
-    })
+    object_frame(&[
+        ("type", Str("connected")),
+        ("connection_id", Str(connection_id)),
+        ("heartbeat_s", Num(heartbeat_s)),
+        ("user_id", user.map_or(Absent, Str)),
+    ])
 }
 
 #[cfg(test)]

@@ -3,7 +3,8 @@
 //!
 //! Invariants:
 //! - Every encoder works from borrowed parts and makes one allocation: the frame
-//!   (`super::write::build`: counted, then written into a buffer of exactly that size).
+//!   (`super::write::object_frame`: a table of fields, counted, then written into a
+//!   buffer of exactly that size).
 //!   [`pong`] makes none (a static frame).
 //! - The output is valid JSON for any `&str` input: names and user ids go through
 //!   `crate::json::escape_chunks`; the parts documented as JSON text (`data_json`,
@@ -15,112 +16,83 @@
 
 use bytes::Bytes;
 
-use super::write::{build, num, str_lit, Esc, Sink};
-
-/// `"data":"<inner>"`: `inner` writes a JSON document, which lands escaped into a string.
-fn data_string(out: &mut dyn Sink, inner: impl Fn(&mut dyn Sink)) {
-    out.put(b"\"data\":\"");
-    inner(&mut Esc(&mut *out));
-    out.put(b"\"");
-}
-
-/// `"channel":<channel>,` for the channel frames.
-fn channel_field(out: &mut dyn Sink, channel: &str) {
-    out.put(b"\"channel\":");
-    str_lit(out, channel);
-    out.put(b",");
-}
+use super::write::{object_frame, Val, Val::*};
 
 /// `{"event":"pusher:connection_established","data":"{\"socket_id\":\"…\",\"activity_timeout\":N}"}`.
 pub(crate) fn connection_established(socket_id: &str, activity_timeout_s: u32) -> Bytes {
-    build(|out| {
-        out.put(b"{\"event\":\"pusher:connection_established\",");
-        data_string(out, |d| {
-            d.put(b"{\"socket_id\":");
-            str_lit(d, socket_id);
-            d.put(b",\"activity_timeout\":");
-            num(d, u64::from(activity_timeout_s));
-            d.put(b"}");
-        });
-        out.put(b"}");
-    })
+    let data = Obj(&[
+        ("socket_id", Str(socket_id)),
+        ("activity_timeout", Num(u64::from(activity_timeout_s))),
+    ]);
+    object_frame(&[
+        ("event", Str("pusher:connection_established")),
+        ("data", Quoted(&data)),
+    ])
+}
+
+/// A frame about one channel: `{"event":<event>,"channel":<channel>,"data":"<data>"}`,
+/// `data` a JSON document carried as a string.
+fn channel_frame(event: &str, channel: &str, data: Val<'_>) -> Bytes {
+    object_frame(&[
+        ("event", Str(event)),
+        ("channel", Str(channel)),
+        ("data", Quoted(&data)),
+    ])
 }
 
 /// `pusher_internal:subscription_succeeded` of `channel`; `data_json` is the JSON text
 /// to carry as the `data` string: `{}` for public and private channels, the
 /// [`presence_data`] object for presence channels.
 pub(crate) fn subscription_succeeded(channel: &str, data_json: &str) -> Bytes {
-    build(|out| {
-        out.put(b"{\"event\":\"pusher_internal:subscription_succeeded\",");
-        channel_field(out, channel);
-        data_string(out, |d| d.put(data_json.as_bytes()));
-        out.put(b"}");
-    })
+    channel_frame(
+        "pusher_internal:subscription_succeeded",
+        channel,
+        Json(data_json),
+    )
 }
 
 /// `{"event":"pusher:signin_success","data":"{\"user_data\":\"…\"}"}`: the accepted
 /// `user_data`, exactly as the client sent it (pusher-js parses it again).
 pub(crate) fn signin_success(user_data: &str) -> Bytes {
-    build(|out| {
-        out.put(b"{\"event\":\"pusher:signin_success\",");
-        data_string(out, |d| {
-            d.put(b"{\"user_data\":");
-            str_lit(d, user_data);
-            d.put(b"}");
-        });
-        out.put(b"}");
-    })
+    object_frame(&[
+        ("event", Str("pusher:signin_success")),
+        ("data", Quoted(&Obj(&[("user_data", Str(user_data))]))),
+    ])
 }
 
 /// `pusher:subscription_error` of `channel`, data `{"type":…,"error":…,"status":N}`.
 pub(crate) fn subscription_error(channel: &str, type_: &str, error: &str, status: u16) -> Bytes {
-    build(|out| {
-        out.put(b"{\"event\":\"pusher:subscription_error\",");
-        channel_field(out, channel);
-        data_string(out, |d| {
-            d.put(b"{\"type\":");
-            str_lit(d, type_);
-            d.put(b",\"error\":");
-            str_lit(d, error);
-            d.put(b",\"status\":");
-            num(d, u64::from(status));
-            d.put(b"}");
-        });
-        out.put(b"}");
-    })
+    channel_frame(
+        "pusher:subscription_error",
+        channel,
+        Obj(&[
+            ("type", Str(type_)),
+            ("error", Str(error)),
+            ("status", Num(u64::from(status))),
+        ]),
+    )
 }
 
 /// `pusher_internal:member_added`, data `{"user_id":…,"user_info":…}`; `user_info_json`
 /// (any JSON value, as text) is left out when `None`.
 pub(crate) fn member_added(channel: &str, user_id: &str, user_info_json: Option<&str>) -> Bytes {
-    build(|out| {
-        out.put(b"{\"event\":\"pusher_internal:member_added\",");
-        channel_field(out, channel);
-        data_string(out, |d| {
-            d.put(b"{\"user_id\":");
-            str_lit(d, user_id);
-            if let Some(info) = user_info_json {
-                d.put(b",\"user_info\":");
-                d.put(info.as_bytes());
-            }
-            d.put(b"}");
-        });
-        out.put(b"}");
-    })
+    channel_frame(
+        "pusher_internal:member_added",
+        channel,
+        Obj(&[
+            ("user_id", Str(user_id)),
+            ("user_info", user_info_json.map_or(Absent, Json)),
+        ]),
+    )
 }
 
 /// `pusher_internal:member_removed`, data `{"user_id":…}`.
 pub(crate) fn member_removed(channel: &str, user_id: &str) -> Bytes {
-    build(|out| {
-        out.put(b"{\"event\":\"pusher_internal:member_removed\",");
-        channel_field(out, channel);
-        data_string(out, |d| {
-            d.put(b"{\"user_id\":");
-            str_lit(d, user_id);
-            d.put(b"}");
-        });
-        out.put(b"}");
-    })
+    channel_frame(
+        "pusher_internal:member_removed",
+        channel,
+        Obj(&[("user_id", Str(user_id))]),
+    )
 }
 
 /// A channel event: `{"event":<event>,"channel":"<channel>","data":"…"[,"user_id":<id>]}`.
@@ -144,24 +116,17 @@ pub(crate) fn message(
         user_id_literal.is_none_or(is_str_literal),
         "user_id must be a JSON string literal"
     );
-    let data = data_json.trim_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\r'));
-    build(|out| {
-        out.put(b"{\"event\":");
-        out.put(event_json_literal.as_bytes());
-        out.put(b",");
-        channel_field(out, channel);
-        if data.starts_with('"') {
-            out.put(b"\"data\":");
-            out.put(data.as_bytes());
-        } else {
-            data_string(out, |d| d.put(data.as_bytes()));
-        }
-        if let Some(user_id) = user_id_literal {
-            out.put(b",\"user_id\":");
-            out.put(user_id.as_bytes());
-        }
-        out.put(b"}");
-    })
+    let text = Json(data_json.trim_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\r')));
+    let data = match text {
+        Json(literal) if literal.starts_with('"') => text,
+        _ => Quoted(&text),
+    };
+    object_frame(&[
+        ("event", Json(event_json_literal)),
+        ("channel", Str(channel)),
+        ("data", data),
+        ("user_id", user_id_literal.map_or(Absent, Json)),
+    ])
 }
 
 fn is_str_literal(s: &str) -> bool {
@@ -180,17 +145,16 @@ pub(crate) fn pong() -> Bytes {
 /// `{"event":"pusher:error","data":{"code":N,"message":"…"}}`: here `data` is an object
 /// (as Pusher sends it); `code` is left out when `None`.
 pub(crate) fn error(code: Option<u16>, message: &str) -> Bytes {
-    build(|out| {
-        out.put(b"{\"event\":\"pusher:error\",\"data\":{");
-        if let Some(code) = code {
-            out.put(b"\"code\":");
-            num(out, u64::from(code));
-            out.put(b",");
-        }
-        out.put(b"\"message\":");
-        str_lit(out, message);
-        out.put(b"}}");
-    })
+    object_frame(&[
+        ("event", Str("pusher:error")),
+        (
+            "data",
+            Obj(&[
+                ("code", code.map_or(Absent, |c| Num(u64::from(c)))),
+                ("message", Str(message)),
+            ]),
+        ),
+    ])
 }
 
 /// Why a native member list does not convert (a bug upstream: the hub writes it).

@@ -93,33 +93,40 @@ pub(crate) fn parse_channel(redis_channel: &str) -> Option<(&str, &str)> {
     (!project.is_empty() && !channel.is_empty()).then_some((project, channel))
 }
 
+/// The header every payload starts with: `version`, then the origin node id (8 bytes,
+/// little endian).
+fn header(version: u8, origin: u64) -> [u8; HEADER_LEN] {
+    let mut out = [0u8; HEADER_LEN];
+    out[0] = version;
+    out[1..].copy_from_slice(&origin.to_le_bytes());
+    out
+}
+
+/// The header of `version` and `origin`, then `parts`, in one exactly-sized allocation.
+fn payload(version: u8, origin: u64, parts: &[&[u8]]) -> Vec<u8> {
+    let len = HEADER_LEN + parts.iter().map(|p| p.len()).sum::<usize>();
+    let mut out = Vec::with_capacity(len);
+    out.extend_from_slice(&header(version, origin));
+    for part in parts {
+        out.extend_from_slice(part);
+    }
+    out
+}
+
 /// The payload for `frame` published by node `origin`.
 pub(crate) fn encode_payload(origin: u64, frame: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEADER_LEN + frame.len());
-    out.push(VERSION);
-    out.extend_from_slice(&origin.to_le_bytes());
-    out.extend_from_slice(frame);
-    out
+    payload(VERSION, origin, &[frame])
 }
 
 /// The payload for `frame` published by node `origin`, to be delivered to every
 /// subscriber but connection `except` (of another node).
 pub(crate) fn encode_payload_except(origin: u64, except: SocketId, frame: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEADER_LEN + EXCEPT_LEN + frame.len());
-    out.push(VERSION_EXCEPT);
-    out.extend_from_slice(&origin.to_le_bytes());
-    out.extend_from_slice(&except_bytes(except));
-    out.extend_from_slice(frame);
-    out
+    payload(VERSION_EXCEPT, origin, &[&except_bytes(except), frame])
 }
 
 /// The payload for presence `frame` of node `origin`.
 pub(crate) fn encode_presence(origin: u64, frame: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEADER_LEN + frame.len());
-    out.push(VERSION_PRESENCE);
-    out.extend_from_slice(&origin.to_le_bytes());
-    out.extend_from_slice(frame);
-    out
+    payload(VERSION_PRESENCE, origin, &[frame])
 }
 
 /// (origin node, the connection left out, frame) of a [`VERSION`] or
@@ -141,10 +148,7 @@ pub(crate) fn decode_payload(payload: &[u8]) -> Option<(u64, Option<SocketId>, &
 
 /// Whether `frame` is a well-formed message frame for `channel` (see the module docs).
 pub(crate) fn check_frame(frame: &[u8], channel: &str) -> bool {
-    let Some(payload) = frame_payload(frame) else {
-        return false;
-    };
-    let Ok(serde_json::Value::Object(fields)) = serde_json::from_slice(payload) else {
+    let Some(fields) = frame_object(frame) else {
         return false;
     };
     let text = |k: &str| fields.get(k).and_then(|v| v.as_str());
@@ -181,10 +185,7 @@ pub(crate) fn check_frame(frame: &[u8], channel: &str) -> bool {
 /// node accepts from clients (1 to [`MAX_USER_ID_CHARS`] characters; at most
 /// [`MAX_INFO_BYTES`] of compact JSON).
 pub(crate) fn check_presence_frame(frame: &[u8], channel: &str) -> bool {
-    let Some(payload) = frame_payload(frame) else {
-        return false;
-    };
-    let Ok(serde_json::Value::Object(fields)) = serde_json::from_slice(payload) else {
+    let Some(fields) = frame_object(frame) else {
         return false;
     };
     let text = |k: &str| fields.get(k).and_then(|v| v.as_str());
@@ -208,18 +209,19 @@ pub(crate) fn decode_presence(payload: &[u8]) -> Option<(u64, &[u8])> {
     Some((origin, &payload[HEADER_LEN..]))
 }
 
-/// The payload of a single final unmasked text frame whose header is minimal and whose
-/// length is exactly the rest of `frame`.
-fn frame_payload(frame: &[u8]) -> Option<&[u8]> {
-    crate::ws::frame::text_payload(frame)
+/// The JSON object in the payload of a single final unmasked text frame whose header is
+/// minimal and whose length is exactly the rest of `frame`; `None` for anything else.
+fn frame_object(frame: &[u8]) -> Option<serde_json::Map<String, serde_json::Value>> {
+    let payload = crate::ws::frame::text_payload(frame)?;
+    match serde_json::from_slice(payload) {
+        Ok(serde_json::Value::Object(fields)) => Some(fields),
+        _ => None,
+    }
 }
 
 /// The header every payload of `origin` starts with, for the publish script.
 pub(crate) fn history_header(origin: u64) -> [u8; HEADER_LEN] {
-    let mut out = [0u8; HEADER_LEN];
-    out[0] = VERSION_HISTORY;
-    out[1..].copy_from_slice(&origin.to_le_bytes());
-    out
+    header(VERSION_HISTORY, origin)
 }
 
 /// A message of a history channel as it travels through Redis.

@@ -265,28 +265,45 @@ mod tests {
 
     #[test]
     fn protocol_violations() {
-        let mut unmasked = vec![0x81, 0x02, b'h', b'i'];
-        assert_eq!(
-            decode_frame(&mut unmasked, 1024).unwrap_err().code,
-            PROTOCOL_ERROR
-        );
-        let mut rsv = client_frame(0xC1, b"x", [1, 1, 1, 1]);
-        assert_eq!(
-            decode_frame(&mut rsv, 1024).unwrap_err().code,
-            PROTOCOL_ERROR
-        );
-        let mut reserved = client_frame(0x83, b"x", [1, 1, 1, 1]);
-        assert_eq!(
-            decode_frame(&mut reserved, 1024).unwrap_err().code,
-            PROTOCOL_ERROR
-        );
-        let mut fragmented_ping = client_frame(0x09, b"x", [1, 1, 1, 1]);
-        assert_eq!(
-            decode_frame(&mut fragmented_ping, 1024).unwrap_err().code,
-            PROTOCOL_ERROR
-        );
-        let mut big = client_frame(0x81, &[0u8; 200], [1, 1, 1, 1]);
-        assert_eq!(decode_frame(&mut big, 100).unwrap_err().code, TOO_BIG);
+        let cases = [
+            (
+                "unmasked",
+                vec![0x81, 0x02, b'h', b'i'],
+                1024,
+                PROTOCOL_ERROR,
+            ),
+            (
+                "rsv",
+                client_frame(0xC1, b"x", [1, 1, 1, 1]),
+                1024,
+                PROTOCOL_ERROR,
+            ),
+            (
+                "reserved",
+                client_frame(0x83, b"x", [1, 1, 1, 1]),
+                1024,
+                PROTOCOL_ERROR,
+            ),
+            (
+                "fragmented ping",
+                client_frame(0x09, b"x", [1, 1, 1, 1]),
+                1024,
+                PROTOCOL_ERROR,
+            ),
+            (
+                "big",
+                client_frame(0x81, &[0u8; 200], [1, 1, 1, 1]),
+                100,
+                TOO_BIG,
+            ),
+        ];
+        for (what, mut frame, max, code) in cases {
+            assert_eq!(
+                decode_frame(&mut frame, max).unwrap_err().code,
+                code,
+                "{what}"
+            );
+        }
     }
 
     #[test]

@@ -178,77 +178,68 @@ pub(super) fn process<S: Session>(
     limits: ReadLimits,
 ) -> (usize, bool) {
     let mut off = 0;
-    let mut keep_reading = true;
     while off < buf.len() {
         if conn.queued_bytes() > limits.pause_backlog && conn.is_open() {
             // Back-pressure: the rest waits in the buffer (see `read_loop`).
             break;
         }
-        let view = match decode_frame_with(&mut buf[off..], limits.max_message, conn.compresses()) {
-            Ok(Some(v)) => v,
+        match process_frame(conn, session, asm, &mut buf[off..], limits) {
+            Ok(Some(consumed)) => off += consumed,
             Ok(None) => break,
             Err(reason) => {
+                // The peer's close, a protocol error or the session's verdict: the
+                // rest of the buffer is dropped and reading stops.
                 conn.close(reason);
-                keep_reading = false;
-                off = buf.len();
-                break;
+                return (buf.len(), false);
             }
-        };
-        let start = off;
-        off += view.consumed;
-        let payload = &mut buf[start + view.payload.start..start + view.payload.end];
-        let incoming = match asm.push_frame(
-            view.opcode,
-            view.fin,
-            view.compressed,
-            payload,
-            limits.max_message,
-        ) {
-            Ok(i) => i,
-            Err(reason) => {
-                conn.close(reason);
-                keep_reading = false;
-                off = buf.len();
-                break;
-            }
-        };
-        let outcome = match incoming {
-            Incoming::None => Ok(()),
-            Incoming::Ping(data) => {
-                conn.send(frame::frame(Opcode::Pong, data));
-                Ok(())
-            }
-            Incoming::Pong => Ok(()),
-            Incoming::Close(code) => {
-                conn.close(Disconnect::echo(code));
-                keep_reading = false;
-                off = buf.len();
-                break;
-            }
-            Incoming::Message(op, data) => {
-                if conn.is_open() {
-                    session.on_message(conn, op, data)
-                } else {
-                    Ok(())
-                }
-            }
-            Incoming::Compressed(op, data) => {
-                if conn.is_open() {
-                    on_compressed(conn, session, op, data, limits.max_message)
-                } else {
-                    Ok(())
-                }
-            }
-        };
-        asm.release();
-        if let Err(reason) = outcome {
-            conn.close(reason);
-            keep_reading = false;
-            off = buf.len();
-            break;
         }
     }
-    (off, keep_reading)
+    (off, true)
+}
+
+/// Decode and handle the frame `buf` starts with: the bytes it took, `None` while it is
+/// incomplete, or why the connection closes.
+fn process_frame<S: Session>(
+    conn: &Rc<WsConn>,
+    session: &mut S,
+    asm: &mut Assembler,
+    buf: &mut [u8],
+    limits: ReadLimits,
+) -> Result<Option<usize>, Disconnect> {
+    let Some(view) = decode_frame_with(buf, limits.max_message, conn.compresses())? else {
+        return Ok(None);
+    };
+    let incoming = asm.push_frame(
+        view.opcode,
+        view.fin,
+        view.compressed,
+        &mut buf[view.payload],
+        limits.max_message,
+    )?;
+    let outcome = match incoming {
+        Incoming::None | Incoming::Pong => Ok(()),
+        Incoming::Ping(data) => {
+            conn.send(frame::frame(Opcode::Pong, data));
+            Ok(())
+        }
+        Incoming::Close(code) => return Err(Disconnect::echo(code)),
+        Incoming::Message(op, data) => {
+            if conn.is_open() {
+                session.on_message(conn, op, data)
+            } else {
+                Ok(())
+            }
+        }
+        Incoming::Compressed(op, data) => {
+            if conn.is_open() {
+                on_compressed(conn, session, op, data, limits.max_message)
+            } else {
+                Ok(())
+            }
+        }
+    };
+    asm.release();
+    outcome.map(|()| Some(view.consumed))
 }
 
 thread_local! {
