@@ -289,10 +289,7 @@ fn publish_events(
 ) -> Outcome {
     let parsed = {
         let mut parser = svc.parser.borrow_mut();
-        match batch {
-            false => events(svc, &mut parser, project, body, keyed),
-            true => batch_events(svc, &mut parser, project, body, keyed),
-        }
+        decide(svc, &mut parser, project, body, batch, keyed)
     };
     match parsed {
         Ok((decided, asked)) => finish(svc, project.index, decided, asked, out, started),
@@ -304,31 +301,26 @@ fn publish_events(
 /// failing event's index in a batch).
 type Parsed = Result<(Decided, Option<Asked>), (ApiError, Option<usize>)>;
 
-/// `events`: one event to one or several channels.
-fn events(
+/// Parse and publish `events` (one event to one or several channels) or `batch_events`
+/// (several, each to one channel).
+fn decide(
     svc: &Service,
     parser: &mut PublishParser,
     project: &Arc<ProjectState>,
     body: &[u8],
+    batch: bool,
     keyed: Option<&Keyed<'_>>,
 ) -> Parsed {
-    let event = parser.parse_pusher(body).map_err(|err| (err, None))?;
-    let asked = event.info.map(|info| {
-        let names = event.msg.channels.as_slice().iter();
-        Asked::Channels(info, names.map(|&c| c.into()).collect())
-    });
-    let decided = crate::publish::publish_one(project, &event.msg, &svc.ids, &*svc.node, keyed);
-    Ok((decided, asked))
-}
-
-/// `batch_events`: several events, each to one channel.
-fn batch_events(
-    svc: &Service,
-    parser: &mut PublishParser,
-    project: &Arc<ProjectState>,
-    body: &[u8],
-    keyed: Option<&Keyed<'_>>,
-) -> Parsed {
+    let (ids, node) = (&svc.ids, &*svc.node);
+    if !batch {
+        let event = parser.parse_pusher(body).map_err(|err| (err, None))?;
+        let asked = event.info.map(|info| {
+            let names = event.msg.channels.as_slice().iter();
+            Asked::Channels(info, names.map(|&c| c.into()).collect())
+        });
+        let decided = crate::publish::publish_one(project, &event.msg, ids, node, keyed);
+        return Ok((decided, asked));
+    }
     let cfg = svc.config();
     let limits = BatchLimits {
         max_messages: cfg.max_batch_messages,
@@ -344,7 +336,7 @@ fn batch_events(
         Asked::Batch(per_event.collect())
     });
     let msgs: Vec<_> = events.into_iter().map(|e| e.msg).collect();
-    let decided = crate::publish::publish_batch(project, &msgs, &svc.ids, &*svc.node, keyed);
+    let decided = crate::publish::publish_batch(project, &msgs, ids, node, keyed);
     Ok((decided, asked))
 }
 
