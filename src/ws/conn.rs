@@ -1,5 +1,5 @@
 //! One WebSocket connection: the shared state ([`WsConn`]), its reader (on plaintext a
-//! record parked in the worker's connection engine, `park.rs`; on TLS a task,
+//! record parked in the worker's connection engine, `read.rs`; on TLS a task,
 //! [`read_loop`]) and its writer task ([`write_loop`]), which on plaintext exists only
 //! while the connection has a backlog.
 //!
@@ -61,18 +61,16 @@ use crate::close::Disconnect;
 use crate::dialect::Dialect;
 
 mod own;
-mod park;
 mod queue;
 mod read;
 mod write;
 pub use own::OwnFrame;
-#[cfg(test)]
-pub(crate) use park::Parked;
-pub use park::{start_parked, ReadCtx};
 use queue::Queue;
+#[cfg(test)]
+pub(crate) use read::Parked;
 pub(crate) use read::WsRead;
-use read::{contains_close, has_frame, process, process_vec, put_scratch, take_scratch};
 pub use read::{read_loop, ReadLimits, Session};
+pub use read::{start_parked, ReadCtx};
 pub use write::write_loop;
 pub use write::PlainWriter;
 pub(crate) use write::{FrameBatch, FrameWrite};
