@@ -12,12 +12,13 @@
 //!    core, listeners, accept loop, timers, signals, graceful shutdown; the only module
 //!    that starts `http::conn::serve`), [`admin`] (the project/key subcommands),
 //!    [`tools`] (`ringcast publish`/`subscribe`, real clients of a running server).
-//! 8. http: [`http`]: HTTP/1.1 head parsing (httparse), the connection loop, routing,
+//! 8. http: [`http`]: HTTP/1.1 head parsing (httparse), the connection loop and its
+//!    routing table,
 //!    `/health`, the publish endpoint, the WebSocket and Pusher upgrades, the Pusher
 //!    REST API, the response writer.
 //! 7. node: [`node`]: what all workers of a node share (config, key snapshot,
-//!    mailboxes, cluster bridge, health flags); how an accepted publish or client event
-//!    leaves its worker (the one `publish::Fanout`).
+//!    mailboxes, cluster bridge, health flags); what an accepted publish or client
+//!    event asks of its node (`publish::Fanout`: mailboxes, relay, history backend).
 //! 6. requests: [`publish`] (parse with simd-json, validate, quota, encode once, hand to
 //!    the mailboxes), [`client`] (the client protocols on a WebSocket: one session
 //!    core, a codec each for native and Pusher), [`error`] (the one table of REST
