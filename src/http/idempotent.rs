@@ -26,7 +26,6 @@ use crate::auth::ProjectState;
 use crate::metrics::Api;
 use crate::publish::idempotency::{self, Claim, Limits, Pending, Stored, Ticket};
 use crate::publish::Keyed;
-use crate::quota::now_ns;
 
 /// Run `run` (the endpoint's publish of a complete body) under `key`.
 pub(crate) fn guard<F>(
@@ -129,7 +128,7 @@ where
                 m.publish_request(api, stored.status);
             });
             let extra = Extra {
-                rate: Some(peek(project)),
+                rate: Some(RateHeaders::peek(project)),
                 replayed: true,
                 ..Extra::default()
             };
@@ -187,15 +186,11 @@ fn split_response(response: &[u8]) -> Option<(u16, &[u8])> {
     Some((status, &response[end + 4..]))
 }
 
-fn peek(project: &ProjectState) -> RateHeaders {
-    super::publish::rate_headers(&project.quota.peek(now_ns()))
-}
-
 /// A refusal of the key itself: counted, with the rate headers peeked.
 fn refuse(out: &mut Vec<u8>, project: &ProjectState, api: Api, err: ApiError) -> Outcome {
     crate::metrics::with(|m| m.publish_request(api, err.status()));
     let extra = Extra {
-        rate: Some(peek(project)),
+        rate: Some(RateHeaders::peek(project)),
         ..Extra::default()
     };
     write_error(out, err, extra);

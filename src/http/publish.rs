@@ -23,7 +23,6 @@ use crate::error::Unavailable;
 use crate::metrics::Api;
 use crate::publish::parse::BatchLimits;
 use crate::publish::{Accepted, Answer, Decided, Keyed};
-use crate::quota::{now_ns, Decision};
 use std::sync::Arc;
 
 /// Which publish endpoint a request is for.
@@ -169,7 +168,7 @@ fn finish(out: &mut Vec<u8>, answer: &Answer, started: Option<Instant>) {
 fn refuse_known(out: &mut Vec<u8>, project: &ProjectState, err: ApiError) -> Outcome {
     count(err.status());
     let extra = Extra {
-        rate: Some(rate_headers(&project.quota.peek(now_ns()))),
+        rate: Some(RateHeaders::peek(project)),
         ..Extra::default()
     };
     write_error(out, err, extra);
@@ -182,7 +181,7 @@ fn refuse_known(out: &mut Vec<u8>, project: &ProjectState, err: ApiError) -> Out
 /// `Retry-After`, the failing batch index.
 pub(super) fn answer_extra(answer: &Answer) -> Extra {
     Extra {
-        rate: Some(rate_headers(&answer.rate)),
+        rate: Some(RateHeaders::of(&answer.rate)),
         retry_after_s: answer.retry_after_s,
         error_index: answer.index,
         ..Extra::default()
@@ -213,13 +212,5 @@ fn write_answer(out: &mut Vec<u8>, answer: &Answer) {
             write_json(out, 202, &body, extra);
         }
         Err(err) => write_error(out, *err, extra),
-    }
-}
-
-pub(super) fn rate_headers(d: &Decision) -> RateHeaders {
-    RateHeaders {
-        limit: d.limit,
-        remaining: d.remaining,
-        reset_s: d.reset_s,
     }
 }

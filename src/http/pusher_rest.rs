@@ -41,8 +41,8 @@ use std::time::Instant;
 
 use super::outcome::{answer, Outcome, Request};
 use super::parse::{is_json_media_type, Method};
-use super::publish::{answer_extra, rate_headers};
-use super::response::{write_error, write_json, write_json_with, Extra};
+use super::publish::answer_extra;
+use super::response::{write_error, write_json, write_json_with, Extra, RateHeaders};
 use super::{ApiError, Service};
 use crate::apikey::KeyKind;
 use crate::auth::cache::KeySnapshot;
@@ -58,7 +58,6 @@ use crate::presence::{ChannelInfo, Hub, Query as HubQuery, MAX_LISTED};
 use crate::publish::parse::{validate_name, BatchLimits};
 use crate::publish::pusher::Info;
 use crate::publish::{Accepted, Answer, Decided, Keyed, PublishParser};
-use crate::quota::now_ns;
 use crate::reply::reply;
 
 /// The parameters a request may carry besides the endpoint's own: the signature's.
@@ -349,7 +348,7 @@ fn refuse_known(
 ) -> Outcome {
     count(err.status());
     let extra = Extra {
-        rate: Some(rate_headers(&project.quota.peek(now_ns()))),
+        rate: Some(RateHeaders::peek(project)),
         error_index: index,
         ..Extra::default()
     };

@@ -16,6 +16,23 @@ pub struct RateHeaders {
     pub reset_s: u64,
 }
 
+impl RateHeaders {
+    /// The headers of a quota decision.
+    pub(crate) fn of(d: &crate::quota::Decision) -> RateHeaders {
+        RateHeaders {
+            limit: d.limit,
+            remaining: d.remaining,
+            reset_s: d.reset_s,
+        }
+    }
+
+    /// The project's quota as it stands, peeked: what an answer that spent nothing
+    /// carries.
+    pub(crate) fn peek(project: &crate::auth::ProjectState) -> RateHeaders {
+        RateHeaders::of(&project.quota.peek(crate::quota::now_ns()))
+    }
+}
+
 /// Extra headers of one response.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Extra {
