@@ -60,7 +60,6 @@ impl Service {
             shard.clone(),
             expiry.clone(),
             events,
-            Some(node.presence.clone()),
             admission,
             read,
         );

@@ -38,13 +38,14 @@ use crossbeam_channel::{Receiver, RecvTimeoutError};
 use super::listing::{Ask, Lister};
 use super::scripts::{Scripts, COUNT_SCRIPT};
 use super::{
-    checked_member, join_here, presence_frame, presence_object, ChannelInfo, Effects, Join, Local,
+    checked_member, join_here, presence_frame, presence_object, ChannelInfo, Effects, Local,
     Members, Op, Query,
 };
 use crate::auth::cache::ProjectIndex;
 use crate::auth::KeyCache;
 use crate::ids::SocketId;
 use crate::shard::mailbox::PresenceAnswer;
+use crate::shard::PresenceJoin;
 
 /// How long a node's lease lasts without a refresh.
 pub(crate) const LEASE: Duration = Duration::from_secs(20);
@@ -282,7 +283,7 @@ impl Remote {
         }
     }
 
-    fn join(&mut self, local: &mut Local, fx: &Effects, j: Join) {
+    fn join(&mut self, local: &mut Local, fx: &Effects, j: PresenceJoin) {
         // A connection is one member (see the hub's invariants): refused before Redis.
         if local.held_as_other(&j) {
             fx.answer(j.worker, j.ticket, PresenceAnswer::OtherUser);
@@ -321,7 +322,7 @@ impl Remote {
     #[allow(clippy::type_complexity)]
     fn redis_join(
         &mut self,
-        j: &Join,
+        j: &PresenceJoin,
         max: usize,
     ) -> Option<Result<(bool, Vec<(String, Option<String>)>), ()>> {
         let pid = self.pid(j.project)?;

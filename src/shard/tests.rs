@@ -4,11 +4,19 @@ use super::*;
 use crate::dialect::Dialect;
 use crate::ids::SocketId;
 use crate::shard::join::HistoryDone;
-use crate::shard::mailbox::Mailboxes;
+use crate::shard::mailbox::{Mailboxes, PresenceAnswer};
 use crate::shard::users::UserEnd;
 
 /// A shard on its own, with a mailbox and an optional recording interest sink.
 pub(crate) fn shard(sink: Option<Arc<dyn InterestSink>>) -> (Rc<Shard>, Mailboxes) {
+    shard_with(sink, None)
+}
+
+/// [`shard`] with `watch` standing for the node's presence hub.
+pub(crate) fn shard_with(
+    sink: Option<Arc<dyn InterestSink>>,
+    watch: Option<Arc<dyn ChannelWatch>>,
+) -> (Rc<Shard>, Mailboxes) {
     let mailboxes = Mailboxes::new(1, 16);
     let shard = Shard::new(ShardSetup {
         index: 0,
@@ -19,9 +27,46 @@ pub(crate) fn shard(sink: Option<Arc<dyn InterestSink>>) -> (Rc<Shard>, Mailboxe
         history: Arc::new(History::new(1 << 20, crate::history::Recoveries::Allowed)),
         send_budget: 1 << 30,
         max_subscriptions: 1 << 20,
-        watch: None,
+        watch,
     });
     (Rc::new(shard), mailboxes)
+}
+
+/// A presence hub that never answers: records the tickets of the joins it is asked.
+#[derive(Default)]
+pub(crate) struct SilentHub(pub std::sync::Mutex<Vec<u64>>);
+impl ChannelWatch for SilentHub {
+    fn count(&self, _worker: usize, _project: u32, _channel: &str, _delta: i32) {}
+    fn join(&self, join: PresenceJoin) {
+        self.0.lock().unwrap().push(join.ticket);
+    }
+    fn leave(&self, _worker: usize, _conn: u64, _project: u32, _channel: &str) {}
+}
+
+/// A join of presence channel `channel` of project `project` that must be cancelled
+/// before the hub answers it (any answer panics).
+pub(crate) fn cancelled_presence(project: u32, channel: &str) -> JoinRequest<'_> {
+    JoinRequest {
+        project,
+        channel,
+        history: crate::history::HistorySpec::OFF,
+        since: None,
+        again: false,
+        presence: Some(Presence {
+            user_id: "ann".into(),
+            info: None,
+            reply: PresenceReply {
+                joined: |_, _| panic!("cancelled"),
+                refused: |_, _| panic!("cancelled"),
+                forget: Box::new(|| panic!("cancelled")),
+            },
+        }),
+    }
+}
+
+/// A subscribe's answer that says nothing (presence joins answer through their own).
+pub(crate) fn no_answer(_: &str, _: Option<(u64, &str)>, _: Option<bool>) -> Option<Bytes> {
+    None
 }
 
 /// Records interest changes; with `confirm` set, confirms each gain at once through
@@ -331,6 +376,7 @@ fn a_held_history_channel_is_asked_again_without_since() {
             history: spec,
             since: Some((7, "0badcafe")),
             again,
+            presence: None,
         };
         shard.join(&a, req, answer);
     }
@@ -456,7 +502,8 @@ fn a_server_unsubscribe_lists_only_held_channels_once() {
 #[test]
 fn a_server_unsubscribe_of_a_pending_join_is_told() {
     let sink = Arc::new(HistorySink::default());
-    let (shard, mailboxes) = shard(Some(sink.clone()));
+    let hub = Arc::new(SilentHub::default());
+    let (shard, mailboxes) = shard_with(Some(sink.clone()), Some(hub.clone()));
     let a = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
     let p = Rc::new(WsConn::new(2, -1, 1 << 20, 0).with_dialect(Dialect::Pusher));
     let ua = shard.user_join(3, "ann".into(), &a);
@@ -472,15 +519,11 @@ fn a_server_unsubscribe_of_a_pending_join_is_told() {
             history: spec,
             since: None,
             again: false,
+            presence: None,
         };
         shard.join(c, req, answer);
     }
-    shard.presence_wait(
-        a.id,
-        3,
-        "presence-room",
-        Box::new(|_, _| panic!("cancelled")),
-    );
+    shard.join(&a, cancelled_presence(3, "presence-room"), no_answer);
     assert_eq!(sink.0.lock().unwrap().len(), 2, "both joins wait for Redis");
     let h = channel_hash(3, "news");
     assert!(mailboxes.get(0).unwrap().interest.may_want(h));
@@ -510,4 +553,15 @@ fn a_server_unsubscribe_of_a_pending_join_is_told() {
         "the joins' holds are given back"
     );
     assert_eq!(shard.subscriber_count(3, "news"), 0);
+    // The hub's late answer to the cancelled join finds nothing.
+    let ticket = hub.0.lock().unwrap().pop().expect("the presence join reached the hub");
+    mailboxes.control_to(
+        0,
+        Envelope::PresenceReady {
+            ticket,
+            answer: PresenceAnswer::Full,
+        },
+    );
+    assert_eq!(shard.drain(), 1);
+    assert!(frames(&a).is_empty());
 }

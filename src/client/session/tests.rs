@@ -63,7 +63,6 @@ fn setup_with(
                 shard.clone(),
                 Expiry::new(shard.clone()),
                 events,
-                None,
                 crate::client::Admission::new(1_000_000_000, max),
                 test_read_ctx(),
             ),
@@ -169,7 +168,6 @@ fn private_setup(secret: &str) -> (NativeSession, Rc<WsConn>, Rc<Shard>, Rc<Expi
             shard.clone(),
             expiry.clone(),
             events,
-            None,
             // 2 channels; unthrottled (a burst of 2 would refuse this test's frames).
             crate::client::Admission::new(1_000_000_000, 2),
             test_read_ctx(),
