@@ -102,11 +102,8 @@ pub(crate) fn user_ok(sub: Option<&str>) -> Result<&str, ClientError> {
 /// an object).
 fn member_of(channel_data: &str) -> Result<(String, Option<String>), ClientError> {
     let bad = ClientError::Member;
-    let serde_json::Value::Object(mut fields) = serde_json::from_str(channel_data)
-        .map_err(|_| bad("channel_data must be a JSON object"))?
-    else {
-        return Err(bad("channel_data must be a JSON object"));
-    };
+    let mut fields =
+        json_object(channel_data).ok_or_else(|| bad("channel_data must be a JSON object"))?;
     let user = match fields.remove("user_id") {
         Some(serde_json::Value::String(s)) => s,
         Some(serde_json::Value::Number(n)) if n.is_u64() || n.is_i64() => n.to_string(),
@@ -115,17 +112,33 @@ fn member_of(channel_data: &str) -> Result<(String, Option<String>), ClientError
     if !(1..=MAX_USER_ID_CHARS).contains(&user.chars().count()) {
         return Err(bad("user_id must be 1 to 128 characters"));
     }
-    let info = match fields.remove("user_info") {
+    let info = user_info(fields.remove("user_info"))
+        .map_err(|()| bad("user_info must be at most 1 KiB of JSON"))?;
+    Ok((user, info))
+}
+
+/// The fields of `text` when it is one JSON object (a presence `channel_data`, a
+/// sign-in's `user_data`).
+pub(super) fn json_object(text: &str) -> Option<serde_json::Map<String, serde_json::Value>> {
+    match serde_json::from_str(text) {
+        Ok(serde_json::Value::Object(fields)) => Some(fields),
+        _ => None,
+    }
+}
+
+/// A member's `user_info` as compact JSON text when it is an object (`None` when it is
+/// missing or not an object); `Err` when that text is longer than [`MAX_INFO_BYTES`].
+pub(super) fn user_info(value: Option<serde_json::Value>) -> Result<Option<String>, ()> {
+    match value {
         Some(v @ serde_json::Value::Object(_)) => {
             let text = v.to_string();
             if text.len() > MAX_INFO_BYTES {
-                return Err(bad("user_info must be at most 1 KiB of JSON"));
+                return Err(());
             }
-            Some(text)
+            Ok(Some(text))
         }
-        _ => None,
-    };
-    Ok((user, info))
+        _ => Ok(None),
+    }
 }
 
 #[cfg(test)]

@@ -199,19 +199,9 @@ impl<C: Codec> ClientSession<C> {
                 self.unsubscribe(conn, &channel);
                 return;
             }
-            Command::Refresh {
-                channel: Some(channel),
-                token,
-            } => match self.refresh(conn, channel, token) {
+            Command::Refresh { channel, token } => match self.refresh(conn, channel, token) {
                 Ok(()) => return,
-                Err(e) => (e, Some(Cow::Borrowed(channel))),
-            },
-            Command::Refresh {
-                channel: None,
-                token,
-            } => match self.refresh_connection(conn, token) {
-                Ok(()) => return,
-                Err(e) => (e, None),
+                Err(e) => (e, channel.map(Cow::Borrowed)),
             },
             Command::Signin { user_data, auth } => match self.signin(conn, &user_data, &auth) {
                 Ok(()) => return,
@@ -412,66 +402,68 @@ impl<C: Codec> ClientSession<C> {
         }
     }
 
-    /// `refresh` (native): a new token for a held private subscription moves its
-    /// expiry. A refused one leaves the old `exp` in force.
+    /// `refresh` (native): a new token for the same user moves a deadline: with
+    /// `channel`, a channel token moves its held private subscription's; without, a
+    /// connection token moves the connection's. A refused one leaves the old `exp` in
+    /// force.
     fn refresh(
         &mut self,
         conn: &Rc<WsConn>,
-        channel: &str,
+        channel: Option<&str>,
         token: Option<&str>,
     ) -> Result<(), ClientError> {
-        let held = self
-            .grant(channel)
-            .ok_or(ClientError::Token(TokenRefusal::NotSubscribed))?;
+        let held = match channel {
+            Some(channel) => self
+                .grant(channel)
+                .ok_or(ClientError::Token(TokenRefusal::NotSubscribed))?,
+            None => self
+                .user()
+                .and_then(|u| u.grant.clone())
+                .ok_or(ClientError::Token(TokenRefusal::NoConnectionToken))?,
+        };
         let token = token.ok_or(ClientError::Token(TokenRefusal::Missing))?;
         self.within_budget()?;
-        let mut member = credential::token(&self.ctx, &self.project, channel, token)?;
-        self.as_connection_user(&mut member)?;
-        if member.sub.as_deref() != held.sub.as_deref() {
-            return Err(ClientError::Token(TokenRefusal::SubjectChanged));
-        }
-        if let Some(exp) = member.exp {
+        let exp = match channel {
+            Some(channel) => self.channel_token_exp(channel, token, &held)?,
+            None => self.connection_token_exp(token)?,
+        };
+        if let Some(exp) = exp {
             self.ctx.expiry.arm(&held, exp);
         }
         send_reply::<C>(
             conn,
             Reply::Refreshed {
-                channel: Some(channel),
+                channel,
                 exp: held.exp(),
             },
         );
         Ok(())
     }
 
-    /// `refresh` without `channel` (native): a new connection token, for the same user,
-    /// moves the connection's deadline. A refused one leaves the old `exp` in force.
-    fn refresh_connection(
-        &mut self,
-        conn: &Rc<WsConn>,
-        token: Option<&str>,
-    ) -> Result<(), ClientError> {
-        let held = self
-            .user()
-            .and_then(|u| u.grant.clone())
-            .ok_or(ClientError::Token(TokenRefusal::NoConnectionToken))?;
-        let token = token.ok_or(ClientError::Token(TokenRefusal::Missing))?;
-        self.within_budget()?;
+    /// The `exp` of a channel token refreshing `held`, once it holds for the same user.
+    fn channel_token_exp(
+        &self,
+        channel: &str,
+        token: &str,
+        held: &Grant,
+    ) -> Result<Option<u64>, ClientError> {
+        let mut member = credential::token(&self.ctx, &self.project, channel, token)?;
+        self.as_connection_user(&mut member)?;
+        if member.sub.as_deref() != held.sub.as_deref() {
+            return Err(ClientError::Token(TokenRefusal::SubjectChanged));
+        }
+        Ok(member.exp)
+    }
+
+    /// The `exp` of a connection token refreshing the connection's, once it holds for
+    /// the connection's user.
+    fn connection_token_exp(&self, token: &str) -> Result<Option<u64>, ClientError> {
         let user = super::user::connection_token(&self.ctx, &self.project, token)
             .map_err(ClientError::Token)?;
         if self.user().is_some_and(|u| u.user() != &user.sub) {
             return Err(ClientError::Token(TokenRefusal::NotConnectionUser));
         }
-        if let Some(exp) = user.exp {
-            self.ctx.expiry.arm(&held, exp);
-        }
-        send_reply::<C>(
-            conn,
-            Reply::Refreshed {
-                channel: None,
-                exp: held.exp(),
-            },
-        );
-        Ok(())
+        Ok(user.exp)
     }
 
     /// `pusher:signin`: the user `user_data` names becomes the connection's user, once

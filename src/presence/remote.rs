@@ -63,6 +63,9 @@ pub(crate) struct Setup {
     pub keys: Arc<KeyCache>,
 }
 
+/// Subscriber-count changes (project, channel, delta) waiting for one pipeline.
+type Counts = Vec<(u32, Box<str>, i32)>;
+
 struct Remote {
     setup: Setup,
     node: String,
@@ -103,25 +106,17 @@ pub(super) fn run(rx: Receiver<Op>, mut local: Local, fx: Effects, setup: Setup)
             Ok(op) => {
                 // Subscriber counts change at every subscribe and unsubscribe: those
                 // queued together go to Redis in one pipelined round trip.
+                // Anything else first sends the counts queued before it (in order).
                 let mut counts = Vec::new();
                 let mut next = Some(op);
                 while let Some(op) = next.take() {
-                    match op {
-                        Op::Count {
-                            project,
-                            channel,
-                            delta,
-                        } => {
-                            local.count(project, &channel, delta);
-                            counts.push((project, channel, delta));
-                            if counts.len() < MAX_PIPELINE {
-                                next = rx.try_recv().ok();
-                            }
-                        }
-                        other => {
-                            r.counts(&fx, &mut counts);
-                            r.apply(&mut local, &fx, other);
-                        }
+                    let count = matches!(op, Op::Count { .. });
+                    if !count {
+                        r.counts(&fx, &mut counts);
+                    }
+                    r.apply(&mut local, &fx, op, &mut counts);
+                    if count && counts.len() < MAX_PIPELINE {
+                        next = rx.try_recv().ok();
                     }
                 }
                 r.counts(&fx, &mut counts);
@@ -150,7 +145,9 @@ impl Remote {
         self.stale = true;
     }
 
-    fn apply(&mut self, local: &mut Local, fx: &Effects, op: Op) {
+    /// Apply one op; a count change is counted here and queued in `counts`, for the
+    /// caller's next pipeline ([`Remote::counts`]).
+    fn apply(&mut self, local: &mut Local, fx: &Effects, op: Op, counts: &mut Counts) {
         match op {
             Op::Count {
                 project,
@@ -158,7 +155,7 @@ impl Remote {
                 delta,
             } => {
                 local.count(project, &channel, delta);
-                self.counts(fx, &mut vec![(project, channel, delta)]);
+                counts.push((project, channel, delta));
             }
             Op::Join(j) => self.join(local, fx, j),
             Op::Leave {
@@ -224,7 +221,7 @@ impl Remote {
 
     /// Apply subscriber-count changes (already counted locally) to Redis in one
     /// pipeline, reporting the transitions they make; empties `counts`.
-    fn counts(&mut self, fx: &Effects, counts: &mut Vec<(u32, Box<str>, i32)>) {
+    fn counts(&mut self, fx: &Effects, counts: &mut Counts) {
         if counts.is_empty() {
             return;
         }

@@ -32,6 +32,17 @@ pub(crate) fn shard_with(
     (Rc::new(shard), mailboxes)
 }
 
+/// Put a broadcast of `frame` on `channel` of project 3 into the mailboxes (`except`:
+/// its sender's connection).
+fn publish(mailboxes: &Mailboxes, channel: &str, frame: Bytes, except: Option<SocketId>) {
+    assert!(mailboxes.broadcast(Arc::new(Broadcast::new(
+        3,
+        channel.into(),
+        frame,
+        except
+    ))));
+}
+
 /// A presence hub that never answers: records the tickets of the joins it is asked.
 #[derive(Default)]
 pub(crate) struct SilentHub(pub std::sync::Mutex<Vec<u64>>);
@@ -213,12 +224,7 @@ fn a_broadcast_in_the_confirmation_window_waits_behind_subscribed() {
     shard.subscribe(3, "news", &a);
     shard.reply_when_live(3, "news", &a, ok.clone());
     // A local publish lands before Redis acknowledged the SUBSCRIBE.
-    assert!(mailboxes.broadcast(Arc::new(Broadcast::new(
-        3,
-        "news".into(),
-        frame.clone(),
-        None
-    ))));
+    publish(&mailboxes, "news", frame.clone(), None);
     assert_eq!(shard.drain(), 1);
     assert_eq!(a.queued_bytes(), 0, "nothing may overtake `subscribed`");
     shard.interest_ready(3, "news", 1);
@@ -226,12 +232,7 @@ fn a_broadcast_in_the_confirmation_window_waits_behind_subscribed() {
     // Leaving inside the window: `subscribed`, the message, then nothing more.
     shard.subscribe(3, "other", &a);
     shard.reply_when_live(3, "other", &a, ok.clone());
-    assert!(mailboxes.broadcast(Arc::new(Broadcast::new(
-        3,
-        "other".into(),
-        frame.clone(),
-        None
-    ))));
+    publish(&mailboxes, "other", frame.clone(), None);
     shard.drain();
     shard.unsubscribe(3, "other", 1);
     assert_eq!(a.take_queued(), vec![ok, frame]);
@@ -268,8 +269,7 @@ fn drain_delivers_one_shared_frame_to_each_subscriber() {
     shard.subscribe(3, "news", &a);
     shard.subscribe(3, "news", &b);
     let frame = bytes::Bytes::from_static(b"\x81\x02{}");
-    let msg = Arc::new(Broadcast::new(3, "news".into(), frame.clone(), None));
-    assert!(mailboxes.broadcast(msg));
+    publish(&mailboxes, "news", frame.clone(), None);
     assert_eq!(shard.drain(), 1);
     assert_eq!(a.queued_bytes(), b.queued_bytes());
     assert!(a.queued_bytes() > frame.len());
@@ -284,12 +284,7 @@ fn a_broadcast_skips_its_sender_only_on_the_senders_worker() {
     shard.subscribe(3, "private-x", &a);
     shard.subscribe(3, "private-x", &b);
     let send = |except| {
-        assert!(mailboxes.broadcast(Arc::new(Broadcast::new(
-            3,
-            "private-x".into(),
-            bytes::Bytes::from_static(b"\x81\x02{}"),
-            except
-        ))));
+        publish(&mailboxes, "private-x", bytes::Bytes::from_static(b"\x81\x02{}"), except);
         shard.drain();
         (a.take_queued().len(), b.take_queued().len())
     };
@@ -321,12 +316,7 @@ fn a_compressed_frame_held_in_the_confirmation_window_is_counted() {
     let frame = crate::ws::frame::frame(Opcode::Text, json.as_bytes());
     shard.subscribe(3, "news", &a);
     shard.reply_when_live(3, "news", &a, Bytes::from_static(b"\x81\x02ok"));
-    assert!(mailboxes.broadcast(Arc::new(Broadcast::new(
-        3,
-        "news".into(),
-        frame.clone(),
-        None
-    ))));
+    publish(&mailboxes, "news", frame.clone(), None);
     shard.drain();
     shard.interest_ready(3, "news", 1);
     let sent = a.take_queued();
