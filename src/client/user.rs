@@ -23,7 +23,7 @@ use crate::auth::token::{TokenRefusal, CONNECTION};
 use crate::auth::ProjectState;
 use crate::shard::users::UserConn;
 
-use super::credential::{json_object, user_info};
+use super::credential::{json_object, pusher_signed, user_info};
 use super::ctx::SessionCtx;
 use super::error::ClientError;
 use super::private::{unix_now, Grant};
@@ -99,19 +99,11 @@ pub(crate) fn signin(
     user_data: &str,
     auth: &str,
 ) -> Result<ConnUser, ClientError> {
-    let snapshot = ctx.shard.keys().load();
     let now = unix_now();
-    let secrets = snapshot
-        .token_keys(project.index)
-        .map(|k| k.secrets_at(now))
-        .unwrap_or_default();
-    let key = check_user_auth(auth, socket_id, user_data, &secrets).map_err(ClientError::Signin)?;
-    match snapshot.lookup(key) {
-        Some(entry)
-            if entry.kind == crate::apikey::KeyKind::Public
-                && entry.project.index == project.index => {}
-        _ => return Err(ClientError::SigninKey),
-    }
+    pusher_signed(ctx, project, now, |secrets| {
+        check_user_auth(auth, socket_id, user_data, secrets)
+    })
+    .map_err(|e| e.map_or(ClientError::SigninKey, ClientError::Signin))?;
     let (sub, info) = user_of(user_data)?;
     if blocked(project, &sub, now) {
         return Err(ClientError::SigninBlocked);

@@ -101,6 +101,31 @@ pub(crate) enum Query {
     },
 }
 
+impl Query {
+    fn project(&self) -> u32 {
+        match self {
+            Query::Channels { project, .. }
+            | Query::Info { project, .. }
+            | Query::Members { project, .. } => *project,
+        }
+    }
+
+    /// Answer for a project the node does not know (cluster mode: its id is needed to
+    /// ask Redis): nothing is occupied.
+    fn answer_unknown(self) {
+        match self {
+            Query::Channels { reply, .. } => reply.send(Ok(Vec::new())),
+            Query::Info { reply, .. } => reply.send(Ok(ChannelInfo {
+                subscribers: 0,
+                user_count: None,
+            })),
+            Query::Members { reply, .. } => reply.send(Ok(Members {
+                members: Vec::new(),
+            })),
+        }
+    }
+}
+
 enum Op {
     Count {
         project: u32,
@@ -220,6 +245,12 @@ impl Effects {
         )));
     }
 
+    /// The leave frame of `user` to this node's subscribers of the channel.
+    fn left(&self, project: u32, channel: &str, user: &str) {
+        let frame = presence_frame(channel, "leave", user, None);
+        self.frame(project, channel, frame, None);
+    }
+
     fn answer(&self, worker: usize, ticket: u64, answer: PresenceAnswer) {
         self.mailboxes
             .control_to(worker, Envelope::PresenceReady { ticket, answer });
@@ -290,12 +321,7 @@ fn apply_local(local: &mut Local, fx: &Effects, op: Op) {
             conn,
         } => {
             if let Some((user, true)) = local.leave(project, &channel, worker, conn) {
-                fx.frame(
-                    project,
-                    &channel,
-                    presence_frame(&channel, "leave", &user, None),
-                    None,
-                );
+                fx.left(project, &channel, &user);
                 if let Some(h) = fx.hooks() {
                     h.member_removed(project, &channel, &user);
                 }

@@ -170,15 +170,8 @@ impl Remote {
                 match self.redis_leave(project, &channel, &user) {
                     Some(true) => self.announce(fx, project, &channel, &user, None, None),
                     Some(false) => {}
-                    None if last => {
-                        // Redis away: this node's own subscribers still hear it.
-                        fx.frame(
-                            project,
-                            &channel,
-                            presence_frame(&channel, "leave", &user, None),
-                            None,
-                        );
-                    }
+                    // Redis away: this node's own subscribers still hear it.
+                    None if last => fx.left(project, &channel, &user),
                     None => {}
                 }
             }
@@ -410,16 +403,16 @@ impl Remote {
             // Redis away: this node's own view.
             return local.answer(q);
         }
+        let Some(pid) = self.pid(q.project()) else {
+            return q.answer_unknown();
+        };
         match q {
             Query::Channels {
-                project,
                 prefix,
                 users,
                 reply,
+                ..
             } => {
-                let Some(pid) = self.pid(project) else {
-                    return reply.send(Ok(Vec::new()));
-                };
                 // Not answered here: a listing must not hold up joins, leaves and counts.
                 if let Some(lister) = &self.lister {
                     lister.ask(Ask {
@@ -430,17 +423,7 @@ impl Remote {
                     });
                 }
             }
-            Query::Info {
-                project,
-                channel,
-                reply,
-            } => {
-                let Some(pid) = self.pid(project) else {
-                    return reply.send(Ok(ChannelInfo {
-                        subscribers: 0,
-                        user_count: None,
-                    }));
-                };
+            Query::Info { channel, reply, .. } => {
                 let Some(conn) = live(&mut self.conn, self.stale) else {
                     return;
                 };
@@ -463,16 +446,7 @@ impl Remote {
                     }
                 }
             }
-            Query::Members {
-                project,
-                channel,
-                reply,
-            } => {
-                let Some(pid) = self.pid(project) else {
-                    return reply.send(Ok(Members {
-                        members: Vec::new(),
-                    }));
-                };
+            Query::Members { channel, reply, .. } => {
                 let Some(conn) = live(&mut self.conn, self.stale) else {
                     return;
                 };

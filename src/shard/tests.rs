@@ -35,12 +35,7 @@ pub(crate) fn shard_with(
 /// Put a broadcast of `frame` on `channel` of project 3 into the mailboxes (`except`:
 /// its sender's connection).
 fn publish(mailboxes: &Mailboxes, channel: &str, frame: Bytes, except: Option<SocketId>) {
-    assert!(mailboxes.broadcast(Arc::new(Broadcast::new(
-        3,
-        channel.into(),
-        frame,
-        except
-    ))));
+    assert!(mailboxes.broadcast(Arc::new(Broadcast::new(3, channel.into(), frame, except))));
 }
 
 /// A presence hub that never answers: records the tickets of the joins it is asked.
@@ -183,8 +178,7 @@ fn a_history_subscribe_holds_interest_until_its_answer_or_its_cancel() {
 fn a_first_subscriber_is_answered_once_the_cluster_confirmed() {
     let rec = Arc::new(Recorder::default());
     let (shard, _mailboxes) = shard(Some(rec.clone()));
-    let a = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
-    let b = Rc::new(WsConn::new(2, -1, 1 << 20, 0));
+    let (a, b) = two_conns();
     let ok = Bytes::from_static(b"\x81\x02ok");
     shard.subscribe(3, "news", &a);
     shard.reply_when_live(3, "news", &a, ok.clone());
@@ -242,8 +236,7 @@ fn a_broadcast_in_the_confirmation_window_waits_behind_subscribed() {
 fn transitions_reach_the_filter_and_the_sink_once() {
     let rec = Arc::new(Recorder::default());
     let (shard, mailboxes) = shard(Some(rec.clone()));
-    let a = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
-    let b = Rc::new(WsConn::new(2, -1, 1 << 20, 0));
+    let (a, b) = two_conns();
     let h = channel_hash(3, "news");
     assert_eq!(shard.subscribe(3, "news", &a), Subscribed::First);
     assert_eq!(shard.subscribe(3, "news", &b), Subscribed::Added);
@@ -261,13 +254,24 @@ fn transitions_reach_the_filter_and_the_sink_once() {
     );
 }
 
+/// Connections 1 and 2 of a worker (1 MiB send queues).
+fn two_conns() -> (Rc<WsConn>, Rc<WsConn>) {
+    let conn = |id| Rc::new(WsConn::new(id, -1, 1 << 20, 0));
+    (conn(1), conn(2))
+}
+
+/// A shard (no sink) with connections 1 and 2 subscribed to `channel` of project 3.
+fn two_subscribers(channel: &str) -> (Rc<Shard>, Mailboxes, Rc<WsConn>, Rc<WsConn>) {
+    let (shard, mailboxes) = shard(None);
+    let (a, b) = two_conns();
+    shard.subscribe(3, channel, &a);
+    shard.subscribe(3, channel, &b);
+    (shard, mailboxes, a, b)
+}
+
 #[test]
 fn drain_delivers_one_shared_frame_to_each_subscriber() {
-    let (shard, mailboxes) = shard(None);
-    let a = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
-    let b = Rc::new(WsConn::new(2, -1, 1 << 20, 0));
-    shard.subscribe(3, "news", &a);
-    shard.subscribe(3, "news", &b);
+    let (shard, mailboxes, a, b) = two_subscribers("news");
     let frame = bytes::Bytes::from_static(b"\x81\x02{}");
     publish(&mailboxes, "news", frame.clone(), None);
     assert_eq!(shard.drain(), 1);
@@ -278,13 +282,14 @@ fn drain_delivers_one_shared_frame_to_each_subscriber() {
 
 #[test]
 fn a_broadcast_skips_its_sender_only_on_the_senders_worker() {
-    let (shard, mailboxes) = shard(None);
-    let a = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
-    let b = Rc::new(WsConn::new(2, -1, 1 << 20, 0));
-    shard.subscribe(3, "private-x", &a);
-    shard.subscribe(3, "private-x", &b);
+    let (shard, mailboxes, a, b) = two_subscribers("private-x");
     let send = |except| {
-        publish(&mailboxes, "private-x", bytes::Bytes::from_static(b"\x81\x02{}"), except);
+        publish(
+            &mailboxes,
+            "private-x",
+            bytes::Bytes::from_static(b"\x81\x02{}"),
+            except,
+        );
         shard.drain();
         (a.take_queued().len(), b.take_queued().len())
     };
@@ -402,8 +407,7 @@ fn end_user_closes_with_4010_and_unsubscribes_with_reason_server() {
 
 fn end_user_on_one_worker() {
     let (shard, mailboxes) = shard(None);
-    let a = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
-    let b = Rc::new(WsConn::new(2, -1, 1 << 20, 0));
+    let (a, b) = two_conns();
     let other = Rc::new(WsConn::new(3, -1, 1 << 20, 0));
     let pusher = Rc::new(WsConn::new(4, -1, 1 << 20, 0).with_dialect(Dialect::Pusher));
     let ua = shard.user_join(7, "ann".into(), &a);
@@ -544,7 +548,12 @@ fn a_server_unsubscribe_of_a_pending_join_is_told() {
     );
     assert_eq!(shard.subscriber_count(3, "news"), 0);
     // The hub's late answer to the cancelled join finds nothing.
-    let ticket = hub.0.lock().unwrap().pop().expect("the presence join reached the hub");
+    let ticket = hub
+        .0
+        .lock()
+        .unwrap()
+        .pop()
+        .expect("the presence join reached the hub");
     mailboxes.control_to(
         0,
         Envelope::PresenceReady {
