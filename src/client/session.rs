@@ -1,8 +1,9 @@
 //! The session core: one client's protocol state over an established WebSocket, the
 //! same for both protocols. A codec (`client::codec`: [`Native`] or [`Pusher`])
 //! decodes each text frame into a `Command`; [`ClientSession`] applies it against the
-//! shard, the presence hub, the history and the client-event relay, and answers with a
-//! `Reply` or a `ClientError` that the codec writes in its protocol.
+//! shard (a subscribe is one `Shard::join`, which asks the presence hub or the history
+//! as the channel needs) and the client-event relay, and answers with a `Reply` or a
+//! `ClientError` that the codec writes in its protocol.
 //!
 //! Invariants: errors that a client can cause with a frame (bad JSON, unknown type,
 //! invalid channel, too many subscriptions, a refused credential) are answered and keep
