@@ -7,7 +7,7 @@
 //! connection's budget paid for it (the session core's order); a member's user id is
 //! 1 to 128 characters and its `info` a JSON object of at most 1 KiB in both protocols.
 
-use crate::auth::pusher::check_channel_auth;
+use crate::auth::pusher::{check_channel_auth, ChannelAuthError};
 use crate::auth::token::{TokenRefusal, MAX_INFO_BYTES};
 use crate::auth::ProjectState;
 use crate::wire::native::MAX_USER_ID_CHARS;
@@ -57,23 +57,14 @@ pub(crate) fn signature(
     auth: &str,
     channel_data: Option<&str>,
 ) -> Result<Member, ClientError> {
-    let snapshot = ctx.shard.keys().load();
-    let secrets = snapshot
-        .token_keys(project.index)
-        .map(|k| k.secrets_at(unix_now()))
-        .unwrap_or_default();
     // Pusher signs `channel_data` for presence channels only: a private channel's
     // signature covers `socket_id:channel`, whatever else the frame carries.
     let presence = crate::shard::is_presence(channel);
     let channel_data = channel_data.filter(|_| presence);
-    let key = check_channel_auth(auth, socket_id, channel, channel_data, &secrets)
-        .map_err(ClientError::Auth)?;
-    match snapshot.lookup(key) {
-        Some(entry)
-            if entry.kind == crate::apikey::KeyKind::Public
-                && entry.project.index == project.index => {}
-        _ => return Err(ClientError::KeyNotPublic),
-    }
+    pusher_signed(ctx, project, unix_now(), |secrets| {
+        check_channel_auth(auth, socket_id, channel, channel_data, secrets)
+    })
+    .map_err(|e| e.map_or(ClientError::KeyNotPublic, ClientError::Auth))?;
     let (sub, info) = match channel_data {
         Some(data) => {
             let (user, info) = member_of(data)?;
@@ -86,6 +77,32 @@ pub(crate) fn signature(
         info,
         exp: None,
     })
+}
+
+/// A Pusher signature (`auth` = `<key>:<signature>`) that `check` verifies with the
+/// project's token secrets in force at `now`, and whose `<key>` is an active public key
+/// of the project (channel authorisations and sign-ins). `Err(None)`: the key is not.
+pub(super) fn pusher_signed<'a>(
+    ctx: &SessionCtx,
+    project: &ProjectState,
+    now: u64,
+    check: impl FnOnce(&[&str]) -> Result<&'a str, ChannelAuthError>,
+) -> Result<(), Option<ChannelAuthError>> {
+    let snapshot = ctx.shard.keys().load();
+    let secrets = snapshot
+        .token_keys(project.index)
+        .map(|k| k.secrets_at(now))
+        .unwrap_or_default();
+    let key = check(&secrets).map_err(Some)?;
+    match snapshot.lookup(key) {
+        Some(entry)
+            if entry.kind == crate::apikey::KeyKind::Public
+                && entry.project.index == project.index =>
+        {
+            Ok(())
+        }
+        _ => Err(None),
+    }
 }
 
 /// Whether `sub` may name a presence member.
@@ -102,11 +119,8 @@ pub(crate) fn user_ok(sub: Option<&str>) -> Result<&str, ClientError> {
 /// an object).
 fn member_of(channel_data: &str) -> Result<(String, Option<String>), ClientError> {
     let bad = ClientError::Member;
-    let serde_json::Value::Object(mut fields) = serde_json::from_str(channel_data)
-        .map_err(|_| bad("channel_data must be a JSON object"))?
-    else {
-        return Err(bad("channel_data must be a JSON object"));
-    };
+    let mut fields =
+        json_object(channel_data).ok_or_else(|| bad("channel_data must be a JSON object"))?;
     let user = match fields.remove("user_id") {
         Some(serde_json::Value::String(s)) => s,
         Some(serde_json::Value::Number(n)) if n.is_u64() || n.is_i64() => n.to_string(),
@@ -115,17 +129,33 @@ fn member_of(channel_data: &str) -> Result<(String, Option<String>), ClientError
     if !(1..=MAX_USER_ID_CHARS).contains(&user.chars().count()) {
         return Err(bad("user_id must be 1 to 128 characters"));
     }
-    let info = match fields.remove("user_info") {
+    let info = user_info(fields.remove("user_info"))
+        .map_err(|()| bad("user_info must be at most 1 KiB of JSON"))?;
+    Ok((user, info))
+}
+
+/// The fields of `text` when it is one JSON object (a presence `channel_data`, a
+/// sign-in's `user_data`).
+pub(super) fn json_object(text: &str) -> Option<serde_json::Map<String, serde_json::Value>> {
+    match serde_json::from_str(text) {
+        Ok(serde_json::Value::Object(fields)) => Some(fields),
+        _ => None,
+    }
+}
+
+/// A member's `user_info` as compact JSON text when it is an object (`None` when it is
+/// missing or not an object); `Err` when that text is longer than [`MAX_INFO_BYTES`].
+pub(super) fn user_info(value: Option<serde_json::Value>) -> Result<Option<String>, ()> {
+    match value {
         Some(v @ serde_json::Value::Object(_)) => {
             let text = v.to_string();
             if text.len() > MAX_INFO_BYTES {
-                return Err(bad("user_info must be at most 1 KiB of JSON"));
+                return Err(());
             }
-            Some(text)
+            Ok(Some(text))
         }
-        _ => None,
-    };
-    Ok((user, info))
+        _ => Ok(None),
+    }
 }
 
 #[cfg(test)]

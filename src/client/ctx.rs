@@ -1,12 +1,10 @@
-//! What every session of one worker shares: the shard, the expiry timer of private
-//! subscriptions, the client-event relay, the presence hub and the subscribe
-//! admission. One `Rc` per worker, so a session carries 8 bytes for them instead of
-//! five handles (issue 21: an idle connection's bytes).
+//! What every session of one worker shares: the shard (and through it the presence
+//! hub), the expiry timer of private subscriptions, the client-event relay and the
+//! subscribe admission. One `Rc` per worker, so a session carries 8 bytes for them
+//! instead of a handle each (issue 21: an idle connection's bytes).
 
 use std::rc::Rc;
-use std::sync::Arc;
 
-use crate::presence::Hub;
 use crate::shard::Shard;
 use crate::ws::conn::ReadCtx;
 
@@ -21,8 +19,6 @@ pub(crate) struct SessionCtx {
     pub(crate) expiry: Rc<Expiry>,
     /// The worker's client-event relay and id source.
     pub(crate) events: Rc<EventContext>,
-    /// The node's presence hub (joins of presence channels go to it).
-    pub(crate) presence: Option<Arc<Hub>>,
     /// The worker's subscribe admission (rate, verified tokens, subscription limit).
     pub(crate) admission: Rc<Admission>,
     /// The worker's reader knobs and clock (`Session::read_ctx`).
@@ -34,7 +30,6 @@ impl SessionCtx {
         shard: Rc<Shard>,
         expiry: Rc<Expiry>,
         events: Rc<EventContext>,
-        presence: Option<Arc<Hub>>,
         admission: Rc<Admission>,
         read: ReadCtx,
     ) -> Rc<SessionCtx> {
@@ -42,7 +37,6 @@ impl SessionCtx {
             shard,
             expiry,
             events,
-            presence,
             admission,
             read,
         })

@@ -294,12 +294,14 @@ mod tests {
     /// ended as a held one: the join is cancelled and the client told `token_expired`.
     #[test]
     fn a_pending_join_at_its_deadline_is_told_token_expired() {
-        use crate::shard::tests::HistorySink;
+        use crate::shard::tests::{cancelled_presence, no_answer, shard_with};
+        use crate::shard::tests::{HistorySink, SilentHub};
         use crate::shard::JoinRequest;
         use bytes::Bytes;
         use std::sync::Arc;
         let sink = Arc::new(HistorySink::default());
-        let (shard, _m) = shard(Some(sink.clone()));
+        let hub = Arc::new(SilentHub::default());
+        let (shard, _m) = shard_with(Some(sink.clone()), Some(hub));
         let expiry = Expiry::new(shard.clone());
         let conn = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
         fn answer(_: &str, _: Option<(u64, &str)>, _: Option<bool>) -> Option<Bytes> {
@@ -311,14 +313,10 @@ mod tests {
             history: crate::history::HistorySpec::parse("10/60s").unwrap(),
             since: None,
             again: false,
+            presence: None,
         };
         shard.join(&conn, req, answer);
-        shard.presence_wait(
-            conn.id,
-            9,
-            "presence-b",
-            Box::new(|_, _| panic!("cancelled")),
-        );
+        shard.join(&conn, cancelled_presence(9, "presence-b"), no_answer);
         assert_eq!(sink.0.lock().unwrap().len(), 1, "the join waits for Redis");
         let now = unix_now();
         let a = Grant::new(9, "private-a", &conn, None, now);

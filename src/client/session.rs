@@ -1,8 +1,9 @@
 //! The session core: one client's protocol state over an established WebSocket, the
 //! same for both protocols. A codec (`client::codec`: [`Native`] or [`Pusher`])
 //! decodes each text frame into a `Command`; [`ClientSession`] applies it against the
-//! shard, the presence hub, the history and the client-event relay, and answers with a
-//! `Reply` or a `ClientError` that the codec writes in its protocol.
+//! shard (a subscribe is one `Shard::join`, which asks the presence hub or the history
+//! as the channel needs) and the client-event relay, and answers with a `Reply` or a
+//! `ClientError` that the codec writes in its protocol.
 //!
 //! Invariants: errors that a client can cause with a frame (bad JSON, unknown type,
 //! invalid channel, too many subscriptions, a refused credential) are answered and keep
@@ -35,9 +36,7 @@ use crate::auth::ProjectState;
 use crate::close::Disconnect;
 use crate::history::spec::HistorySpec;
 use crate::ids::SocketId;
-use crate::presence::{Hub, Join};
-use crate::shard::mailbox::PresenceAnswer;
-use crate::shard::{is_presence, JoinRequest, PresenceDone};
+use crate::shard::{is_presence, JoinRequest, Presence, PresenceRefusal, PresenceReply};
 use crate::ws::conn::{ReadCtx, Session, WsConn};
 use crate::ws::frame::Opcode;
 
@@ -201,19 +200,9 @@ impl<C: Codec> ClientSession<C> {
                 self.unsubscribe(conn, &channel);
                 return;
             }
-            Command::Refresh {
-                channel: Some(channel),
-                token,
-            } => match self.refresh(conn, channel, token) {
+            Command::Refresh { channel, token } => match self.refresh(conn, channel, token) {
                 Ok(()) => return,
-                Err(e) => (e, Some(Cow::Borrowed(channel))),
-            },
-            Command::Refresh {
-                channel: None,
-                token,
-            } => match self.refresh_connection(conn, token) {
-                Ok(()) => return,
-                Err(e) => (e, None),
+                Err(e) => (e, channel.map(Cow::Borrowed)),
             },
             Command::Signin { user_data, auth } => match self.signin(conn, &user_data, &auth) {
                 Ok(()) => return,
@@ -269,7 +258,7 @@ impl<C: Codec> ClientSession<C> {
                 self.room_for_one_more()?;
                 self.within_budget()?;
             }
-            self.subscribe(conn, channel, sub.since.as_ref());
+            self.subscribe(conn, channel, sub.since.as_ref(), None);
             return Ok(());
         }
         let presence = is_presence(channel);
@@ -311,11 +300,8 @@ impl<C: Codec> ClientSession<C> {
                 member
             }
         };
-        let hub = if presence {
-            self.ctx.presence.clone()
-        } else {
-            None
-        };
+        // Joined through the node's presence hub, if it has one.
+        let hub = presence && self.ctx.shard.has_presence_hub();
         if holds {
             // Subscribed already: the credential acts as a refresh, and the subscribe is
             // answered as any repeated one. (A held channel without a grant is a Pusher
@@ -327,26 +313,27 @@ impl<C: Codec> ClientSession<C> {
                 if let Some(exp) = member.exp {
                     self.ctx.expiry.arm(&held, exp);
                 }
-                if let (Some(hub), Some(user)) = (hub, held.sub.clone()) {
+                if let (true, Some(user)) = (hub, held.sub.as_deref()) {
                     // Answered with the member list again; membership is unchanged.
-                    self.join_presence(&hub, conn, &held, &user, member.info, true);
+                    let presence = self.presence(&held, user, member.info);
+                    self.subscribe(conn, channel, None, Some(presence));
                     return Ok(());
                 }
             }
-            self.subscribe(conn, channel, sub.since.as_ref());
+            self.subscribe(conn, channel, sub.since.as_ref(), None);
             return Ok(());
         }
-        if let Some(hub) = hub {
+        if hub {
             // Presence channels keep no history: `since` is not used. The channel counts
             // as held from now on, so an unsubscribe or close before the hub's answer
             // still tells the hub.
-            let user = credential::user_ok(member.sub.as_deref())?.to_owned();
-            self.subscriptions.push(channel);
+            let user = credential::user_ok(member.sub.as_deref())?;
             let grant = self.hold_grant(conn, channel, &member);
-            self.join_presence(&hub, conn, &grant, &user, member.info, false);
+            let presence = self.presence(&grant, user, member.info);
+            self.subscribe(conn, channel, None, Some(presence));
             return Ok(());
         }
-        self.subscribe(conn, channel, sub.since.as_ref());
+        self.subscribe(conn, channel, sub.since.as_ref(), None);
         // A grant only when it carries something: an end (native tokens) or a user. A
         // Pusher private subscription has neither, and costs no more than a public one.
         if member.exp.is_some() || member.sub.is_some() {
@@ -372,8 +359,15 @@ impl<C: Codec> ClientSession<C> {
     }
 
     /// Join `channel` (room and budget were checked), or answer again when held: the
-    /// shard carries every step (history position, replay, the ordering rule).
-    fn subscribe(&mut self, conn: &Rc<WsConn>, channel: &str, since: Option<&Since<'_>>) {
+    /// shard carries every step (the presence hub's member list, history position,
+    /// replay, the ordering rule).
+    fn subscribe(
+        &mut self,
+        conn: &Rc<WsConn>,
+        channel: &str,
+        since: Option<&Since<'_>>,
+        presence: Option<Presence>,
+    ) {
         let again = self.subscriptions.contains(channel);
         let history = if C::HISTORY {
             self.project.history.get()
@@ -386,6 +380,7 @@ impl<C: Codec> ClientSession<C> {
             history,
             since: since.map(|s| (s.offset, s.epoch)),
             again,
+            presence,
         };
         self.ctx.shard.join(conn, req, subscribed::<C>);
         if !again {
@@ -393,127 +388,83 @@ impl<C: Codec> ClientSession<C> {
         }
     }
 
-    /// Ask the hub to add this connection to the channel's members; the answer arrives
-    /// in this worker's mailbox and registers the subscription there (see
-    /// `presence`'s ordering invariant). `again`: the channel is held already (a
-    /// refused answer then leaves the held membership alone).
-    fn join_presence(
-        &self,
-        hub: &Hub,
-        conn: &Rc<WsConn>,
-        grant: &Rc<Grant>,
-        user: &str,
-        info: Option<String>,
-        again: bool,
-    ) {
-        let project = self.project.index;
-        let channel = grant.channel.clone();
-        let (c, g, expiry) = (conn.clone(), grant.clone(), self.ctx.expiry.clone());
-        let ch = channel.clone();
-        let done: PresenceDone = Box::new(move |shard, answer| {
-            let refused = match answer {
-                PresenceAnswer::Joined(object) => {
-                    shard.subscribe(project, &ch, &c);
-                    let joined = Reply::PresenceJoined {
-                        channel: &ch,
-                        members: &object,
-                    };
-                    if let Some(frame) = reply::<C>(joined) {
-                        shard.reply_when_live(project, &ch, &c, frame);
-                    }
-                    return;
-                }
-                PresenceAnswer::Full => ClientError::PresenceFull,
-                // The hub holds this connection under another user (the session refuses
-                // that first; this is the hub's own guard).
-                PresenceAnswer::OtherUser if again => {
-                    c.send(C::refusal(&ClientError::OtherUser, Some(&ch)));
-                    return;
-                }
-                PresenceAnswer::OtherUser => ClientError::OtherUser,
-            };
-            // The join never went live: the session prunes the grant and its channel on
-            // its next frame; the pending join counted as held until now, so the hub is
-            // told to forget it.
-            expiry.end(&g);
-            shard.unsubscribe(project, &ch, c.id);
-            c.send(C::refusal(&refused, Some(&ch)));
-        });
-        let ticket = self
-            .ctx
-            .shard
-            .presence_wait(conn.id, project, &channel, done);
-        hub.join(Join {
-            project,
-            channel,
+    /// A presence join of `user` holding `grant`, answered in this protocol: a refusal
+    /// ends the grant (the session prunes it, and its channel, on its next frame).
+    fn presence(&self, grant: &Rc<Grant>, user: &str, info: Option<String>) -> Presence {
+        let (expiry, grant) = (self.ctx.expiry.clone(), grant.clone());
+        Presence {
             user_id: user.into(),
             info: info.map(String::into_boxed_str),
-            worker: self.ctx.shard.index(),
-            conn: conn.id,
-            ticket,
-        });
+            reply: PresenceReply {
+                joined: presence_joined::<C>,
+                refused: presence_refused::<C>,
+                forget: Box::new(move || expiry.end(&grant)),
+            },
+        }
     }
 
-    /// `refresh` (native): a new token for a held private subscription moves its
-    /// expiry. A refused one leaves the old `exp` in force.
+    /// `refresh` (native): a new token for the same user moves a deadline: with
+    /// `channel`, a channel token moves its held private subscription's; without, a
+    /// connection token moves the connection's. A refused one leaves the old `exp` in
+    /// force.
     fn refresh(
         &mut self,
         conn: &Rc<WsConn>,
-        channel: &str,
+        channel: Option<&str>,
         token: Option<&str>,
     ) -> Result<(), ClientError> {
-        let held = self
-            .grant(channel)
-            .ok_or(ClientError::Token(TokenRefusal::NotSubscribed))?;
+        let held = match channel {
+            Some(channel) => self
+                .grant(channel)
+                .ok_or(ClientError::Token(TokenRefusal::NotSubscribed))?,
+            None => self
+                .user()
+                .and_then(|u| u.grant.clone())
+                .ok_or(ClientError::Token(TokenRefusal::NoConnectionToken))?,
+        };
         let token = token.ok_or(ClientError::Token(TokenRefusal::Missing))?;
         self.within_budget()?;
+        let exp = match channel {
+            Some(channel) => self.channel_token_exp(channel, token, &held)?,
+            None => self.connection_token_exp(token)?,
+        };
+        if let Some(exp) = exp {
+            self.ctx.expiry.arm(&held, exp);
+        }
+        send_reply::<C>(
+            conn,
+            Reply::Refreshed {
+                channel,
+                exp: held.exp(),
+            },
+        );
+        Ok(())
+    }
+
+    /// The `exp` of a channel token refreshing `held`, once it holds for the same user.
+    fn channel_token_exp(
+        &self,
+        channel: &str,
+        token: &str,
+        held: &Grant,
+    ) -> Result<Option<u64>, ClientError> {
         let mut member = credential::token(&self.ctx, &self.project, channel, token)?;
         self.as_connection_user(&mut member)?;
         if member.sub.as_deref() != held.sub.as_deref() {
             return Err(ClientError::Token(TokenRefusal::SubjectChanged));
         }
-        if let Some(exp) = member.exp {
-            self.ctx.expiry.arm(&held, exp);
-        }
-        send_reply::<C>(
-            conn,
-            Reply::Refreshed {
-                channel: Some(channel),
-                exp: held.exp(),
-            },
-        );
-        Ok(())
+        Ok(member.exp)
     }
 
-    /// `refresh` without `channel` (native): a new connection token, for the same user,
-    /// moves the connection's deadline. A refused one leaves the old `exp` in force.
-    fn refresh_connection(
-        &mut self,
-        conn: &Rc<WsConn>,
-        token: Option<&str>,
-    ) -> Result<(), ClientError> {
-        let held = self
-            .user()
-            .and_then(|u| u.grant.clone())
-            .ok_or(ClientError::Token(TokenRefusal::NoConnectionToken))?;
-        let token = token.ok_or(ClientError::Token(TokenRefusal::Missing))?;
-        self.within_budget()?;
+    /// The `exp` of a connection token refreshing the connection's, once it holds for
+    /// the connection's user.
+    fn connection_token_exp(&self, token: &str) -> Result<Option<u64>, ClientError> {
         let user = super::user::connection_token(&self.ctx, &self.project, token)
             .map_err(ClientError::Token)?;
         if self.user().is_some_and(|u| u.user() != &user.sub) {
             return Err(ClientError::Token(TokenRefusal::NotConnectionUser));
         }
-        if let Some(exp) = user.exp {
-            self.ctx.expiry.arm(&held, exp);
-        }
-        send_reply::<C>(
-            conn,
-            Reply::Refreshed {
-                channel: None,
-                exp: held.exp(),
-            },
-        );
-        Ok(())
+        Ok(user.exp)
     }
 
     /// `pusher:signin`: the user `user_data` names becomes the connection's user, once
@@ -632,11 +583,6 @@ impl<C: Codec> ClientSession<C> {
     }
 }
 
-/// The frame answering with `r`, if the protocol answers it.
-fn reply<C: Codec>(r: Reply<'_>) -> Option<bytes::Bytes> {
-    C::reply(r)
-}
-
 /// Send the answer `r`, if the protocol answers it.
 fn send_reply<C: Codec>(conn: &Rc<WsConn>, r: Reply<'_>) {
     if let Some(frame) = C::reply(r) {
@@ -655,6 +601,20 @@ fn subscribed<C: Codec>(
         position,
         recovered,
     })
+}
+
+/// The protocol's answer to a presence join that went live (`shard::PresenceReply`).
+fn presence_joined<C: Codec>(channel: &str, members: &str) -> Option<bytes::Bytes> {
+    C::reply(Reply::PresenceJoined { channel, members })
+}
+
+/// The protocol's refusal of a presence join the hub refused (`shard::PresenceReply`).
+fn presence_refused<C: Codec>(channel: &str, why: PresenceRefusal) -> bytes::Bytes {
+    let error = match why {
+        PresenceRefusal::Full => ClientError::PresenceFull,
+        PresenceRefusal::OtherUser => ClientError::OtherUser,
+    };
+    C::refusal(&error, Some(channel))
 }
 
 impl<C: Codec> Session for ClientSession<C> {

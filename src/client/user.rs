@@ -23,6 +23,7 @@ use crate::auth::token::{TokenRefusal, CONNECTION};
 use crate::auth::ProjectState;
 use crate::shard::users::UserConn;
 
+use super::credential::{json_object, pusher_signed, user_info};
 use super::ctx::SessionCtx;
 use super::error::ClientError;
 use super::private::{unix_now, Grant};
@@ -98,19 +99,11 @@ pub(crate) fn signin(
     user_data: &str,
     auth: &str,
 ) -> Result<ConnUser, ClientError> {
-    let snapshot = ctx.shard.keys().load();
     let now = unix_now();
-    let secrets = snapshot
-        .token_keys(project.index)
-        .map(|k| k.secrets_at(now))
-        .unwrap_or_default();
-    let key = check_user_auth(auth, socket_id, user_data, &secrets).map_err(ClientError::Signin)?;
-    match snapshot.lookup(key) {
-        Some(entry)
-            if entry.kind == crate::apikey::KeyKind::Public
-                && entry.project.index == project.index => {}
-        _ => return Err(ClientError::SigninKey),
-    }
+    pusher_signed(ctx, project, now, |secrets| {
+        check_user_auth(auth, socket_id, user_data, secrets)
+    })
+    .map_err(|e| e.map_or(ClientError::SigninKey, ClientError::Signin))?;
     let (sub, info) = user_of(user_data)?;
     if blocked(project, &sub, now) {
         return Err(ClientError::SigninBlocked);
@@ -126,11 +119,8 @@ pub(crate) fn signin(
 /// its `user_info` as compact JSON text when it is an object of at most 1 KiB.
 fn user_of(user_data: &str) -> Result<(String, Option<Box<str>>), ClientError> {
     let bad = ClientError::SigninUser;
-    let serde_json::Value::Object(mut fields) =
-        serde_json::from_str(user_data).map_err(|_| bad("user_data must be a JSON object"))?
-    else {
-        return Err(bad("user_data must be a JSON object"));
-    };
+    let mut fields =
+        json_object(user_data).ok_or_else(|| bad("user_data must be a JSON object"))?;
     let id = match fields.remove("id") {
         Some(serde_json::Value::String(s)) => s,
         _ => return Err(bad("user_data needs an id (a string)")),
@@ -141,14 +131,9 @@ fn user_of(user_data: &str) -> Result<(String, Option<Box<str>>), ClientError> {
             "the user id must be 1 to 200 characters, no control characters",
         ));
     }
-    let info = match fields.remove("user_info") {
-        Some(v @ serde_json::Value::Object(_)) => {
-            let text = v.to_string();
-            (text.len() <= crate::auth::token::MAX_INFO_BYTES).then(|| text.into_boxed_str())
-        }
-        _ => None,
-    };
-    Ok((id, info))
+    // A `user_info` over 1 KiB is left out: the sign-in stands without it.
+    let info = user_info(fields.remove("user_info")).ok().flatten();
+    Ok((id, info.map(String::into_boxed_str)))
 }
 
 #[cfg(test)]

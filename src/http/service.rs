@@ -56,14 +56,7 @@ impl Service {
             },
             clock: Box::new(move || clock_shard.clock()),
         };
-        let sessions = SessionCtx::new(
-            shard.clone(),
-            expiry.clone(),
-            events,
-            Some(node.presence.clone()),
-            admission,
-            read,
-        );
+        let sessions = SessionCtx::new(shard.clone(), expiry.clone(), events, admission, read);
         Service {
             sessions,
             node,

@@ -5,8 +5,8 @@
 //! queries through [`crate::reply`].
 //!
 //! Inputs, in one FIFO queue (so what one worker says arrives in the order it said it):
-//! subscriber-count changes and presence leaves from every shard (through
-//! [`ChannelWatch`]), presence joins from the client protocol, and REST queries.
+//! subscriber-count changes, presence joins and presence leaves from every shard
+//! (through [`ChannelWatch`]; `Shard::join` makes the joins), and REST queries.
 //! Outputs: join/leave frames pushed to the workers' mailboxes as
 //! [`Envelope::Presence`](crate::shard::mailbox::Envelope) control envelopes, join
 //! answers as `PresenceReady` to the joining worker, and query answers through
@@ -45,25 +45,12 @@ use indexmap::IndexMap;
 use crate::ids::SocketId;
 use crate::reply::ReplyTx;
 use crate::shard::mailbox::{Broadcast, Envelope, Mailboxes, PresenceAnswer};
-use crate::shard::ChannelWatch;
+use crate::shard::{ChannelWatch, PresenceJoin};
 use crate::wire::native::{presence_frame, MAX_USER_ID_CHARS};
 
 /// Most channels one occupancy listing returns. The hub answers one more when there are
 /// more (at most `MAX_LISTED + 1`), so the listing can say it was cut.
 pub(crate) const MAX_LISTED: usize = 10_000;
-
-/// A connection asks to join a presence channel (its token was verified).
-pub(crate) struct Join {
-    pub project: u32,
-    pub channel: Box<str>,
-    pub user_id: Box<str>,
-    /// The token's `info` claim as compact JSON text (an object).
-    pub info: Option<Box<str>>,
-    pub worker: usize,
-    pub conn: u64,
-    /// The shard's ticket for the answer (`Shard::presence_wait`).
-    pub ticket: u64,
-}
 
 /// One channel's counts, for `GET /api/v1/channels/info`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,13 +100,38 @@ pub(crate) enum Query {
     },
 }
 
+impl Query {
+    fn project(&self) -> u32 {
+        match self {
+            Query::Channels { project, .. }
+            | Query::Info { project, .. }
+            | Query::Members { project, .. } => *project,
+        }
+    }
+
+    /// Answer for a project the node does not know (cluster mode: its id is needed to
+    /// ask Redis): nothing is occupied.
+    fn answer_unknown(self) {
+        match self {
+            Query::Channels { reply, .. } => reply.send(Ok(Vec::new())),
+            Query::Info { reply, .. } => reply.send(Ok(ChannelInfo {
+                subscribers: 0,
+                user_count: None,
+            })),
+            Query::Members { reply, .. } => reply.send(Ok(Members {
+                members: Vec::new(),
+            })),
+        }
+    }
+}
+
 enum Op {
     Count {
         project: u32,
         channel: Box<str>,
         delta: i32,
     },
-    Join(Join),
+    Join(PresenceJoin),
     Leave {
         project: u32,
         channel: Box<str>,
@@ -156,12 +168,6 @@ impl Hub {
         Ok(Arc::new(Hub { tx }))
     }
 
-    /// Ask to join; the answer reaches the worker's mailbox.
-    pub(crate) fn join(&self, join: Join) {
-        // The thread outlives every handle; a send fails only while the process ends.
-        let _ = self.tx.send(Op::Join(join));
-    }
-
     /// Ask a REST question; the answer comes through its reply (or `Unreachable`).
     pub(crate) fn query(&self, query: Query) {
         let _ = self.tx.send(Op::Query(query));
@@ -192,6 +198,12 @@ impl ChannelWatch for Hub {
             channel: channel.into(),
             delta,
         });
+    }
+
+    /// Ask to join; the answer reaches the worker's mailbox.
+    fn join(&self, join: PresenceJoin) {
+        // The thread outlives every handle; a send fails only while the process ends.
+        let _ = self.tx.send(Op::Join(join));
     }
 
     fn leave(&self, worker: usize, conn: u64, project: u32, channel: &str) {
@@ -232,6 +244,12 @@ impl Effects {
         )));
     }
 
+    /// The leave frame of `user` to this node's subscribers of the channel.
+    fn left(&self, project: u32, channel: &str, user: &str) {
+        let frame = presence_frame(channel, "leave", user, None);
+        self.frame(project, channel, frame, None);
+    }
+
     fn answer(&self, worker: usize, ticket: u64, answer: PresenceAnswer) {
         self.mailboxes
             .control_to(worker, Envelope::PresenceReady { ticket, answer });
@@ -252,7 +270,7 @@ fn run_local(rx: Receiver<Op>, mut local: Local, fx: Effects) {
 /// Redis is away): an added member is announced to the channel, the joiner left out,
 /// before the joiner's answer is queued (see the module's invariants), and, with
 /// `hook`, reported to the webhooks.
-fn join_here(local: &mut Local, fx: &Effects, j: &Join, hook: bool) -> PresenceAnswer {
+fn join_here(local: &mut Local, fx: &Effects, j: &PresenceJoin, hook: bool) -> PresenceAnswer {
     match local.join(j, true) {
         Joined::Full => PresenceAnswer::Full,
         Joined::OtherUser => PresenceAnswer::OtherUser,
@@ -302,12 +320,7 @@ fn apply_local(local: &mut Local, fx: &Effects, op: Op) {
             conn,
         } => {
             if let Some((user, true)) = local.leave(project, &channel, worker, conn) {
-                fx.frame(
-                    project,
-                    &channel,
-                    presence_frame(&channel, "leave", &user, None),
-                    None,
-                );
+                fx.left(project, &channel, &user);
                 if let Some(h) = fx.hooks() {
                     h.member_removed(project, &channel, &user);
                 }
@@ -410,7 +423,7 @@ impl Local {
 
     /// Record a join (the limit is checked only when `limit`: in cluster mode Redis
     /// checks it for the whole cluster). The caller tidies after a `Full`.
-    fn join(&mut self, j: &Join, limit: bool) -> Joined {
+    fn join(&mut self, j: &PresenceJoin, limit: bool) -> Joined {
         if self.held_as_other(j) {
             return Joined::OtherUser;
         }
@@ -439,7 +452,7 @@ impl Local {
     }
 
     /// Whether the joining connection is a member of the channel under another user id.
-    fn held_as_other(&self, j: &Join) -> bool {
+    fn held_as_other(&self, j: &PresenceJoin) -> bool {
         self.channel(j.project, &j.channel)
             .and_then(|c| c.by_conn.get(&(j.worker, j.conn)))
             .is_some_and(|user| *user != j.user_id)

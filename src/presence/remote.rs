@@ -38,13 +38,14 @@ use crossbeam_channel::{Receiver, RecvTimeoutError};
 use super::listing::{Ask, Lister};
 use super::scripts::{Scripts, COUNT_SCRIPT};
 use super::{
-    checked_member, join_here, presence_frame, presence_object, ChannelInfo, Effects, Join, Local,
+    checked_member, join_here, presence_frame, presence_object, ChannelInfo, Effects, Local,
     Members, Op, Query,
 };
 use crate::auth::cache::ProjectIndex;
 use crate::auth::KeyCache;
 use crate::ids::SocketId;
 use crate::shard::mailbox::PresenceAnswer;
+use crate::shard::PresenceJoin;
 
 /// How long a node's lease lasts without a refresh.
 pub(crate) const LEASE: Duration = Duration::from_secs(20);
@@ -61,6 +62,9 @@ pub(crate) struct Setup {
     pub node_id: u64,
     pub keys: Arc<KeyCache>,
 }
+
+/// Subscriber-count changes (project, channel, delta) waiting for one pipeline.
+type Counts = Vec<(u32, Box<str>, i32)>;
 
 struct Remote {
     setup: Setup,
@@ -102,25 +106,17 @@ pub(super) fn run(rx: Receiver<Op>, mut local: Local, fx: Effects, setup: Setup)
             Ok(op) => {
                 // Subscriber counts change at every subscribe and unsubscribe: those
                 // queued together go to Redis in one pipelined round trip.
+                // Anything else first sends the counts queued before it (in order).
                 let mut counts = Vec::new();
                 let mut next = Some(op);
                 while let Some(op) = next.take() {
-                    match op {
-                        Op::Count {
-                            project,
-                            channel,
-                            delta,
-                        } => {
-                            local.count(project, &channel, delta);
-                            counts.push((project, channel, delta));
-                            if counts.len() < MAX_PIPELINE {
-                                next = rx.try_recv().ok();
-                            }
-                        }
-                        other => {
-                            r.counts(&fx, &mut counts);
-                            r.apply(&mut local, &fx, other);
-                        }
+                    let count = matches!(op, Op::Count { .. });
+                    if !count {
+                        r.counts(&fx, &mut counts);
+                    }
+                    r.apply(&mut local, &fx, op, &mut counts);
+                    if count && counts.len() < MAX_PIPELINE {
+                        next = rx.try_recv().ok();
                     }
                 }
                 r.counts(&fx, &mut counts);
@@ -149,7 +145,9 @@ impl Remote {
         self.stale = true;
     }
 
-    fn apply(&mut self, local: &mut Local, fx: &Effects, op: Op) {
+    /// Apply one op; a count change is counted here and queued in `counts`, for the
+    /// caller's next pipeline ([`Remote::counts`]).
+    fn apply(&mut self, local: &mut Local, fx: &Effects, op: Op, counts: &mut Counts) {
         match op {
             Op::Count {
                 project,
@@ -157,7 +155,7 @@ impl Remote {
                 delta,
             } => {
                 local.count(project, &channel, delta);
-                self.counts(fx, &mut vec![(project, channel, delta)]);
+                counts.push((project, channel, delta));
             }
             Op::Join(j) => self.join(local, fx, j),
             Op::Leave {
@@ -172,15 +170,8 @@ impl Remote {
                 match self.redis_leave(project, &channel, &user) {
                     Some(true) => self.announce(fx, project, &channel, &user, None, None),
                     Some(false) => {}
-                    None if last => {
-                        // Redis away: this node's own subscribers still hear it.
-                        fx.frame(
-                            project,
-                            &channel,
-                            presence_frame(&channel, "leave", &user, None),
-                            None,
-                        );
-                    }
+                    // Redis away: this node's own subscribers still hear it.
+                    None if last => fx.left(project, &channel, &user),
                     None => {}
                 }
             }
@@ -223,7 +214,7 @@ impl Remote {
 
     /// Apply subscriber-count changes (already counted locally) to Redis in one
     /// pipeline, reporting the transitions they make; empties `counts`.
-    fn counts(&mut self, fx: &Effects, counts: &mut Vec<(u32, Box<str>, i32)>) {
+    fn counts(&mut self, fx: &Effects, counts: &mut Counts) {
         if counts.is_empty() {
             return;
         }
@@ -282,7 +273,7 @@ impl Remote {
         }
     }
 
-    fn join(&mut self, local: &mut Local, fx: &Effects, j: Join) {
+    fn join(&mut self, local: &mut Local, fx: &Effects, j: PresenceJoin) {
         // A connection is one member (see the hub's invariants): refused before Redis.
         if local.held_as_other(&j) {
             fx.answer(j.worker, j.ticket, PresenceAnswer::OtherUser);
@@ -321,7 +312,7 @@ impl Remote {
     #[allow(clippy::type_complexity)]
     fn redis_join(
         &mut self,
-        j: &Join,
+        j: &PresenceJoin,
         max: usize,
     ) -> Option<Result<(bool, Vec<(String, Option<String>)>), ()>> {
         let pid = self.pid(j.project)?;
@@ -412,16 +403,16 @@ impl Remote {
             // Redis away: this node's own view.
             return local.answer(q);
         }
+        let Some(pid) = self.pid(q.project()) else {
+            return q.answer_unknown();
+        };
         match q {
             Query::Channels {
-                project,
                 prefix,
                 users,
                 reply,
+                ..
             } => {
-                let Some(pid) = self.pid(project) else {
-                    return reply.send(Ok(Vec::new()));
-                };
                 // Not answered here: a listing must not hold up joins, leaves and counts.
                 if let Some(lister) = &self.lister {
                     lister.ask(Ask {
@@ -432,17 +423,7 @@ impl Remote {
                     });
                 }
             }
-            Query::Info {
-                project,
-                channel,
-                reply,
-            } => {
-                let Some(pid) = self.pid(project) else {
-                    return reply.send(Ok(ChannelInfo {
-                        subscribers: 0,
-                        user_count: None,
-                    }));
-                };
+            Query::Info { channel, reply, .. } => {
                 let Some(conn) = live(&mut self.conn, self.stale) else {
                     return;
                 };
@@ -465,16 +446,7 @@ impl Remote {
                     }
                 }
             }
-            Query::Members {
-                project,
-                channel,
-                reply,
-            } => {
-                let Some(pid) = self.pid(project) else {
-                    return reply.send(Ok(Members {
-                        members: Vec::new(),
-                    }));
-                };
+            Query::Members { channel, reply, .. } => {
                 let Some(conn) = live(&mut self.conn, self.stale) else {
                     return;
                 };

@@ -32,7 +32,7 @@ impl Transitions for Log {
 }
 
 fn join(user: &str, worker: usize, conn: u64, ticket: u64) -> Op {
-    Op::Join(Join {
+    Op::Join(PresenceJoin {
         project: 1,
         channel: "presence-room".into(),
         user_id: user.into(),

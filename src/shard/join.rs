@@ -1,11 +1,13 @@
 //! The life of a subscription on this worker, from the session's one request to live.
 //! [`Shard::join`] takes a subscribe the session decided to make (room, budget and
-//! credential checked) and carries every step: a channel without history is registered
-//! and answered; a history channel gets its position and, with `since`, its replay, on
-//! this node's history or, in cluster mode, through Redis; a channel held already is
-//! answered again. Joins that wait for another thread (the cluster's position and
-//! replay, the presence hub's member list) wait in one table, [`Pending`], keyed by
-//! ticket; an unsubscribe or the connection's end cancels its entry.
+//! credential checked) and carries every step: a presence channel is joined through
+//! the node's presence hub, registered once the hub accepts and answered with the
+//! member list (or refused); a channel without history is registered and answered; a
+//! history channel gets its position and, with `since`, its replay, on this node's
+//! history or, in cluster mode, through Redis; a channel held already is answered
+//! again. Joins that wait for another thread (the cluster's position and replay, the
+//! presence hub's member list) wait in one table, [`Pending`], keyed by ticket; an
+//! unsubscribe or the connection's end cancels its entry.
 //!
 //! Invariants (the ordering rule):
 //! - A recovering subscriber gets every message after its `since` exactly once and in
@@ -15,6 +17,11 @@
 //!   mailbox between the messages the position covers and the later ones.
 //! - The answer (`subscribed`, then the replay) leaves only once the subscription is
 //!   live cluster-wide (`Shard::reply_when_live`), and no broadcast overtakes it.
+//! - A presence join is registered only when the hub's answer arrives in the mailbox:
+//!   the hub queued it after the join frame of this member, and queues every later
+//!   join or leave frame after it, so the member list and the frames agree (see
+//!   `presence`). A refused join was counted as held meanwhile: the hub is told to
+//!   forget it, and the session forgets its channel.
 //! - No fan-out happens under the history lock, and nothing waits on I/O.
 
 use std::rc::Rc;
@@ -23,7 +30,7 @@ use bytes::Bytes;
 
 use super::mailbox::{HistoryReady, PresenceAnswer};
 use super::registry::Subscribed;
-use super::{channel_hash, HistorySubscribe, Shard};
+use super::{channel_hash, HistorySubscribe, PresenceJoin, Shard};
 use crate::history::HistorySpec;
 use crate::ws::conn::WsConn;
 
@@ -38,6 +45,40 @@ pub(crate) struct JoinRequest<'a> {
     pub since: Option<(u64, &'a str)>,
     /// The connection holds the channel already: answer again, replay nothing.
     pub again: bool,
+    /// A presence channel: who joins, and how the answer is told. Used when the node
+    /// has a presence hub (then history and `since` are not: presence channels keep
+    /// none); without one the channel is joined as a private one.
+    pub presence: Option<Presence>,
+}
+
+/// Who joins a presence channel, and how the session answers the hub's decision.
+pub(crate) struct Presence {
+    pub user_id: Box<str>,
+    /// The credential's `info` as compact JSON text (an object).
+    pub info: Option<Box<str>>,
+    pub reply: PresenceReply,
+}
+
+/// How the session's protocol answers a presence join once the hub decided.
+pub(crate) struct PresenceReply {
+    /// The frame for (channel, presence object) of a join that went live, if its
+    /// protocol answers one.
+    pub joined: fn(&str, &str) -> Option<Bytes>,
+    /// The frame refusing the join of a channel.
+    pub refused: fn(&str, PresenceRefusal) -> Bytes,
+    /// Run when a join is refused and the subscription ends with it: the session
+    /// forgets the channel (its grant ends).
+    pub forget: Box<dyn FnOnce()>,
+}
+
+/// Why the hub refused a presence join.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PresenceRefusal {
+    /// The channel has `max_presence_members` users and this one is not among them.
+    Full,
+    /// The hub holds this connection under another user (the session refuses that
+    /// first; this is the hub's own guard).
+    OtherUser,
 }
 
 /// How the session's protocol answers a subscribe: the frame for (channel, position,
@@ -47,15 +88,16 @@ pub(crate) type Answer = fn(&str, Option<(u64, &str)>, Option<bool>) -> Option<B
 /// What to do once the cluster answered a history subscribe.
 pub(crate) type HistoryDone = Box<dyn FnOnce(&Shard, HistoryReady)>;
 
-/// What to do once the presence hub answered a join (made by the client layer).
-pub(crate) type PresenceDone = Box<dyn FnOnce(&Shard, PresenceAnswer)>;
-
 /// What a pending join waits for.
 enum Wait {
     /// Redis' position (and replay) of a history channel ([`HistoryReady`]).
     History(HistoryDone),
-    /// The presence hub's answer ([`PresenceAnswer`]).
-    Presence(PresenceDone),
+    /// The presence hub's answer ([`PresenceAnswer`]) to the join of `conn`.
+    Presence {
+        conn: Rc<WsConn>,
+        again: bool,
+        reply: PresenceReply,
+    },
 }
 
 /// A join waiting for another thread's answer (few, short-lived: a linear scan).
@@ -76,13 +118,19 @@ impl Pending {
 impl Shard {
     /// Subscribe `conn` as `req` says and send it `answer`'s frame (and a replay) in
     /// the order the module's invariants give.
-    pub(crate) fn join(&self, conn: &Rc<WsConn>, req: JoinRequest<'_>, answer: Answer) {
+    pub(crate) fn join(&self, conn: &Rc<WsConn>, mut req: JoinRequest<'_>, answer: Answer) {
+        if let Some(presence) = req.presence.take() {
+            if self.ask_hub(conn, &req, presence) {
+                return;
+            }
+        }
         let JoinRequest {
             project,
             channel,
             history: spec,
             since,
             again,
+            ..
         } = req;
         // A history channel in cluster mode: Redis knows its position.
         if spec.is_on() && self.ask_cluster(conn, &req, answer) {
@@ -158,6 +206,33 @@ impl Shard {
         if replayed > 0 {
             crate::metrics::with(|m| m.deliveries(replayed));
         }
+    }
+
+    /// A presence channel: ask the hub to add `conn` to its members. The join waits in
+    /// [`Pending`]; the hub's answer, in mailbox order, registers the subscription and
+    /// answers with the member list, or refuses ([`Shard::presence_answer`]). `false`
+    /// (and `presence` dropped): this node has no presence hub.
+    fn ask_hub(&self, conn: &Rc<WsConn>, req: &JoinRequest<'_>, presence: Presence) -> bool {
+        let Some(watch) = &self.watch else {
+            return false;
+        };
+        let ticket = self.new_ticket();
+        let wait = Wait::Presence {
+            conn: conn.clone(),
+            again: req.again,
+            reply: presence.reply,
+        };
+        self.wait(ticket, conn.id, req.project, req.channel, wait);
+        watch.join(PresenceJoin {
+            project: req.project,
+            channel: req.channel.into(),
+            user_id: presence.user_id,
+            info: presence.info,
+            worker: self.index,
+            conn: conn.id,
+            ticket,
+        });
+        true
     }
 
     /// Cluster mode: have the cluster answer a subscribe to a history channel; the
@@ -236,22 +311,8 @@ impl Shard {
         true
     }
 
-    /// Wait for the presence hub's answer to a join of `conn_id` (sent by the caller
-    /// with the returned ticket); `done` runs when it arrives, in mailbox order, unless
-    /// the connection left the channel first.
-    pub(crate) fn presence_wait(
-        &self,
-        conn_id: u64,
-        project: u32,
-        channel: &str,
-        done: PresenceDone,
-    ) -> u64 {
-        let ticket = self.new_ticket();
-        self.wait(ticket, conn_id, project, channel, Wait::Presence(done));
-        ticket
-    }
-
-    fn new_ticket(&self) -> u64 {
+    /// A new ticket, for a join that waits or a cluster confirmation.
+    pub(super) fn new_ticket(&self) -> u64 {
         let ticket = self.next_ticket.get() + 1;
         self.next_ticket.set(ticket);
         ticket
@@ -278,12 +339,49 @@ impl Shard {
     pub(super) fn presence_ready(&self, ticket: u64, answer: PresenceAnswer) {
         // None: the connection left first (and told the hub so).
         if let Some(Pending {
-            wait: Wait::Presence(done),
+            wait: Wait::Presence { conn, again, reply },
+            project,
+            channel,
             ..
         }) = self.take_pending(ticket)
         {
-            done(self, answer);
+            self.presence_answer(project, &channel, &conn, again, reply, answer);
         }
+    }
+
+    /// Act on the hub's answer to a presence join: register the subscription and
+    /// answer with the member list once it is live cluster-wide, or refuse. `again`:
+    /// the channel was held already (a refusal as another user then leaves the held
+    /// membership alone).
+    fn presence_answer(
+        &self,
+        project: u32,
+        channel: &str,
+        conn: &Rc<WsConn>,
+        again: bool,
+        reply: PresenceReply,
+        answer: PresenceAnswer,
+    ) {
+        let refused = match answer {
+            PresenceAnswer::Joined(object) => {
+                self.subscribe(project, channel, conn);
+                if let Some(frame) = (reply.joined)(channel, &object) {
+                    self.reply_when_live(project, channel, conn, frame);
+                }
+                return;
+            }
+            PresenceAnswer::Full => PresenceRefusal::Full,
+            PresenceAnswer::OtherUser if again => {
+                conn.send((reply.refused)(channel, PresenceRefusal::OtherUser));
+                return;
+            }
+            PresenceAnswer::OtherUser => PresenceRefusal::OtherUser,
+        };
+        // The join never went live: the session forgets it (on its next frame); the
+        // pending join counted as held until now, so the hub is told to forget it.
+        (reply.forget)();
+        self.unsubscribe(project, channel, conn.id);
+        conn.send((reply.refused)(channel, refused));
     }
 
     /// The cluster answered a history subscribe: run its continuation, then give back

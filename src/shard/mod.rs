@@ -55,7 +55,7 @@ use stop::StopSignal;
 #[cfg(feature = "bench")]
 pub use fanout::fan_out;
 use fanout::{fan_out_skipping, Pick};
-pub(crate) use join::{JoinRequest, PresenceDone};
+pub(crate) use join::{JoinRequest, Presence, PresenceRefusal, PresenceReply};
 
 /// Told when this core gains its first subscriber of a channel or loses its last one
 /// (cluster mode: the node subscribes in Redis only to channels someone here wants).
@@ -80,16 +80,33 @@ pub(crate) trait InterestSink: Send + Sync {
     }
 }
 
-/// Told of every change in this worker's subscriber count of a channel, and of every
-/// presence channel a connection leaves or gives up joining (the node's presence and
-/// occupancy hub). Called on a worker at subscribe and unsubscribe, never on the
-/// fan-out path; it must not block.
+/// Told of every change in this worker's subscriber count of a channel, asked for every
+/// presence join, and told of every presence channel a connection leaves or gives up
+/// joining (the node's presence and occupancy hub). Called on a worker at subscribe and
+/// unsubscribe, never on the fan-out path; it must not block.
 pub(crate) trait ChannelWatch: Send + Sync {
     /// `delta` is +1 (a connection subscribed) or -1 (one left).
     fn count(&self, worker: usize, project: u32, channel: &str, delta: i32);
+    /// Add a connection to a presence channel's members: the answer comes back as
+    /// [`Envelope::PresenceReady`] with the join's ticket in worker `join.worker`'s
+    /// mailbox (`Shard::join` waits for it).
+    fn join(&self, join: PresenceJoin);
     /// Connection `conn` of worker `worker` is no longer in (nor joining) a presence
     /// channel. Said for every way a subscription ends, whether or not it was live.
     fn leave(&self, worker: usize, conn: u64, project: u32, channel: &str);
+}
+
+/// A connection asks to join a presence channel (its credential was verified).
+pub(crate) struct PresenceJoin {
+    pub project: u32,
+    pub channel: Box<str>,
+    pub user_id: Box<str>,
+    /// The credential's `info` as compact JSON text (an object).
+    pub info: Option<Box<str>>,
+    pub worker: usize,
+    pub conn: u64,
+    /// The shard's ticket for the answer.
+    pub ticket: u64,
 }
 
 /// Channels with members: presence channels.
@@ -254,6 +271,12 @@ impl Shard {
         self.index
     }
 
+    /// Whether this node has a presence hub: a presence channel's join then waits for
+    /// its member list (see [`Shard::join`]); without one it is a private channel.
+    pub(crate) fn has_presence_hub(&self) -> bool {
+        self.watch.is_some()
+    }
+
     /// The node's key snapshot holder (the client protocol verifies tokens with it).
     pub(crate) fn keys(&self) -> &Arc<KeyCache> {
         &self.keys
@@ -373,8 +396,7 @@ impl Shard {
         if t == Subscribed::First {
             self.mailbox.interest.add(channel_hash(project, channel));
             if let Some(sink) = &self.sink {
-                let ticket = self.next_ticket.get() + 1;
-                self.next_ticket.set(ticket);
+                let ticket = self.new_ticket();
                 self.awaiting.borrow_mut().push(Awaiting {
                     project,
                     channel: channel.into(),

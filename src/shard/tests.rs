@@ -4,11 +4,19 @@ use super::*;
 use crate::dialect::Dialect;
 use crate::ids::SocketId;
 use crate::shard::join::HistoryDone;
-use crate::shard::mailbox::Mailboxes;
+use crate::shard::mailbox::{Mailboxes, PresenceAnswer};
 use crate::shard::users::UserEnd;
 
 /// A shard on its own, with a mailbox and an optional recording interest sink.
 pub(crate) fn shard(sink: Option<Arc<dyn InterestSink>>) -> (Rc<Shard>, Mailboxes) {
+    shard_with(sink, None)
+}
+
+/// [`shard`] with `watch` standing for the node's presence hub.
+pub(crate) fn shard_with(
+    sink: Option<Arc<dyn InterestSink>>,
+    watch: Option<Arc<dyn ChannelWatch>>,
+) -> (Rc<Shard>, Mailboxes) {
     let mailboxes = Mailboxes::new(1, 16);
     let shard = Shard::new(ShardSetup {
         index: 0,
@@ -19,9 +27,52 @@ pub(crate) fn shard(sink: Option<Arc<dyn InterestSink>>) -> (Rc<Shard>, Mailboxe
         history: Arc::new(History::new(1 << 20, crate::history::Recoveries::Allowed)),
         send_budget: 1 << 30,
         max_subscriptions: 1 << 20,
-        watch: None,
+        watch,
     });
     (Rc::new(shard), mailboxes)
+}
+
+/// Put a broadcast of `frame` on `channel` of project 3 into the mailboxes (`except`:
+/// its sender's connection).
+fn publish(mailboxes: &Mailboxes, channel: &str, frame: Bytes, except: Option<SocketId>) {
+    assert!(mailboxes.broadcast(Arc::new(Broadcast::new(3, channel.into(), frame, except))));
+}
+
+/// A presence hub that never answers: records the tickets of the joins it is asked.
+#[derive(Default)]
+pub(crate) struct SilentHub(pub std::sync::Mutex<Vec<u64>>);
+impl ChannelWatch for SilentHub {
+    fn count(&self, _worker: usize, _project: u32, _channel: &str, _delta: i32) {}
+    fn join(&self, join: PresenceJoin) {
+        self.0.lock().unwrap().push(join.ticket);
+    }
+    fn leave(&self, _worker: usize, _conn: u64, _project: u32, _channel: &str) {}
+}
+
+/// A join of presence channel `channel` of project `project` that must be cancelled
+/// before the hub answers it (any answer panics).
+pub(crate) fn cancelled_presence(project: u32, channel: &str) -> JoinRequest<'_> {
+    JoinRequest {
+        project,
+        channel,
+        history: crate::history::HistorySpec::OFF,
+        since: None,
+        again: false,
+        presence: Some(Presence {
+            user_id: "ann".into(),
+            info: None,
+            reply: PresenceReply {
+                joined: |_, _| panic!("cancelled"),
+                refused: |_, _| panic!("cancelled"),
+                forget: Box::new(|| panic!("cancelled")),
+            },
+        }),
+    }
+}
+
+/// A subscribe's answer that says nothing (presence joins answer through their own).
+pub(crate) fn no_answer(_: &str, _: Option<(u64, &str)>, _: Option<bool>) -> Option<Bytes> {
+    None
 }
 
 /// Records interest changes; with `confirm` set, confirms each gain at once through
@@ -127,8 +178,7 @@ fn a_history_subscribe_holds_interest_until_its_answer_or_its_cancel() {
 fn a_first_subscriber_is_answered_once_the_cluster_confirmed() {
     let rec = Arc::new(Recorder::default());
     let (shard, _mailboxes) = shard(Some(rec.clone()));
-    let a = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
-    let b = Rc::new(WsConn::new(2, -1, 1 << 20, 0));
+    let (a, b) = two_conns();
     let ok = Bytes::from_static(b"\x81\x02ok");
     shard.subscribe(3, "news", &a);
     shard.reply_when_live(3, "news", &a, ok.clone());
@@ -168,12 +218,7 @@ fn a_broadcast_in_the_confirmation_window_waits_behind_subscribed() {
     shard.subscribe(3, "news", &a);
     shard.reply_when_live(3, "news", &a, ok.clone());
     // A local publish lands before Redis acknowledged the SUBSCRIBE.
-    assert!(mailboxes.broadcast(Arc::new(Broadcast::new(
-        3,
-        "news".into(),
-        frame.clone(),
-        None
-    ))));
+    publish(&mailboxes, "news", frame.clone(), None);
     assert_eq!(shard.drain(), 1);
     assert_eq!(a.queued_bytes(), 0, "nothing may overtake `subscribed`");
     shard.interest_ready(3, "news", 1);
@@ -181,12 +226,7 @@ fn a_broadcast_in_the_confirmation_window_waits_behind_subscribed() {
     // Leaving inside the window: `subscribed`, the message, then nothing more.
     shard.subscribe(3, "other", &a);
     shard.reply_when_live(3, "other", &a, ok.clone());
-    assert!(mailboxes.broadcast(Arc::new(Broadcast::new(
-        3,
-        "other".into(),
-        frame.clone(),
-        None
-    ))));
+    publish(&mailboxes, "other", frame.clone(), None);
     shard.drain();
     shard.unsubscribe(3, "other", 1);
     assert_eq!(a.take_queued(), vec![ok, frame]);
@@ -196,8 +236,7 @@ fn a_broadcast_in_the_confirmation_window_waits_behind_subscribed() {
 fn transitions_reach_the_filter_and_the_sink_once() {
     let rec = Arc::new(Recorder::default());
     let (shard, mailboxes) = shard(Some(rec.clone()));
-    let a = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
-    let b = Rc::new(WsConn::new(2, -1, 1 << 20, 0));
+    let (a, b) = two_conns();
     let h = channel_hash(3, "news");
     assert_eq!(shard.subscribe(3, "news", &a), Subscribed::First);
     assert_eq!(shard.subscribe(3, "news", &b), Subscribed::Added);
@@ -215,16 +254,26 @@ fn transitions_reach_the_filter_and_the_sink_once() {
     );
 }
 
+/// Connections 1 and 2 of a worker (1 MiB send queues).
+fn two_conns() -> (Rc<WsConn>, Rc<WsConn>) {
+    let conn = |id| Rc::new(WsConn::new(id, -1, 1 << 20, 0));
+    (conn(1), conn(2))
+}
+
+/// A shard (no sink) with connections 1 and 2 subscribed to `channel` of project 3.
+fn two_subscribers(channel: &str) -> (Rc<Shard>, Mailboxes, Rc<WsConn>, Rc<WsConn>) {
+    let (shard, mailboxes) = shard(None);
+    let (a, b) = two_conns();
+    shard.subscribe(3, channel, &a);
+    shard.subscribe(3, channel, &b);
+    (shard, mailboxes, a, b)
+}
+
 #[test]
 fn drain_delivers_one_shared_frame_to_each_subscriber() {
-    let (shard, mailboxes) = shard(None);
-    let a = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
-    let b = Rc::new(WsConn::new(2, -1, 1 << 20, 0));
-    shard.subscribe(3, "news", &a);
-    shard.subscribe(3, "news", &b);
+    let (shard, mailboxes, a, b) = two_subscribers("news");
     let frame = bytes::Bytes::from_static(b"\x81\x02{}");
-    let msg = Arc::new(Broadcast::new(3, "news".into(), frame.clone(), None));
-    assert!(mailboxes.broadcast(msg));
+    publish(&mailboxes, "news", frame.clone(), None);
     assert_eq!(shard.drain(), 1);
     assert_eq!(a.queued_bytes(), b.queued_bytes());
     assert!(a.queued_bytes() > frame.len());
@@ -233,18 +282,14 @@ fn drain_delivers_one_shared_frame_to_each_subscriber() {
 
 #[test]
 fn a_broadcast_skips_its_sender_only_on_the_senders_worker() {
-    let (shard, mailboxes) = shard(None);
-    let a = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
-    let b = Rc::new(WsConn::new(2, -1, 1 << 20, 0));
-    shard.subscribe(3, "private-x", &a);
-    shard.subscribe(3, "private-x", &b);
+    let (shard, mailboxes, a, b) = two_subscribers("private-x");
     let send = |except| {
-        assert!(mailboxes.broadcast(Arc::new(Broadcast::new(
-            3,
-            "private-x".into(),
+        publish(
+            &mailboxes,
+            "private-x",
             bytes::Bytes::from_static(b"\x81\x02{}"),
-            except
-        ))));
+            except,
+        );
         shard.drain();
         (a.take_queued().len(), b.take_queued().len())
     };
@@ -276,12 +321,7 @@ fn a_compressed_frame_held_in_the_confirmation_window_is_counted() {
     let frame = crate::ws::frame::frame(Opcode::Text, json.as_bytes());
     shard.subscribe(3, "news", &a);
     shard.reply_when_live(3, "news", &a, Bytes::from_static(b"\x81\x02ok"));
-    assert!(mailboxes.broadcast(Arc::new(Broadcast::new(
-        3,
-        "news".into(),
-        frame.clone(),
-        None
-    ))));
+    publish(&mailboxes, "news", frame.clone(), None);
     shard.drain();
     shard.interest_ready(3, "news", 1);
     let sent = a.take_queued();
@@ -331,6 +371,7 @@ fn a_held_history_channel_is_asked_again_without_since() {
             history: spec,
             since: Some((7, "0badcafe")),
             again,
+            presence: None,
         };
         shard.join(&a, req, answer);
     }
@@ -366,8 +407,7 @@ fn end_user_closes_with_4010_and_unsubscribes_with_reason_server() {
 
 fn end_user_on_one_worker() {
     let (shard, mailboxes) = shard(None);
-    let a = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
-    let b = Rc::new(WsConn::new(2, -1, 1 << 20, 0));
+    let (a, b) = two_conns();
     let other = Rc::new(WsConn::new(3, -1, 1 << 20, 0));
     let pusher = Rc::new(WsConn::new(4, -1, 1 << 20, 0).with_dialect(Dialect::Pusher));
     let ua = shard.user_join(7, "ann".into(), &a);
@@ -456,7 +496,8 @@ fn a_server_unsubscribe_lists_only_held_channels_once() {
 #[test]
 fn a_server_unsubscribe_of_a_pending_join_is_told() {
     let sink = Arc::new(HistorySink::default());
-    let (shard, mailboxes) = shard(Some(sink.clone()));
+    let hub = Arc::new(SilentHub::default());
+    let (shard, mailboxes) = shard_with(Some(sink.clone()), Some(hub.clone()));
     let a = Rc::new(WsConn::new(1, -1, 1 << 20, 0));
     let p = Rc::new(WsConn::new(2, -1, 1 << 20, 0).with_dialect(Dialect::Pusher));
     let ua = shard.user_join(3, "ann".into(), &a);
@@ -472,15 +513,11 @@ fn a_server_unsubscribe_of_a_pending_join_is_told() {
             history: spec,
             since: None,
             again: false,
+            presence: None,
         };
         shard.join(c, req, answer);
     }
-    shard.presence_wait(
-        a.id,
-        3,
-        "presence-room",
-        Box::new(|_, _| panic!("cancelled")),
-    );
+    shard.join(&a, cancelled_presence(3, "presence-room"), no_answer);
     assert_eq!(sink.0.lock().unwrap().len(), 2, "both joins wait for Redis");
     let h = channel_hash(3, "news");
     assert!(mailboxes.get(0).unwrap().interest.may_want(h));
@@ -510,4 +547,20 @@ fn a_server_unsubscribe_of_a_pending_join_is_told() {
         "the joins' holds are given back"
     );
     assert_eq!(shard.subscriber_count(3, "news"), 0);
+    // The hub's late answer to the cancelled join finds nothing.
+    let ticket = hub
+        .0
+        .lock()
+        .unwrap()
+        .pop()
+        .expect("the presence join reached the hub");
+    mailboxes.control_to(
+        0,
+        Envelope::PresenceReady {
+            ticket,
+            answer: PresenceAnswer::Full,
+        },
+    );
+    assert_eq!(shard.drain(), 1);
+    assert!(frames(&a).is_empty());
 }

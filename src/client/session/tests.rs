@@ -63,7 +63,6 @@ fn setup_with(
                 shard.clone(),
                 Expiry::new(shard.clone()),
                 events,
-                None,
                 crate::client::Admission::new(1_000_000_000, max),
                 test_read_ctx(),
             ),
@@ -169,7 +168,6 @@ fn private_setup(secret: &str) -> (NativeSession, Rc<WsConn>, Rc<Shard>, Rc<Expi
             shard.clone(),
             expiry.clone(),
             events,
-            None,
             // 2 channels; unthrottled (a burst of 2 would refuse this test's frames).
             crate::client::Admission::new(1_000_000_000, 2),
             test_read_ctx(),
@@ -218,27 +216,16 @@ fn private_subscribe_refresh_and_expiry_keep_session_and_registry_in_step() {
     assert_eq!(expiry.armed(), 1);
 
     // Refresh: another sub is refused, the same sub moves exp.
-    let other = token(
-        TS,
-        serde_json::json!({"channel": "private-a", "exp": exp + 10, "sub": "v"}),
-    );
-    send(
-        &mut s,
-        &conn,
-        &format!(r#"{{"type":"refresh","channel":"private-a","token":"{other}"}}"#),
-    )
-    .unwrap();
+    let refresh_as = |sub: &str| {
+        let t = token(
+            TS,
+            serde_json::json!({"channel": "private-a", "exp": exp + 10, "sub": sub}),
+        );
+        format!(r#"{{"type":"refresh","channel":"private-a","token":"{t}"}}"#)
+    };
+    send(&mut s, &conn, &refresh_as("v")).unwrap();
     assert_eq!(frames(&conn)[0]["code"], "forbidden");
-    let later = token(
-        TS,
-        serde_json::json!({"channel": "private-a", "exp": exp + 10, "sub": "u"}),
-    );
-    send(
-        &mut s,
-        &conn,
-        &format!(r#"{{"type":"refresh","channel":"private-a","token":"{later}"}}"#),
-    )
-    .unwrap();
+    send(&mut s, &conn, &refresh_as("u")).unwrap();
     let r = frames(&conn);
     assert_eq!(r[0]["type"], "refreshed");
     assert_eq!(r[0]["exp"], exp + 10);
