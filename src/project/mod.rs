@@ -162,3 +162,21 @@ pub(crate) fn test_app_id(project_id: &str) -> u64 {
         .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
     FIRST_PUSHER_APP_ID + h % 1_000_000_000
 }
+
+/// A project as tests hand-make it: rate 1/s, no history, no connection limit, client
+/// events on, no webhook, Pusher on with [`test_app_id`]. A test changes what it needs
+/// with `ProjectRecord { field, ..test_project(id) }`.
+#[cfg(test)]
+pub(crate) fn test_project(id: &str) -> ProjectRecord {
+    ProjectRecord {
+        id: id.into(),
+        name: id.into(),
+        rate_limit: crate::quota::RateLimit::parse("1/s").expect("a valid rate"),
+        history: crate::history::HistorySpec::OFF,
+        max_connections: None,
+        client_events: true,
+        webhook: None,
+        pusher_app_id: test_app_id(id),
+        pusher: true,
+    }
+}

@@ -129,15 +129,7 @@ impl RedisStore {
     /// Number the projects without a Pusher app id, oldest first.
     fn backfill_app_ids(&mut self) -> Result<(), StoreError> {
         let (projects, app_ids): (HashMap<String, String>, HashMap<String, u64>) =
-            self.with(|c| {
-                redis::pipe()
-                    .atomic()
-                    .cmd("HGETALL")
-                    .arg(k("projects"))
-                    .cmd("HGETALL")
-                    .arg(k("pusher_app_ids"))
-                    .query(c)
-            })?;
+            self.read_atomic(&[("HGETALL", "projects"), ("HGETALL", "pusher_app_ids")])?;
         for project_id in unnumbered(&projects, &app_ids)? {
             let app_id = self.next_app_id()?;
             self.with(|c| {
@@ -171,6 +163,20 @@ impl RedisStore {
             self.conn = None;
         }
         Ok(result?)
+    }
+
+    /// Read whole keys in one MULTI/EXEC, so they come from the same instant (see
+    /// [`add_reads`]).
+    fn read_atomic<T: redis::FromRedisValue>(
+        &mut self,
+        reads: &[(&str, &str)],
+    ) -> Result<T, StoreError> {
+        self.with(|c| {
+            let mut pipe = redis::pipe();
+            pipe.atomic();
+            add_reads(&mut pipe, reads);
+            pipe.query(c)
+        })
     }
 
     fn next_seq(&mut self) -> Result<u64, StoreError> {
@@ -515,15 +521,8 @@ impl Store for RedisStore {
         if !self.project_exists(project_id)? {
             return Err(project_not_found(project_id));
         }
-        let (keys, revoked): (HashMap<String, String>, HashSet<String>) = self.with(|c| {
-            redis::pipe()
-                .atomic()
-                .cmd("HGETALL")
-                .arg(k("keys"))
-                .cmd("SMEMBERS")
-                .arg(k("revoked"))
-                .query(c)
-        })?;
+        let (keys, revoked): (HashMap<String, String>, HashSet<String>) =
+            self.read_atomic(&[("HGETALL", "keys"), ("SMEMBERS", "revoked")])?;
         decode_keys(keys, &revoked, Some(project_id))
     }
 
@@ -534,16 +533,16 @@ impl Store for RedisStore {
             let mut pipe = redis::pipe();
             pipe.atomic();
             add_project_reads(&mut pipe);
-            pipe.cmd("HGETALL")
-                .arg(k("keys"))
-                .cmd("SMEMBERS")
-                .arg(k("revoked"))
-                .cmd("HGETALL")
-                .arg(k("token_secrets"))
-                .cmd("HGETALL")
-                .arg(k("token_keys"))
-                .cmd("SMEMBERS")
-                .arg(k("require_user"));
+            add_reads(
+                &mut pipe,
+                &[
+                    ("HGETALL", "keys"),
+                    ("SMEMBERS", "revoked"),
+                    ("HGETALL", "token_secrets"),
+                    ("HGETALL", "token_keys"),
+                    ("SMEMBERS", "require_user"),
+                ],
+            );
             let replies: Vec<redis::Value> = self.with(|c| pipe.query(c))?;
             let mut replies = replies.into_iter();
             let fields = ProjectFields::take(&mut replies)?;

@@ -231,40 +231,56 @@ fn insert_token_secret(tx: &Transaction<'_>, record: &TokenSecretRecord) -> Resu
     Ok(())
 }
 
+/// Run `sql` with `args` and make a record of each row, read first into its raw tuple
+/// `R` (the columns in the order of the SELECT), so a corrupt value is a
+/// [`StoreError::Corrupt`] from `record`, never a panic.
+fn read_rows<R, T>(
+    conn: &Connection,
+    sql: &str,
+    args: impl rusqlite::Params,
+    record: impl Fn(R) -> Result<T, StoreError>,
+) -> Result<Vec<T>, StoreError>
+where
+    R: for<'r> TryFrom<&'r rusqlite::Row<'r>, Error = rusqlite::Error>,
+{
+    let mut stmt = conn.prepare_cached(sql)?;
+    let rows = stmt.query_map(args, |r| R::try_from(r))?;
+    rows.map(|row| record(row?)).collect()
+}
+
 fn read_token_secrets(conn: &Connection) -> Result<Vec<TokenSecretRecord>, StoreError> {
-    let mut stmt = conn.prepare_cached(
+    read_rows(
+        conn,
         "SELECT id, project_id, sealed, expires_at FROM token_secrets ORDER BY created_at, rowid",
-    )?;
-    let rows = stmt.query_map([], |r| {
-        Ok(TokenSecretRecord {
-            id: r.get(0)?,
-            project_id: r.get(1)?,
-            sealed: r.get(2)?,
-            expires_at: r.get(3)?,
-        })
-    })?;
-    Ok(rows.collect::<Result<_, _>>()?)
+        [],
+        |(id, project_id, sealed, expires_at): (String, String, Vec<u8>, Option<i64>)| {
+            Ok(TokenSecretRecord {
+                id,
+                project_id,
+                sealed,
+                expires_at,
+            })
+        },
+    )
 }
 
 fn read_token_keys(conn: &Connection) -> Result<Vec<TokenKeyRecord>, StoreError> {
-    let mut stmt = conn.prepare_cached(
+    read_rows(
+        conn,
         "SELECT id, project_id, alg, public_pem FROM token_keys ORDER BY created_at, rowid",
-    )?;
-    let rows = stmt.query_map([], |r| {
-        Ok::<(String, String, String, String), _>((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
-    })?;
-    rows.map(|row| {
-        let (id, project_id, alg, public_pem) = row?;
-        let alg = TokenKeyAlg::parse(&alg)
-            .ok_or_else(|| StoreError::Corrupt(format!("token key {id}: unknown alg {alg:?}")))?;
-        Ok(TokenKeyRecord {
-            id,
-            project_id,
-            alg,
-            public_pem,
-        })
-    })
-    .collect()
+        [],
+        |(id, project_id, alg, public_pem): (String, String, String, String)| {
+            let alg = TokenKeyAlg::parse(&alg).ok_or_else(|| {
+                StoreError::Corrupt(format!("token key {id}: unknown alg {alg:?}"))
+            })?;
+            Ok(TokenKeyRecord {
+                id,
+                project_id,
+                alg,
+                public_pem,
+            })
+        },
+    )
 }
 
 fn project_not_found(id: &str) -> StoreError {
@@ -367,10 +383,8 @@ fn read_projects(
     filter: &str,
     args: impl rusqlite::Params,
 ) -> Result<Vec<ProjectRecord>, StoreError> {
-    let mut stmt = conn.prepare_cached(&format!("{SELECT_PROJECTS} {filter}"))?;
-    // Columns in the order of the SELECT, into the tuple type.
-    let rows = stmt.query_map(args, |r| RawProject::try_from(r))?;
-    rows.map(|row| {
+    let sql = format!("{SELECT_PROJECTS} {filter}");
+    read_rows(conn, &sql, args, |raw: RawProject| {
         let (
             id,
             name,
@@ -382,7 +396,7 @@ fn read_projects(
             events,
             app_id,
             pusher,
-        ) = row?;
+        ) = raw;
         let rate_limit = RateLimit::parse(&rate_limit)
             .map_err(|e| StoreError::Corrupt(format!("project {id}: {e}")))?;
         let history = HistorySpec::parse(&history)
@@ -416,7 +430,6 @@ fn read_projects(
             pusher,
         })
     })
-    .collect()
 }
 
 fn read_keys(
@@ -424,11 +437,9 @@ fn read_keys(
     filter: &str,
     args: impl rusqlite::Params,
 ) -> Result<Vec<KeyRecord>, StoreError> {
-    let mut stmt = conn.prepare_cached(&format!("{SELECT_KEYS} {filter}"))?;
-    // Columns in the order of the SELECT, into the tuple type.
-    let rows = stmt.query_map(args, |r| RawKey::try_from(r))?;
-    rows.map(|row| {
-        let (id, project_id, kind, revoked, prefix, hash, public_key) = row?;
+    let sql = format!("{SELECT_KEYS} {filter}");
+    read_rows(conn, &sql, args, |raw: RawKey| {
+        let (id, project_id, kind, revoked, prefix, hash, public_key) = raw;
         let kind = KeyKind::parse(&kind)
             .ok_or_else(|| StoreError::Corrupt(format!("key {id}: unknown kind {kind:?}")))?;
         let hash = <[u8; 32]>::try_from(hash.as_slice())
@@ -443,7 +454,6 @@ fn read_keys(
             public_key,
         })
     })
-    .collect()
 }
 
 impl Store for SqliteStore {
