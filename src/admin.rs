@@ -319,6 +319,16 @@ fn need_master(master: Option<&MasterKey>) -> Result<&MasterKey, AdminError> {
     master.ok_or(AdminError::Seal(SealError::Required))
 }
 
+/// Make one change to a project; prints the project as it is after it.
+fn set_one(
+    store: &mut dyn Store,
+    project_id: &str,
+    change: ProjectChange,
+) -> Result<Value, AdminError> {
+    let project = store.set_project(project_id, &change)?;
+    Ok(json!({ "project": project_json(&project) }))
+}
+
 /// Carry out `request` on `store`; the value is what the command prints.
 pub(crate) fn execute(
     store: &mut dyn Store,
@@ -371,17 +381,11 @@ pub(crate) fn execute(
         Request::SetRateLimit {
             project_id,
             rate_limit,
-        } => {
-            let project = store.set_project(&project_id, &ProjectChange::RateLimit(rate_limit))?;
-            json!({ "project": project_json(&project) })
-        }
+        } => set_one(store, &project_id, ProjectChange::RateLimit(rate_limit))?,
         Request::SetHistory {
             project_id,
             history,
-        } => {
-            let project = store.set_project(&project_id, &ProjectChange::History(history))?;
-            json!({ "project": project_json(&project) })
-        }
+        } => set_one(store, &project_id, ProjectChange::History(history))?,
         Request::SetLimits {
             project_id,
             max_connections,
@@ -389,19 +393,17 @@ pub(crate) fn execute(
             pusher,
             require_user,
         } => {
-            // Each given limit is its own store change (clap requires at least one).
+            // Each given limit is its own store change, in this order (clap requires at
+            // least one).
+            let changes = [
+                max_connections.map(ProjectChange::MaxConnections),
+                client_events.map(ProjectChange::ClientEvents),
+                pusher.map(ProjectChange::Pusher),
+                require_user.map(ProjectChange::RequireUser),
+            ];
             let mut project = None;
-            if let Some(n) = max_connections {
-                project = Some(store.set_project(&project_id, &ProjectChange::MaxConnections(n))?);
-            }
-            if let Some(on) = client_events {
-                project = Some(store.set_project(&project_id, &ProjectChange::ClientEvents(on))?);
-            }
-            if let Some(on) = pusher {
-                project = Some(store.set_project(&project_id, &ProjectChange::Pusher(on))?);
-            }
-            if let Some(on) = require_user {
-                project = Some(store.set_project(&project_id, &ProjectChange::RequireUser(on))?);
+            for change in changes.into_iter().flatten() {
+                project = Some(store.set_project(&project_id, &change)?);
             }
             let project = match project {
                 Some(p) => p,
@@ -425,10 +427,7 @@ pub(crate) fn execute(
         Request::SetWebhook {
             project_id,
             webhook,
-        } => {
-            let project = store.set_project(&project_id, &ProjectChange::Webhook(webhook))?;
-            json!({ "project": project_json(&project) })
-        }
+        } => set_one(store, &project_id, ProjectChange::Webhook(webhook))?,
         Request::CreateKey { project_id, kind } => {
             let (record, key) = store.create_key(&project_id, kind)?;
             json!({ "key": key, "id": record.id, "project_id": record.project_id })

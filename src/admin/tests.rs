@@ -13,6 +13,16 @@ fn run_in(store: &mut SqliteStore, args: &[&str]) -> Result<Value, AdminError> {
     execute(store, request(args)?, Some(&MasterKey::random()))
 }
 
+/// The command fails because the store has no such project or key.
+#[track_caller]
+fn assert_not_found(store: &mut SqliteStore, args: &[&str]) {
+    let err = run_in(store, args).unwrap_err();
+    assert!(
+        matches!(err, AdminError::Store(StoreError::NotFound(_))),
+        "{args:?}: {err}"
+    );
+}
+
 #[test]
 fn arguments_are_checked_before_the_store() {
     assert!(matches!(
@@ -171,11 +181,7 @@ fn set_webhook_validates_and_is_listed() {
     assert_eq!(listed["projects"][0]["webhook"], set["project"]["webhook"]);
     let off = run_in(&mut store, &["project", "set-webhook", &id, "--off"]).unwrap();
     assert_eq!(off["project"]["webhook"], "off");
-    let err = run_in(&mut store, &["project", "set-webhook", "prj_nope", "--off"]).unwrap_err();
-    assert!(
-        matches!(err, AdminError::Store(StoreError::NotFound(_))),
-        "{err}"
-    );
+    assert_not_found(&mut store, &["project", "set-webhook", "prj_nope", "--off"]);
 }
 
 #[test]
@@ -242,14 +248,9 @@ fn app_ids_are_strings_and_set_limits_switches_pusher() {
         "yes"
     ]));
     assert!(clap_refuses(&["project", "set-limits", &id]));
-    let err = run_in(
+    assert_not_found(
         &mut store,
         &["project", "set-limits", "prj_nope", "--pusher", "off"],
-    )
-    .unwrap_err();
-    assert!(
-        matches!(err, AdminError::Store(StoreError::NotFound(_))),
-        "{err}"
     );
 }
 
@@ -287,11 +288,7 @@ fn unknown_ids_are_errors() {
         &["key", "revoke", "key_nope"],
         &["key", "list", "prj_nope"],
     ] {
-        let err = run_in(&mut store, args).unwrap_err();
-        assert!(
-            matches!(err, AdminError::Store(StoreError::NotFound(_))),
-            "{args:?}: {err}"
-        );
+        assert_not_found(&mut store, args);
     }
 }
 

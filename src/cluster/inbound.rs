@@ -190,8 +190,8 @@ pub(crate) fn run(
             history::load_scripts(&mut data)?;
             Ok((sub, data))
         });
-        let (mut conn, mut data) = match conns {
-            Ok(c) => c,
+        // Whether Redis is away now: then wait (draining interest) before reconnecting.
+        let away = match conns {
             Err(e) => {
                 if cluster.inbound_ok.swap(false, Ordering::Relaxed) || !lost {
                     tracing::warn!(error = %e, "cluster subscriber: Redis unavailable");
@@ -200,43 +200,37 @@ pub(crate) fn run(
                 // Redis is away: answer the waiting subscribers now (local delivery
                 // works; the reconnect restores the subscriptions).
                 confirm.send(mailboxes);
-                let delay = backoff.next_delay();
-                wait_draining(
+                true
+            }
+            Ok((mut conn, mut data)) => {
+                let result = subscribed_loop(
                     cluster,
-                    rx,
+                    &mut conn,
+                    &mut data,
+                    &mut awaiting,
+                    &mut replays,
                     keys,
+                    mailboxes,
+                    rx,
                     &mut projects,
                     &mut wanted,
+                    &mut backoff,
+                    &mut lost,
                     &mut confirm,
-                    mailboxes,
-                    delay,
                 );
-                continue;
+                cluster.inbound_ok.store(false, Ordering::Relaxed);
+                // Whatever the loop could not confirm (the connection failed mid-way) is
+                // answered now, as while Redis is away.
+                confirm.send(mailboxes);
+                give_up(mailboxes, &mut awaiting, &mut Pending::default());
+                if let Err(e) = &result {
+                    tracing::warn!(error = %e, "cluster subscriber: Redis connection lost; reconnecting");
+                    lost = true;
+                }
+                result.is_err()
             }
         };
-        let result = subscribed_loop(
-            cluster,
-            &mut conn,
-            &mut data,
-            &mut awaiting,
-            &mut replays,
-            keys,
-            mailboxes,
-            rx,
-            &mut projects,
-            &mut wanted,
-            &mut backoff,
-            &mut lost,
-            &mut confirm,
-        );
-        cluster.inbound_ok.store(false, Ordering::Relaxed);
-        // Whatever the loop could not confirm (the connection failed mid-way) is
-        // answered now, as while Redis is away.
-        confirm.send(mailboxes);
-        give_up(mailboxes, &mut awaiting, &mut Pending::default());
-        if let Err(e) = result {
-            tracing::warn!(error = %e, "cluster subscriber: Redis connection lost; reconnecting");
-            lost = true;
+        if away {
             let delay = backoff.next_delay();
             wait_draining(
                 cluster,

@@ -11,6 +11,13 @@ fn add(h: &mut Inner, ch: &str, spec: HistorySpec, body: &str) -> u64 {
     add_to(h, 1, ch, spec, body)
 }
 
+/// `n` messages of `body` to one channel.
+fn add_n(h: &mut Inner, project: u32, ch: &str, spec: HistorySpec, body: &str, n: usize) {
+    for _ in 0..n {
+        add_to(h, project, ch, spec, body);
+    }
+}
+
 fn add_to(h: &mut Inner, project: u32, ch: &str, spec: HistorySpec, body: &str) -> u64 {
     let p = h.position(project, ch, spec);
     let at = Position {
@@ -53,9 +60,7 @@ fn recovery_needs_the_epoch_and_every_missed_message() {
     let h = History::new(1 << 20, Recoveries::Allowed);
     let mut h = h.lock();
     let s = spec("3/60s");
-    for _ in 0..5 {
-        add(&mut h, "c", s, "x");
-    }
+    add_n(&mut h, 1, "c", s, "x", 5);
     let epoch = h.position(1, "c", s).epoch;
     let e = epoch.as_str().to_string();
     assert_eq!(
@@ -93,9 +98,7 @@ fn a_replay_larger_than_the_budget_is_not_attempted() {
     let h = History::new(1 << 20, Recoveries::Allowed);
     let mut h = h.lock();
     let s = spec("10/60s");
-    for _ in 0..5 {
-        add(&mut h, "c", s, &"x".repeat(100));
-    }
+    add_n(&mut h, 1, "c", s, &"x".repeat(100), 5);
     let e = h.position(1, "c", s).epoch.as_str().to_string();
     let each = 100 + crate::ws::conn::WsConn::cost_of(&Bytes::new());
     let mut frames = |budget| h.recover(1, "c", s, 2, &e, budget).frames.map(|f| f.len());
@@ -109,9 +112,7 @@ fn a_log_from_before_history_was_turned_off_is_not_recovered() {
     let mut h = h.lock();
     let cell = HistoryCell::new(spec("10/60s"));
     let s = cell.get();
-    for _ in 0..3 {
-        add(&mut h, "c", s, "x");
-    }
+    add_n(&mut h, 1, "c", s, "x", 3);
     let old = h.position(1, "c", s);
     cell.set(HistorySpec::OFF);
     cell.set(spec("10/60s"));
@@ -162,12 +163,8 @@ fn the_budget_evicts_the_oldest_of_the_largest_channel_first() {
     let h = History::new(8 * 1024, Recoveries::Allowed);
     let mut h = h.lock();
     let big = "b".repeat(500);
-    for _ in 0..5 {
-        add(&mut h, "small", s, "s");
-    }
-    for _ in 0..40 {
-        add(&mut h, "large", s, &big);
-    }
+    add_n(&mut h, 1, "small", s, "s", 5);
+    add_n(&mut h, 1, "large", s, &big, 40);
     assert!(h.bytes() <= 8 * 1024, "{}", h.bytes());
     let (_, small) = h.read(1, "small", s, None, 100);
     assert_eq!(small.len(), 5, "the small channel kept everything");
@@ -246,9 +243,7 @@ fn the_budget_drops_empty_logs_instead_of_giving_up() {
     h.max_bytes = 2048;
     assert!(h.bytes() > 2048, "{}", h.bytes());
     let big = "b".repeat(600);
-    for _ in 0..3 {
-        add(&mut h, "live", s, &big);
-    }
+    add_n(&mut h, 1, "live", s, &big, 3);
     let (pos, kept) = h.read(1, "live", s, None, 10);
     assert_eq!(
         (pos.offset, kept.len()),
@@ -285,9 +280,7 @@ fn a_flood_over_many_channels_evicts_its_own_project_first() {
     // Project 2 keeps one channel of 10 messages of 1 KB: about 11 KB, within its
     // share (16 KB of two projects) and larger than any one channel of project 1.
     let kilo = "k".repeat(1000);
-    for _ in 0..10 {
-        add_to(&mut h, 2, "orders", s, &kilo);
-    }
+    add_n(&mut h, 2, "orders", s, &kilo, 10);
     let e = h.position(2, "orders", s).epoch.as_str().to_string();
     // Project 1 floods 2,000 channels, one 500-byte message each (~1 MB).
     let half = "f".repeat(500);
@@ -320,17 +313,13 @@ fn a_project_alone_uses_the_whole_budget_and_shrinks_to_its_share() {
     let h = History::new(32 * 1024, Recoveries::Allowed);
     let mut h = h.lock();
     let body = "a".repeat(1000);
-    for _ in 0..28 {
-        add_to(&mut h, 1, "c", s, &body);
-    }
+    add_n(&mut h, 1, "c", s, &body, 28);
     // ~30 KB: far beyond half the budget, and nothing was evicted.
     assert_eq!(h.read(1, "c", s, None, 100).1.len(), 28);
     assert!(h.project_bytes(1) > 24 * 1024);
     // A second project needs room: it is taken from the first, which keeps about
     // the rest; the second keeps all it wrote (it stays within its share).
-    for _ in 0..12 {
-        add_to(&mut h, 2, "d", s, &body);
-    }
+    add_n(&mut h, 2, "d", s, &body, 12);
     check_accounts(&h);
     assert!(h.bytes() <= 32 * 1024);
     assert_eq!(h.read(2, "d", s, None, 100).1.len(), 12);
@@ -348,9 +337,7 @@ fn a_project_alone_uses_the_whole_budget_and_shrinks_to_its_share() {
     h.sweep(Instant::now() + Duration::from_secs(1300));
     check_accounts(&h);
     assert_eq!(h.bytes(), 0);
-    for _ in 0..28 {
-        add_to(&mut h, 1, "c", s, &body);
-    }
+    add_n(&mut h, 1, "c", s, &body, 28);
     assert_eq!(h.read(1, "c", s, None, 100).1.len(), 28);
 }
 

@@ -41,6 +41,12 @@ fn signed(method: &str, path: &str, params: &str, secret: &str) -> Query {
     parse_query(format!("{params}&auth_signature={sig}").as_bytes()).unwrap()
 }
 
+/// The signature a client computes over `params` with `secret` (the reference HMAC).
+fn client_signature(method: &str, path: &str, params: &str, secret: &str) -> String {
+    let q = parse_query(params.as_bytes()).unwrap();
+    rc_sign(secret, &string_to_sign(method, path, &q))
+}
+
 fn rest_params(ts: u64, extra: &str) -> String {
     format!("auth_key=pk_a&auth_timestamp={ts}&auth_version=1.0{extra}")
 }
@@ -157,8 +163,7 @@ fn plus_and_encoded_comma_are_signed_as_decoded() {
     // The signer signed `info=user_count,subscription_count` and `tag=a+b`; the request
     // carries the comma escaped and the plus as is.
     let params = rest_params(now, "&info=user_count,subscription_count&tag=a+b");
-    let q = parse_query(params.as_bytes()).unwrap();
-    let sig = rc_sign("ts_s", &string_to_sign("GET", "/apps/1/channels", &q));
+    let sig = client_signature("GET", "/apps/1/channels", &params, "ts_s");
     let wire = format!(
         "{}&info=user_count%2Csubscription_count&tag=a+b&auth_signature={sig}",
         rest_params(now, "")
@@ -288,8 +293,7 @@ fn body_md5_rules() {
 fn signature_format_case_and_rotation() {
     let now = 1_700_000_000;
     let params = rest_params(now, "");
-    let q = parse_query(params.as_bytes()).unwrap();
-    let sig = rc_sign("ts_new", &string_to_sign("GET", "/p", &q));
+    let sig = client_signature("GET", "/p", &params, "ts_new");
     let with =
         |sig: &str| parse_query(format!("{params}&auth_signature={sig}").as_bytes()).unwrap();
 
