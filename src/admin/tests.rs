@@ -13,6 +13,12 @@ fn run_in(store: &mut SqliteStore, args: &[&str]) -> Result<Value, AdminError> {
     execute(store, request(args)?, Some(&MasterKey::random()))
 }
 
+/// Why the arguments are refused before any store is opened.
+#[track_caller]
+fn refused(args: &[&str]) -> AdminError {
+    request(args).unwrap_err()
+}
+
 /// The command fails because the store has no such project or key.
 #[track_caller]
 fn assert_not_found(store: &mut SqliteStore, args: &[&str]) {
@@ -26,14 +32,14 @@ fn assert_not_found(store: &mut SqliteStore, args: &[&str]) {
 #[test]
 fn arguments_are_checked_before_the_store() {
     assert!(matches!(
-        request(&["project", "create", "p", "--rate-limit", "5/hour"]),
-        Err(AdminError::RateLimit(_))
+        refused(&["project", "create", "p", "--rate-limit", "5/hour"]),
+        AdminError::RateLimit(_)
     ));
     assert!(matches!(
-        request(&["project", "set-rate-limit", "prj_x", "0/s"]),
-        Err(AdminError::RateLimit(_))
+        refused(&["project", "set-rate-limit", "prj_x", "0/s"]),
+        AdminError::RateLimit(_)
     ));
-    assert!(matches!(request(&["serve"]), Err(AdminError::NotAdmin(_))));
+    assert!(matches!(refused(&["serve"]), AdminError::NotAdmin(_)));
     assert_eq!(
         request(&["project", "create", "p"]).unwrap(),
         Request::CreateProject {
@@ -43,12 +49,12 @@ fn arguments_are_checked_before_the_store() {
         }
     );
     assert!(matches!(
-        request(&["project", "create", "p", "--history", "10/0s"]),
-        Err(AdminError::History(_))
+        refused(&["project", "create", "p", "--history", "10/0s"]),
+        AdminError::History(_)
     ));
     assert!(matches!(
-        request(&["project", "set-history", "prj_x", "ten"]),
-        Err(AdminError::History(_))
+        refused(&["project", "set-history", "prj_x", "ten"]),
+        AdminError::History(_)
     ));
 }
 
@@ -130,7 +136,7 @@ fn set_webhook_validates_and_is_listed() {
         );
     }
     assert!(matches!(
-        request(&[
+        refused(&[
             "project",
             "set-webhook",
             &id,
@@ -138,7 +144,7 @@ fn set_webhook_validates_and_is_listed() {
             "--events",
             "occupied"
         ]),
-        Err(AdminError::Webhook(_))
+        AdminError::Webhook(_)
     ));
     let clap_refuses = |args: &[&str]| {
         Cli::try_parse_from(std::iter::once("ringcast").chain(args.iter().copied())).is_err()
@@ -273,8 +279,8 @@ fn grace_durations() {
         assert_eq!(parse_grace(bad), None, "{bad}");
     }
     assert!(matches!(
-        request(&["project", "rotate-token-secret", "prj_x", "--grace", "soon"]),
-        Err(AdminError::Grace(_))
+        refused(&["project", "rotate-token-secret", "prj_x", "--grace", "soon"]),
+        AdminError::Grace(_)
     ));
 }
 

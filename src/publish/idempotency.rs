@@ -457,6 +457,11 @@ mod tests {
         }
     }
 
+    /// An empty store, the time it starts at, and a body's hash.
+    fn start() -> (Store, Instant, [u8; 32]) {
+        (Store::default(), Instant::now(), body_hash(b"b"))
+    }
+
     /// `s.claim` of project `p`'s key `key` under a share of `share` keys.
     fn claim(
         s: &mut Store,
@@ -507,9 +512,7 @@ mod tests {
 
     #[test]
     fn entries_expire_after_the_window_by_popping_the_front() {
-        let mut s = Store::default();
-        let t0 = Instant::now();
-        let h = body_hash(b"b");
+        let (mut s, t0, h) = start();
         assert_eq!(claim(&mut s, 1, b"a", h, 1, t0, 10), Claim::Fresh);
         s.complete(1, key_id(1, b"a"), 1, stored("x"));
         let later = t0 + Duration::from_secs(5);
@@ -523,9 +526,7 @@ mod tests {
 
     #[test]
     fn over_the_share_the_oldest_goes_first() {
-        let mut s = Store::default();
-        let t0 = Instant::now();
-        let h = body_hash(b"b");
+        let (mut s, t0, h) = start();
         for i in 0..5u64 {
             let key = format!("k{i}");
             assert_eq!(claim(&mut s, 1, key.as_bytes(), h, i, t0, 3), Claim::Fresh);
@@ -541,9 +542,7 @@ mod tests {
 
     #[test]
     fn released_claims_do_not_grow_the_fifo_without_bound() {
-        let mut s = Store::default();
-        let t0 = Instant::now();
-        let h = body_hash(b"b");
+        let (mut s, t0, h) = start();
         for i in 0..10_000u64 {
             assert_eq!(claim(&mut s, 1, b"same", h, i, t0, 4), Claim::Fresh);
             s.release(1, key_id(1, b"same"), i);
@@ -565,9 +564,7 @@ mod tests {
 
     #[test]
     fn idle_projects_are_swept_without_being_claimed() {
-        let mut s = Store::default();
-        let t0 = Instant::now();
-        let h = body_hash(b"b");
+        let (mut s, t0, h) = start();
         assert_eq!(claim(&mut s, 1, b"a", h, 1, t0, 10), Claim::Fresh);
         let after = t0 + Duration::from_secs(11);
         for i in 0..4 {

@@ -132,12 +132,8 @@ impl RedisStore {
             self.read_atomic(&[("HGETALL", "projects"), ("HGETALL", "pusher_app_ids")])?;
         for project_id in unnumbered(&projects, &app_ids)? {
             let app_id = self.next_app_id()?;
-            self.with(|c| {
-                redis::pipe()
-                    .atomic()
-                    .hset_nx(k("pusher_app_ids"), &project_id, app_id)
-                    .incr(k("version"), 1)
-                    .query::<()>(c)
+            self.write(|pipe| {
+                pipe.hset_nx(k("pusher_app_ids"), &project_id, app_id);
             })?;
         }
         Ok(())
@@ -176,6 +172,17 @@ impl RedisStore {
             pipe.atomic();
             add_reads(&mut pipe, reads);
             pipe.query(c)
+        })
+    }
+
+    /// Apply the writes `queue` adds in one MULTI/EXEC that also bumps `version` (what
+    /// the watcher polls), so a reader sees all of a change or none of it.
+    fn write(&mut self, queue: impl FnOnce(&mut redis::Pipeline)) -> Result<(), StoreError> {
+        self.with(|c| {
+            let mut pipe = redis::pipe();
+            pipe.atomic();
+            queue(&mut pipe);
+            pipe.incr(k("version"), 1).query::<()>(c)
         })
     }
 
@@ -279,10 +286,8 @@ impl Store for RedisStore {
             expires_at: None,
             seq: self.next_seq()?,
         })?;
-        self.with(|c| {
-            redis::pipe()
-                .atomic()
-                .hset(k("projects"), &project.id, &stored)
+        self.write(|pipe| {
+            pipe.hset(k("projects"), &project.id, &stored)
                 .hset(k("rate_limits"), &project.id, rate_limit.to_string())
                 .hset(k("histories"), &project.id, history.to_string())
                 .hset(k("keys"), &sk.id, &sk_json)
@@ -290,9 +295,7 @@ impl Store for RedisStore {
                 .hset(k("keys"), &pk.id, &pk_json)
                 .hset(k("key_hashes"), pk.hash.to_hex(), &pk.id)
                 .hset(k("token_secrets"), &ts.id, &ts_json)
-                .hset(k("pusher_app_ids"), &project.id, project.pusher_app_id)
-                .incr(k("version"), 1)
-                .query::<()>(c)
+                .hset(k("pusher_app_ids"), &project.id, project.pusher_app_id);
         })?;
         Ok((project, secret, public, token_secret))
     }
@@ -372,12 +375,8 @@ impl Store for RedisStore {
             public_pem: public_pem.to_string(),
             seq: self.next_seq()?,
         })?;
-        self.with(|c| {
-            redis::pipe()
-                .atomic()
-                .hset(k("token_keys"), &record.id, &json)
-                .incr(k("version"), 1)
-                .query::<()>(c)
+        self.write(|pipe| {
+            pipe.hset(k("token_keys"), &record.id, &json);
         })?;
         Ok(record)
     }
@@ -396,12 +395,8 @@ impl Store for RedisStore {
                 "project {project_id:?} has no token key {key_id:?}"
             )));
         }
-        self.with(|c| {
-            redis::pipe()
-                .atomic()
-                .hdel(k("token_keys"), key_id)
-                .incr(k("version"), 1)
-                .query::<()>(c)
+        self.write(|pipe| {
+            pipe.hdel(k("token_keys"), key_id);
         })?;
         Ok(())
     }
@@ -426,9 +421,7 @@ impl Store for RedisStore {
             })?),
             _ => None,
         };
-        self.with(|c| {
-            let mut pipe = redis::pipe();
-            pipe.atomic();
+        self.write(|pipe| {
             // Off-by-default flags are sets of the projects that have them on (and
             // `pusher_off` of those that turned Pusher off), so a project stored before
             // the flag existed reads as its default.
@@ -452,9 +445,9 @@ impl Store for RedisStore {
                 ProjectChange::MaxConnections(None) => {
                     pipe.hdel(k("max_connections"), project_id);
                 }
-                ProjectChange::ClientEvents(on) => set(&mut pipe, "client_events", *on),
-                ProjectChange::Pusher(on) => set(&mut pipe, "pusher_off", !*on),
-                ProjectChange::RequireUser(on) => set(&mut pipe, "require_user", *on),
+                ProjectChange::ClientEvents(on) => set(pipe, "client_events", *on),
+                ProjectChange::Pusher(on) => set(pipe, "pusher_off", !*on),
+                ProjectChange::RequireUser(on) => set(pipe, "require_user", *on),
                 ProjectChange::Webhook(_) => {
                     match &webhook {
                         Some(json) => pipe.hset(k("webhooks"), project_id, json),
@@ -462,7 +455,6 @@ impl Store for RedisStore {
                     };
                 }
             }
-            pipe.incr(k("version"), 1).query::<()>(c)
         })?;
         if let ProjectChange::History(_) = change {
             // The project's cluster-mode history is forgotten at every change: messages
@@ -482,13 +474,12 @@ impl Store for RedisStore {
             return Err(project_not_found(project_id));
         }
         let (record, key, json) = self.new_key(project_id, kind)?;
-        self.with(|c| {
-            redis::pipe()
-                .atomic()
-                .hset(k("keys"), &record.id, &json)
-                .hset(k("key_hashes"), record.hash.to_hex(), &record.id)
-                .incr(k("version"), 1)
-                .query::<()>(c)
+        self.write(|pipe| {
+            pipe.hset(k("keys"), &record.id, &json).hset(
+                k("key_hashes"),
+                record.hash.to_hex(),
+                &record.id,
+            );
         })?;
         Ok((record, key))
     }
@@ -507,12 +498,8 @@ impl Store for RedisStore {
         };
         let id = id.ok_or_else(|| StoreError::NotFound(format!("no key matches {shown:?}")))?;
         // A set insert: revoking twice is a no-op, and nothing ever removes a member.
-        self.with(|c| {
-            redis::pipe()
-                .atomic()
-                .sadd(k("revoked"), &id)
-                .incr(k("version"), 1)
-                .query::<()>(c)
+        self.write(|pipe| {
+            pipe.sadd(k("revoked"), &id);
         })?;
         Ok(id)
     }
