@@ -47,6 +47,13 @@ fn client_signature(method: &str, path: &str, params: &str, secret: &str) -> Str
     rc_sign(secret, &string_to_sign(method, path, &q))
 }
 
+/// Sign `params` for `method /p` with `ts_s`, then check that request with `body` at
+/// `now` against `ts_s`.
+fn check_signed(method: &str, params: &str, body: &[u8], now: u64) -> Result<(), RestAuthError> {
+    let q = signed(method, "/p", params, "ts_s");
+    check_rest(method, "/p", &q, body, now, &["ts_s"])
+}
+
 fn rest_params(ts: u64, extra: &str) -> String {
     format!("auth_key=pk_a&auth_timestamp={ts}&auth_version=1.0{extra}")
 }
@@ -205,9 +212,8 @@ fn required_parameters_and_version() {
         );
     }
     let params = format!("auth_key=pk_a&auth_timestamp={now}&auth_version=2.0");
-    let q = signed("GET", "/p", &params, "ts_s");
     assert_eq!(
-        check_rest("GET", "/p", &q, b"", now, &["ts_s"]),
+        check_signed("GET", &params, b"", now),
         Err(RestAuthError::Version)
     );
 }
@@ -216,17 +222,15 @@ fn required_parameters_and_version() {
 fn timestamp_window_is_600_s_each_way() {
     let now = 1_700_000_000;
     for ts in [now - 600, now + 600, now] {
-        let q = signed("GET", "/p", &rest_params(ts, ""), "ts_s");
         assert_eq!(
-            check_rest("GET", "/p", &q, b"", now, &["ts_s"]),
+            check_signed("GET", &rest_params(ts, ""), b"", now),
             Ok(()),
             "{ts}"
         );
     }
     for ts in [now - 601, now + 601, 0] {
-        let q = signed("GET", "/p", &rest_params(ts, ""), "ts_s");
         assert_eq!(
-            check_rest("GET", "/p", &q, b"", now, &["ts_s"]),
+            check_signed("GET", &rest_params(ts, ""), b"", now),
             Err(RestAuthError::TimestampWindow),
             "{ts}"
         );
@@ -240,9 +244,8 @@ fn timestamp_window_is_600_s_each_way() {
         "17e8",
     ] {
         let params = format!("auth_key=pk_a&auth_timestamp={bad}&auth_version=1.0");
-        let q = signed("GET", "/p", &params, "ts_s");
         assert_eq!(
-            check_rest("GET", "/p", &q, b"", now, &["ts_s"]),
+            check_signed("GET", &params, b"", now),
             Err(RestAuthError::TimestampFormat),
             "{bad:?}"
         );
@@ -253,36 +256,41 @@ fn timestamp_window_is_600_s_each_way() {
 fn body_md5_rules() {
     let now = 1_700_000_000;
     // The Python SDK's GET: body_md5 of the empty body, signed.
-    let q = signed(
-        "GET",
-        "/p",
-        &rest_params(now, &format!("&body_md5={EMPTY_MD5}")),
-        "ts_s",
+    assert_eq!(
+        check_signed(
+            "GET",
+            &rest_params(now, &format!("&body_md5={EMPTY_MD5}")),
+            b"",
+            now
+        ),
+        Ok(())
     );
-    assert_eq!(check_rest("GET", "/p", &q, b"", now, &["ts_s"]), Ok(()));
     assert_eq!(std::str::from_utf8(&md5_hex(b"")).unwrap(), EMPTY_MD5);
     // No body, no body_md5: fine on any method.
-    let q = signed("POST", "/p", &rest_params(now, ""), "ts_s");
-    assert_eq!(check_rest("POST", "/p", &q, b"", now, &["ts_s"]), Ok(()));
+    assert_eq!(
+        check_signed("POST", &rest_params(now, ""), b"", now),
+        Ok(())
+    );
     // A body without body_md5.
     assert_eq!(
-        check_rest("POST", "/p", &q, b"{}", now, &["ts_s"]),
+        check_signed("POST", &rest_params(now, ""), b"{}", now),
         Err(RestAuthError::BodyMd5Missing)
     );
     // The right MD5, but in uppercase, or cut short: not the lowercase hex MD5.
     let md5 = "99914b932bd37a50b983c5e7c90ae93b"; // of `{}`
-    let q = signed(
-        "POST",
-        "/p",
-        &rest_params(now, &format!("&body_md5={md5}")),
-        "ts_s",
+    assert_eq!(
+        check_signed(
+            "POST",
+            &rest_params(now, &format!("&body_md5={md5}")),
+            b"{}",
+            now
+        ),
+        Ok(())
     );
-    assert_eq!(check_rest("POST", "/p", &q, b"{}", now, &["ts_s"]), Ok(()));
     for wrong in [md5.to_uppercase(), md5[..31].to_string(), String::new()] {
         let params = rest_params(now, &format!("&body_md5={wrong}"));
-        let q = signed("POST", "/p", &params, "ts_s");
         assert_eq!(
-            check_rest("POST", "/p", &q, b"{}", now, &["ts_s"]),
+            check_signed("POST", &params, b"{}", now),
             Err(RestAuthError::BodyMd5Mismatch),
             "{wrong:?}"
         );

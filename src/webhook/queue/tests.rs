@@ -30,6 +30,11 @@ fn client(c: &str, n: u32) -> HookEvent {
     }
 }
 
+/// Now, and queues that hold 100 events per project.
+fn start() -> (Instant, Queues) {
+    (Instant::now(), Queues::new(100))
+}
+
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
@@ -70,8 +75,7 @@ fn names(batch: &Batch) -> Vec<String> {
 
 #[test]
 fn events_within_a_second_leave_in_one_request() {
-    let t0 = Instant::now();
-    let mut q = Queues::new(100);
+    let (t0, mut q) = start();
     assert_eq!(q.push(7, t0, occupied("a")), Pushed::Queued);
     assert_eq!(q.push(7, t0 + ms(300), occupied("b")), Pushed::Queued);
     assert_eq!(q.push(7, t0 + ms(900), added("p", "u1")), Pushed::Queued);
@@ -100,8 +104,7 @@ fn events_within_a_second_leave_in_one_request() {
 
 #[test]
 fn projects_are_independent() {
-    let t0 = Instant::now();
-    let mut q = Queues::new(100);
+    let (t0, mut q) = start();
     q.push(1, t0, occupied("a"));
     q.push(2, t0, occupied("a"));
     let d = q.due(t0 + BATCH_WINDOW);
@@ -117,8 +120,7 @@ fn projects_are_independent() {
 
 #[test]
 fn a_leave_waits_three_seconds() {
-    let t0 = Instant::now();
-    let mut q = Queues::new(100);
+    let (t0, mut q) = start();
     q.push(1, t0, vacated("a"));
     q.push(1, t0, removed("p", "u1"));
     assert!(q.due(t0 + ms(3999)).is_empty());
@@ -131,8 +133,7 @@ fn a_leave_waits_three_seconds() {
 
 #[test]
 fn coming_back_within_the_grace_cancels_both() {
-    let t0 = Instant::now();
-    let mut q = Queues::new(100);
+    let (t0, mut q) = start();
     q.push(1, t0, occupied("a"));
     q.push(1, t0, added("p", "u1"));
     assert_eq!(q.due(t0 + BATCH_WINDOW)[0].batch.count, 2);
@@ -157,8 +158,7 @@ fn coming_back_within_the_grace_cancels_both() {
 
 #[test]
 fn an_occupancy_still_queued_is_cancelled_by_its_vacate() {
-    let t0 = Instant::now();
-    let mut q = Queues::new(100);
+    let (t0, mut q) = start();
     // Subscribe/unsubscribe churn: nothing stays queued.
     for i in 0..50 {
         let ch = format!("c{}", i % 7);
@@ -191,8 +191,7 @@ fn an_occupancy_still_queued_is_cancelled_by_its_vacate() {
 
 #[test]
 fn only_the_latest_event_of_the_subject_is_cancelled() {
-    let t0 = Instant::now();
-    let mut q = Queues::new(100);
+    let (t0, mut q) = start();
     // Another user's removal is not touched by u1's return; an add with no held
     // removal is just queued.
     q.push(1, t0, removed("p", "u2"));
@@ -208,8 +207,7 @@ fn only_the_latest_event_of_the_subject_is_cancelled() {
 
 #[test]
 fn a_held_leave_holds_what_follows_on_its_channel_only() {
-    let t0 = Instant::now();
-    let mut q = Queues::new(100);
+    let (t0, mut q) = start();
     q.push(1, t0, removed("presence-p", "u1"));
     q.push(1, t0 + ms(10), client("presence-p", 1));
     q.push(1, t0 + ms(20), client("private-q", 2));
@@ -225,8 +223,7 @@ fn a_held_leave_holds_what_follows_on_its_channel_only() {
 
 #[test]
 fn failures_are_retried_with_backoff_then_given_up() {
-    let t0 = Instant::now();
-    let mut q = Queues::new(100);
+    let (t0, mut q) = start();
     q.push(1, t0, client("private-a", 1));
     let mut now = t0 + BATCH_WINDOW;
     let first = q.due(now);
@@ -267,8 +264,7 @@ fn failures_are_retried_with_backoff_then_given_up() {
 
 #[test]
 fn a_failure_is_retried_at_least_once_and_a_success_ends_it() {
-    let t0 = Instant::now();
-    let mut q = Queues::new(100);
+    let (t0, mut q) = start();
     q.push(1, t0, occupied("a"));
     q.due(t0 + BATCH_WINDOW);
     // An attempt that itself outlived RETRY_FOR still gets one retry.
@@ -288,8 +284,7 @@ fn a_failure_is_retried_at_least_once_and_a_success_ends_it() {
 
 #[test]
 fn turning_the_webhook_off_forgets_the_queue() {
-    let t0 = Instant::now();
-    let mut q = Queues::new(100);
+    let (t0, mut q) = start();
     q.push(1, t0, occupied("a"));
     q.due(t0 + BATCH_WINDOW);
     q.push(1, t0 + ms(1500), occupied("b"));
