@@ -47,6 +47,30 @@ pub struct ProjectRecord {
     pub pusher: bool,
 }
 
+impl ProjectRecord {
+    /// A project as every store creates it, under a new id: no connection limit of its
+    /// own, client events off, no webhook, Pusher on. The store validates the name
+    /// first and numbers the Pusher app.
+    pub fn new(
+        name: &str,
+        rate_limit: RateLimit,
+        history: HistorySpec,
+        pusher_app_id: u64,
+    ) -> ProjectRecord {
+        ProjectRecord {
+            id: crate::apikey::generate_id("prj_"),
+            name: name.to_string(),
+            rate_limit,
+            history,
+            max_connections: None,
+            client_events: false,
+            webhook: None,
+            pusher_app_id,
+            pusher: true,
+        }
+    }
+}
+
 /// A key as stored: everything but the key itself.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KeyRecord {
@@ -129,6 +153,18 @@ pub struct TokenKeyRecord {
     pub alg: TokenKeyAlg,
     /// SubjectPublicKeyInfo in PEM (`-----BEGIN PUBLIC KEY-----`).
     pub public_pem: String,
+}
+
+impl TokenKeyRecord {
+    /// A project's new token key under a new id (the key is checked by the caller).
+    pub fn new(project_id: &str, alg: TokenKeyAlg, public_pem: &str) -> TokenKeyRecord {
+        TokenKeyRecord {
+            id: crate::apikey::generate_id("tk_"),
+            project_id: project_id.to_string(),
+            alg,
+            public_pem: public_pem.to_string(),
+        }
+    }
 }
 
 /// One change to a project's settings: what each `project set-*` command stores. One

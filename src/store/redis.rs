@@ -54,7 +54,7 @@ use super::{
     mint_token_secret, rotated_expiry, unix_now, validate_project_name, Store, StoreContents,
     StoreError,
 };
-use crate::apikey::{generate_id, hash_key, key_prefix, KeyKind};
+use crate::apikey::{hash_key, key_prefix, KeyKind};
 use crate::history::HistorySpec;
 use crate::project::{
     KeyRecord, ProjectChange, ProjectRecord, TokenKeyAlg, TokenKeyRecord, FIRST_PUSHER_APP_ID,
@@ -261,17 +261,7 @@ impl Store for RedisStore {
         master: &MasterKey,
     ) -> Result<(ProjectRecord, String, String, String), StoreError> {
         validate_project_name(name)?;
-        let project = ProjectRecord {
-            id: generate_id("prj_"),
-            name: name.to_string(),
-            rate_limit,
-            history,
-            max_connections: None,
-            client_events: false,
-            webhook: None,
-            pusher_app_id: self.next_app_id()?,
-            pusher: true,
-        };
+        let project = ProjectRecord::new(name, rate_limit, history, self.next_app_id()?);
         let stored = serde_json::to_string(&StoredProject {
             name: name.to_string(),
             seq: self.next_seq()?,
@@ -363,12 +353,7 @@ impl Store for RedisStore {
         if !self.project_exists(project_id)? {
             return Err(project_not_found(project_id));
         }
-        let record = TokenKeyRecord {
-            id: generate_id("tk_"),
-            project_id: project_id.to_string(),
-            alg,
-            public_pem: public_pem.to_string(),
-        };
+        let record = TokenKeyRecord::new(project_id, alg, public_pem);
         let json = encode_json(&StoredTokenKey {
             project_id: project_id.to_string(),
             alg: alg.as_str().to_string(),

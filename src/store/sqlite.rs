@@ -32,7 +32,7 @@ use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBe
 use super::{
     mint_token_secret, rotated_expiry, validate_project_name, Store, StoreContents, StoreError,
 };
-use crate::apikey::{generate_id, hash_key, key_prefix, KeyHash, KeyKind};
+use crate::apikey::{hash_key, key_prefix, KeyHash, KeyKind};
 use crate::history::HistorySpec;
 use crate::project::{
     HookKinds, KeyRecord, ProjectChange, ProjectRecord, TokenKeyAlg, TokenKeyRecord,
@@ -459,17 +459,8 @@ impl Store for SqliteStore {
         master: &MasterKey,
     ) -> Result<(ProjectRecord, String, String, String), StoreError> {
         validate_project_name(name)?;
-        let mut project = ProjectRecord {
-            id: generate_id("prj_"),
-            name: name.to_string(),
-            rate_limit,
-            history,
-            max_connections: None,
-            client_events: false,
-            webhook: None,
-            pusher_app_id: FIRST_PUSHER_APP_ID,
-            pusher: true,
-        };
+        // Numbered for real inside the write transaction below.
+        let mut project = ProjectRecord::new(name, rate_limit, history, FIRST_PUSHER_APP_ID);
         let (token_record, token_secret) = mint_token_secret(&project.id, master)?;
         self.write(|tx| {
             // Under the write lock: no other process can take the same number.
@@ -539,12 +530,7 @@ impl Store for SqliteStore {
             if !project_exists(tx, project_id)? {
                 return Err(project_not_found(project_id));
             }
-            let record = TokenKeyRecord {
-                id: generate_id("tk_"),
-                project_id: project_id.to_string(),
-                alg,
-                public_pem: public_pem.to_string(),
-            };
+            let record = TokenKeyRecord::new(project_id, alg, public_pem);
             tx.execute(
                 "INSERT INTO token_keys (id, project_id, alg, public_pem, created_at)
                  VALUES (?1, ?2, ?3, ?4, ?5)",
