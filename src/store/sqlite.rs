@@ -384,7 +384,8 @@ const BY_AGE: &str = "ORDER BY created_at, rowid";
 const SELECT_KEYS: &str =
     "SELECT id, project_id, kind, revoked_at IS NOT NULL, prefix, hash, public_key FROM keys";
 
-/// A project row of [`SELECT_PROJECTS`] as a record.
+/// A project row of [`SELECT_PROJECTS`] as a record; a value no build writes is
+/// [`StoreError::Corrupt`], checked in the order of the columns.
 fn project_record(raw: RawProject) -> Result<ProjectRecord, StoreError> {
     let (
         id,
@@ -398,36 +399,30 @@ fn project_record(raw: RawProject) -> Result<ProjectRecord, StoreError> {
         app_id,
         pusher,
     ) = raw;
-    let rate_limit = RateLimit::parse(&rate_limit)
-        .map_err(|e| StoreError::Corrupt(format!("project {id}: {e}")))?;
-    let history = HistorySpec::parse(&history)
-        .map_err(|e| StoreError::Corrupt(format!("project {id}: {e}")))?;
-    let max_connections = max_connections
-        .map(u64::try_from)
-        .transpose()
-        .map_err(|_| StoreError::Corrupt(format!("project {id}: negative max_connections")))?;
-    let webhook = match (url, events) {
-        (Some(url), Some(events)) => Some(WebhookSpec {
-            url,
-            events: HookKinds::parse(&events)
-                .map_err(|e| StoreError::Corrupt(format!("project {id}: {e}")))?,
-        }),
-        _ => None,
-    };
-    // NULL only after a raw edit: the migration numbers every row and creation
-    // always assigns one.
-    let pusher_app_id = app_id
-        .and_then(|n| u64::try_from(n).ok())
-        .ok_or_else(|| StoreError::Corrupt(format!("project {id}: no pusher_app_id")))?;
+    let corrupt =
+        |what: &dyn std::fmt::Display| StoreError::Corrupt(format!("project {id}: {what}"));
     Ok(ProjectRecord {
+        rate_limit: RateLimit::parse(&rate_limit).map_err(|e| corrupt(&e))?,
+        history: HistorySpec::parse(&history).map_err(|e| corrupt(&e))?,
+        max_connections: max_connections
+            .map(u64::try_from)
+            .transpose()
+            .map_err(|_| corrupt(&"negative max_connections"))?,
+        webhook: match (url, events) {
+            (Some(url), Some(events)) => Some(WebhookSpec {
+                url,
+                events: HookKinds::parse(&events).map_err(|e| corrupt(&e))?,
+            }),
+            _ => None,
+        },
+        // NULL only after a raw edit: the migration numbers every row and creation
+        // always assigns one.
+        pusher_app_id: app_id
+            .and_then(|n| u64::try_from(n).ok())
+            .ok_or_else(|| corrupt(&"no pusher_app_id"))?,
         id,
         name,
-        rate_limit,
-        history,
-        max_connections,
         client_events,
-        webhook,
-        pusher_app_id,
         pusher,
     })
 }
