@@ -73,13 +73,10 @@ pub(crate) enum Request {
         history: HistorySpec,
     },
     ListProjects,
-    SetHistory {
+    /// `project set-rate-limit|set-history|set-webhook`: one change, stored as it is.
+    SetProject {
         project_id: String,
-        history: HistorySpec,
-    },
-    SetRateLimit {
-        project_id: String,
-        rate_limit: RateLimit,
+        change: ProjectChange,
     },
     SetLimits {
         project_id: String,
@@ -114,11 +111,6 @@ pub(crate) enum Request {
     RemoveTokenKey {
         project_id: String,
         key_id: String,
-    },
-    SetWebhook {
-        project_id: String,
-        /// `None`: off.
-        webhook: Option<WebhookSpec>,
     },
     /// `user disconnect|block|unblock|show`.
     User(users::UserRequest),
@@ -159,6 +151,14 @@ pub fn run(cli: &Cli) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The request that stores one change to a project.
+fn set_project(project_id: &str, change: ProjectChange) -> Request {
+    Request::SetProject {
+        project_id: project_id.to_string(),
+        change,
+    }
+}
+
 /// Validate a command's arguments without touching any store.
 pub(crate) fn parse_request(command: &Command) -> Result<Request, AdminError> {
     Ok(match command {
@@ -189,18 +189,18 @@ pub(crate) fn parse_request(command: &Command) -> Result<Request, AdminError> {
         Command::Project(ProjectCommand::SetHistory {
             project_id,
             history,
-        }) => Request::SetHistory {
-            project_id: project_id.clone(),
-            history: HistorySpec::parse(history)?,
-        },
+        }) => set_project(
+            project_id,
+            ProjectChange::History(HistorySpec::parse(history)?),
+        ),
         Command::Project(ProjectCommand::List) => Request::ListProjects,
         Command::Project(ProjectCommand::SetRateLimit {
             project_id,
             rate_limit,
-        }) => Request::SetRateLimit {
-            project_id: project_id.clone(),
-            rate_limit: RateLimit::parse(rate_limit)?,
-        },
+        }) => set_project(
+            project_id,
+            ProjectChange::RateLimit(RateLimit::parse(rate_limit)?),
+        ),
         Command::Project(ProjectCommand::SetLimits {
             project_id,
             max_connections,
@@ -280,10 +280,7 @@ pub(crate) fn parse_request(command: &Command) -> Result<Request, AdminError> {
                 // clap refuses a URL with --off and neither; this is the --off case.
                 _ => None,
             };
-            Request::SetWebhook {
-                project_id: project_id.clone(),
-                webhook,
-            }
+            set_project(project_id, ProjectChange::Webhook(webhook))
         }
         Command::Project(ProjectCommand::RemoveTokenKey { project_id, key_id }) => {
             Request::RemoveTokenKey {
@@ -368,18 +365,8 @@ pub(crate) fn execute(
             let projects = store.list_projects()?;
             json!({ "projects": projects.iter().map(project_json).collect::<Vec<_>>() })
         }
-        Request::SetRateLimit {
-            project_id,
-            rate_limit,
-        } => {
-            let project = store.set_project(&project_id, &ProjectChange::RateLimit(rate_limit))?;
-            json!({ "project": project_json(&project) })
-        }
-        Request::SetHistory {
-            project_id,
-            history,
-        } => {
-            let project = store.set_project(&project_id, &ProjectChange::History(history))?;
+        Request::SetProject { project_id, change } => {
+            let project = store.set_project(&project_id, &change)?;
             json!({ "project": project_json(&project) })
         }
         Request::SetLimits {
@@ -389,19 +376,17 @@ pub(crate) fn execute(
             pusher,
             require_user,
         } => {
-            // Each given limit is its own store change (clap requires at least one).
+            // Each given limit is its own store change, in this order (clap requires at
+            // least one).
+            let changes = [
+                max_connections.map(ProjectChange::MaxConnections),
+                client_events.map(ProjectChange::ClientEvents),
+                pusher.map(ProjectChange::Pusher),
+                require_user.map(ProjectChange::RequireUser),
+            ];
             let mut project = None;
-            if let Some(n) = max_connections {
-                project = Some(store.set_project(&project_id, &ProjectChange::MaxConnections(n))?);
-            }
-            if let Some(on) = client_events {
-                project = Some(store.set_project(&project_id, &ProjectChange::ClientEvents(on))?);
-            }
-            if let Some(on) = pusher {
-                project = Some(store.set_project(&project_id, &ProjectChange::Pusher(on))?);
-            }
-            if let Some(on) = require_user {
-                project = Some(store.set_project(&project_id, &ProjectChange::RequireUser(on))?);
+            for change in changes.into_iter().flatten() {
+                project = Some(store.set_project(&project_id, &change)?);
             }
             let project = match project {
                 Some(p) => p,
@@ -421,13 +406,6 @@ pub(crate) fn execute(
                 "off"
             });
             json!({ "project": project })
-        }
-        Request::SetWebhook {
-            project_id,
-            webhook,
-        } => {
-            let project = store.set_project(&project_id, &ProjectChange::Webhook(webhook))?;
-            json!({ "project": project_json(&project) })
         }
         Request::CreateKey { project_id, kind } => {
             let (record, key) = store.create_key(&project_id, kind)?;

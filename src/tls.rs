@@ -250,6 +250,18 @@ async fn read_plain<R: AsyncReadRent, T: IoBufMut>(
     }
 }
 
+/// The answer of both TLS readers to a vectored read. Nothing in ringcast reads
+/// vectored; refusing is safer than guessing at partial fills across the iovecs.
+fn refuse_vectored<T>(buf: T) -> BufResult<usize, T> {
+    (
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "vectored reads are not supported on TLS streams",
+        )),
+        buf,
+    )
+}
+
 /// Write every record the session has queued; `out` is a reusable scratch buffer.
 async fn flush_records<W: AsyncWriteRent>(
     io: &mut W,
@@ -366,14 +378,7 @@ impl AsyncReadRent for TlsStream {
     }
 
     async fn readv<T: IoVecBufMut>(&mut self, buf: T) -> BufResult<usize, T> {
-        // Nothing in ringcast reads vectored; refuse rather than guess at partial fills.
-        (
-            Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                "vectored reads are not supported on TLS streams",
-            )),
-            buf,
-        )
+        refuse_vectored(buf)
     }
 }
 
@@ -451,13 +456,7 @@ impl AsyncReadRent for TlsReader {
     }
 
     async fn readv<T: IoVecBufMut>(&mut self, buf: T) -> BufResult<usize, T> {
-        (
-            Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                "vectored reads are not supported on TLS streams",
-            )),
-            buf,
-        )
+        refuse_vectored(buf)
     }
 }
 

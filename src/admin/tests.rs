@@ -13,17 +13,39 @@ fn run_in(store: &mut SqliteStore, args: &[&str]) -> Result<Value, AdminError> {
     execute(store, request(args)?, Some(&MasterKey::random()))
 }
 
+/// Why the arguments are refused before any store is opened.
+#[track_caller]
+fn refused(args: &[&str]) -> AdminError {
+    request(args).unwrap_err()
+}
+
+/// The command fails because the store has no such project or key.
+#[track_caller]
+fn assert_not_found(store: &mut SqliteStore, args: &[&str]) {
+    let err = run_in(store, args).unwrap_err();
+    assert!(
+        matches!(err, AdminError::Store(StoreError::NotFound(_))),
+        "{args:?}: {err}"
+    );
+}
+
 #[test]
 fn arguments_are_checked_before_the_store() {
-    assert!(matches!(
-        request(&["project", "create", "p", "--rate-limit", "5/hour"]),
-        Err(AdminError::RateLimit(_))
-    ));
-    assert!(matches!(
-        request(&["project", "set-rate-limit", "prj_x", "0/s"]),
-        Err(AdminError::RateLimit(_))
-    ));
-    assert!(matches!(request(&["serve"]), Err(AdminError::NotAdmin(_))));
+    let rate: fn(&AdminError) -> bool = |e| matches!(e, AdminError::RateLimit(_));
+    let history: fn(&AdminError) -> bool = |e| matches!(e, AdminError::History(_));
+    for (args, expected) in [
+        (
+            &["project", "create", "p", "--rate-limit", "5/hour"][..],
+            rate,
+        ),
+        (&["project", "set-rate-limit", "prj_x", "0/s"], rate),
+        (&["project", "create", "p", "--history", "10/0s"], history),
+        (&["project", "set-history", "prj_x", "ten"], history),
+    ] {
+        let err = refused(args);
+        assert!(expected(&err), "{args:?}: {err}");
+    }
+    assert!(matches!(refused(&["serve"]), AdminError::NotAdmin(_)));
     assert_eq!(
         request(&["project", "create", "p"]).unwrap(),
         Request::CreateProject {
@@ -32,14 +54,6 @@ fn arguments_are_checked_before_the_store() {
             history: HistorySpec::OFF,
         }
     );
-    assert!(matches!(
-        request(&["project", "create", "p", "--history", "10/0s"]),
-        Err(AdminError::History(_))
-    ));
-    assert!(matches!(
-        request(&["project", "set-history", "prj_x", "ten"]),
-        Err(AdminError::History(_))
-    ));
 }
 
 #[test]
@@ -120,7 +134,7 @@ fn set_webhook_validates_and_is_listed() {
         );
     }
     assert!(matches!(
-        request(&[
+        refused(&[
             "project",
             "set-webhook",
             &id,
@@ -128,7 +142,7 @@ fn set_webhook_validates_and_is_listed() {
             "--events",
             "occupied"
         ]),
-        Err(AdminError::Webhook(_))
+        AdminError::Webhook(_)
     ));
     let clap_refuses = |args: &[&str]| {
         Cli::try_parse_from(std::iter::once("ringcast").chain(args.iter().copied())).is_err()
@@ -171,11 +185,7 @@ fn set_webhook_validates_and_is_listed() {
     assert_eq!(listed["projects"][0]["webhook"], set["project"]["webhook"]);
     let off = run_in(&mut store, &["project", "set-webhook", &id, "--off"]).unwrap();
     assert_eq!(off["project"]["webhook"], "off");
-    let err = run_in(&mut store, &["project", "set-webhook", "prj_nope", "--off"]).unwrap_err();
-    assert!(
-        matches!(err, AdminError::Store(StoreError::NotFound(_))),
-        "{err}"
-    );
+    assert_not_found(&mut store, &["project", "set-webhook", "prj_nope", "--off"]);
 }
 
 #[test]
@@ -242,14 +252,9 @@ fn app_ids_are_strings_and_set_limits_switches_pusher() {
         "yes"
     ]));
     assert!(clap_refuses(&["project", "set-limits", &id]));
-    let err = run_in(
+    assert_not_found(
         &mut store,
         &["project", "set-limits", "prj_nope", "--pusher", "off"],
-    )
-    .unwrap_err();
-    assert!(
-        matches!(err, AdminError::Store(StoreError::NotFound(_))),
-        "{err}"
     );
 }
 
@@ -272,8 +277,8 @@ fn grace_durations() {
         assert_eq!(parse_grace(bad), None, "{bad}");
     }
     assert!(matches!(
-        request(&["project", "rotate-token-secret", "prj_x", "--grace", "soon"]),
-        Err(AdminError::Grace(_))
+        refused(&["project", "rotate-token-secret", "prj_x", "--grace", "soon"]),
+        AdminError::Grace(_)
     ));
 }
 
@@ -287,11 +292,7 @@ fn unknown_ids_are_errors() {
         &["key", "revoke", "key_nope"],
         &["key", "list", "prj_nope"],
     ] {
-        let err = run_in(&mut store, args).unwrap_err();
-        assert!(
-            matches!(err, AdminError::Store(StoreError::NotFound(_))),
-            "{args:?}: {err}"
-        );
+        assert_not_found(&mut store, args);
     }
 }
 

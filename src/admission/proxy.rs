@@ -121,6 +121,17 @@ pub(crate) fn v2_body_len(head: &[u8; V2_HEAD]) -> Result<usize, ProxyError> {
     Ok(len)
 }
 
+/// The source address of a v2 address block of `block` bytes (source and destination
+/// addresses, then both ports): its first `N` bytes, once the whole block is there.
+fn v2_source<const N: usize>(body: &[u8], block: usize) -> Result<[u8; N], ProxyError> {
+    if body.len() < block {
+        return Err(ProxyError::V2Short);
+    }
+    body.get(..N)
+        .and_then(|b| b.try_into().ok())
+        .ok_or(ProxyError::V2Short)
+}
+
 /// A complete v2 header (fixed part checked by [`v2_body_len`], then its body): the
 /// source address, if it names one.
 pub(crate) fn parse_v2(head: &[u8; V2_HEAD], body: &[u8]) -> Result<Option<IpAddr>, ProxyError> {
@@ -130,26 +141,8 @@ pub(crate) fn parse_v2(head: &[u8; V2_HEAD], body: &[u8]) -> Result<Option<IpAdd
         return Ok(None);
     }
     match head[13] >> 4 {
-        1 => {
-            let src: [u8; 4] = body
-                .get(..4)
-                .and_then(|b| b.try_into().ok())
-                .ok_or(ProxyError::V2Short)?;
-            if body.len() < 12 {
-                return Err(ProxyError::V2Short);
-            }
-            Ok(Some(IpAddr::V4(Ipv4Addr::from(src))))
-        }
-        2 => {
-            let src: [u8; 16] = body
-                .get(..16)
-                .and_then(|b| b.try_into().ok())
-                .ok_or(ProxyError::V2Short)?;
-            if body.len() < 36 {
-                return Err(ProxyError::V2Short);
-            }
-            Ok(Some(IpAddr::V6(Ipv6Addr::from(src))))
-        }
+        1 => Ok(Some(IpAddr::V4(Ipv4Addr::from(v2_source::<4>(body, 12)?)))),
+        2 => Ok(Some(IpAddr::V6(Ipv6Addr::from(v2_source::<16>(body, 36)?)))),
         // UNSPEC, UNIX: no IP address to take.
         _ => Ok(None),
     }

@@ -27,11 +27,11 @@
 //!   state, like a renamed one.
 
 use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use arc_swap::{ArcSwap, ArcSwapOption, Guard};
 
+use super::prehashed::PrehashedMap;
 use super::token::TokenKeys;
 use crate::apikey::{hash_key, is_well_formed, KeyHash, KeyKind};
 use crate::history::HistoryCell;
@@ -151,36 +151,10 @@ pub struct KeyEntry {
     pub project: Arc<ProjectState>,
 }
 
-/// Hashes a [`KeyHash`] by taking bytes of it as they are. A SHA-256 output is already
-/// uniformly distributed, so SipHash over it would only cost time. Flooding is not a
-/// concern: the table only holds our own keys, and a client cannot choose the SHA-256 of
-/// what it sends.
-#[derive(Default)]
-struct PrehashedHasher(u64);
-
-impl Hasher for PrehashedHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // `[u8; 32]` hashes as a length prefix and then its bytes; folding every write
-        // keeps this correct whatever the call pattern, and the last 8-byte chunk of
-        // the digest dominates.
-        for chunk in bytes.chunks(8) {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            self.0 = self.0.rotate_left(29) ^ u64::from_le_bytes(word);
-        }
-    }
-}
-
-type PrehashedMap<V> = HashMap<KeyHash, V, BuildHasherDefault<PrehashedHasher>>;
-
 /// One immutable view of every active key and every project.
 #[derive(Debug, Default)]
 pub struct KeySnapshot {
-    by_hash: PrehashedMap<KeyEntry>,
+    by_hash: PrehashedMap<KeyHash, KeyEntry>,
     active_ids: HashSet<String>,
     projects: HashMap<String, Arc<ProjectState>>,
     /// Project index → what verifies its private-channel tokens.

@@ -6,6 +6,8 @@
 //! - [`token`]: private-channel subscription tokens (JWT): the keys that verify a
 //!   project's tokens, and the one verification a subscribe or refresh goes through.
 //! - [`jwt_crypto`]: the signature checks behind jsonwebtoken (ring for ES256/EdDSA).
+//! - [`prehashed`]: the map for keys that already are uniform hashes (a key's SHA-256,
+//!   an idempotency key's id).
 //! - [`verified`]: a worker's cache of recently verified tokens (a replay costs a hash).
 //! - [`pusher`]: Pusher signatures: the signed REST query (`auth_signature`, `body_md5`,
 //!   timestamp window) and a private/presence subscribe's `auth`, under the token secrets.
@@ -16,6 +18,7 @@
 
 pub(crate) mod cache;
 pub(crate) mod jwt_crypto;
+pub(crate) mod prehashed;
 pub(crate) mod pusher;
 pub(crate) mod token;
 pub(crate) mod verified;

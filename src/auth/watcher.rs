@@ -162,15 +162,8 @@ impl Watcher {
     /// Run store jobs as they come until `deadline` (or `stop`); after a job, poll at
     /// once so its change is in this node's snapshot before its answer is read.
     fn run_jobs_until(&mut self, deadline: Instant, jobs: &Receiver<StoreJob>, stop: &AtomicBool) {
-        loop {
-            if stop.load(Ordering::Acquire) {
-                return;
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return;
-            }
-            match jobs.recv_timeout((deadline - now).min(STOP_POLL)) {
+        while let Some(wait) = next_wait(deadline, stop) {
+            match jobs.recv_timeout(wait) {
                 Ok(job) => {
                     let after = job(&mut *self.store);
                     let _ = self.poll();
@@ -179,7 +172,7 @@ impl Watcher {
                 Err(RecvTimeoutError::Timeout) => {}
                 // The cache (and so every sender) is gone: only polls are left to do.
                 Err(RecvTimeoutError::Disconnected) => {
-                    sleep_unless_stopped(deadline - now, stop);
+                    sleep_until_stopped(deadline, stop);
                     return;
                 }
             }
@@ -202,18 +195,20 @@ pub(crate) fn spawn_watcher(
         .spawn(interval, stop)
 }
 
-fn sleep_unless_stopped(interval: Duration, stop: &AtomicBool) {
-    let deadline = Instant::now() + interval;
-    loop {
-        if stop.load(Ordering::Acquire) {
-            return;
-        }
-        let now = Instant::now();
-        if now >= deadline {
-            return;
-        }
-        // park_timeout may wake early (spuriously or by unpark); the loop re-checks.
-        std::thread::park_timeout((deadline - now).min(STOP_POLL));
+/// How long to wait before looking at `stop` again: at most [`STOP_POLL`], and `None`
+/// once `stop` is set or `deadline` has passed (the waiting is over).
+fn next_wait(deadline: Instant, stop: &AtomicBool) -> Option<Duration> {
+    if stop.load(Ordering::Acquire) {
+        return None;
+    }
+    let now = Instant::now();
+    (now < deadline).then(|| (deadline - now).min(STOP_POLL))
+}
+
+fn sleep_until_stopped(deadline: Instant, stop: &AtomicBool) {
+    // park_timeout may wake early (spuriously or by unpark); the loop re-checks.
+    while let Some(wait) = next_wait(deadline, stop) {
+        std::thread::park_timeout(wait);
     }
 }
 

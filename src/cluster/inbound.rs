@@ -190,8 +190,8 @@ pub(crate) fn run(
             history::load_scripts(&mut data)?;
             Ok((sub, data))
         });
-        let (mut conn, mut data) = match conns {
-            Ok(c) => c,
+        // Whether Redis is away now: then wait (draining interest) before reconnecting.
+        let away = match conns {
             Err(e) => {
                 if cluster.inbound_ok.swap(false, Ordering::Relaxed) || !lost {
                     tracing::warn!(error = %e, "cluster subscriber: Redis unavailable");
@@ -200,43 +200,37 @@ pub(crate) fn run(
                 // Redis is away: answer the waiting subscribers now (local delivery
                 // works; the reconnect restores the subscriptions).
                 confirm.send(mailboxes);
-                let delay = backoff.next_delay();
-                wait_draining(
+                true
+            }
+            Ok((mut conn, mut data)) => {
+                let result = subscribed_loop(
                     cluster,
-                    rx,
+                    &mut conn,
+                    &mut data,
+                    &mut awaiting,
+                    &mut replays,
                     keys,
+                    mailboxes,
+                    rx,
                     &mut projects,
                     &mut wanted,
+                    &mut backoff,
+                    &mut lost,
                     &mut confirm,
-                    mailboxes,
-                    delay,
                 );
-                continue;
+                cluster.inbound_ok.store(false, Ordering::Relaxed);
+                // Whatever the loop could not confirm (the connection failed mid-way) is
+                // answered now, as while Redis is away.
+                confirm.send(mailboxes);
+                give_up(mailboxes, &mut awaiting, &mut Pending::default());
+                if let Err(e) = &result {
+                    tracing::warn!(error = %e, "cluster subscriber: Redis connection lost; reconnecting");
+                    lost = true;
+                }
+                result.is_err()
             }
         };
-        let result = subscribed_loop(
-            cluster,
-            &mut conn,
-            &mut data,
-            &mut awaiting,
-            &mut replays,
-            keys,
-            mailboxes,
-            rx,
-            &mut projects,
-            &mut wanted,
-            &mut backoff,
-            &mut lost,
-            &mut confirm,
-        );
-        cluster.inbound_ok.store(false, Ordering::Relaxed);
-        // Whatever the loop could not confirm (the connection failed mid-way) is
-        // answered now, as while Redis is away.
-        confirm.send(mailboxes);
-        give_up(mailboxes, &mut awaiting, &mut Pending::default());
-        if let Err(e) = result {
-            tracing::warn!(error = %e, "cluster subscriber: Redis connection lost; reconnecting");
-            lost = true;
+        if away {
             let delay = backoff.next_delay();
             wait_draining(
                 cluster,
@@ -487,10 +481,7 @@ fn deliver(cluster: &Cluster, keys: &KeyCache, mailboxes: &Mailboxes, own: u64, 
         return deliver_presence(cluster, keys, mailboxes, own, project_id, channel, payload);
     }
     let Some((origin, except, frame)) = wire::decode_payload(payload) else {
-        cluster
-            .stats
-            .receive_dropped
-            .fetch_add(1, Ordering::Relaxed);
+        drop_received(cluster);
         return;
     };
     if origin == own {
@@ -498,11 +489,7 @@ fn deliver(cluster: &Cluster, keys: &KeyCache, mailboxes: &Mailboxes, own: u64, 
     }
     if !wire::check_frame(frame, channel) {
         // Not what a ringcast node publishes: never forward foreign bytes to browsers.
-        let dropped = cluster
-            .stats
-            .receive_dropped
-            .fetch_add(1, Ordering::Relaxed);
-        if dropped.is_power_of_two() {
+        if let Some(dropped) = drop_received(cluster) {
             tracing::warn!(
                 dropped,
                 "cluster subscriber: dropping a malformed frame received from Redis"
@@ -512,10 +499,7 @@ fn deliver(cluster: &Cluster, keys: &KeyCache, mailboxes: &Mailboxes, own: u64, 
     }
     let snapshot = keys.load();
     let Some(project) = snapshot.project(project_id) else {
-        cluster
-            .stats
-            .receive_dropped
-            .fetch_add(1, Ordering::Relaxed);
+        drop_received(cluster);
         return;
     };
     // One copy per message per node; every local subscriber shares it.
@@ -539,20 +523,14 @@ fn deliver_presence(
     let snapshot = keys.load();
     let decoded = wire::decode_presence(payload);
     let (Some((origin, frame)), Some(project)) = (decoded, snapshot.project(project_id)) else {
-        cluster
-            .stats
-            .receive_dropped
-            .fetch_add(1, Ordering::Relaxed);
+        drop_received(cluster);
         return;
     };
     if origin == own {
         return; // this node's hub gave it to its own workers
     }
     if !crate::shard::is_presence(channel) || !wire::check_presence_frame(frame, channel) {
-        cluster
-            .stats
-            .receive_dropped
-            .fetch_add(1, Ordering::Relaxed);
+        drop_received(cluster);
         return;
     }
     mailboxes.presence(Arc::new(Broadcast::plain(
@@ -576,19 +554,13 @@ fn deliver_positioned(
     let snapshot = keys.load();
     let (Some(m), Some(project)) = (wire::decode_history(payload), snapshot.project(project_id))
     else {
-        cluster
-            .stats
-            .receive_dropped
-            .fetch_add(1, Ordering::Relaxed);
+        drop_received(cluster);
         return;
     };
     let frame = wire::frame_with_position(m.body, m.offset, m.epoch);
     if !wire::check_frame(&frame, channel) {
         // Not what a ringcast publish makes: never forward foreign bytes to browsers.
-        cluster
-            .stats
-            .receive_dropped
-            .fetch_add(1, Ordering::Relaxed);
+        drop_received(cluster);
         return;
     }
     let broadcast = Arc::new(Broadcast::new(
@@ -600,17 +572,23 @@ fn deliver_positioned(
     enqueue(cluster, mailboxes, broadcast);
 }
 
+/// Count one received message dropped. `Some(count)` when the count so far is a power
+/// of two: a drop worth a warning is logged then, so a flood logs a few lines only.
+fn drop_received(cluster: &Cluster) -> Option<u64> {
+    let dropped = cluster
+        .stats
+        .receive_dropped
+        .fetch_add(1, Ordering::Relaxed);
+    dropped.is_power_of_two().then_some(dropped)
+}
+
 /// Hand a received message to the workers, counting it; full mailboxes drop it (the
 /// subscriber thread never waits on workers), logged at each power of two.
 fn enqueue(cluster: &Cluster, mailboxes: &Mailboxes, broadcast: Arc<Broadcast>) {
     if mailboxes.broadcast(broadcast) {
         cluster.stats.received.fetch_add(1, Ordering::Relaxed);
     } else {
-        let dropped = cluster
-            .stats
-            .receive_dropped
-            .fetch_add(1, Ordering::Relaxed);
-        if dropped.is_power_of_two() {
+        if let Some(dropped) = drop_received(cluster) {
             tracing::warn!(
                 dropped,
                 "cluster subscriber: mailboxes full; dropping received messages"

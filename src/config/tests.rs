@@ -1,6 +1,13 @@
 //! Unit tests of the configuration: defaults, TOML, validation.
 use super::*;
 
+/// Loading `args` fails with an error that names `key`.
+#[track_caller]
+fn assert_refused(args: &ServeArgs, key: &str) {
+    let err = Config::load_sourced(args, Path::new("./d"), None, None).unwrap_err();
+    assert!(err.to_string().contains(key), "{key}: {err}");
+}
+
 #[test]
 fn defaults_are_valid() {
     Config::default().validate().unwrap();
@@ -122,17 +129,9 @@ fn limit_flags_and_env_override_the_file_with_their_source() {
     assert_eq!(shown["max_pending_answer_bytes"]["value"], 262144);
 
     args.limits.max_pending_answer_bytes = Some("lots".into());
-    let err = Config::load_sourced(&args, Path::new("./d"), None, None).unwrap_err();
-    assert!(
-        err.to_string().contains("max_pending_answer_bytes"),
-        "{err}"
-    );
+    assert_refused(&args, "max_pending_answer_bytes");
     args.limits.max_pending_answer_bytes = Some("0".into());
-    let err = Config::load_sourced(&args, Path::new("./d"), None, None).unwrap_err();
-    assert!(
-        err.to_string().contains("max_pending_answer_bytes"),
-        "{err}"
-    );
+    assert_refused(&args, "max_pending_answer_bytes");
 }
 
 #[test]
@@ -215,8 +214,7 @@ fn admission_keys_by_file_env_and_flag_with_their_checks() {
             "drain_spread_s" => args.limits.drain_spread_s = Some(value.into()),
             _ => args.limits.max_upgrades_per_second = Some(value.into()),
         }
-        let err = Config::load_sourced(&args, Path::new("./d"), None, None).unwrap_err();
-        assert!(err.to_string().contains(key), "{key}={value}: {err}");
+        assert_refused(&args, key);
     }
 }
 
@@ -239,15 +237,10 @@ fn ws_compression_keys_default_override_and_validate() {
     assert_eq!(loaded.show()["ws_compression"]["source"], "env");
 
     args.limits.ws_compression = Some("maybe".into());
-    let err = Config::load_sourced(&args, Path::new("./d"), None, None).unwrap_err();
-    assert!(err.to_string().contains("ws_compression"), "{err}");
+    assert_refused(&args, "ws_compression");
     args.limits.ws_compression = Some("on".into());
     args.limits.ws_compression_min_bytes = Some("16777217".into());
-    let err = Config::load_sourced(&args, Path::new("./d"), None, None).unwrap_err();
-    assert!(
-        err.to_string().contains("ws_compression_min_bytes"),
-        "{err}"
-    );
+    assert_refused(&args, "ws_compression_min_bytes");
 }
 
 #[test]
@@ -262,6 +255,5 @@ fn replay_cache_bytes_defaults_overrides_and_validates() {
     assert_eq!(loaded.config.replay_cache_bytes, 0);
     assert_eq!(loaded.show()["replay_cache_bytes"]["source"], "env");
     args.limits.replay_cache_bytes = Some("1073741825".into());
-    let err = Config::load_sourced(&args, Path::new("./d"), None, None).unwrap_err();
-    assert!(err.to_string().contains("replay_cache_bytes"), "{err}");
+    assert_refused(&args, "replay_cache_bytes");
 }

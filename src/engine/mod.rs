@@ -187,12 +187,16 @@ impl Engine {
     /// again (it would otherwise be reported on every pass while it has unread bytes).
     pub fn hold(&self, token: Token, fd: RawFd) {
         let mut slots = self.slots.borrow_mut();
-        let Some(slot) = live_slot(&mut slots, token) else {
-            return;
-        };
+        if let Some(slot) = live_slot(&mut slots, token) {
+            self.unregister(slot, token, fd);
+        }
+    }
+
+    /// Take an armed socket out of epoll. Removed, not disarmed: a hang-up or an error
+    /// is reported even with no events asked for, and level-triggered it would be
+    /// reported every pass.
+    fn unregister(&self, slot: &mut Slot, token: Token, fd: RawFd) {
         if slot.armed {
-            // Removed, not disarmed: a hang-up or an error is reported even with no
-            // events asked for, and level-triggered it would be reported every pass.
             let _ = self.ctl(libc::EPOLL_CTL_DEL, fd, 0, token);
             slot.armed = false;
         }
@@ -205,11 +209,8 @@ impl Engine {
         let Some(slot) = live_slot(&mut slots, token) else {
             return;
         };
-        if slot.armed {
-            let _ = self.ctl(libc::EPOLL_CTL_DEL, fd, 0, token);
-        }
+        self.unregister(slot, token, fd);
         slot.gen = slot.gen.wrapping_add(1);
-        slot.armed = false;
         let parked = slot.parked.take();
         drop(slots);
         // Dropped outside the borrow: a record's drop may touch the engine.

@@ -41,6 +41,30 @@ impl Ready for Probe {
     }
 }
 
+impl Probe {
+    /// A probe for `fd` under `token` that ends after `end_after` turns, and its log.
+    fn new(fd: RawFd, token: Token, end_after: usize) -> (Box<Probe>, Rc<RefCell<Vec<usize>>>) {
+        let log = Rc::new(RefCell::new(Vec::new()));
+        let probe = Probe {
+            fd,
+            token: Some(token),
+            log: log.clone(),
+            end_after,
+        };
+        (Box::new(probe), log)
+    }
+}
+
+/// This thread's engine and a socket pair whose second end (non-blocking) is
+/// registered with it: the engine, our end, their end, their token.
+fn registered_pair() -> (Rc<Engine>, UnixStream, UnixStream, Token) {
+    let engine = install().expect("engine");
+    let (ours, theirs) = UnixStream::pair().expect("pair");
+    theirs.set_nonblocking(true).unwrap();
+    let token = engine.register(theirs.as_raw_fd()).expect("register");
+    (engine, ours, theirs, token)
+}
+
 /// Run `test` on each driver.
 fn on_both_drivers<F: std::future::Future<Output = ()>>(test: impl Fn() -> F) {
     if let Ok(mut rt) = monoio::RuntimeBuilder::<monoio::IoUringDriver>::new()
@@ -69,19 +93,10 @@ async fn wait_until(mut cond: impl FnMut() -> bool) {
 #[test]
 fn a_parked_record_gets_a_turn_per_readiness_and_a_released_slot_is_reused() {
     on_both_drivers(|| async {
-        let engine = install().expect("engine");
-        let (mut ours, theirs) = UnixStream::pair().expect("pair");
-        theirs.set_nonblocking(true).unwrap();
-        let log = Rc::new(RefCell::new(Vec::new()));
-        let token = engine.register(theirs.as_raw_fd()).expect("register");
+        let (engine, mut ours, theirs, token) = registered_pair();
         assert_eq!(engine.live(), 1);
-        let probe = Probe {
-            fd: theirs.as_raw_fd(),
-            token: Some(token),
-            log: log.clone(),
-            end_after: 2,
-        };
-        engine.park(token, Box::new(probe));
+        let (probe, log) = Probe::new(theirs.as_raw_fd(), token, 2);
+        engine.park(token, probe);
         ours.write_all(b"hello").unwrap();
         wait_until(|| log.borrow().len() == 1).await;
         assert_eq!(*log.borrow(), vec![5]);
@@ -103,26 +118,17 @@ fn a_parked_record_gets_a_turn_per_readiness_and_a_released_slot_is_reused() {
 #[test]
 fn a_held_record_is_not_reported_until_parked_again() {
     on_both_drivers(|| async {
-        let engine = install().expect("engine");
-        let (mut ours, theirs) = UnixStream::pair().expect("pair");
-        theirs.set_nonblocking(true).unwrap();
-        let log = Rc::new(RefCell::new(Vec::new()));
+        let (engine, mut ours, theirs, token) = registered_pair();
         let fd = theirs.as_raw_fd();
-        let token = engine.register(fd).expect("register");
+        let (probe, log) = Probe::new(fd, token, 1);
         // Held (as while a task waits for back-pressure): bytes arrive, nobody is told.
         engine.hold(token, fd);
         ours.write_all(b"x").unwrap();
         monoio::time::sleep(Duration::from_millis(30)).await;
         assert!(log.borrow().is_empty());
         // Parked again: the bytes that waited are reported (level-triggered).
-        let probe = Probe {
-            fd,
-            token: Some(token),
-            log: log.clone(),
-            end_after: 1,
-        };
         engine.arm(token, fd).expect("arm");
-        engine.park(token, Box::new(probe));
+        engine.park(token, probe);
         wait_until(|| log.borrow().len() == 1).await;
         assert_eq!(*log.borrow(), vec![1]);
         assert_eq!(engine.live(), 0);

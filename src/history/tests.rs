@@ -3,12 +3,27 @@
 
 use super::*;
 
+/// A node's logs with this budget, held directly (what [`History::lock`] guards).
+fn logs(max_bytes: usize, recoveries: Recoveries) -> Inner {
+    History::new(max_bytes, recoveries)
+        .inner
+        .into_inner()
+        .unwrap_or_else(PoisonError::into_inner)
+}
+
 fn spec(s: &str) -> HistorySpec {
     HistorySpec::parse(s).unwrap()
 }
 
 fn add(h: &mut Inner, ch: &str, spec: HistorySpec, body: &str) -> u64 {
     add_to(h, 1, ch, spec, body)
+}
+
+/// `n` messages of `body` to one channel.
+fn add_n(h: &mut Inner, project: u32, ch: &str, spec: HistorySpec, body: &str, n: usize) {
+    for _ in 0..n {
+        add_to(h, project, ch, spec, body);
+    }
 }
 
 fn add_to(h: &mut Inner, project: u32, ch: &str, spec: HistorySpec, body: &str) -> u64 {
@@ -31,8 +46,7 @@ fn add_to(h: &mut Inner, project: u32, ch: &str, spec: HistorySpec, body: &str) 
 
 #[test]
 fn offsets_count_from_one_and_the_ring_keeps_size() {
-    let h = History::new(1 << 20, Recoveries::Allowed);
-    let mut h = h.lock();
+    let mut h = logs(1 << 20, Recoveries::Allowed);
     let s = spec("3/60s");
     assert_eq!(h.position(1, "c", s).offset, 0);
     for i in 1..=5 {
@@ -50,12 +64,9 @@ fn offsets_count_from_one_and_the_ring_keeps_size() {
 
 #[test]
 fn recovery_needs_the_epoch_and_every_missed_message() {
-    let h = History::new(1 << 20, Recoveries::Allowed);
-    let mut h = h.lock();
+    let mut h = logs(1 << 20, Recoveries::Allowed);
     let s = spec("3/60s");
-    for _ in 0..5 {
-        add(&mut h, "c", s, "x");
-    }
+    add_n(&mut h, 1, "c", s, "x", 5);
     let epoch = h.position(1, "c", s).epoch;
     let e = epoch.as_str().to_string();
     assert_eq!(
@@ -90,12 +101,9 @@ fn recovery_needs_the_epoch_and_every_missed_message() {
 
 #[test]
 fn a_replay_larger_than_the_budget_is_not_attempted() {
-    let h = History::new(1 << 20, Recoveries::Allowed);
-    let mut h = h.lock();
+    let mut h = logs(1 << 20, Recoveries::Allowed);
     let s = spec("10/60s");
-    for _ in 0..5 {
-        add(&mut h, "c", s, &"x".repeat(100));
-    }
+    add_n(&mut h, 1, "c", s, &"x".repeat(100), 5);
     let e = h.position(1, "c", s).epoch.as_str().to_string();
     let each = 100 + crate::ws::conn::WsConn::cost_of(&Bytes::new());
     let mut frames = |budget| h.recover(1, "c", s, 2, &e, budget).frames.map(|f| f.len());
@@ -105,13 +113,10 @@ fn a_replay_larger_than_the_budget_is_not_attempted() {
 
 #[test]
 fn a_log_from_before_history_was_turned_off_is_not_recovered() {
-    let h = History::new(1 << 20, Recoveries::Allowed);
-    let mut h = h.lock();
+    let mut h = logs(1 << 20, Recoveries::Allowed);
     let cell = HistoryCell::new(spec("10/60s"));
     let s = cell.get();
-    for _ in 0..3 {
-        add(&mut h, "c", s, "x");
-    }
+    add_n(&mut h, 1, "c", s, "x", 3);
     let old = h.position(1, "c", s);
     cell.set(HistorySpec::OFF);
     cell.set(spec("10/60s"));
@@ -125,8 +130,7 @@ fn a_log_from_before_history_was_turned_off_is_not_recovered() {
 
 #[test]
 fn cluster_mode_never_recovers_from_one_node() {
-    let h = History::new(1 << 20, Recoveries::Refused);
-    let mut h = h.lock();
+    let mut h = logs(1 << 20, Recoveries::Refused);
     let s = spec("10/60s");
     add(&mut h, "c", s, "x");
     let e = h.position(1, "c", s).epoch.as_str().to_string();
@@ -135,8 +139,7 @@ fn cluster_mode_never_recovers_from_one_node() {
 
 #[test]
 fn entries_expire_after_the_ttl() {
-    let h = History::new(1 << 20, Recoveries::Allowed);
-    let mut h = h.lock();
+    let mut h = logs(1 << 20, Recoveries::Allowed);
     let s = spec("10/1s");
     add(&mut h, "c", s, "x");
     let later = Instant::now() + Duration::from_millis(1500);
@@ -159,15 +162,10 @@ fn entries_expire_after_the_ttl() {
 #[test]
 fn the_budget_evicts_the_oldest_of_the_largest_channel_first() {
     let s = spec("1000/600s");
-    let h = History::new(8 * 1024, Recoveries::Allowed);
-    let mut h = h.lock();
+    let mut h = logs(8 * 1024, Recoveries::Allowed);
     let big = "b".repeat(500);
-    for _ in 0..5 {
-        add(&mut h, "small", s, "s");
-    }
-    for _ in 0..40 {
-        add(&mut h, "large", s, &big);
-    }
+    add_n(&mut h, 1, "small", s, "s", 5);
+    add_n(&mut h, 1, "large", s, &big, 40);
     assert!(h.bytes() <= 8 * 1024, "{}", h.bytes());
     let (_, small) = h.read(1, "small", s, None, 100);
     assert_eq!(small.len(), 5, "the small channel kept everything");
@@ -179,8 +177,7 @@ fn the_budget_evicts_the_oldest_of_the_largest_channel_first() {
 
 #[test]
 fn reads_of_unknown_channels_keep_nothing() {
-    let h = History::new(1 << 20, Recoveries::Allowed);
-    let mut h = h.lock();
+    let mut h = logs(1 << 20, Recoveries::Allowed);
     let s = spec("10/60s");
     let fresh = h.position(1, "a", s).epoch;
     for i in 0..1000 {
@@ -218,8 +215,7 @@ fn reads_of_unknown_channels_keep_nothing() {
 
 #[test]
 fn a_dropped_log_never_comes_back_under_its_epoch() {
-    let h = History::new(1 << 20, Recoveries::Allowed);
-    let mut h = h.lock();
+    let mut h = logs(1 << 20, Recoveries::Allowed);
     let s = spec("10/1s");
     add(&mut h, "c", s, "x");
     let old = h.position(1, "c", s).epoch;
@@ -235,8 +231,7 @@ fn a_dropped_log_never_comes_back_under_its_epoch() {
 #[test]
 fn the_budget_drops_empty_logs_instead_of_giving_up() {
     let s = spec("1/1s");
-    let h = History::new(1 << 20, Recoveries::Allowed);
-    let mut h = h.lock();
+    let mut h = logs(1 << 20, Recoveries::Allowed);
     // Many channels whose entries expired: logs with names and overheads only,
     // above the budget (lowered after they were made).
     for i in 0..10 {
@@ -246,9 +241,7 @@ fn the_budget_drops_empty_logs_instead_of_giving_up() {
     h.max_bytes = 2048;
     assert!(h.bytes() > 2048, "{}", h.bytes());
     let big = "b".repeat(600);
-    for _ in 0..3 {
-        add(&mut h, "live", s, &big);
-    }
+    add_n(&mut h, 1, "live", s, &big, 3);
     let (pos, kept) = h.read(1, "live", s, None, 10);
     assert_eq!(
         (pos.offset, kept.len()),
@@ -280,14 +273,11 @@ fn check_accounts(h: &Inner) {
 #[test]
 fn a_flood_over_many_channels_evicts_its_own_project_first() {
     let s = spec("1000/600s");
-    let h = History::new(32 * 1024, Recoveries::Allowed);
-    let mut h = h.lock();
+    let mut h = logs(32 * 1024, Recoveries::Allowed);
     // Project 2 keeps one channel of 10 messages of 1 KB: about 11 KB, within its
     // share (16 KB of two projects) and larger than any one channel of project 1.
     let kilo = "k".repeat(1000);
-    for _ in 0..10 {
-        add_to(&mut h, 2, "orders", s, &kilo);
-    }
+    add_n(&mut h, 2, "orders", s, &kilo, 10);
     let e = h.position(2, "orders", s).epoch.as_str().to_string();
     // Project 1 floods 2,000 channels, one 500-byte message each (~1 MB).
     let half = "f".repeat(500);
@@ -317,20 +307,15 @@ fn a_flood_over_many_channels_evicts_its_own_project_first() {
 #[test]
 fn a_project_alone_uses_the_whole_budget_and_shrinks_to_its_share() {
     let s = spec("1000/600s");
-    let h = History::new(32 * 1024, Recoveries::Allowed);
-    let mut h = h.lock();
+    let mut h = logs(32 * 1024, Recoveries::Allowed);
     let body = "a".repeat(1000);
-    for _ in 0..28 {
-        add_to(&mut h, 1, "c", s, &body);
-    }
+    add_n(&mut h, 1, "c", s, &body, 28);
     // ~30 KB: far beyond half the budget, and nothing was evicted.
     assert_eq!(h.read(1, "c", s, None, 100).1.len(), 28);
     assert!(h.project_bytes(1) > 24 * 1024);
     // A second project needs room: it is taken from the first, which keeps about
     // the rest; the second keeps all it wrote (it stays within its share).
-    for _ in 0..12 {
-        add_to(&mut h, 2, "d", s, &body);
-    }
+    add_n(&mut h, 2, "d", s, &body, 12);
     check_accounts(&h);
     assert!(h.bytes() <= 32 * 1024);
     assert_eq!(h.read(2, "d", s, None, 100).1.len(), 12);
@@ -348,16 +333,13 @@ fn a_project_alone_uses_the_whole_budget_and_shrinks_to_its_share() {
     h.sweep(Instant::now() + Duration::from_secs(1300));
     check_accounts(&h);
     assert_eq!(h.bytes(), 0);
-    for _ in 0..28 {
-        add_to(&mut h, 1, "c", s, &body);
-    }
+    add_n(&mut h, 1, "c", s, &body, 28);
     assert_eq!(h.read(1, "c", s, None, 100).1.len(), 28);
 }
 
 #[test]
 fn accounts_stay_exact_through_trims_expiry_drops_and_eviction() {
-    let h = History::new(16 * 1024, Recoveries::Allowed);
-    let mut h = h.lock();
+    let mut h = logs(16 * 1024, Recoveries::Allowed);
     let long = spec("5/600s");
     let short = spec("3/1s");
     for i in 0..300u32 {
@@ -379,8 +361,7 @@ fn accounts_stay_exact_through_trims_expiry_drops_and_eviction() {
 
 #[test]
 fn a_compressed_form_made_by_a_recovery_is_shared_and_counted_at_the_next() {
-    let h = History::new(1 << 20, Recoveries::Allowed);
-    let mut h = h.lock();
+    let mut h = logs(1 << 20, Recoveries::Allowed);
     let s = spec("10/60s");
     let json = "{\"name\":\"some item\",\"price\":12},".repeat(60);
     let frame = crate::ws::frame::frame(crate::ws::frame::Opcode::Text, json.as_bytes());

@@ -47,6 +47,30 @@ pub struct ProjectRecord {
     pub pusher: bool,
 }
 
+impl ProjectRecord {
+    /// A project as every store creates it, under a new id: no connection limit of its
+    /// own, client events off, no webhook, Pusher on. The store validates the name
+    /// first and numbers the Pusher app.
+    pub fn new(
+        name: &str,
+        rate_limit: RateLimit,
+        history: HistorySpec,
+        pusher_app_id: u64,
+    ) -> ProjectRecord {
+        ProjectRecord {
+            id: crate::apikey::generate_id("prj_"),
+            name: name.to_string(),
+            rate_limit,
+            history,
+            max_connections: None,
+            client_events: false,
+            webhook: None,
+            pusher_app_id,
+            pusher: true,
+        }
+    }
+}
+
 /// A key as stored: everything but the key itself.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KeyRecord {
@@ -131,6 +155,18 @@ pub struct TokenKeyRecord {
     pub public_pem: String,
 }
 
+impl TokenKeyRecord {
+    /// A project's new token key under a new id (the key is checked by the caller).
+    pub fn new(project_id: &str, alg: TokenKeyAlg, public_pem: &str) -> TokenKeyRecord {
+        TokenKeyRecord {
+            id: crate::apikey::generate_id("tk_"),
+            project_id: project_id.to_string(),
+            alg,
+            public_pem: public_pem.to_string(),
+        }
+    }
+}
+
 /// One change to a project's settings: what each `project set-*` command stores. One
 /// store call applies one change, so every store writes it in one place.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -161,4 +197,22 @@ pub(crate) fn test_app_id(project_id: &str) -> u64 {
         .bytes()
         .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
     FIRST_PUSHER_APP_ID + h % 1_000_000_000
+}
+
+/// A project as tests hand-make it: rate 1/s, no history, no connection limit, client
+/// events on, no webhook, Pusher on with [`test_app_id`]. A test changes what it needs
+/// with `ProjectRecord { field, ..test_project(id) }`.
+#[cfg(test)]
+pub(crate) fn test_project(id: &str) -> ProjectRecord {
+    ProjectRecord {
+        id: id.into(),
+        name: id.into(),
+        rate_limit: crate::quota::RateLimit::parse("1/s").expect("a valid rate"),
+        history: crate::history::HistorySpec::OFF,
+        max_connections: None,
+        client_events: true,
+        webhook: None,
+        pusher_app_id: test_app_id(id),
+        pusher: true,
+    }
 }

@@ -34,7 +34,7 @@
 use std::cell::RefCell;
 use std::collections::hash_map::{Entry, RandomState};
 use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -42,6 +42,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
 
+use crate::auth::prehashed::PrehashedMap;
 use crate::reply::{reply, Reply, Unreachable};
 use crate::shard::mailbox::{Envelope, Mailboxes, Task};
 
@@ -81,27 +82,7 @@ pub(crate) fn owner(id: KeyId, workers: usize) -> usize {
 }
 
 /// A [`KeyId`] is already a uniform hash: the map uses its low bits as they are.
-#[derive(Default)]
-struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // Only `write_u128` is used; fold anything else in.
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-
-    fn write_u128(&mut self, v: u128) {
-        self.0 = v as u64;
-    }
-}
-
-type IdMap<V> = HashMap<KeyId, V, BuildHasherDefault<IdHasher>>;
+type IdMap<V> = PrehashedMap<KeyId, V>;
 
 /// A remembered answer: its status and body, exactly as first written.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -476,6 +457,24 @@ mod tests {
         }
     }
 
+    /// An empty store, the time it starts at, and a body's hash.
+    fn start() -> (Store, Instant, [u8; 32]) {
+        (Store::default(), Instant::now(), body_hash(b"b"))
+    }
+
+    /// `s.claim` of project `p`'s key `key` under a share of `share` keys.
+    fn claim(
+        s: &mut Store,
+        p: u32,
+        key: &[u8],
+        hash: [u8; 32],
+        token: u64,
+        now: Instant,
+        share: usize,
+    ) -> Claim {
+        s.claim(p, key_id(p, key), hash, token, now, limits(share))
+    }
+
     #[test]
     fn keys_are_validated() {
         assert!(valid_key(b"a"));
@@ -493,104 +492,59 @@ mod tests {
         let mut s = Store::default();
         let t0 = Instant::now();
         let (h1, h2) = (body_hash(b"one"), body_hash(b"two"));
-        assert_eq!(
-            s.claim(1, key_id(1, b"k"), h1, 1, t0, limits(10)),
-            Claim::Fresh
-        );
-        assert_eq!(
-            s.claim(1, key_id(1, b"k"), h1, 2, t0, limits(10)),
-            Claim::InProgress
-        );
-        assert_eq!(
-            s.claim(1, key_id(1, b"k"), h2, 3, t0, limits(10)),
-            Claim::Reused
-        );
+        assert_eq!(claim(&mut s, 1, b"k", h1, 1, t0, 10), Claim::Fresh);
+        assert_eq!(claim(&mut s, 1, b"k", h1, 2, t0, 10), Claim::InProgress);
+        assert_eq!(claim(&mut s, 1, b"k", h2, 3, t0, 10), Claim::Reused);
         // Another project's key of the same name is another key.
-        assert_eq!(
-            s.claim(2, key_id(2, b"k"), h2, 4, t0, limits(10)),
-            Claim::Fresh
-        );
+        assert_eq!(claim(&mut s, 2, b"k", h2, 4, t0, 10), Claim::Fresh);
         // A late message of another claim changes nothing.
         s.complete(1, key_id(1, b"k"), 2, stored("wrong"));
         s.complete(1, key_id(1, b"k"), 1, stored("{\"id\":\"a\"}"));
         assert_eq!(
-            s.claim(1, key_id(1, b"k"), h1, 5, t0, limits(10)),
+            claim(&mut s, 1, b"k", h1, 5, t0, 10),
             Claim::Replay(stored("{\"id\":\"a\"}"))
         );
         s.release(2, key_id(2, b"k"), 99);
-        assert_eq!(
-            s.claim(2, key_id(2, b"k"), h2, 6, t0, limits(10)),
-            Claim::InProgress
-        );
+        assert_eq!(claim(&mut s, 2, b"k", h2, 6, t0, 10), Claim::InProgress);
         s.release(2, key_id(2, b"k"), 4);
-        assert_eq!(
-            s.claim(2, key_id(2, b"k"), h1, 7, t0, limits(10)),
-            Claim::Fresh
-        );
+        assert_eq!(claim(&mut s, 2, b"k", h1, 7, t0, 10), Claim::Fresh);
     }
 
     #[test]
     fn entries_expire_after_the_window_by_popping_the_front() {
-        let mut s = Store::default();
-        let t0 = Instant::now();
-        let h = body_hash(b"b");
-        assert_eq!(
-            s.claim(1, key_id(1, b"a"), h, 1, t0, limits(10)),
-            Claim::Fresh
-        );
+        let (mut s, t0, h) = start();
+        assert_eq!(claim(&mut s, 1, b"a", h, 1, t0, 10), Claim::Fresh);
         s.complete(1, key_id(1, b"a"), 1, stored("x"));
         let later = t0 + Duration::from_secs(5);
-        assert_eq!(
-            s.claim(1, key_id(1, b"b"), h, 2, later, limits(10)),
-            Claim::Fresh
-        );
+        assert_eq!(claim(&mut s, 1, b"b", h, 2, later, 10), Claim::Fresh);
         let after = t0 + Duration::from_secs(10);
         // `a` is past its window, `b` is not.
-        assert_eq!(
-            s.claim(1, key_id(1, b"a"), h, 3, after, limits(10)),
-            Claim::Fresh
-        );
-        assert_eq!(
-            s.claim(1, key_id(1, b"b"), h, 4, after, limits(10)),
-            Claim::InProgress
-        );
+        assert_eq!(claim(&mut s, 1, b"a", h, 3, after, 10), Claim::Fresh);
+        assert_eq!(claim(&mut s, 1, b"b", h, 4, after, 10), Claim::InProgress);
         assert_eq!(s.len(1), 2);
     }
 
     #[test]
     fn over_the_share_the_oldest_goes_first() {
-        let mut s = Store::default();
-        let t0 = Instant::now();
-        let h = body_hash(b"b");
+        let (mut s, t0, h) = start();
         for i in 0..5u64 {
             let key = format!("k{i}");
-            assert_eq!(
-                s.claim(1, key_id(1, key.as_bytes()), h, i, t0, limits(3)),
-                Claim::Fresh
-            );
+            assert_eq!(claim(&mut s, 1, key.as_bytes(), h, i, t0, 3), Claim::Fresh);
             s.complete(1, key_id(1, key.as_bytes()), i, stored("x"));
         }
         assert_eq!(s.len(1), 3);
-        assert_eq!(
-            s.claim(1, key_id(1, b"k0"), h, 10, t0, limits(3)),
-            Claim::Fresh
-        );
+        assert_eq!(claim(&mut s, 1, b"k0", h, 10, t0, 3), Claim::Fresh);
         assert!(matches!(
-            s.claim(1, key_id(1, b"k4"), h, 11, t0, limits(3)),
+            claim(&mut s, 1, b"k4", h, 11, t0, 3),
             Claim::Replay(_)
         ));
     }
 
     #[test]
     fn released_claims_do_not_grow_the_fifo_without_bound() {
-        let mut s = Store::default();
-        let t0 = Instant::now();
-        let h = body_hash(b"b");
+        let (mut s, t0, h) = start();
         for i in 0..10_000u64 {
-            assert_eq!(
-                s.claim(1, key_id(1, b"same"), h, i, t0, limits(4)),
-                Claim::Fresh
-            );
+            assert_eq!(claim(&mut s, 1, b"same", h, i, t0, 4), Claim::Fresh);
             s.release(1, key_id(1, b"same"), i);
         }
         assert!(s.projects[&1].order.len() <= 2 * 4 + 16 + 1);
@@ -610,23 +564,11 @@ mod tests {
 
     #[test]
     fn idle_projects_are_swept_without_being_claimed() {
-        let mut s = Store::default();
-        let t0 = Instant::now();
-        let h = body_hash(b"b");
-        assert_eq!(
-            s.claim(1, key_id(1, b"a"), h, 1, t0, limits(10)),
-            Claim::Fresh
-        );
+        let (mut s, t0, h) = start();
+        assert_eq!(claim(&mut s, 1, b"a", h, 1, t0, 10), Claim::Fresh);
         let after = t0 + Duration::from_secs(11);
         for i in 0..4 {
-            s.claim(
-                2,
-                key_id(2, format!("k{i}").as_bytes()),
-                h,
-                10 + i,
-                after,
-                limits(10),
-            );
+            claim(&mut s, 2, format!("k{i}").as_bytes(), h, 10 + i, after, 10);
         }
         assert!(!s.projects.contains_key(&1));
     }

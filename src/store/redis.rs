@@ -54,7 +54,7 @@ use super::{
     mint_token_secret, rotated_expiry, unix_now, validate_project_name, Store, StoreContents,
     StoreError,
 };
-use crate::apikey::{generate_id, hash_key, key_prefix, KeyKind};
+use crate::apikey::{hash_key, key_prefix, KeyKind};
 use crate::history::HistorySpec;
 use crate::project::{
     KeyRecord, ProjectChange, ProjectRecord, TokenKeyAlg, TokenKeyRecord, FIRST_PUSHER_APP_ID,
@@ -129,23 +129,11 @@ impl RedisStore {
     /// Number the projects without a Pusher app id, oldest first.
     fn backfill_app_ids(&mut self) -> Result<(), StoreError> {
         let (projects, app_ids): (HashMap<String, String>, HashMap<String, u64>) =
-            self.with(|c| {
-                redis::pipe()
-                    .atomic()
-                    .cmd("HGETALL")
-                    .arg(k("projects"))
-                    .cmd("HGETALL")
-                    .arg(k("pusher_app_ids"))
-                    .query(c)
-            })?;
+            self.read_atomic(&[("HGETALL", "projects"), ("HGETALL", "pusher_app_ids")])?;
         for project_id in unnumbered(&projects, &app_ids)? {
             let app_id = self.next_app_id()?;
-            self.with(|c| {
-                redis::pipe()
-                    .atomic()
-                    .hset_nx(k("pusher_app_ids"), &project_id, app_id)
-                    .incr(k("version"), 1)
-                    .query::<()>(c)
+            self.write(|pipe| {
+                pipe.hset_nx(k("pusher_app_ids"), &project_id, app_id);
             })?;
         }
         Ok(())
@@ -171,6 +159,31 @@ impl RedisStore {
             self.conn = None;
         }
         Ok(result?)
+    }
+
+    /// Read whole keys in one MULTI/EXEC, so they come from the same instant (see
+    /// [`add_reads`]).
+    fn read_atomic<T: redis::FromRedisValue>(
+        &mut self,
+        reads: &[(&str, &str)],
+    ) -> Result<T, StoreError> {
+        self.with(|c| {
+            let mut pipe = redis::pipe();
+            pipe.atomic();
+            add_reads(&mut pipe, reads);
+            pipe.query(c)
+        })
+    }
+
+    /// Apply the writes `queue` adds in one MULTI/EXEC that also bumps `version` (what
+    /// the watcher polls), so a reader sees all of a change or none of it.
+    fn write(&mut self, queue: impl FnOnce(&mut redis::Pipeline)) -> Result<(), StoreError> {
+        self.with(|c| {
+            let mut pipe = redis::pipe();
+            pipe.atomic();
+            queue(&mut pipe);
+            pipe.incr(k("version"), 1).query::<()>(c)
+        })
     }
 
     fn next_seq(&mut self) -> Result<u64, StoreError> {
@@ -248,17 +261,7 @@ impl Store for RedisStore {
         master: &MasterKey,
     ) -> Result<(ProjectRecord, String, String, String), StoreError> {
         validate_project_name(name)?;
-        let project = ProjectRecord {
-            id: generate_id("prj_"),
-            name: name.to_string(),
-            rate_limit,
-            history,
-            max_connections: None,
-            client_events: false,
-            webhook: None,
-            pusher_app_id: self.next_app_id()?,
-            pusher: true,
-        };
+        let project = ProjectRecord::new(name, rate_limit, history, self.next_app_id()?);
         let stored = serde_json::to_string(&StoredProject {
             name: name.to_string(),
             seq: self.next_seq()?,
@@ -273,10 +276,8 @@ impl Store for RedisStore {
             expires_at: None,
             seq: self.next_seq()?,
         })?;
-        self.with(|c| {
-            redis::pipe()
-                .atomic()
-                .hset(k("projects"), &project.id, &stored)
+        self.write(|pipe| {
+            pipe.hset(k("projects"), &project.id, &stored)
                 .hset(k("rate_limits"), &project.id, rate_limit.to_string())
                 .hset(k("histories"), &project.id, history.to_string())
                 .hset(k("keys"), &sk.id, &sk_json)
@@ -284,9 +285,7 @@ impl Store for RedisStore {
                 .hset(k("keys"), &pk.id, &pk_json)
                 .hset(k("key_hashes"), pk.hash.to_hex(), &pk.id)
                 .hset(k("token_secrets"), &ts.id, &ts_json)
-                .hset(k("pusher_app_ids"), &project.id, project.pusher_app_id)
-                .incr(k("version"), 1)
-                .query::<()>(c)
+                .hset(k("pusher_app_ids"), &project.id, project.pusher_app_id);
         })?;
         Ok((project, secret, public, token_secret))
     }
@@ -354,24 +353,15 @@ impl Store for RedisStore {
         if !self.project_exists(project_id)? {
             return Err(project_not_found(project_id));
         }
-        let record = TokenKeyRecord {
-            id: generate_id("tk_"),
-            project_id: project_id.to_string(),
-            alg,
-            public_pem: public_pem.to_string(),
-        };
+        let record = TokenKeyRecord::new(project_id, alg, public_pem);
         let json = encode_json(&StoredTokenKey {
             project_id: project_id.to_string(),
             alg: alg.as_str().to_string(),
             public_pem: public_pem.to_string(),
             seq: self.next_seq()?,
         })?;
-        self.with(|c| {
-            redis::pipe()
-                .atomic()
-                .hset(k("token_keys"), &record.id, &json)
-                .incr(k("version"), 1)
-                .query::<()>(c)
+        self.write(|pipe| {
+            pipe.hset(k("token_keys"), &record.id, &json);
         })?;
         Ok(record)
     }
@@ -390,12 +380,8 @@ impl Store for RedisStore {
                 "project {project_id:?} has no token key {key_id:?}"
             )));
         }
-        self.with(|c| {
-            redis::pipe()
-                .atomic()
-                .hdel(k("token_keys"), key_id)
-                .incr(k("version"), 1)
-                .query::<()>(c)
+        self.write(|pipe| {
+            pipe.hdel(k("token_keys"), key_id);
         })?;
         Ok(())
     }
@@ -420,9 +406,7 @@ impl Store for RedisStore {
             })?),
             _ => None,
         };
-        self.with(|c| {
-            let mut pipe = redis::pipe();
-            pipe.atomic();
+        self.write(|pipe| {
             // Off-by-default flags are sets of the projects that have them on (and
             // `pusher_off` of those that turned Pusher off), so a project stored before
             // the flag existed reads as its default.
@@ -446,9 +430,9 @@ impl Store for RedisStore {
                 ProjectChange::MaxConnections(None) => {
                     pipe.hdel(k("max_connections"), project_id);
                 }
-                ProjectChange::ClientEvents(on) => set(&mut pipe, "client_events", *on),
-                ProjectChange::Pusher(on) => set(&mut pipe, "pusher_off", !*on),
-                ProjectChange::RequireUser(on) => set(&mut pipe, "require_user", *on),
+                ProjectChange::ClientEvents(on) => set(pipe, "client_events", *on),
+                ProjectChange::Pusher(on) => set(pipe, "pusher_off", !*on),
+                ProjectChange::RequireUser(on) => set(pipe, "require_user", *on),
                 ProjectChange::Webhook(_) => {
                     match &webhook {
                         Some(json) => pipe.hset(k("webhooks"), project_id, json),
@@ -456,7 +440,6 @@ impl Store for RedisStore {
                     };
                 }
             }
-            pipe.incr(k("version"), 1).query::<()>(c)
         })?;
         if let ProjectChange::History(_) = change {
             // The project's cluster-mode history is forgotten at every change: messages
@@ -476,13 +459,12 @@ impl Store for RedisStore {
             return Err(project_not_found(project_id));
         }
         let (record, key, json) = self.new_key(project_id, kind)?;
-        self.with(|c| {
-            redis::pipe()
-                .atomic()
-                .hset(k("keys"), &record.id, &json)
-                .hset(k("key_hashes"), record.hash.to_hex(), &record.id)
-                .incr(k("version"), 1)
-                .query::<()>(c)
+        self.write(|pipe| {
+            pipe.hset(k("keys"), &record.id, &json).hset(
+                k("key_hashes"),
+                record.hash.to_hex(),
+                &record.id,
+            );
         })?;
         Ok((record, key))
     }
@@ -501,12 +483,8 @@ impl Store for RedisStore {
         };
         let id = id.ok_or_else(|| StoreError::NotFound(format!("no key matches {shown:?}")))?;
         // A set insert: revoking twice is a no-op, and nothing ever removes a member.
-        self.with(|c| {
-            redis::pipe()
-                .atomic()
-                .sadd(k("revoked"), &id)
-                .incr(k("version"), 1)
-                .query::<()>(c)
+        self.write(|pipe| {
+            pipe.sadd(k("revoked"), &id);
         })?;
         Ok(id)
     }
@@ -515,15 +493,8 @@ impl Store for RedisStore {
         if !self.project_exists(project_id)? {
             return Err(project_not_found(project_id));
         }
-        let (keys, revoked): (HashMap<String, String>, HashSet<String>) = self.with(|c| {
-            redis::pipe()
-                .atomic()
-                .cmd("HGETALL")
-                .arg(k("keys"))
-                .cmd("SMEMBERS")
-                .arg(k("revoked"))
-                .query(c)
-        })?;
+        let (keys, revoked): (HashMap<String, String>, HashSet<String>) =
+            self.read_atomic(&[("HGETALL", "keys"), ("SMEMBERS", "revoked")])?;
         decode_keys(keys, &revoked, Some(project_id))
     }
 
@@ -534,16 +505,16 @@ impl Store for RedisStore {
             let mut pipe = redis::pipe();
             pipe.atomic();
             add_project_reads(&mut pipe);
-            pipe.cmd("HGETALL")
-                .arg(k("keys"))
-                .cmd("SMEMBERS")
-                .arg(k("revoked"))
-                .cmd("HGETALL")
-                .arg(k("token_secrets"))
-                .cmd("HGETALL")
-                .arg(k("token_keys"))
-                .cmd("SMEMBERS")
-                .arg(k("require_user"));
+            add_reads(
+                &mut pipe,
+                &[
+                    ("HGETALL", "keys"),
+                    ("SMEMBERS", "revoked"),
+                    ("HGETALL", "token_secrets"),
+                    ("HGETALL", "token_keys"),
+                    ("SMEMBERS", "require_user"),
+                ],
+            );
             let replies: Vec<redis::Value> = self.with(|c| pipe.query(c))?;
             let mut replies = replies.into_iter();
             let fields = ProjectFields::take(&mut replies)?;

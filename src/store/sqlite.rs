@@ -32,7 +32,7 @@ use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBe
 use super::{
     mint_token_secret, rotated_expiry, validate_project_name, Store, StoreContents, StoreError,
 };
-use crate::apikey::{generate_id, hash_key, key_prefix, KeyHash, KeyKind};
+use crate::apikey::{hash_key, key_prefix, KeyHash, KeyKind};
 use crate::history::HistorySpec;
 use crate::project::{
     HookKinds, KeyRecord, ProjectChange, ProjectRecord, TokenKeyAlg, TokenKeyRecord,
@@ -231,40 +231,60 @@ fn insert_token_secret(tx: &Transaction<'_>, record: &TokenSecretRecord) -> Resu
     Ok(())
 }
 
+/// Run `select` then `filter` (a `WHERE` or `ORDER BY` tail) with `args` and make a
+/// record of each row, read first into its raw tuple `R` (the columns in the order of
+/// the SELECT), so a corrupt value is a [`StoreError::Corrupt`] from `record`, never a
+/// panic.
+fn read_rows<R, T>(
+    conn: &Connection,
+    select: &str,
+    filter: &str,
+    args: impl rusqlite::Params,
+    record: impl Fn(R) -> Result<T, StoreError>,
+) -> Result<Vec<T>, StoreError>
+where
+    R: for<'r> TryFrom<&'r rusqlite::Row<'r>, Error = rusqlite::Error>,
+{
+    let mut stmt = conn.prepare_cached(&format!("{select} {filter}"))?;
+    let rows = stmt.query_map(args, |r| R::try_from(r))?;
+    rows.map(|row| record(row?)).collect()
+}
+
 fn read_token_secrets(conn: &Connection) -> Result<Vec<TokenSecretRecord>, StoreError> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT id, project_id, sealed, expires_at FROM token_secrets ORDER BY created_at, rowid",
-    )?;
-    let rows = stmt.query_map([], |r| {
-        Ok(TokenSecretRecord {
-            id: r.get(0)?,
-            project_id: r.get(1)?,
-            sealed: r.get(2)?,
-            expires_at: r.get(3)?,
-        })
-    })?;
-    Ok(rows.collect::<Result<_, _>>()?)
+    read_rows(
+        conn,
+        "SELECT id, project_id, sealed, expires_at FROM token_secrets",
+        BY_AGE,
+        [],
+        |(id, project_id, sealed, expires_at): (String, String, Vec<u8>, Option<i64>)| {
+            Ok(TokenSecretRecord {
+                id,
+                project_id,
+                sealed,
+                expires_at,
+            })
+        },
+    )
 }
 
 fn read_token_keys(conn: &Connection) -> Result<Vec<TokenKeyRecord>, StoreError> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT id, project_id, alg, public_pem FROM token_keys ORDER BY created_at, rowid",
-    )?;
-    let rows = stmt.query_map([], |r| {
-        Ok::<(String, String, String, String), _>((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
-    })?;
-    rows.map(|row| {
-        let (id, project_id, alg, public_pem) = row?;
-        let alg = TokenKeyAlg::parse(&alg)
-            .ok_or_else(|| StoreError::Corrupt(format!("token key {id}: unknown alg {alg:?}")))?;
-        Ok(TokenKeyRecord {
-            id,
-            project_id,
-            alg,
-            public_pem,
-        })
-    })
-    .collect()
+    read_rows(
+        conn,
+        "SELECT id, project_id, alg, public_pem FROM token_keys",
+        BY_AGE,
+        [],
+        |(id, project_id, alg, public_pem): (String, String, String, String)| {
+            let alg = TokenKeyAlg::parse(&alg).ok_or_else(|| {
+                StoreError::Corrupt(format!("token key {id}: unknown alg {alg:?}"))
+            })?;
+            Ok(TokenKeyRecord {
+                id,
+                project_id,
+                alg,
+                public_pem,
+            })
+        },
+    )
 }
 
 fn project_not_found(id: &str) -> StoreError {
@@ -359,91 +379,70 @@ fn project_update(change: &ProjectChange) -> Result<(&'static str, Vec<Value>), 
 }
 
 const SELECT_PROJECTS: &str = "SELECT id, name, rate_limit, history, max_connections, client_events, webhook_url, webhook_events, pusher_app_id, pusher_enabled FROM projects";
+/// Oldest first, as created.
+const BY_AGE: &str = "ORDER BY created_at, rowid";
 const SELECT_KEYS: &str =
     "SELECT id, project_id, kind, revoked_at IS NOT NULL, prefix, hash, public_key FROM keys";
 
-fn read_projects(
-    conn: &Connection,
-    filter: &str,
-    args: impl rusqlite::Params,
-) -> Result<Vec<ProjectRecord>, StoreError> {
-    let mut stmt = conn.prepare_cached(&format!("{SELECT_PROJECTS} {filter}"))?;
-    // Columns in the order of the SELECT, into the tuple type.
-    let rows = stmt.query_map(args, |r| RawProject::try_from(r))?;
-    rows.map(|row| {
-        let (
-            id,
-            name,
-            rate_limit,
-            history,
-            max_connections,
-            client_events,
-            url,
-            events,
-            app_id,
-            pusher,
-        ) = row?;
-        let rate_limit = RateLimit::parse(&rate_limit)
-            .map_err(|e| StoreError::Corrupt(format!("project {id}: {e}")))?;
-        let history = HistorySpec::parse(&history)
-            .map_err(|e| StoreError::Corrupt(format!("project {id}: {e}")))?;
-        let max_connections = max_connections
+/// A project row of [`SELECT_PROJECTS`] as a record; a value no build writes is
+/// [`StoreError::Corrupt`], checked in the order of the columns.
+fn project_record(raw: RawProject) -> Result<ProjectRecord, StoreError> {
+    let (
+        id,
+        name,
+        rate_limit,
+        history,
+        max_connections,
+        client_events,
+        url,
+        events,
+        app_id,
+        pusher,
+    ) = raw;
+    let corrupt =
+        |what: &dyn std::fmt::Display| StoreError::Corrupt(format!("project {id}: {what}"));
+    Ok(ProjectRecord {
+        rate_limit: RateLimit::parse(&rate_limit).map_err(|e| corrupt(&e))?,
+        history: HistorySpec::parse(&history).map_err(|e| corrupt(&e))?,
+        max_connections: max_connections
             .map(u64::try_from)
             .transpose()
-            .map_err(|_| StoreError::Corrupt(format!("project {id}: negative max_connections")))?;
-        let webhook = match (url, events) {
+            .map_err(|_| corrupt(&"negative max_connections"))?,
+        webhook: match (url, events) {
             (Some(url), Some(events)) => Some(WebhookSpec {
                 url,
-                events: HookKinds::parse(&events)
-                    .map_err(|e| StoreError::Corrupt(format!("project {id}: {e}")))?,
+                events: HookKinds::parse(&events).map_err(|e| corrupt(&e))?,
             }),
             _ => None,
-        };
+        },
         // NULL only after a raw edit: the migration numbers every row and creation
         // always assigns one.
-        let pusher_app_id = app_id
+        pusher_app_id: app_id
             .and_then(|n| u64::try_from(n).ok())
-            .ok_or_else(|| StoreError::Corrupt(format!("project {id}: no pusher_app_id")))?;
-        Ok(ProjectRecord {
-            id,
-            name,
-            rate_limit,
-            history,
-            max_connections,
-            client_events,
-            webhook,
-            pusher_app_id,
-            pusher,
-        })
+            .ok_or_else(|| corrupt(&"no pusher_app_id"))?,
+        id,
+        name,
+        client_events,
+        pusher,
     })
-    .collect()
 }
 
-fn read_keys(
-    conn: &Connection,
-    filter: &str,
-    args: impl rusqlite::Params,
-) -> Result<Vec<KeyRecord>, StoreError> {
-    let mut stmt = conn.prepare_cached(&format!("{SELECT_KEYS} {filter}"))?;
-    // Columns in the order of the SELECT, into the tuple type.
-    let rows = stmt.query_map(args, |r| RawKey::try_from(r))?;
-    rows.map(|row| {
-        let (id, project_id, kind, revoked, prefix, hash, public_key) = row?;
-        let kind = KeyKind::parse(&kind)
-            .ok_or_else(|| StoreError::Corrupt(format!("key {id}: unknown kind {kind:?}")))?;
-        let hash = <[u8; 32]>::try_from(hash.as_slice())
-            .map_err(|_| StoreError::Corrupt(format!("key {id}: hash is not 32 bytes")))?;
-        Ok(KeyRecord {
-            id,
-            project_id,
-            kind,
-            revoked,
-            prefix,
-            hash: KeyHash(hash),
-            public_key,
-        })
+/// A key row of [`SELECT_KEYS`] as a record.
+fn key_record(raw: RawKey) -> Result<KeyRecord, StoreError> {
+    let (id, project_id, kind, revoked, prefix, hash, public_key) = raw;
+    let kind = KeyKind::parse(&kind)
+        .ok_or_else(|| StoreError::Corrupt(format!("key {id}: unknown kind {kind:?}")))?;
+    let hash = <[u8; 32]>::try_from(hash.as_slice())
+        .map_err(|_| StoreError::Corrupt(format!("key {id}: hash is not 32 bytes")))?;
+    Ok(KeyRecord {
+        id,
+        project_id,
+        kind,
+        revoked,
+        prefix,
+        hash: KeyHash(hash),
+        public_key,
     })
-    .collect()
 }
 
 impl Store for SqliteStore {
@@ -455,17 +454,8 @@ impl Store for SqliteStore {
         master: &MasterKey,
     ) -> Result<(ProjectRecord, String, String, String), StoreError> {
         validate_project_name(name)?;
-        let mut project = ProjectRecord {
-            id: generate_id("prj_"),
-            name: name.to_string(),
-            rate_limit,
-            history,
-            max_connections: None,
-            client_events: false,
-            webhook: None,
-            pusher_app_id: FIRST_PUSHER_APP_ID,
-            pusher: true,
-        };
+        // Numbered for real inside the write transaction below.
+        let mut project = ProjectRecord::new(name, rate_limit, history, FIRST_PUSHER_APP_ID);
         let (token_record, token_secret) = mint_token_secret(&project.id, master)?;
         self.write(|tx| {
             // Under the write lock: no other process can take the same number.
@@ -535,12 +525,7 @@ impl Store for SqliteStore {
             if !project_exists(tx, project_id)? {
                 return Err(project_not_found(project_id));
             }
-            let record = TokenKeyRecord {
-                id: generate_id("tk_"),
-                project_id: project_id.to_string(),
-                alg,
-                public_pem: public_pem.to_string(),
-            };
+            let record = TokenKeyRecord::new(project_id, alg, public_pem);
             tx.execute(
                 "INSERT INTO token_keys (id, project_id, alg, public_pem, created_at)
                  VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -575,7 +560,7 @@ impl Store for SqliteStore {
     }
 
     fn list_projects(&mut self) -> Result<Vec<ProjectRecord>, StoreError> {
-        read_projects(&self.conn, "ORDER BY created_at, rowid", [])
+        read_rows(&self.conn, SELECT_PROJECTS, BY_AGE, [], project_record)
     }
 
     fn set_project(
@@ -590,9 +575,15 @@ impl Store for SqliteStore {
             if tx.execute(&sql, rusqlite::params_from_iter(&values))? == 0 {
                 return Err(project_not_found(project_id));
             }
-            read_projects(tx, "WHERE id = ?1", [project_id])?
-                .pop()
-                .ok_or_else(|| project_not_found(project_id))
+            read_rows(
+                tx,
+                SELECT_PROJECTS,
+                "WHERE id = ?1",
+                [project_id],
+                project_record,
+            )?
+            .pop()
+            .ok_or_else(|| project_not_found(project_id))
         })
     }
 
@@ -645,10 +636,12 @@ impl Store for SqliteStore {
         if !project_exists(&tx, project_id)? {
             return Err(project_not_found(project_id));
         }
-        let keys = read_keys(
+        let keys = read_rows(
             &tx,
+            SELECT_KEYS,
             "WHERE project_id = ?1 ORDER BY created_at, rowid",
             [project_id],
+            key_record,
         )?;
         tx.commit()?;
         Ok(keys)
@@ -658,8 +651,8 @@ impl Store for SqliteStore {
         // A deferred transaction is one WAL snapshot: projects and keys from the same
         // commit, never a key whose project is missing from this read.
         let tx = self.conn.transaction()?;
-        let projects = read_projects(&tx, "ORDER BY created_at, rowid", [])?;
-        let keys = read_keys(&tx, "ORDER BY created_at, rowid", [])?;
+        let projects = read_rows(&tx, SELECT_PROJECTS, BY_AGE, [], project_record)?;
+        let keys = read_rows(&tx, SELECT_KEYS, BY_AGE, [], key_record)?;
         let token_secrets = read_token_secrets(&tx)?;
         let token_keys = read_token_keys(&tx)?;
         let (require_user, user_blocks) = users::read_all(&tx)?;

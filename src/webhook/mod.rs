@@ -539,24 +539,24 @@ mod tests {
         (hooks, rx)
     }
 
-    #[test]
-    fn emit_queues_only_what_a_webhook_wants_and_counts_what_does_not_fit() {
-        use crate::project::{HookKinds, ProjectRecord, WebhookSpec};
-        use crate::store::StoreContents;
-        let record = |id: &str, events: Option<HookKinds>| ProjectRecord {
-            id: id.into(),
-            name: id.into(),
-            rate_limit: crate::quota::RateLimit::parse("1/s").unwrap(),
-            history: crate::history::HistorySpec::OFF,
-            max_connections: None,
-            client_events: true,
-            pusher_app_id: crate::project::test_app_id(id),
-            pusher: true,
-            webhook: events.map(|events| WebhookSpec {
+    /// A test project with a webhook for `events`, or none.
+    fn record(
+        id: &str,
+        events: Option<crate::project::HookKinds>,
+    ) -> crate::project::ProjectRecord {
+        crate::project::ProjectRecord {
+            webhook: events.map(|events| crate::project::WebhookSpec {
                 url: "http://127.0.0.1:9/".into(),
                 events,
             }),
-        };
+            ..crate::project::test_project(id)
+        }
+    }
+
+    #[test]
+    fn emit_queues_only_what_a_webhook_wants_and_counts_what_does_not_fit() {
+        use crate::project::HookKinds;
+        use crate::store::StoreContents;
         let keys = KeyCache::new();
         keys.rebuild(StoreContents {
             projects: vec![
@@ -605,25 +605,16 @@ mod tests {
     #[test]
     #[ignore = "a measurement: cargo test --release --lib webhook::tests::emit_cost -- --ignored --nocapture"]
     fn emit_cost() {
-        use crate::project::{HookKinds, ProjectRecord, WebhookSpec};
+        use crate::project::HookKinds;
         use crate::store::StoreContents;
-        let record = |id: &str, hooked: bool| ProjectRecord {
-            id: id.into(),
-            name: id.into(),
-            rate_limit: crate::quota::RateLimit::parse("1/s").unwrap(),
-            history: crate::history::HistorySpec::OFF,
-            max_connections: None,
-            client_events: true,
-            pusher_app_id: crate::project::test_app_id(id),
-            pusher: true,
-            webhook: hooked.then(|| WebhookSpec {
-                url: "http://127.0.0.1:9/".into(),
-                events: HookKinds::DEFAULT,
-            }),
-        };
         let keys = KeyCache::new();
         let projects = (0..1000)
-            .map(|i| record(&format!("prj_{i}"), i == 999))
+            .map(|i| {
+                record(
+                    &format!("prj_{i}"),
+                    (i == 999).then_some(HookKinds::DEFAULT),
+                )
+            })
             .collect();
         keys.rebuild(StoreContents {
             projects,

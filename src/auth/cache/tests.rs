@@ -1,34 +1,30 @@
 //! Unit tests of the key snapshot: lookups, rebuilds, app ids, webhooks.
 use super::*;
-use crate::apikey::{generate_key, key_prefix};
-use crate::project::{KeyRecord, ProjectRecord};
+use crate::project::{test_project, KeyRecord, ProjectRecord};
 use crate::quota::RateLimit;
 
 fn project(id: &str, rate: &str) -> ProjectRecord {
     ProjectRecord {
-        id: id.into(),
         name: format!("name-{id}"),
         rate_limit: RateLimit::parse(rate).unwrap(),
-        history: crate::history::HistorySpec::OFF,
-        max_connections: None,
         client_events: false,
-        webhook: None,
-        pusher_app_id: crate::project::test_app_id(id),
-        pusher: true,
+        ..test_project(id)
     }
 }
 
+/// Rebuild `cache` from these projects and keys alone.
+fn rebuild(cache: &KeyCache, projects: Vec<ProjectRecord>, keys: Vec<KeyRecord>) {
+    cache.rebuild(StoreContents {
+        projects,
+        keys,
+        ..StoreContents::default()
+    });
+}
+
+/// A freshly minted key under a chosen id.
 fn key(id: &str, project_id: &str, kind: KeyKind) -> (KeyRecord, String) {
-    let full = generate_key(kind);
-    let record = KeyRecord {
-        id: id.into(),
-        project_id: project_id.into(),
-        kind,
-        revoked: false,
-        prefix: key_prefix(&full),
-        hash: hash_key(&full),
-        public_key: (kind == KeyKind::Public).then(|| full.clone()),
-    };
+    let (mut record, full) = KeyRecord::mint(project_id, kind);
+    record.id = id.into();
     (record, full)
 }
 
@@ -40,11 +36,7 @@ fn lookup_finds_active_keys_only() {
     let (mut pk, pk_full) = key("key_p", "prj_a", KeyKind::Public);
     pk.revoked = true;
     let (orphan, orphan_full) = key("key_o", "prj_gone", KeyKind::Secret);
-    cache.rebuild(StoreContents {
-        projects: vec![project("prj_a", "10/s")],
-        keys: vec![sk, pk, orphan],
-        ..StoreContents::default()
-    });
+    rebuild(&cache, vec![project("prj_a", "10/s")], vec![sk, pk, orphan]);
     let snap = cache.load();
     assert_eq!(snap.generation(), 1);
     let entry = snap.lookup(&sk_full).unwrap();
@@ -168,11 +160,7 @@ fn projects_are_found_by_app_id_and_the_pusher_switch_applies_in_place() {
     let mut b = project("prj_b", "1/s");
     b.pusher_app_id = 1_000_001;
     b.pusher = false;
-    cache.rebuild(StoreContents {
-        projects: vec![a.clone(), b.clone()],
-        keys: vec![sk.clone()],
-        ..StoreContents::default()
-    });
+    rebuild(&cache, vec![a.clone(), b.clone()], vec![sk.clone()]);
     let snap = cache.load();
     let by_key = &snap.lookup(&sk_full).unwrap().project;
     let by_app = snap.project_by_app_id(1_000_000).unwrap();
@@ -190,11 +178,7 @@ fn projects_are_found_by_app_id_and_the_pusher_switch_applies_in_place() {
     // The switch flips on the same state (like client events).
     a.pusher = false;
     b.pusher = true;
-    cache.rebuild(StoreContents {
-        projects: vec![a.clone(), b.clone()],
-        keys: vec![sk.clone()],
-        ..StoreContents::default()
-    });
+    rebuild(&cache, vec![a.clone(), b.clone()], vec![sk.clone()]);
     let snap = cache.load();
     let after = snap.project_by_app_id(1_000_000).unwrap();
     assert!(Arc::ptr_eq(&before, after));
@@ -205,11 +189,7 @@ fn projects_are_found_by_app_id_and_the_pusher_switch_applies_in_place() {
     // A renumbered project (a restored store) is a new state under the new id only;
     // its index stays.
     a.pusher_app_id = 1_000_005;
-    cache.rebuild(StoreContents {
-        projects: vec![a, b],
-        keys: vec![sk],
-        ..StoreContents::default()
-    });
+    rebuild(&cache, vec![a, b], vec![sk]);
     let snap = cache.load();
     assert!(snap.project_by_app_id(1_000_000).is_none());
     let renumbered = snap.project_by_app_id(1_000_005).unwrap();
@@ -229,10 +209,7 @@ fn a_shared_app_id_stays_with_the_older_project() {
     let mut new = project("prj_new", "1/s");
     new.pusher_app_id = 1_000_000;
     for _ in 0..2 {
-        cache.rebuild(StoreContents {
-            projects: vec![old.clone(), new.clone()],
-            ..StoreContents::default()
-        });
+        rebuild(&cache, vec![old.clone(), new.clone()], vec![]);
         assert_eq!(
             cache.load().project_by_app_id(1_000_000).unwrap().id,
             "prj_old"
@@ -243,21 +220,13 @@ fn a_shared_app_id_stays_with_the_older_project() {
 #[test]
 fn a_rename_keeps_index_and_quota_position() {
     let cache = KeyCache::new();
-    cache.rebuild(StoreContents {
-        projects: vec![project("prj_a", "1/s")],
-        keys: vec![],
-        ..StoreContents::default()
-    });
+    rebuild(&cache, vec![project("prj_a", "1/s")], vec![]);
     let old = Arc::clone(cache.load().project("prj_a").unwrap());
     let now = crate::quota::now_ns();
     assert!(old.quota.check(now).allowed);
     let mut renamed = project("prj_a", "1/s");
     renamed.name = "new".into();
-    cache.rebuild(StoreContents {
-        projects: vec![renamed],
-        keys: vec![],
-        ..StoreContents::default()
-    });
+    rebuild(&cache, vec![renamed], vec![]);
     let snap = cache.load();
     let new = snap.project("prj_a").unwrap();
     assert_eq!(new.name, "new");

@@ -41,6 +41,22 @@ fn signed(method: &str, path: &str, params: &str, secret: &str) -> Query {
     parse_query(format!("{params}&auth_signature={sig}").as_bytes()).unwrap()
 }
 
+/// The signature a client computes over `params` with `secret` (the reference HMAC).
+fn client_signature(method: &str, path: &str, params: &str, secret: &str) -> String {
+    let q = parse_query(params.as_bytes()).unwrap();
+    rc_sign(secret, &string_to_sign(method, path, &q))
+}
+
+/// Sign `params` for `method /p` with `ts_s`, then check that request with `body` at
+/// `now` against `ts_s`.
+fn check_signed(method: &str, params: &str, body: &[u8], now: u64) -> Result<(), RestAuthError> {
+    let q = signed(method, "/p", params, "ts_s");
+    check_rest(method, "/p", &q, body, now, &["ts_s"])
+}
+
+/// The server's clock in the REST tests (Unix seconds).
+const NOW: u64 = 1_700_000_000;
+
 fn rest_params(ts: u64, extra: &str) -> String {
     format!("auth_key=pk_a&auth_timestamp={ts}&auth_version=1.0{extra}")
 }
@@ -153,41 +169,38 @@ fn string_to_sign_sorts_lowercases_and_keeps_values_unescaped() {
 
 #[test]
 fn plus_and_encoded_comma_are_signed_as_decoded() {
-    let now = 1_700_000_000;
     // The signer signed `info=user_count,subscription_count` and `tag=a+b`; the request
     // carries the comma escaped and the plus as is.
-    let params = rest_params(now, "&info=user_count,subscription_count&tag=a+b");
-    let q = parse_query(params.as_bytes()).unwrap();
-    let sig = rc_sign("ts_s", &string_to_sign("GET", "/apps/1/channels", &q));
+    let params = rest_params(NOW, "&info=user_count,subscription_count&tag=a+b");
+    let sig = client_signature("GET", "/apps/1/channels", &params, "ts_s");
     let wire = format!(
         "{}&info=user_count%2Csubscription_count&tag=a+b&auth_signature={sig}",
-        rest_params(now, "")
+        rest_params(NOW, "")
     );
     let q = parse_query(wire.as_bytes()).unwrap();
     assert_eq!(q.get("tag"), Some("a+b"));
     assert_eq!(
-        check_rest("GET", "/apps/1/channels", &q, b"", now, &["ts_s"]),
+        check_rest("GET", "/apps/1/channels", &q, b"", NOW, &["ts_s"]),
         Ok(())
     );
     // `+` read as a space would have signed something else.
     let spaced = wire.replace("tag=a+b", "tag=a%20b");
     let q = parse_query(spaced.as_bytes()).unwrap();
     assert_eq!(
-        check_rest("GET", "/apps/1/channels", &q, b"", now, &["ts_s"]),
+        check_rest("GET", "/apps/1/channels", &q, b"", NOW, &["ts_s"]),
         Err(RestAuthError::Signature)
     );
 }
 
 #[test]
 fn required_parameters_and_version() {
-    let now = 1_700_000_000;
     for missing in [
         "auth_key",
         "auth_timestamp",
         "auth_version",
         "auth_signature",
     ] {
-        let q = signed("GET", "/p", &rest_params(now, ""), "ts_s");
+        let q = signed("GET", "/p", &rest_params(NOW, ""), "ts_s");
         let kept: Vec<String> = q
             .iter()
             .filter(|(k, _)| *k != missing)
@@ -195,33 +208,29 @@ fn required_parameters_and_version() {
             .collect();
         let q = parse_query(kept.join("&").as_bytes()).unwrap();
         assert_eq!(
-            check_rest("GET", "/p", &q, b"", now, &["ts_s"]),
+            check_rest("GET", "/p", &q, b"", NOW, &["ts_s"]),
             Err(RestAuthError::Missing(missing))
         );
     }
-    let params = format!("auth_key=pk_a&auth_timestamp={now}&auth_version=2.0");
-    let q = signed("GET", "/p", &params, "ts_s");
+    let params = format!("auth_key=pk_a&auth_timestamp={NOW}&auth_version=2.0");
     assert_eq!(
-        check_rest("GET", "/p", &q, b"", now, &["ts_s"]),
+        check_signed("GET", &params, b"", NOW),
         Err(RestAuthError::Version)
     );
 }
 
 #[test]
 fn timestamp_window_is_600_s_each_way() {
-    let now = 1_700_000_000;
-    for ts in [now - 600, now + 600, now] {
-        let q = signed("GET", "/p", &rest_params(ts, ""), "ts_s");
+    for ts in [NOW - 600, NOW + 600, NOW] {
         assert_eq!(
-            check_rest("GET", "/p", &q, b"", now, &["ts_s"]),
+            check_signed("GET", &rest_params(ts, ""), b"", NOW),
             Ok(()),
             "{ts}"
         );
     }
-    for ts in [now - 601, now + 601, 0] {
-        let q = signed("GET", "/p", &rest_params(ts, ""), "ts_s");
+    for ts in [NOW - 601, NOW + 601, 0] {
         assert_eq!(
-            check_rest("GET", "/p", &q, b"", now, &["ts_s"]),
+            check_signed("GET", &rest_params(ts, ""), b"", NOW),
             Err(RestAuthError::TimestampWindow),
             "{ts}"
         );
@@ -235,9 +244,8 @@ fn timestamp_window_is_600_s_each_way() {
         "17e8",
     ] {
         let params = format!("auth_key=pk_a&auth_timestamp={bad}&auth_version=1.0");
-        let q = signed("GET", "/p", &params, "ts_s");
         assert_eq!(
-            check_rest("GET", "/p", &q, b"", now, &["ts_s"]),
+            check_signed("GET", &params, b"", NOW),
             Err(RestAuthError::TimestampFormat),
             "{bad:?}"
         );
@@ -246,55 +254,44 @@ fn timestamp_window_is_600_s_each_way() {
 
 #[test]
 fn body_md5_rules() {
-    let now = 1_700_000_000;
-    // The Python SDK's GET: body_md5 of the empty body, signed.
-    let q = signed(
-        "GET",
-        "/p",
-        &rest_params(now, &format!("&body_md5={EMPTY_MD5}")),
-        "ts_s",
-    );
-    assert_eq!(check_rest("GET", "/p", &q, b"", now, &["ts_s"]), Ok(()));
     assert_eq!(std::str::from_utf8(&md5_hex(b"")).unwrap(), EMPTY_MD5);
-    // No body, no body_md5: fine on any method.
-    let q = signed("POST", "/p", &rest_params(now, ""), "ts_s");
-    assert_eq!(check_rest("POST", "/p", &q, b"", now, &["ts_s"]), Ok(()));
-    // A body without body_md5.
-    assert_eq!(
-        check_rest("POST", "/p", &q, b"{}", now, &["ts_s"]),
-        Err(RestAuthError::BodyMd5Missing)
-    );
-    // The right MD5, but in uppercase, or cut short: not the lowercase hex MD5.
     let md5 = "99914b932bd37a50b983c5e7c90ae93b"; // of `{}`
-    let q = signed(
-        "POST",
-        "/p",
-        &rest_params(now, &format!("&body_md5={md5}")),
-        "ts_s",
-    );
-    assert_eq!(check_rest("POST", "/p", &q, b"{}", now, &["ts_s"]), Ok(()));
-    for wrong in [md5.to_uppercase(), md5[..31].to_string(), String::new()] {
-        let params = rest_params(now, &format!("&body_md5={wrong}"));
-        let q = signed("POST", "/p", &params, "ts_s");
+    let given = |md5: &str| format!("&body_md5={md5}");
+    use RestAuthError::{BodyMd5Mismatch, BodyMd5Missing};
+    for (method, extra, body, expected) in [
+        // The Python SDK's GET: body_md5 of the empty body, signed.
+        ("GET", given(EMPTY_MD5), &b""[..], Ok(())),
+        // No body, no body_md5: fine on any method.
+        ("POST", String::new(), b"", Ok(())),
+        ("POST", String::new(), b"{}", Err(BodyMd5Missing)),
+        ("POST", given(md5), b"{}", Ok(())),
+        // The right MD5, but in uppercase, or cut short: not the lowercase hex MD5.
+        (
+            "POST",
+            given(&md5.to_uppercase()),
+            b"{}",
+            Err(BodyMd5Mismatch),
+        ),
+        ("POST", given(&md5[..31]), b"{}", Err(BodyMd5Mismatch)),
+        ("POST", given(""), b"{}", Err(BodyMd5Mismatch)),
+    ] {
         assert_eq!(
-            check_rest("POST", "/p", &q, b"{}", now, &["ts_s"]),
-            Err(RestAuthError::BodyMd5Mismatch),
-            "{wrong:?}"
+            check_signed(method, &rest_params(NOW, &extra), body, NOW),
+            expected,
+            "{method} {extra:?}"
         );
     }
 }
 
 #[test]
 fn signature_format_case_and_rotation() {
-    let now = 1_700_000_000;
-    let params = rest_params(now, "");
-    let q = parse_query(params.as_bytes()).unwrap();
-    let sig = rc_sign("ts_new", &string_to_sign("GET", "/p", &q));
+    let params = rest_params(NOW, "");
+    let sig = client_signature("GET", "/p", &params, "ts_new");
     let with =
         |sig: &str| parse_query(format!("{params}&auth_signature={sig}").as_bytes()).unwrap();
 
     assert_eq!(
-        check_rest("GET", "/p", &with(&sig), b"", now, &["ts_new"]),
+        check_rest("GET", "/p", &with(&sig), b"", NOW, &["ts_new"]),
         Ok(())
     );
     assert_eq!(
@@ -303,22 +300,22 @@ fn signature_format_case_and_rotation() {
             "/p",
             &with(&sig.to_uppercase()),
             b"",
-            now,
+            NOW,
             &["ts_new"]
         ),
         Ok(())
     );
     // During a rotation's grace both secrets are in force, newest first.
     assert_eq!(
-        check_rest("GET", "/p", &with(&sig), b"", now, &["ts_newer", "ts_new"]),
+        check_rest("GET", "/p", &with(&sig), b"", NOW, &["ts_newer", "ts_new"]),
         Ok(())
     );
     assert_eq!(
-        check_rest("GET", "/p", &with(&sig), b"", now, &["ts_newer"]),
+        check_rest("GET", "/p", &with(&sig), b"", NOW, &["ts_newer"]),
         Err(RestAuthError::Signature)
     );
     assert_eq!(
-        check_rest("GET", "/p", &with(&sig), b"", now, &[]),
+        check_rest("GET", "/p", &with(&sig), b"", NOW, &[]),
         Err(RestAuthError::NoSecret)
     );
     for bad in [
@@ -328,7 +325,7 @@ fn signature_format_case_and_rotation() {
         "",
     ] {
         assert_eq!(
-            check_rest("GET", "/p", &with(bad), b"", now, &["ts_new"]),
+            check_rest("GET", "/p", &with(bad), b"", NOW, &["ts_new"]),
             Err(RestAuthError::SignatureFormat),
             "{bad:?}"
         );

@@ -136,22 +136,27 @@ pub(super) struct ProjectFields {
 /// Queue the reads of [`ProjectFields`], in the order [`ProjectFields::take`] takes
 /// their replies back.
 pub(super) fn add_project_reads(pipe: &mut redis::Pipeline) {
-    pipe.cmd("HGETALL")
-        .arg(k("projects"))
-        .cmd("HGETALL")
-        .arg(k("rate_limits"))
-        .cmd("HGETALL")
-        .arg(k("histories"))
-        .cmd("HGETALL")
-        .arg(k("max_connections"))
-        .cmd("SMEMBERS")
-        .arg(k("client_events"))
-        .cmd("HGETALL")
-        .arg(k("webhooks"))
-        .cmd("HGETALL")
-        .arg(k("pusher_app_ids"))
-        .cmd("SMEMBERS")
-        .arg(k("pusher_off"));
+    add_reads(
+        pipe,
+        &[
+            ("HGETALL", "projects"),
+            ("HGETALL", "rate_limits"),
+            ("HGETALL", "histories"),
+            ("HGETALL", "max_connections"),
+            ("SMEMBERS", "client_events"),
+            ("HGETALL", "webhooks"),
+            ("HGETALL", "pusher_app_ids"),
+            ("SMEMBERS", "pusher_off"),
+        ],
+    );
+}
+
+/// Queue one whole-key read per `(command, key)`: `HGETALL` of a hash or `SMEMBERS`
+/// of a set, the key under ringcast's prefix. Replies come back in this order.
+pub(super) fn add_reads(pipe: &mut redis::Pipeline, reads: &[(&str, &str)]) {
+    for (command, key) in reads {
+        pipe.cmd(command).arg(k(key));
+    }
 }
 
 /// The next reply of a MULTI/EXEC, as a `T`.

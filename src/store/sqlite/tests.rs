@@ -352,3 +352,27 @@ fn concurrent_opens_of_a_fresh_directory_agree() {
     ids.sort_unstable();
     assert_eq!(ids, [1_000_000, 1_000_001, 1_000_002, 1_000_003]);
 }
+
+#[test]
+fn a_corrupt_project_row_is_named_not_a_panic() {
+    for (set, why) in [
+        ("rate_limit = 'fast'", ""),
+        ("history = 'forever'", ""),
+        ("max_connections = -1", "negative max_connections"),
+        ("webhook_url = 'http://h/', webhook_events = 'nope'", ""),
+        ("pusher_app_id = NULL", "no pusher_app_id"),
+    ] {
+        let (_dir, mut store, project) = test_store_with_project();
+        store
+            .conn
+            .execute(&format!("UPDATE projects SET {set}"), [])
+            .unwrap();
+        match store.list_projects() {
+            Err(StoreError::Corrupt(m)) => {
+                assert!(m.starts_with(&format!("project {}: ", project.id)), "{m}");
+                assert!(m.ends_with(why), "{set}: {m}");
+            }
+            other => panic!("{set}: {other:?}"),
+        }
+    }
+}

@@ -30,8 +30,25 @@ fn client(c: &str, n: u32) -> HookEvent {
     }
 }
 
+/// Now, and queues that hold 100 events per project.
+fn start() -> (Instant, Queues) {
+    (Instant::now(), Queues::new(100))
+}
+
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
+}
+
+/// The names of the first batch due at `at` (see [`names`]).
+fn due_names(q: &mut Queues, at: Instant) -> Vec<String> {
+    names(&q.due(at)[0].batch)
+}
+
+/// Take project 1's batch due at `at` and answer it delivered: how many events it held.
+fn deliver_due(q: &mut Queues, at: Instant) -> usize {
+    let count = q.due(at)[0].batch.count;
+    q.finished(1, Outcome::Delivered, at);
+    count
 }
 
 /// The (name, channel[, user]) of each event of a batch.
@@ -58,8 +75,7 @@ fn names(batch: &Batch) -> Vec<String> {
 
 #[test]
 fn events_within_a_second_leave_in_one_request() {
-    let t0 = Instant::now();
-    let mut q = Queues::new(100);
+    let (t0, mut q) = start();
     assert_eq!(q.push(7, t0, occupied("a")), Pushed::Queued);
     assert_eq!(q.push(7, t0 + ms(300), occupied("b")), Pushed::Queued);
     assert_eq!(q.push(7, t0 + ms(900), added("p", "u1")), Pushed::Queued);
@@ -83,14 +99,12 @@ fn events_within_a_second_leave_in_one_request() {
     assert_eq!(q.next_wakeup(), None, "only the sender's answer wakes it");
     assert_eq!(q.finished(7, Outcome::Delivered, t0 + ms(5000)), Next::Done);
     // The next batch: its first event happened long enough ago.
-    let d = q.due(t0 + ms(5000));
-    assert_eq!(names(&d[0].batch), ["channel_occupied:c"]);
+    assert_eq!(due_names(&mut q, t0 + ms(5000)), ["channel_occupied:c"]);
 }
 
 #[test]
 fn projects_are_independent() {
-    let t0 = Instant::now();
-    let mut q = Queues::new(100);
+    let (t0, mut q) = start();
     q.push(1, t0, occupied("a"));
     q.push(2, t0, occupied("a"));
     let d = q.due(t0 + BATCH_WINDOW);
@@ -106,23 +120,20 @@ fn projects_are_independent() {
 
 #[test]
 fn a_leave_waits_three_seconds() {
-    let t0 = Instant::now();
-    let mut q = Queues::new(100);
+    let (t0, mut q) = start();
     q.push(1, t0, vacated("a"));
     q.push(1, t0, removed("p", "u1"));
     assert!(q.due(t0 + ms(3999)).is_empty());
     assert_eq!(q.next_wakeup(), Some(t0 + GRACE + BATCH_WINDOW));
-    let d = q.due(t0 + GRACE + BATCH_WINDOW);
     assert_eq!(
-        names(&d[0].batch),
+        due_names(&mut q, t0 + GRACE + BATCH_WINDOW),
         ["channel_vacated:a", "member_removed:p:u1"]
     );
 }
 
 #[test]
 fn coming_back_within_the_grace_cancels_both() {
-    let t0 = Instant::now();
-    let mut q = Queues::new(100);
+    let (t0, mut q) = start();
     q.push(1, t0, occupied("a"));
     q.push(1, t0, added("p", "u1"));
     assert_eq!(q.due(t0 + BATCH_WINDOW)[0].batch.count, 2);
@@ -139,17 +150,15 @@ fn coming_back_within_the_grace_cancels_both() {
     );
     // u2 comes back too late: its removal stands, and the new add is sent.
     assert_eq!(q.push(1, t1 + ms(3000), added("p", "u2")), Pushed::Queued);
-    let d = q.due(t1 + ms(10_000));
     assert_eq!(
-        names(&d[0].batch),
+        due_names(&mut q, t1 + ms(10_000)),
         ["member_removed:p:u2", "member_added:p:u2"]
     );
 }
 
 #[test]
 fn an_occupancy_still_queued_is_cancelled_by_its_vacate() {
-    let t0 = Instant::now();
-    let mut q = Queues::new(100);
+    let (t0, mut q) = start();
     // Subscribe/unsubscribe churn: nothing stays queued.
     for i in 0..50 {
         let ch = format!("c{}", i % 7);
@@ -164,13 +173,10 @@ fn an_occupancy_still_queued_is_cancelled_by_its_vacate() {
     assert_eq!(q.push(1, t0, vacated("presence-r")), Pushed::Queued);
     // An occupancy already sent is not cancelled: its vacate is sent after the grace.
     q.push(1, t0, occupied("x"));
-    let d = q.due(t0 + BATCH_WINDOW);
-    assert_eq!(d[0].batch.count, 3);
-    q.finished(1, Outcome::Delivered, t0 + BATCH_WINDOW);
+    assert_eq!(deliver_due(&mut q, t0 + BATCH_WINDOW), 3);
     assert_eq!(q.push(1, t0 + BATCH_WINDOW, vacated("x")), Pushed::Queued);
-    let d = q.due(t0 + BATCH_WINDOW + GRACE + BATCH_WINDOW);
     assert_eq!(
-        names(&d[0].batch),
+        due_names(&mut q, t0 + BATCH_WINDOW + GRACE + BATCH_WINDOW),
         [
             "member_removed:presence-r:u1",
             "channel_vacated:presence-r",
@@ -185,8 +191,7 @@ fn an_occupancy_still_queued_is_cancelled_by_its_vacate() {
 
 #[test]
 fn only_the_latest_event_of_the_subject_is_cancelled() {
-    let t0 = Instant::now();
-    let mut q = Queues::new(100);
+    let (t0, mut q) = start();
     // Another user's removal is not touched by u1's return; an add with no held
     // removal is just queued.
     q.push(1, t0, removed("p", "u2"));
@@ -194,38 +199,31 @@ fn only_the_latest_event_of_the_subject_is_cancelled() {
     assert_eq!(q.push(1, t0 + ms(20), occupied("p")), Pushed::Queued);
     assert_eq!(q.waiting(1), 3);
     // A leave already sent is never cancelled.
-    let d = q.due(t0 + ms(5000));
-    assert_eq!(d[0].batch.count, 3);
-    q.finished(1, Outcome::Delivered, t0 + ms(5000));
+    assert_eq!(deliver_due(&mut q, t0 + ms(5000)), 3);
     q.push(1, t0 + ms(5000), vacated("x"));
-    let d = q.due(t0 + ms(9000));
-    assert_eq!(names(&d[0].batch), ["channel_vacated:x"]);
+    assert_eq!(due_names(&mut q, t0 + ms(9000)), ["channel_vacated:x"]);
     assert_eq!(q.push(1, t0 + ms(9001), occupied("x")), Pushed::Queued);
 }
 
 #[test]
 fn a_held_leave_holds_what_follows_on_its_channel_only() {
-    let t0 = Instant::now();
-    let mut q = Queues::new(100);
+    let (t0, mut q) = start();
     q.push(1, t0, removed("presence-p", "u1"));
     q.push(1, t0 + ms(10), client("presence-p", 1));
     q.push(1, t0 + ms(20), client("private-q", 2));
     // At 1.02 s only the other channel's event is ready.
-    let d = q.due(t0 + ms(1020));
-    assert_eq!(names(&d[0].batch), ["client_event:private-q"]);
+    assert_eq!(due_names(&mut q, t0 + ms(1020)), ["client_event:private-q"]);
     q.finished(1, Outcome::Delivered, t0 + ms(1100));
     assert!(q.due(t0 + ms(3999)).is_empty());
-    let d = q.due(t0 + ms(4000));
     assert_eq!(
-        names(&d[0].batch),
+        due_names(&mut q, t0 + ms(4000)),
         ["member_removed:presence-p:u1", "client_event:presence-p"]
     );
 }
 
 #[test]
 fn failures_are_retried_with_backoff_then_given_up() {
-    let t0 = Instant::now();
-    let mut q = Queues::new(100);
+    let (t0, mut q) = start();
     q.push(1, t0, client("private-a", 1));
     let mut now = t0 + BATCH_WINDOW;
     let first = q.due(now);
@@ -266,8 +264,7 @@ fn failures_are_retried_with_backoff_then_given_up() {
 
 #[test]
 fn a_failure_is_retried_at_least_once_and_a_success_ends_it() {
-    let t0 = Instant::now();
-    let mut q = Queues::new(100);
+    let (t0, mut q) = start();
     q.push(1, t0, occupied("a"));
     q.due(t0 + BATCH_WINDOW);
     // An attempt that itself outlived RETRY_FOR still gets one retry.
@@ -287,8 +284,7 @@ fn a_failure_is_retried_at_least_once_and_a_success_ends_it() {
 
 #[test]
 fn turning_the_webhook_off_forgets_the_queue() {
-    let t0 = Instant::now();
-    let mut q = Queues::new(100);
+    let (t0, mut q) = start();
     q.push(1, t0, occupied("a"));
     q.due(t0 + BATCH_WINDOW);
     q.push(1, t0 + ms(1500), occupied("b"));
@@ -342,9 +338,8 @@ fn a_full_queue_drops_occupancy_churn_before_member_and_client_events() {
     assert_eq!(q.push(1, t2, occupied("c")), Pushed::Queued);
     assert_eq!(q.waiting(1), 3);
     q.finished(1, Outcome::Delivered, t2);
-    let d = q.due(t2 + BATCH_WINDOW);
     assert_eq!(
-        names(&d[0].batch),
+        due_names(&mut q, t2 + BATCH_WINDOW),
         [
             "member_added:presence-p:u1",
             "channel_occupied:b",
