@@ -97,10 +97,10 @@ impl Backend for Cluster {
         let (tx, reply) = reply();
         self.history(Request::Scripted(Box::new(KeyedRequest {
             project_id: project.id.into(),
-            key: ask.key.into(),
-            body_hash: ask.body_hash,
-            window_ms: ask.window_ms,
-            max_keys: ask.max_keys,
+            key: ask.terms.key.into(),
+            body_hash: ask.terms.body_hash,
+            window_ms: ask.terms.window_ms,
+            max_keys: ask.terms.max_keys,
             answer: ask.answer,
             publish,
             reply: tx,

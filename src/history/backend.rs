@@ -122,14 +122,21 @@ pub(crate) struct Template {
     pub positioned: bool,
 }
 
-/// A publish with an `Idempotency-Key`, for a backend that decides keys.
-pub(crate) struct KeyedAsk<'a> {
+/// A request's `Idempotency-Key` and the terms it is decided under.
+#[derive(Clone, Copy)]
+pub(crate) struct KeyTerms<'a> {
     pub key: &'a [u8],
     /// SHA-256 of the request body.
     pub body_hash: [u8; 32],
+    /// `idempotency_window_s`, in milliseconds.
     pub window_ms: u64,
     /// `idempotency_max_keys_per_project`.
     pub max_keys: usize,
+}
+
+/// A publish with an `Idempotency-Key`, for a backend that decides keys.
+pub(crate) struct KeyedAsk<'a> {
+    pub terms: KeyTerms<'a>,
     pub answer: Template,
     /// The project's history setting (off: published without positions).
     pub spec: HistorySpec,

@@ -23,6 +23,7 @@ use super::outcome::Outcome;
 use super::response::{write_error, write_json, Extra, RateHeaders};
 use super::{ApiError, Service};
 use crate::auth::ProjectState;
+use crate::history::backend::KeyTerms;
 use crate::metrics::Api;
 use crate::publish::idempotency::{self, Claim, Limits, Pending, Stored, Ticket};
 use crate::publish::Keyed;
@@ -47,10 +48,12 @@ where
     let hash = idempotency::body_hash(body);
     if svc.node.backend.decides_keys() {
         let keyed = Keyed {
-            key,
-            hash,
-            window_ms: cfg.idempotency_window_s.saturating_mul(1000),
-            max_keys: cfg.idempotency_max_keys_per_project,
+            terms: KeyTerms {
+                key,
+                body_hash: hash,
+                window_ms: cfg.idempotency_window_s.saturating_mul(1000),
+                max_keys: cfg.idempotency_max_keys_per_project,
+            },
             pusher: api == Api::Pusher,
         };
         return run(svc, body, Some(&keyed), out);

@@ -36,7 +36,7 @@ use std::sync::Arc;
 use crate::auth::ProjectState;
 use crate::error::{ApiError, Unavailable};
 use crate::history::backend::{
-    self, Backend, Framed, KeyedAsk, Message, Project, PublishAsk, Sequenced, Template,
+    self, Backend, Framed, KeyTerms, KeyedAsk, Message, Project, PublishAsk, Sequenced, Template,
 };
 use crate::history::{HistorySpec, Position};
 use crate::ids::{Id, IdGen};
@@ -61,12 +61,7 @@ pub(crate) enum Accepted {
 
 /// Cluster mode: the `Idempotency-Key` of a request and what its answer is made of.
 pub(crate) struct Keyed<'a> {
-    pub key: &'a [u8],
-    /// [`idempotency::body_hash`] of the request body.
-    pub hash: [u8; 32],
-    pub window_ms: u64,
-    /// `idempotency_max_keys_per_project`.
-    pub max_keys: usize,
+    pub terms: KeyTerms<'a>,
     /// Pusher's API (answer 200 `{}`), or native (202 with the ids).
     pub pusher: bool,
 }
@@ -379,10 +374,7 @@ fn keyed_publish(history: &dyn Backend, a: Admitted<'_, '_>, keyed: &Keyed<'_>) 
         }
     };
     let ask = KeyedAsk {
-        key: keyed.key,
-        body_hash: keyed.hash,
-        window_ms: keyed.window_ms,
-        max_keys: keyed.max_keys,
+        terms: keyed.terms,
         answer,
         spec: a.spec,
         messages: &messages(a.msgs, id_list(&a.accepted)),
