@@ -19,7 +19,6 @@ use super::ApiError;
 use crate::error::Unavailable;
 use crate::json::write_json_str;
 use crate::presence::{write_members, Query, MAX_LISTED};
-use crate::reply::reply;
 
 /// Which of the three questions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,12 +51,11 @@ pub(crate) fn handle(r: &Request<'_>, out: &mut Vec<u8>, ask: Ask) -> Outcome {
                     return answer(out, ApiError::InvalidField("prefix", "is not valid UTF-8"))
                 }
             };
-            let (tx, rx) = reply();
-            hub.query(Query::Channels {
+            let rx = hub.ask(|reply| Query::Channels {
                 project,
                 prefix: prefix.into(),
                 users: false,
-                reply: tx,
+                reply,
             });
             Outcome::Deferred(Box::pin(async move {
                 let mut out = Vec::new();
@@ -99,11 +97,10 @@ pub(crate) fn handle(r: &Request<'_>, out: &mut Vec<u8>, ask: Ask) -> Outcome {
                 );
             }
             if ask == Ask::Info {
-                let (tx, rx) = reply();
-                hub.query(Query::Info {
+                let rx = hub.ask(|reply| Query::Info {
                     project,
                     channel: channel.as_str().into(),
-                    reply: tx,
+                    reply,
                 });
                 return Outcome::Deferred(Box::pin(async move {
                     let mut out = Vec::new();
@@ -133,11 +130,10 @@ pub(crate) fn handle(r: &Request<'_>, out: &mut Vec<u8>, ask: Ask) -> Outcome {
                     out
                 }));
             }
-            let (tx, rx) = reply();
-            hub.query(Query::Members {
+            let rx = hub.ask(|reply| Query::Members {
                 project,
                 channel: channel.as_str().into(),
-                reply: tx,
+                reply,
             });
             Outcome::Deferred(Box::pin(async move {
                 let mut out = Vec::new();

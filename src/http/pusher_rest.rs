@@ -58,7 +58,6 @@ use crate::presence::{ChannelInfo, Hub, Query as HubQuery, MAX_LISTED};
 use crate::publish::parse::{validate_name, BatchLimits};
 use crate::publish::pusher::Info;
 use crate::publish::{Accepted, Answer, Decided, Keyed, PublishParser};
-use crate::reply::reply;
 
 /// The parameters a request may carry besides the endpoint's own: the signature's.
 const AUTH_PARAMS: [&str; 5] = [
@@ -451,13 +450,11 @@ async fn ask_counts<'c>(
 ) -> Vec<Option<ChannelInfo>> {
     let pending: Vec<_> = channels
         .map(|channel| {
-            let (tx, rx) = reply();
-            hub.query(HubQuery::Info {
+            hub.ask(|reply| HubQuery::Info {
                 project,
                 channel: channel.into(),
-                reply: tx,
-            });
-            rx
+                reply,
+            })
         })
         .collect();
     let mut counts = Vec::with_capacity(pending.len());
@@ -583,12 +580,11 @@ fn channels(svc: &Rc<Service>, project: u32, q: &Query, out: &mut Vec<u8>) -> Ou
             ),
         );
     }
-    let (tx, rx) = reply();
-    svc.node.presence.query(HubQuery::Channels {
+    let rx = svc.node.presence.ask(|reply| HubQuery::Channels {
         project,
         prefix: prefix.into(),
         users: info.user_count,
-        reply: tx,
+        reply,
     });
     deferred(async move {
         let list = rx.wait().await.ok()?;
@@ -627,11 +623,10 @@ fn channel(svc: &Rc<Service>, project: u32, raw: &[u8], q: &Query, out: &mut Vec
         Ok(info) => info,
         Err(e) => return answer(out, e),
     };
-    let (tx, rx) = reply();
-    svc.node.presence.query(HubQuery::Info {
+    let rx = svc.node.presence.ask(|reply| HubQuery::Info {
         project,
         channel: name.into(),
-        reply: tx,
+        reply,
     });
     deferred(async move {
         let count = rx.wait().await.ok()?;
@@ -671,11 +666,10 @@ fn users(svc: &Rc<Service>, project: u32, raw: &[u8], q: &Query, out: &mut Vec<u
             ApiError::InvalidField("channel", "must be a presence channel (presence-...)"),
         );
     }
-    let (tx, rx) = reply();
-    svc.node.presence.query(HubQuery::Members {
+    let rx = svc.node.presence.ask(|reply| HubQuery::Members {
         project,
         channel: name.into(),
-        reply: tx,
+        reply,
     });
     deferred(async move {
         let members = rx.wait().await.ok()?.members;

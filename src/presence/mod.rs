@@ -43,7 +43,7 @@ use crossbeam_channel::{Receiver, Sender};
 use indexmap::IndexMap;
 
 use crate::ids::SocketId;
-use crate::reply::ReplyTx;
+use crate::reply::{Reply, ReplyTx, Unreachable};
 use crate::shard::mailbox::{Broadcast, Envelope, Mailboxes, PresenceAnswer};
 use crate::shard::{ChannelWatch, PresenceJoin};
 use crate::wire::native::{presence_frame, MAX_USER_ID_CHARS};
@@ -168,9 +168,15 @@ impl Hub {
         Ok(Arc::new(Hub { tx }))
     }
 
-    /// Ask a REST question; the answer comes through its reply (or `Unreachable`).
-    pub(crate) fn query(&self, query: Query) {
-        let _ = self.tx.send(Op::Query(query));
+    /// Ask a REST question (`query` makes it around its reply); the answer comes
+    /// through the returned reply (or `Unreachable` when the hub is gone).
+    pub(crate) fn ask<T>(
+        &self,
+        query: impl FnOnce(ReplyTx<T>) -> Query,
+    ) -> Reply<Result<T, Unreachable>> {
+        let (tx, rx) = crate::reply::reply();
+        let _ = self.tx.send(Op::Query(query(tx)));
+        rx
     }
 
     /// At shutdown, after the workers closed their connections: in cluster mode, take
