@@ -330,7 +330,7 @@ pub struct Mailboxes {
 /// Where a node's accepted messages go beyond its own workers (cluster mode: the Redis
 /// relay to the other nodes). The publisher asks for room first, so a message is either
 /// queued here and relayed, or refused whole.
-pub trait Relay {
+pub(crate) trait Relay {
     /// Whether `frames` more relays fit now.
     fn room(&self, frames: usize) -> bool;
     /// Queue one accepted message for the other nodes; never blocks.
