@@ -252,18 +252,12 @@ fn compressing_clients_recovering_the_same_gap_cost_one_deflate_per_message() {
     );
 }
 
-/// A free port on 127.0.0.1 (taken from the kernel and released) for a metrics listener.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .unwrap()
-        .port()
-}
-
-/// A cluster node with metrics on, and `extra` config; the metrics address.
+/// A cluster node with metrics on (port 0: the node prints the port it got, so no other
+/// process can take it between choosing and binding), and `extra` config; the metrics address.
 fn metrics_node(redis: &support::Redis, extra: &str) -> (support::Node, SocketAddr) {
-    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let node = support::Node::start_config(redis, &format!("metrics_listen = \"{addr}\"\n{extra}"));
+    let node =
+        support::Node::start_config(redis, &format!("metrics_listen = \"127.0.0.1:0\"\n{extra}"));
+    let addr = node.metrics.expect("the node printed its metrics listener");
     (node, addr)
 }
 

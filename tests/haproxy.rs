@@ -48,10 +48,7 @@ impl HaProxy {
         );
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("admin.sock");
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .unwrap()
-            .port();
+        let port = support::spare_port();
         let template = std::fs::read_to_string(
             Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/haproxy.cfg"),
         )

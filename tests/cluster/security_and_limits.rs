@@ -187,11 +187,7 @@ impl TlsRedis {
         std::fs::write(path("ca.pem"), ca_cert.pem()).unwrap();
         std::fs::write(path("cert.pem"), cert.pem()).unwrap();
         std::fs::write(path("key.pem"), key.serialize_pem()).unwrap();
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = support::spare_port();
         // ACL users are config-file lines (a command-line `--user` takes one word).
         std::fs::write(
             path("redis.conf"),

@@ -34,11 +34,7 @@ impl Redis {
             eprintln!("SKIP: redis-server is not installed (apt-get install redis-server)");
             return None;
         }
-        // Redis needs a concrete port: take a free one from the kernel and release it.
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port")
-            .port();
+        let port = spare_port();
         let mut redis = Redis {
             port,
             dir: tempfile::tempdir().expect("tempdir"),
@@ -134,7 +130,30 @@ impl Drop for Redis {
     }
 }
 
-/// [`common::wait_for`] with the cluster tests' limit (10 s).
+/// A free port for a child that must be told one (redis-server, haproxy), chosen below
+/// the kernel's ephemeral range (32768 and up): a port taken from `bind(0)` and released
+/// can be handed to the next `bind(0)` of any other test (a server's metrics listener) in
+/// the moment before the child binds it; a port below that range never is. Each call in a
+/// process takes the next of a random start, so parallel tests never choose the same one.
+pub fn spare_port() -> u16 {
+    use std::hash::{BuildHasher, RandomState};
+    use std::sync::atomic::{AtomicU16, Ordering};
+    use std::sync::OnceLock;
+    const LOW: u16 = 20_000;
+    const SPAN: u16 = 12_000;
+    static START: OnceLock<u16> = OnceLock::new();
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let start = *START
+        .get_or_init(|| (RandomState::new().hash_one(std::process::id()) % u64::from(SPAN)) as u16);
+    loop {
+        let step = NEXT.fetch_add(1, Ordering::Relaxed) % SPAN;
+        let port = LOW + (start + step) % SPAN;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
 pub fn wait_for(what: &str, cond: impl FnMut() -> bool) {
     common::wait_for(Duration::from_secs(10), what, cond)
 }
