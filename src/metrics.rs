@@ -146,91 +146,11 @@ impl WorkerMetrics {
         self.publish_requests[api as usize][slot].add(1);
     }
 
-    /// Quota units of an accepted publish (one per channel per message).
-    pub(crate) fn messages_published(&self, units: u64) {
-        self.messages_published.add(units);
-    }
-
-    /// Message frames one broadcast handed to this worker's connections.
-    pub(crate) fn deliveries(&self, n: u64) {
-        self.deliveries.add(n);
-    }
-
-    pub(crate) fn bytes_sent(&self, n: u64) {
-        self.bytes_sent.add(n);
-    }
-
     /// `frames` permessage-deflate frames handed to connections, `saved` bytes fewer
     /// than their plain forms.
     pub(crate) fn compressed(&self, frames: u64, saved: u64) {
         self.compressed_frames.add(frames);
         self.compression_saved.add(saved);
-    }
-
-    /// One message frame deflated (`ws::deflate::codec`), whether or not it shrank.
-    pub(crate) fn deflate_run(&self) {
-        self.deflate_runs.add(1);
-    }
-
-    pub(crate) fn slow_consumer_close(&self) {
-        self.slow_consumer_closes.add(1);
-    }
-
-    /// One WebSocket upgrade refused over `max_upgrades_per_second` (1013 or Pusher 4100).
-    pub(crate) fn upgrade_refused(&self) {
-        self.upgrades_refused.add(1);
-    }
-
-    /// One user disconnected (REST disconnect or block, Pusher terminate_connections)
-    /// by a request this worker took.
-    pub(crate) fn user_disconnect(&self) {
-        self.user_disconnects.add(1);
-    }
-
-    /// One user block stored by a request this worker took.
-    pub(crate) fn user_block(&self) {
-        self.user_blocks.add(1);
-    }
-
-    /// One client event accepted from a connection of this worker and relayed.
-    pub(crate) fn client_event(&self) {
-        self.client_events.add(1);
-    }
-
-    /// This worker's open WebSocket connections now.
-    pub(crate) fn set_connections(&self, n: usize) {
-        self.connections.set(n as u64);
-    }
-
-    /// This worker's WebSocket connections with a user (connection token or sign-in).
-    pub(crate) fn set_user_connections(&self, n: usize) {
-        self.user_connections.set(n as u64);
-    }
-
-    /// This worker's (connection, channel) subscriptions now.
-    pub(crate) fn set_subscriptions(&self, n: usize) {
-        self.subscriptions.set(n as u64);
-    }
-
-    /// A keyed publish answered from the remembered answer (`Idempotent-Replayed`).
-    pub(crate) fn idempotent_replay(&self) {
-        self.idempotent_replays.add(1);
-    }
-
-    /// A keyed publish answered 409 `idempotency_key_in_progress`.
-    pub(crate) fn idempotency_in_progress(&self) {
-        self.idempotency_in_progress.add(1);
-    }
-
-    /// A keyed publish answered 422 `idempotency_key_reused`.
-    pub(crate) fn idempotency_key_reused(&self) {
-        self.idempotency_key_reused.add(1);
-    }
-
-    /// Idempotency keys this worker forgot before their window ended (over
-    /// `idempotency_max_keys_per_project`).
-    pub(crate) fn idempotency_keys_evicted(&self, n: u64) {
-        self.idempotency_keys_evicted.add(n);
     }
 
     /// Time from a publish request complete to its message handed to every mailbox.
@@ -242,6 +162,64 @@ impl WorkerMetrics {
         }
         self.duration_sum_ns.add(ns);
         self.duration_count.add(1);
+    }
+}
+
+/// Declares the [`WorkerMetrics`] recorders that each write one cell: `count` adds one
+/// event, `add` adds `n`, `set` stores a gauge. One form a kind, so every recorder keeps
+/// the single-writer load-and-store of [`Cell64`] and none is written out by hand again.
+macro_rules! recorders {
+    (
+        count { $($(#[$cd:meta])* $cm:ident => $cf:ident,)* }
+        add { $($(#[$ad:meta])* $am:ident => $af:ident,)* }
+        set { $($(#[$sd:meta])* $sm:ident => $sf:ident,)* }
+    ) => {
+        impl WorkerMetrics {
+            $($(#[$cd])* pub(crate) fn $cm(&self) { self.$cf.add(1); })*
+            $($(#[$ad])* pub(crate) fn $am(&self, n: u64) { self.$af.add(n); })*
+            $($(#[$sd])* pub(crate) fn $sm(&self, n: usize) { self.$sf.set(n as u64); })*
+        }
+    };
+}
+
+recorders! {
+    count {
+        /// One message frame deflated (`ws::deflate::codec`), whether or not it shrank.
+        deflate_run => deflate_runs,
+        slow_consumer_close => slow_consumer_closes,
+        /// One WebSocket upgrade refused over `max_upgrades_per_second` (1013 or Pusher 4100).
+        upgrade_refused => upgrades_refused,
+        /// One user disconnected (REST disconnect or block, Pusher terminate_connections)
+        /// by a request this worker took.
+        user_disconnect => user_disconnects,
+        /// One user block stored by a request this worker took.
+        user_block => user_blocks,
+        /// One client event accepted from a connection of this worker and relayed.
+        client_event => client_events,
+        /// A keyed publish answered from the remembered answer (`Idempotent-Replayed`).
+        idempotent_replay => idempotent_replays,
+        /// A keyed publish answered 409 `idempotency_key_in_progress`.
+        idempotency_in_progress => idempotency_in_progress,
+        /// A keyed publish answered 422 `idempotency_key_reused`.
+        idempotency_key_reused => idempotency_key_reused,
+    }
+    add {
+        /// Quota units of an accepted publish (one per channel per message).
+        messages_published => messages_published,
+        /// Message frames one broadcast handed to this worker's connections.
+        deliveries => deliveries,
+        bytes_sent => bytes_sent,
+        /// Idempotency keys this worker forgot before their window ended (over
+        /// `idempotency_max_keys_per_project`).
+        idempotency_keys_evicted => idempotency_keys_evicted,
+    }
+    set {
+        /// This worker's open WebSocket connections now.
+        set_connections => connections,
+        /// This worker's WebSocket connections with a user (connection token or sign-in).
+        set_user_connections => user_connections,
+        /// This worker's (connection, channel) subscriptions now.
+        set_subscriptions => subscriptions,
     }
 }
 
@@ -293,6 +271,11 @@ type Family = (
     &'static str,
     fn(&WorkerMetrics) -> u64,
 );
+
+/// Write a metric family's `# HELP` and `# TYPE` lines.
+fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
 
 /// Every worker's metrics, for the scrape.
 #[derive(Debug)]
@@ -446,14 +429,16 @@ impl Metrics {
             ),
         ];
         for (name, kind, help, get) in simple {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            header(&mut out, name, kind, help);
             let _ = writeln!(out, "{name} {}", self.sum(get));
         }
 
         let name = "ringcast_publish_requests_total";
-        let _ = writeln!(
-            out,
-            "# HELP {name} HTTP requests of the publish APIs, by API and status.\n# TYPE {name} counter"
+        header(
+            &mut out,
+            name,
+            "counter",
+            "HTTP requests of the publish APIs, by API and status.",
         );
         for api in Api::ALL {
             for slot in 0..STATUS_SLOTS {
@@ -475,9 +460,11 @@ impl Metrics {
         }
 
         let name = "ringcast_publish_duration_seconds";
-        let _ = writeln!(
-            out,
-            "# HELP {name} Time from a publish request complete to its message handed to every mailbox.\n# TYPE {name} histogram"
+        header(
+            &mut out,
+            name,
+            "histogram",
+            "Time from a publish request complete to its message handed to every mailbox.",
         );
         let mut cumulative = 0u64;
         for (i, le) in DURATION_BUCKETS.iter().enumerate() {
@@ -491,75 +478,81 @@ impl Metrics {
         let _ = writeln!(out, "{name}_count {count}");
 
         let name = "ringcast_mailbox_depth";
-        let _ = writeln!(
-            out,
-            "# HELP {name} Frames queued in a worker's mailbox (a batch counts one per frame, capped at the capacity).\n# TYPE {name} gauge"
+        header(
+            &mut out,
+            name,
+            "gauge",
+            "Frames queued in a worker's mailbox (a batch counts one per frame, capped at the capacity).",
         );
         for (worker, depth) in node.mailbox_depths.iter().enumerate() {
             let _ = writeln!(out, "{name}{{worker=\"{worker}\"}} {depth}");
         }
 
-        let name = "ringcast_cluster_connected";
-        let _ = writeln!(
-            out,
-            "# HELP {name} 1 when both Redis connections of the cluster bridge are up; 0 otherwise (and on a single node).\n# TYPE {name} gauge"
-        );
-        let _ = writeln!(
-            out,
-            "{name} {}",
-            u8::from(node.cluster_connected == Some(true))
-        );
-        let name = "ringcast_cluster_enabled";
-        let _ = writeln!(
-            out,
-            "# HELP {name} 1 in cluster mode (--redis), 0 on a single node.\n# TYPE {name} gauge"
-        );
-        let _ = writeln!(out, "{name} {}", u8::from(node.cluster_connected.is_some()));
-        let name = "ringcast_cluster_relay_dropped_total";
-        let _ = writeln!(
-            out,
-            "# HELP {name} Publishes not relayed to the other nodes (relay queue full or Redis away).\n# TYPE {name} counter"
-        );
-        let _ = writeln!(out, "{name} {}", node.cluster_relay_dropped);
-        let name = "ringcast_cluster_receive_dropped_total";
-        let _ = writeln!(
-            out,
-            "# HELP {name} Messages from other nodes dropped here (mailboxes full, unknown project, or not a ringcast frame).\n# TYPE {name} counter"
-        );
-        let _ = writeln!(out, "{name} {}", node.cluster_receive_dropped);
-        let name = "ringcast_cluster_history_errors_total";
-        let _ = writeln!(
-            out,
-            "# HELP {name} History publishes or reads in cluster mode that Redis answered unexpectedly.\n# TYPE {name} counter"
-        );
-        let _ = writeln!(out, "{name} {}", node.cluster_history_errors);
+        // The node's own values, one series each: name, type, help, value.
+        let single: [(&str, &str, &str, u64); 5] = [
+            (
+                "ringcast_cluster_connected",
+                "gauge",
+                "1 when both Redis connections of the cluster bridge are up; 0 otherwise (and on a single node).",
+                u64::from(node.cluster_connected == Some(true)),
+            ),
+            (
+                "ringcast_cluster_enabled",
+                "gauge",
+                "1 in cluster mode (--redis), 0 on a single node.",
+                u64::from(node.cluster_connected.is_some()),
+            ),
+            (
+                "ringcast_cluster_relay_dropped_total",
+                "counter",
+                "Publishes not relayed to the other nodes (relay queue full or Redis away).",
+                node.cluster_relay_dropped,
+            ),
+            (
+                "ringcast_cluster_receive_dropped_total",
+                "counter",
+                "Messages from other nodes dropped here (mailboxes full, unknown project, or not a ringcast frame).",
+                node.cluster_receive_dropped,
+            ),
+            (
+                "ringcast_cluster_history_errors_total",
+                "counter",
+                "History publishes or reads in cluster mode that Redis answered unexpectedly.",
+                node.cluster_history_errors,
+            ),
+        ];
+        for (name, kind, help, value) in single {
+            header(&mut out, name, kind, help);
+            let _ = writeln!(out, "{name} {value}");
+        }
 
-        let name = "ringcast_webhook_events_dropped_total";
-        let _ = writeln!(
-            out,
-            "# HELP {name} Webhook events not delivered: a queue was full (webhook_queue_events), or 5 minutes of retries failed.\n# TYPE {name} counter"
-        );
-        let _ = writeln!(
-            out,
-            "{name}{{reason=\"queue_full\"}} {}",
-            node.webhook_dropped_queue_full
-        );
-        let _ = writeln!(
-            out,
-            "{name}{{reason=\"retries_exhausted\"}} {}",
-            node.webhook_dropped_retries_exhausted
-        );
-        let name = "ringcast_webhook_requests_total";
-        let _ = writeln!(
-            out,
-            "# HELP {name} Webhook requests made, by result (failed: non-2xx or no answer within 5 s; each is retried).\n# TYPE {name} counter"
-        );
-        let _ = writeln!(out, "{name}{{result=\"ok\"}} {}", node.webhook_requests_ok);
-        let _ = writeln!(
-            out,
-            "{name}{{result=\"failed\"}} {}",
-            node.webhook_requests_failed
-        );
+        // The webhook counters, two labelled series each: name, help, label, series.
+        let labelled: [(&str, &str, &str, [(&str, u64); 2]); 2] = [
+            (
+                "ringcast_webhook_events_dropped_total",
+                "Webhook events not delivered: a queue was full (webhook_queue_events), or 5 minutes of retries failed.",
+                "reason",
+                [
+                    ("queue_full", node.webhook_dropped_queue_full),
+                    ("retries_exhausted", node.webhook_dropped_retries_exhausted),
+                ],
+            ),
+            (
+                "ringcast_webhook_requests_total",
+                "Webhook requests made, by result (failed: non-2xx or no answer within 5 s; each is retried).",
+                "result",
+                [
+                    ("ok", node.webhook_requests_ok),
+                    ("failed", node.webhook_requests_failed),
+                ],
+            ),
+        ];
+        for (name, help, label, series) in labelled {
+            header(&mut out, name, "counter", help);
+            for (value, n) in series {
+                let _ = writeln!(out, "{name}{{{label}=\"{value}\"}} {n}");
+            }
+        }
         out
     }
 }

@@ -127,6 +127,26 @@ pub(crate) enum StoreError {
     TooManyBlocks(usize),
 }
 
+// The not-found sentences both stores give, written once so SQLite and Redis say the
+// same thing (the admin commands print them).
+
+/// No project has the id `id`.
+fn project_not_found(id: &str) -> StoreError {
+    StoreError::NotFound(format!("no project with id {id:?}"))
+}
+
+/// The project exists but has no token key `key_id`.
+fn no_token_key(project_id: &str, key_id: &str) -> StoreError {
+    StoreError::NotFound(format!(
+        "project {project_id:?} has no token key {key_id:?}"
+    ))
+}
+
+/// No API key matches `shown` (a key's prefix or an id: never a whole key).
+fn no_key_matches(shown: &str) -> StoreError {
+    StoreError::NotFound(format!("no key matches {shown:?}"))
+}
+
 /// Projects and keys, wherever they live. Methods take `&mut self` because a store is a
 /// connection: one per thread (admin command, watcher), never shared.
 pub(crate) trait Store: UserStore + Send {

@@ -51,8 +51,8 @@ use std::time::Duration;
 use base64::Engine as _;
 
 use super::{
-    mint_token_secret, rotated_expiry, unix_now, validate_project_name, Store, StoreContents,
-    StoreError,
+    mint_token_secret, no_key_matches, no_token_key, project_not_found, rotated_expiry, unix_now,
+    validate_project_name, Store, StoreContents, StoreError,
 };
 use crate::apikey::{hash_key, key_prefix, KeyKind};
 use crate::history::HistorySpec;
@@ -248,10 +248,6 @@ impl RedisStore {
 /// times at most (more only if other processes keep creating projects without one).
 const NUMBERING_ATTEMPTS: u32 = 3;
 
-fn project_not_found(id: &str) -> StoreError {
-    StoreError::NotFound(format!("no project with id {id:?}"))
-}
-
 impl Store for RedisStore {
     fn create_project(
         &mut self,
@@ -376,9 +372,7 @@ impl Store for RedisStore {
             if !self.project_exists(project_id)? {
                 return Err(project_not_found(project_id));
             }
-            return Err(StoreError::NotFound(format!(
-                "project {project_id:?} has no token key {key_id:?}"
-            )));
+            return Err(no_token_key(project_id, key_id));
         }
         self.write(|pipe| {
             pipe.hdel(k("token_keys"), key_id);
@@ -481,7 +475,7 @@ impl Store for RedisStore {
                 self.with(|c| redis::cmd("HEXISTS").arg(k("keys")).arg(key_or_id).query(c))?;
             (exists.then(|| key_or_id.to_string()), key_or_id.to_string())
         };
-        let id = id.ok_or_else(|| StoreError::NotFound(format!("no key matches {shown:?}")))?;
+        let id = id.ok_or_else(|| no_key_matches(&shown))?;
         // A set insert: revoking twice is a no-op, and nothing ever removes a member.
         self.write(|pipe| {
             pipe.sadd(k("revoked"), &id);

@@ -30,7 +30,8 @@ use rusqlite::types::Value;
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 
 use super::{
-    mint_token_secret, rotated_expiry, validate_project_name, Store, StoreContents, StoreError,
+    mint_token_secret, no_key_matches, no_token_key, project_not_found, rotated_expiry,
+    validate_project_name, Store, StoreContents, StoreError,
 };
 use crate::apikey::{hash_key, key_prefix, KeyHash, KeyKind};
 use crate::history::HistorySpec;
@@ -285,10 +286,6 @@ fn read_token_keys(conn: &Connection) -> Result<Vec<TokenKeyRecord>, StoreError>
             })
         },
     )
-}
-
-fn project_not_found(id: &str) -> StoreError {
-    StoreError::NotFound(format!("no project with id {id:?}"))
 }
 
 fn insert_key(
@@ -551,9 +548,7 @@ impl Store for SqliteStore {
                 params![key_id, project_id],
             )?;
             if removed == 0 {
-                return Err(StoreError::NotFound(format!(
-                    "project {project_id:?} has no token key {key_id:?}"
-                )));
+                return Err(no_token_key(project_id, key_id));
             }
             Ok(())
         })
@@ -620,7 +615,7 @@ impl Store for SqliteStore {
                     .optional()?;
                 (id, key_or_id.to_string())
             };
-            let id = id.ok_or_else(|| StoreError::NotFound(format!("no key matches {shown:?}")))?;
+            let id = id.ok_or_else(|| no_key_matches(&shown))?;
             // COALESCE keeps the first revocation time: revoking twice is a no-op.
             tx.execute(
                 "UPDATE keys SET revoked_at = COALESCE(revoked_at, ?1) WHERE id = ?2",
