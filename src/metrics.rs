@@ -272,6 +272,18 @@ type Family = (
     fn(&WorkerMetrics) -> u64,
 );
 
+/// A node-wide value of one series: name, type, help, value.
+type NodeSeries = (&'static str, &'static str, &'static str, u64);
+
+/// A node-wide counter of two labelled series: name, help, label name, and each
+/// series' label value and value.
+type NodeLabelled = (
+    &'static str,
+    &'static str,
+    &'static str,
+    [(&'static str, u64); 2],
+);
+
 /// Write a metric family's `# HELP` and `# TYPE` lines.
 fn header(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
@@ -488,8 +500,7 @@ impl Metrics {
             let _ = writeln!(out, "{name}{{worker=\"{worker}\"}} {depth}");
         }
 
-        // The node's own values, one series each: name, type, help, value.
-        let single: [(&str, &str, &str, u64); 5] = [
+        let single: [NodeSeries; 5] = [
             (
                 "ringcast_cluster_connected",
                 "gauge",
@@ -526,8 +537,7 @@ impl Metrics {
             let _ = writeln!(out, "{name} {value}");
         }
 
-        // The webhook counters, two labelled series each: name, help, label, series.
-        let labelled: [(&str, &str, &str, [(&str, u64); 2]); 2] = [
+        let labelled: [NodeLabelled; 2] = [
             (
                 "ringcast_webhook_events_dropped_total",
                 "Webhook events not delivered: a queue was full (webhook_queue_events), or 5 minutes of retries failed.",
