@@ -167,7 +167,8 @@ impl WorkerMetrics {
 
 /// Declares the [`WorkerMetrics`] recorders that each write one cell: `count` adds one
 /// event, `add` adds `n`, `set` stores a gauge. One form a kind, so every recorder keeps
-/// the single-writer load-and-store of [`Cell64`] and none is written out by hand again.
+/// the single-writer load-and-store of [`Cell64`] and none is written out by hand again
+/// (a macro because a function cannot declare methods; the bodies are what they were).
 macro_rules! recorders {
     (
         count { $($(#[$cd:meta])* $cm:ident => $cf:ident,)* }
