@@ -172,12 +172,23 @@ impl HttpConn {
         upgrade
     }
 
-    /// Write pending answers. A client that sends requests but never reads its answers
-    /// must not hold the connection (and its slot) forever: writes share the idle
-    /// timeout. `false` when the connection is gone.
+    /// Write pending answers: at once when the socket takes them all (the usual case:
+    /// no operation on the ring, no timer), else the rest through the ring. A client
+    /// that sends requests but never reads its answers must not hold the connection
+    /// (and its slot) forever: those writes share the idle timeout. `false` when the
+    /// connection is gone.
     async fn flush<S: Transport>(&mut self, stream: &mut S, limit: Duration) -> bool {
         if self.out.is_empty() {
             return true;
+        }
+        if let Some(sent) = stream.try_send(&self.out) {
+            self.out.drain(..sent);
+            if self.out.is_empty() {
+                if self.out.capacity() > OUT_KEEP_MAX {
+                    self.out = Vec::new();
+                }
+                return true;
+            }
         }
         let write = stream.write_all(std::mem::take(&mut self.out));
         match monoio::time::timeout(limit, write).await {

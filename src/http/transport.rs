@@ -34,6 +34,13 @@ pub(crate) trait Transport: AsyncReadRent + AsyncWriteRent + 'static {
         let addr = socket2::SockRef::from(&fd).peer_addr().ok()?;
         addr.as_socket().map(|a| a.ip())
     }
+    /// Write what the socket takes now, without waiting and without an io_uring
+    /// operation: `Some(bytes written)`, or `None` when it takes nothing now or the
+    /// stream cannot (TLS: its records are written by the stream itself). The caller
+    /// writes the rest the usual way, which also reports a broken connection.
+    fn try_send(&mut self, _bytes: &[u8]) -> Option<usize> {
+        None
+    }
     /// Before the server closes the connection: TLS sends close_notify so the client
     /// sees a clean end; plaintext needs nothing (dropping the socket sends FIN).
     fn before_close(&mut self) -> impl std::future::Future<Output = ()> {
@@ -44,6 +51,24 @@ pub(crate) trait Transport: AsyncReadRent + AsyncWriteRent + 'static {
 impl Transport for TcpStream {
     fn socket_fd(&self) -> RawFd {
         self.as_raw_fd()
+    }
+
+    fn try_send(&mut self, bytes: &[u8]) -> Option<usize> {
+        // An answer is small and the socket's send buffer almost always has room: one
+        // `send` now costs less than an operation on the ring, its timer and the wake
+        // of this task when it completes (the WebSocket writer does the same).
+        // SAFETY: plain syscall on this open stream's socket; `bytes` is a live slice
+        // for the call. No operation of monoio's is writing on it (the HTTP loop
+        // writes from one place, between requests).
+        let n = unsafe {
+            libc::send(
+                self.as_raw_fd(),
+                bytes.as_ptr().cast(),
+                bytes.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        usize::try_from(n).ok().filter(|&n| n > 0)
     }
 
     fn into_ws(self) -> std::io::Result<WsIo> {
