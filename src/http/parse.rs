@@ -122,12 +122,14 @@ pub fn parse_head(
     max_head: usize,
     max_headers: usize,
 ) -> Result<Option<RequestHead>, HttpError> {
-    // httparse needs a slot per header; a fixed stack array keeps this allocation-free.
+    // httparse needs a slot per header; a fixed stack array keeps this allocation-free,
+    // and uninitialised slots spare every request a 4 KiB fill (httparse writes only
+    // the slots of the headers it finds, and `req.headers` covers exactly those).
     const SLOTS: usize = 128;
-    let mut slots = [httparse::EMPTY_HEADER; SLOTS];
+    let mut slots = [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; SLOTS];
     let limit = max_headers.min(SLOTS);
-    let mut req = httparse::Request::new(&mut slots[..limit]);
-    let status = match req.parse(buf) {
+    let mut req = httparse::Request::new(&mut []);
+    let status = match req.parse_with_uninit_headers(buf, &mut slots[..limit]) {
         Ok(status) => status,
         Err(httparse::Error::TooManyHeaders) => return Err(HttpError::HeadersTooLarge),
         Err(_) => return Err(HttpError::BadRequest("malformed request head")),
