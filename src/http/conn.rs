@@ -1,7 +1,8 @@
 //! One HTTP/1.1 connection: its state ([`HttpConn`]: read buffer, pending output, when
 //! the current request started, whether to close) and the loop over three steps:
 //! serve the complete requests already buffered (pipelining, one answer write for all
-//! of them), flush, read more. Or hand the socket to the WebSocket layer after an
+//! of them), flush (one direct `send` when the socket takes it all, the usual case),
+//! read more. Or hand the socket to the WebSocket layer after an
 //! upgrade.
 //!
 //! Serving a request is parsing its head (`super::parse`) and routing it ([`route`]:

@@ -2,7 +2,8 @@
 //!
 //! The connection loop is generic over [`Transport`]: a plain `TcpStream` or a
 //! [`crate::tls::TlsStream`] whose handshake is done. Each is monomorphised separately,
-//! so plaintext keeps its direct io_uring reads and writes and pays nothing for TLS.
+//! so plaintext keeps its direct io_uring reads, sends its answers with one `send` when
+//! the socket takes them ([`Transport::try_send`]), and pays nothing for TLS.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
