@@ -41,7 +41,7 @@ use std::time::Instant;
 
 use super::outcome::{answer, Outcome, Request};
 use super::parse::{is_json_media_type, Method};
-use super::publish::answer_extra;
+use super::publish::{answer_extra, Endpoint as Publishing};
 use super::response::{write_error, write_json, write_json_with, Extra, RateHeaders};
 use super::{ApiError, Service};
 use crate::apikey::KeyKind;
@@ -83,8 +83,14 @@ enum Endpoint<'a> {
 }
 
 impl Endpoint<'_> {
-    fn is_publish(self) -> bool {
-        matches!(self, Endpoint::Events | Endpoint::Batch)
+    /// The native publish endpoint this one is the Pusher form of: `events` publishes
+    /// one message, `batch_events` a batch; `None` for the reads.
+    fn publishing(self) -> Option<Publishing> {
+        match self {
+            Endpoint::Events => Some(Publishing::One),
+            Endpoint::Batch => Some(Publishing::Batch),
+            _ => None,
+        }
     }
 }
 
@@ -119,7 +125,8 @@ pub(crate) fn handle(r: &Request<'_>, out: &mut Vec<u8>, rest: &[u8]) -> Outcome
     let Some((app_id, endpoint)) = split(rest) else {
         return answer(out, ApiError::NotFound);
     };
-    let publish = endpoint.is_publish();
+    let publishing = endpoint.publishing();
+    let publish = publishing.is_some();
     let refuse = |out: &mut Vec<u8>, err: ApiError| {
         if publish {
             count(err.status());
@@ -213,18 +220,21 @@ pub(crate) fn handle(r: &Request<'_>, out: &mut Vec<u8>, rest: &[u8]) -> Outcome
     // 12. The endpoint (a keyed publish under its key: `super::idempotent`).
     let project = Arc::clone(project);
     drop(keys);
-    if let (true, Some(key)) = (publish, r.part(&head.idempotency_key)) {
-        let batch = matches!(endpoint, Endpoint::Batch);
+    if let (Some(shape), Some(key)) = (publishing, r.part(&head.idempotency_key)) {
         let owned = Arc::clone(&project);
         let run =
             move |svc: &Rc<Service>, body: &[u8], keyed: Option<&Keyed<'_>>, out: &mut Vec<u8>| {
-                publish_events(svc, &owned, body, batch, out, started, keyed)
+                publish_events(svc, &owned, body, shape, out, started, keyed)
             };
         return super::idempotent::guard(svc, &project, key, body, Api::Pusher, out, run);
     }
     match endpoint {
-        Endpoint::Events => publish_events(svc, &project, body, false, out, started, None),
-        Endpoint::Batch => publish_events(svc, &project, body, true, out, started, None),
+        Endpoint::Events => {
+            publish_events(svc, &project, body, Publishing::One, out, started, None)
+        }
+        Endpoint::Batch => {
+            publish_events(svc, &project, body, Publishing::Batch, out, started, None)
+        }
         Endpoint::Channels => channels(svc, project.index, &q, out),
         Endpoint::Channel(raw) => channel(svc, project.index, raw, &q, out),
         Endpoint::Users(raw) => users(svc, project.index, raw, &q, out),
@@ -275,19 +285,19 @@ enum Asked {
     Batch(Vec<Option<(Info, Box<str>)>>),
 }
 
-/// `POST /apps/{app_id}/events`, or `batch_events` when `batch`.
+/// `POST /apps/{app_id}/events` ([`Publishing::One`]) or `batch_events`.
 fn publish_events(
     svc: &Rc<Service>,
     project: &Arc<ProjectState>,
     body: &[u8],
-    batch: bool,
+    shape: Publishing,
     out: &mut Vec<u8>,
     started: Option<Instant>,
     keyed: Option<&Keyed<'_>>,
 ) -> Outcome {
     let parsed = {
         let mut parser = svc.parser.borrow_mut();
-        decide(svc, &mut parser, project, body, batch, keyed)
+        decide(svc, &mut parser, project, body, shape, keyed)
     };
     match parsed {
         Ok((decided, asked)) => finish(svc, project.index, decided, asked, out, started),
@@ -306,11 +316,11 @@ fn decide(
     parser: &mut PublishParser,
     project: &Arc<ProjectState>,
     body: &[u8],
-    batch: bool,
+    shape: Publishing,
     keyed: Option<&Keyed<'_>>,
 ) -> Parsed {
     let (ids, node) = (&svc.ids, &*svc.node);
-    if !batch {
+    if shape == Publishing::One {
         let event = parser.parse_pusher(body).map_err(|err| (err, None))?;
         let asked = event.info.map(|info| {
             let names = event.msg.channels.as_slice().iter();
