@@ -1,13 +1,13 @@
 //! The read side of a connection, from the socket to the session: what the protocol
 //! layer does with messages ([`Session`]), the reader's limits, the frame processing
-//! every reader shares ([`process`]: frames decoded by `ws::frame`, reassembled by
+//! every reader shares ([`Frames`]: frames decoded by `ws::frame`, reassembled by
 //! `ws::message`, each message handed to the session), the worker's scratch buffer, and
 //! the two readers over it:
 //!
 //! - plaintext: a parked record ([`Parked`]) in the worker's engine (`crate::engine`),
 //!   instead of a task: while the connection is idle it is this record and nothing
 //!   else. When its socket is readable the engine gives it a turn ([`Ready::ready`]):
-//!   one `recv(MSG_DONTWAIT)` into the worker's scratch buffer and [`process`],
+//!   one `recv(MSG_DONTWAIT)` into the worker's scratch buffer and [`Frames::process`],
 //!   synchronously, then it parks again. Only what must wait leaves the engine for a
 //!   task of its own, which parks the record again when the wait is over:
 //!   back-pressure (the client's own queue is over `ws_read_pause_bytes`) and the close
@@ -99,10 +99,16 @@ pub async fn read_loop<S: Session, R: WsRead>(
     mut pending: Vec<u8>,
 ) {
     let mut asm = Assembler::new(limits.max_fragments);
+    let mut frames = Frames {
+        conn: &conn,
+        session,
+        asm: &mut asm,
+        limits,
+    };
     // Bytes that arrived with the upgrade request are processed first.
-    let mut peer_closed = !process_vec(&conn, session, &mut asm, &mut pending, limits);
+    let mut peer_closed = !frames.process_vec(&mut pending);
     while !peer_closed && conn.state.get() != State::Done {
-        // `process` stops early only for back-pressure: then the queue is over the
+        // `Frames::process` stops early only for back-pressure: then the queue is over the
         // limit, or was when it stopped (frames already read wait in `pending`).
         let stalled = conn.is_open() && !pending.is_empty() && has_frame(&pending);
         if conn.is_open() && (stalled || conn.queued_bytes() > limits.pause_backlog) {
@@ -110,7 +116,7 @@ pub async fn read_loop<S: Session, R: WsRead>(
             // drained below the limit.
             conn.wait_drained(limits.pause_backlog).await;
             if conn.is_open() && !pending.is_empty() {
-                peer_closed = !process_vec(&conn, session, &mut asm, &mut pending, limits);
+                peer_closed = !frames.process_vec(&mut pending);
                 if pending.is_empty() && pending.capacity() > 0 {
                     pending = Vec::new();
                 }
@@ -135,7 +141,7 @@ pub async fn read_loop<S: Session, R: WsRead>(
                 // Closing: only the peer's close frame matters now.
                 peer_closed = contains_close(data, limits);
             } else {
-                let (used, keep) = process(&conn, session, &mut asm, data, limits);
+                let (used, keep) = frames.process(data);
                 peer_closed = !keep;
                 // A partial frame, or frames held back by back-pressure: they move to
                 // the connection's own buffer, never wait in the shared scratch.
@@ -155,7 +161,7 @@ pub async fn read_loop<S: Session, R: WsRead>(
             }
             pending.extend_from_slice(&buf);
             drop(buf);
-            peer_closed = !process_vec(&conn, session, &mut asm, &mut pending, limits);
+            peer_closed = !frames.process_vec(&mut pending);
         }
         if pending.is_empty() && pending.capacity() > 0 {
             pending = Vec::new();
@@ -167,96 +173,93 @@ pub async fn read_loop<S: Session, R: WsRead>(
     }
     conn.abort();
     conn.fd_open.set(false);
-    session.on_end(&conn);
+    frames.session.on_end(&conn);
     drop(rd);
 }
 
-/// [`process`] on a buffer of the connection's own, leaving the unprocessed tail in it.
-fn process_vec<S: Session>(
-    conn: &Rc<WsConn>,
-    session: &mut S,
-    asm: &mut Assembler,
-    buf: &mut Vec<u8>,
+/// One pass of frame processing: the connection, its session, its message assembler
+/// and the reader's limits, borrowed together by whichever reader holds them (the TLS
+/// reader task, or the parked record during its turn).
+struct Frames<'a, S> {
+    conn: &'a Rc<WsConn>,
+    session: &'a mut S,
+    asm: &'a mut Assembler,
     limits: ReadLimits,
-) -> bool {
-    let (used, keep) = process(conn, session, asm, buf, limits);
-    buf.drain(..used);
-    keep
 }
 
-/// Decode and handle every complete frame in `buf`. Returns how many bytes were used
-/// (the rest is an incomplete frame or held back by back-pressure) and `false` when the
-/// reader should stop reading (peer closed or protocol error).
-fn process<S: Session>(
-    conn: &Rc<WsConn>,
-    session: &mut S,
-    asm: &mut Assembler,
-    buf: &mut [u8],
-    limits: ReadLimits,
-) -> (usize, bool) {
-    let mut off = 0;
-    while off < buf.len() {
-        if conn.queued_bytes() > limits.pause_backlog && conn.is_open() {
-            // Back-pressure: the rest waits in the buffer (see `read_loop`).
-            break;
-        }
-        match process_frame(conn, session, asm, &mut buf[off..], limits) {
-            Ok(Some(consumed)) => off += consumed,
-            Ok(None) => break,
-            Err(reason) => {
-                // The peer's close, a protocol error or the session's verdict: the
-                // rest of the buffer is dropped and reading stops.
-                conn.close(reason);
-                return (buf.len(), false);
-            }
-        }
+impl<S: Session> Frames<'_, S> {
+    /// [`Frames::process`] on a buffer of the connection's own, leaving the unprocessed
+    /// tail in it.
+    fn process_vec(&mut self, buf: &mut Vec<u8>) -> bool {
+        let (used, keep) = self.process(buf);
+        buf.drain(..used);
+        keep
     }
-    (off, true)
-}
 
-/// Decode and handle the frame `buf` starts with: the bytes it took, `None` while it is
-/// incomplete, or why the connection closes.
-fn process_frame<S: Session>(
-    conn: &Rc<WsConn>,
-    session: &mut S,
-    asm: &mut Assembler,
-    buf: &mut [u8],
-    limits: ReadLimits,
-) -> Result<Option<usize>, Disconnect> {
-    let Some(view) = decode_frame_with(buf, limits.max_message, conn.compresses())? else {
-        return Ok(None);
-    };
-    let incoming = asm.push_frame(
-        view.opcode,
-        view.fin,
-        view.compressed,
-        &mut buf[view.payload],
-        limits.max_message,
-    )?;
-    let outcome = match incoming {
-        Incoming::None | Incoming::Pong => Ok(()),
-        Incoming::Ping(data) => {
-            conn.send(frame::frame(Opcode::Pong, data));
-            Ok(())
-        }
-        Incoming::Close(code) => return Err(Disconnect::echo(code)),
-        Incoming::Message(op, data) => {
-            if conn.is_open() {
-                session.on_message(conn, op, data)
-            } else {
-                Ok(())
+    /// Decode and handle every complete frame in `buf`. Returns how many bytes were used
+    /// (the rest is an incomplete frame or held back by back-pressure) and `false` when
+    /// the reader should stop reading (peer closed or protocol error).
+    fn process(&mut self, buf: &mut [u8]) -> (usize, bool) {
+        let conn = self.conn;
+        let mut off = 0;
+        while off < buf.len() {
+            if conn.queued_bytes() > self.limits.pause_backlog && conn.is_open() {
+                // Back-pressure: the rest waits in the buffer (see `read_loop`).
+                break;
+            }
+            match self.frame(&mut buf[off..]) {
+                Ok(Some(consumed)) => off += consumed,
+                Ok(None) => break,
+                Err(reason) => {
+                    // The peer's close, a protocol error or the session's verdict: the
+                    // rest of the buffer is dropped and reading stops.
+                    conn.close(reason);
+                    return (buf.len(), false);
+                }
             }
         }
-        Incoming::Compressed(op, data) => {
-            if conn.is_open() {
-                on_compressed(conn, session, op, data, limits.max_message)
-            } else {
+        (off, true)
+    }
+
+    /// Decode and handle the frame `buf` starts with: the bytes it took, `None` while it
+    /// is incomplete, or why the connection closes.
+    fn frame(&mut self, buf: &mut [u8]) -> Result<Option<usize>, Disconnect> {
+        let (conn, max_message) = (self.conn, self.limits.max_message);
+        let Some(view) = decode_frame_with(buf, max_message, conn.compresses())? else {
+            return Ok(None);
+        };
+        let incoming = self.asm.push_frame(
+            view.opcode,
+            view.fin,
+            view.compressed,
+            &mut buf[view.payload],
+            max_message,
+        )?;
+        let outcome = match incoming {
+            Incoming::None | Incoming::Pong => Ok(()),
+            Incoming::Ping(data) => {
+                conn.send(frame::frame(Opcode::Pong, data));
                 Ok(())
             }
-        }
-    };
-    asm.release();
-    outcome.map(|()| Some(view.consumed))
+            Incoming::Close(code) => return Err(Disconnect::echo(code)),
+            Incoming::Message(op, data) => {
+                if conn.is_open() {
+                    self.session.on_message(conn, op, data)
+                } else {
+                    Ok(())
+                }
+            }
+            Incoming::Compressed(op, data) => {
+                if conn.is_open() {
+                    on_compressed(conn, self.session, op, data, max_message)
+                } else {
+                    Ok(())
+                }
+            }
+        };
+        self.asm.release();
+        outcome.map(|()| Some(view.consumed))
+    }
 }
 
 thread_local! {
@@ -454,7 +457,13 @@ impl<S: Session + 'static, H: 'static> Parked<S, H> {
                 Next::Park
             }
         } else if self.pending.is_none() {
-            let (used, keep) = process(&self.conn, &mut self.session, &mut self.asm, data, limits);
+            let mut frames = Frames {
+                conn: &self.conn,
+                session: &mut self.session,
+                asm: &mut self.asm,
+                limits,
+            };
+            let (used, keep) = frames.process(data);
             // A partial frame, or frames held back by back-pressure, move to the
             // record's own buffer: the scratch buffer is the worker's.
             if used < data.len() {
@@ -485,13 +494,13 @@ impl<S: Session + 'static, H: 'static> Parked<S, H> {
         let Some(pending) = self.pending.as_mut() else {
             return true;
         };
-        let keep = process_vec(
-            &self.conn,
-            &mut self.session,
-            &mut self.asm,
-            pending,
+        let mut frames = Frames {
+            conn: &self.conn,
+            session: &mut self.session,
+            asm: &mut self.asm,
             limits,
-        );
+        };
+        let keep = frames.process_vec(pending);
         if pending.is_empty() {
             self.pending = None;
         }
