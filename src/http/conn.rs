@@ -111,11 +111,13 @@ impl HttpConn {
                 self.held = true;
                 break;
             }
-            self.request_started.get_or_insert_with(Instant::now);
             let req = &self.buf[consumed..];
             let head = match parse_head(req, cfg.max_header_bytes, cfg.max_headers) {
                 Ok(Some(head)) => head,
-                Ok(None) => break,
+                Ok(None) => {
+                    self.incomplete();
+                    break;
+                }
                 Err(e) => {
                     write_error(&mut self.out, e.into(), Extra::default());
                     self.close = true;
@@ -137,7 +139,10 @@ impl HttpConn {
                 peer,
             };
             match route(&request, &mut self.out) {
-                Outcome::NeedMore => break,
+                Outcome::NeedMore => {
+                    self.incomplete();
+                    break;
+                }
                 Outcome::Answered { close } => {
                     let body = head.content_length.unwrap_or(0);
                     let buffered = req.len() - head.head_len;
@@ -171,6 +176,13 @@ impl HttpConn {
         }
         self.buf.drain(..consumed);
         upgrade
+    }
+
+    /// The request at the front of the buffer is not whole yet: its 408 clock runs from
+    /// now (its first bytes came with the read just before) unless it already runs. A
+    /// request whole in the buffer is served without reading the clock.
+    fn incomplete(&mut self) {
+        self.request_started.get_or_insert_with(Instant::now);
     }
 
     /// Write pending answers: at once when the socket takes them all (the usual case:
