@@ -154,6 +154,7 @@ pub fn spare_port() -> u16 {
     }
 }
 
+/// [`common::wait_for`] with the cluster tests' limit (10 s).
 pub fn wait_for(what: &str, cond: impl FnMut() -> bool) {
     common::wait_for(Duration::from_secs(10), what, cond)
 }
