@@ -197,22 +197,27 @@ impl HttpConn {
         if let Some(sent) = stream.try_send(&self.out) {
             self.out.drain(..sent);
             if self.out.is_empty() {
-                if self.out.capacity() > OUT_KEEP_MAX {
-                    self.out = Vec::new();
-                }
+                let written = std::mem::take(&mut self.out);
+                self.keep_out(written);
                 return true;
             }
         }
         let write = stream.write_all(std::mem::take(&mut self.out));
         match monoio::time::timeout(limit, write).await {
-            Ok((Ok(_), mut written)) => {
-                if written.capacity() <= OUT_KEEP_MAX {
-                    written.clear();
-                    self.out = written;
-                }
+            Ok((Ok(_), written)) => {
+                self.keep_out(written);
                 true
             }
             _ => false,
+        }
+    }
+
+    /// A written output buffer becomes the next one, unless a large answer grew it
+    /// (then it goes, and the next answer starts small).
+    fn keep_out(&mut self, mut written: Vec<u8>) {
+        if written.capacity() <= OUT_KEEP_MAX {
+            written.clear();
+            self.out = written;
         }
     }
 
