@@ -397,7 +397,7 @@ fn presence_channels_add_the_senders_user_id_and_metrics_count_them() {
     send_json(&mut sender, event(ch, "client-hi", json!({})));
     assert_eq!(next_json(&mut peer)["user_id"], "alice");
     // The probe and two events; each one delivery.
-    let counters = s.scrape();
+    let counters = s.scrape_when(|c| c.get("ringcast_deliveries_total") == Some(&3.0));
     assert_eq!(
         counters.get("ringcast_client_events_total"),
         Some(&3.0),

@@ -36,4 +36,21 @@ impl Server {
     pub fn scrape(&self) -> HashMap<String, f64> {
         samples(&self.scrape_text())
     }
+
+    /// The first scrape of which `done` holds, within 5 s (else the last one, for the
+    /// caller's assertions to show). A worker counts its deliveries just after writing
+    /// the frames, so a client can read a frame before the counter has moved.
+    pub fn scrape_when(
+        &self,
+        done: impl Fn(&HashMap<String, f64>) -> bool,
+    ) -> HashMap<String, f64> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let samples = self.scrape();
+            if done(&samples) || std::time::Instant::now() >= deadline {
+                return samples;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
 }
