@@ -22,7 +22,9 @@ use crate::cli::{Cli, Command, KeyCommand, KeyKindArg, ProjectCommand};
 use crate::config::Config;
 use crate::history::{HistorySpec, HistorySpecError};
 use crate::project::webhook::validate_url;
-use crate::project::{HookKinds, ProjectChange, ProjectRecord, TokenKeyAlg, WebhookSpec};
+use crate::project::{
+    CreatedProject, HookKinds, NewProject, ProjectChange, ProjectRecord, TokenKeyAlg, WebhookSpec,
+};
 use crate::quota::{RateLimit, RateLimitError};
 use crate::sealed::{MasterKey, SealError};
 use crate::store::{open_store, Store, StoreError};
@@ -329,13 +331,17 @@ pub(crate) fn execute(
             rate_limit,
             history,
         } => {
-            let (project, secret, public, token_secret) =
-                store.create_project(&name, rate_limit, history, need_master(master)?)?;
+            let new = NewProject {
+                name: &name,
+                rate_limit,
+                history,
+            };
+            let made = store.create_project(new, need_master(master)?)?;
             json!({
-                "project": project_json(&project),
-                "secret_key": secret,
-                "public_key": public,
-                "token_secret": token_secret,
+                "project": project_json(&made.project),
+                "secret_key": made.secret_key,
+                "public_key": made.public_key,
+                "token_secret": made.token_secret,
             })
         }
         Request::RotateTokenSecret {
@@ -439,13 +445,16 @@ pub(crate) fn dev_bootstrap_with(
     store: &mut dyn Store,
     rate_limit: RateLimit,
     master: &MasterKey,
-) -> Result<Option<(ProjectRecord, String, String, String)>, StoreError> {
+) -> Result<Option<CreatedProject>, StoreError> {
     if !store.is_empty()? {
         return Ok(None);
     }
-    store
-        .create_project("dev", rate_limit, HistorySpec::OFF, master)
-        .map(Some)
+    let dev = NewProject {
+        name: "dev",
+        rate_limit,
+        history: HistorySpec::OFF,
+    };
+    store.create_project(dev, master).map(Some)
 }
 
 fn default_rate_limit() -> Result<RateLimit, RateLimitError> {

@@ -301,14 +301,13 @@ fn dev_bootstrap_only_on_an_empty_store() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = SqliteStore::open(dir.path()).unwrap();
     let master = MasterKey::random();
-    let (project, secret, public, _) =
-        dev_bootstrap_with(&mut store, default_rate_limit().unwrap(), &master)
-            .unwrap()
-            .unwrap();
-    assert_eq!(project.name, "dev");
-    assert_eq!(project.rate_limit.to_string(), "100/s");
-    assert_eq!(project.pusher_app_id, 1_000_000);
-    assert!(secret.starts_with("sk_") && public.starts_with("pk_"));
+    let dev = dev_bootstrap_with(&mut store, default_rate_limit().unwrap(), &master)
+        .unwrap()
+        .unwrap();
+    assert_eq!(dev.project.name, "dev");
+    assert_eq!(dev.project.rate_limit.to_string(), "100/s");
+    assert_eq!(dev.project.pusher_app_id, 1_000_000);
+    assert!(dev.secret_key.starts_with("sk_") && dev.public_key.starts_with("pk_"));
     assert!(
         dev_bootstrap_with(&mut store, default_rate_limit().unwrap(), &master)
             .unwrap()

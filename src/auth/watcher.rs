@@ -234,13 +234,18 @@ mod tests {
     fn picks_up_a_revocation_and_a_new_limit() {
         let dir = tempfile::tempdir().unwrap();
         let mut admin = SqliteStore::open(dir.path()).unwrap();
-        let (project, secret, public, _) = admin
-            .create_project(
-                "p",
-                RateLimit::parse("10/s").unwrap(),
-                crate::history::HistorySpec::OFF,
-                &crate::sealed::MasterKey::random(),
-            )
+        let new = crate::project::NewProject {
+            name: "p",
+            rate_limit: RateLimit::parse("10/s").unwrap(),
+            history: crate::history::HistorySpec::OFF,
+        };
+        let crate::project::CreatedProject {
+            project,
+            secret_key: secret,
+            public_key: public,
+            ..
+        } = admin
+            .create_project(new, &crate::sealed::MasterKey::random())
             .unwrap();
 
         let cache = KeyCache::new();
@@ -326,13 +331,11 @@ mod tests {
     impl Store for Switchable {
         fn create_project(
             &mut self,
-            name: &str,
-            rate: RateLimit,
-            history: crate::history::HistorySpec,
+            new: crate::project::NewProject<'_>,
             master: &crate::sealed::MasterKey,
-        ) -> Result<(ProjectRecord, String, String, String), StoreError> {
+        ) -> Result<crate::project::CreatedProject, StoreError> {
             self.check()?;
-            self.inner.create_project(name, rate, history, master)
+            self.inner.create_project(new, master)
         }
         fn rotate_token_secret(
             &mut self,

@@ -245,22 +245,24 @@ mod tests {
             Params::parse(b"limit=5"),
             Err(ApiError::MissingField("channel"))
         );
-        for bad in [
-            &b"channel=c&limit=0"[..],
-            b"channel=c&limit=1001",
-            b"channel=c&limit=x",
-            b"channel=c&since=-1",
-            b"channel=c&since=",
-            b"channel=",
-            b"channel=%ZZ",
-            b"channel=%FF",
-            b"channel=a%01",
+        // Each refusal names the field at fault.
+        for (bad, field) in [
+            (&b"channel=c&limit=0"[..], "limit"),
+            (b"channel=c&limit=1001", "limit"),
+            (b"channel=c&limit=x", "limit"),
+            (b"channel=c&since=-1", "since"),
+            (b"channel=c&since=", "since"),
+            (b"channel=c&epoch=%FF", "epoch"),
+            (b"channel=", "channel"),
+            (b"channel=%ZZ", "channel"),
+            (b"channel=%FF", "channel"),
+            (b"channel=a%01", "channel"),
         ] {
-            assert!(
-                matches!(Params::parse(bad), Err(ApiError::InvalidField(..))),
-                "{:?}",
-                String::from_utf8_lossy(bad)
-            );
+            let named = match Params::parse(bad) {
+                Err(ApiError::InvalidField(name, _)) => Some(name),
+                _ => None,
+            };
+            assert_eq!(named, Some(field), "{:?}", String::from_utf8_lossy(bad));
         }
     }
 }

@@ -47,21 +47,37 @@ pub struct ProjectRecord {
     pub pusher: bool,
 }
 
+/// What a new project is given (`project create`; `serve --dev`'s first project).
+#[derive(Clone, Copy, Debug)]
+pub struct NewProject<'a> {
+    pub name: &'a str,
+    pub rate_limit: RateLimit,
+    pub history: HistorySpec,
+}
+
+/// A project just created, with its secrets in clear: returned once, by the call that
+/// made them, and never stored in clear.
+#[derive(Debug)]
+pub(crate) struct CreatedProject {
+    pub project: ProjectRecord,
+    /// The full secret key (`sk_...`).
+    pub secret_key: String,
+    /// The full public key (`pk_...`).
+    pub public_key: String,
+    /// The clear token secret (`ts_...`).
+    pub token_secret: String,
+}
+
 impl ProjectRecord {
     /// A project as every store creates it, under a new id: no connection limit of its
     /// own, client events off, no webhook, Pusher on. The store validates the name
     /// first and numbers the Pusher app.
-    pub fn new(
-        name: &str,
-        rate_limit: RateLimit,
-        history: HistorySpec,
-        pusher_app_id: u64,
-    ) -> ProjectRecord {
+    pub fn new(new: NewProject<'_>, pusher_app_id: u64) -> ProjectRecord {
         ProjectRecord {
             id: crate::apikey::generate_id("prj_"),
-            name: name.to_string(),
-            rate_limit,
-            history,
+            name: new.name.to_string(),
+            rate_limit: new.rate_limit,
+            history: new.history,
             max_connections: None,
             client_events: false,
             webhook: None,

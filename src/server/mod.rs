@@ -226,9 +226,8 @@ fn start(args: &ServeArgs, config: Config) -> anyhow::Result<()> {
     )?;
     if args.dev {
         let rate = crate::quota::RateLimit::parse(&config.default_rate_limit)?;
-        if let Some((project, secret, public, token_secret)) =
-            crate::admin::dev_bootstrap_with(&mut *store, rate, &master)?
-        {
+        if let Some(dev) = crate::admin::dev_bootstrap_with(&mut *store, rate, &master)? {
+            let project = &dev.project;
             let line = serde_json::json!({
                 "dev_project": {
                     "id": project.id,
@@ -236,9 +235,9 @@ fn start(args: &ServeArgs, config: Config) -> anyhow::Result<()> {
                     "rate_limit": project.rate_limit.to_string(),
                     "pusher_app_id": project.pusher_app_id.to_string(),
                 },
-                "secret_key": secret,
-                "public_key": public,
-                "token_secret": token_secret,
+                "secret_key": dev.secret_key,
+                "public_key": dev.public_key,
+                "token_secret": dev.token_secret,
             });
             println!("{line}");
         }

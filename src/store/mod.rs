@@ -31,12 +31,10 @@ pub(crate) use sqlite::SqliteStore;
 use std::path::{Path, PathBuf};
 
 use crate::apikey::KeyKind;
-use crate::history::HistorySpec;
 use crate::project::{
-    KeyRecord, ProjectChange, ProjectRecord, TokenKeyAlg, TokenKeyRecord, TokenSecretRecord,
-    UserBlockRecord, UserEndRecord, MAX_PROJECT_NAME_CHARS,
+    CreatedProject, KeyRecord, NewProject, ProjectChange, ProjectRecord, TokenKeyAlg,
+    TokenKeyRecord, TokenSecretRecord, UserBlockRecord, UserEndRecord, MAX_PROJECT_NAME_CHARS,
 };
-use crate::quota::RateLimit;
 use crate::sealed::{MasterKey, SealError};
 
 /// One consistent read of the whole store (revoked keys included), from which the
@@ -151,15 +149,13 @@ fn no_key_matches(shown: &str) -> StoreError {
 /// connection: one per thread (admin command, watcher), never shared.
 pub(crate) trait Store: UserStore + Send {
     /// A new project with one secret key, one public key and a token secret (sealed
-    /// with `master`). Returns the project, then the full secret key, the full public
-    /// key and the clear token secret (shown once, never stored in clear).
+    /// with `master`), returned with those three in clear (shown once, never stored in
+    /// clear).
     fn create_project(
         &mut self,
-        name: &str,
-        rate_limit: RateLimit,
-        history: HistorySpec,
+        new: NewProject<'_>,
         master: &MasterKey,
-    ) -> Result<(ProjectRecord, String, String, String), StoreError>;
+    ) -> Result<CreatedProject, StoreError>;
 
     /// A new token secret for a project; the project's other secrets stop verifying
     /// `grace_s` seconds from now (0: at once). Returns the clear new secret.

@@ -55,11 +55,10 @@ use super::{
     validate_project_name, Store, StoreContents, StoreError,
 };
 use crate::apikey::{hash_key, key_prefix, KeyKind};
-use crate::history::HistorySpec;
 use crate::project::{
-    KeyRecord, ProjectChange, ProjectRecord, TokenKeyAlg, TokenKeyRecord, FIRST_PUSHER_APP_ID,
+    CreatedProject, KeyRecord, NewProject, ProjectChange, ProjectRecord, TokenKeyAlg,
+    TokenKeyRecord, FIRST_PUSHER_APP_ID,
 };
-use crate::quota::RateLimit;
 use crate::redis_link::PREFIX;
 
 mod records;
@@ -251,15 +250,13 @@ const NUMBERING_ATTEMPTS: u32 = 3;
 impl Store for RedisStore {
     fn create_project(
         &mut self,
-        name: &str,
-        rate_limit: RateLimit,
-        history: HistorySpec,
+        new: NewProject<'_>,
         master: &MasterKey,
-    ) -> Result<(ProjectRecord, String, String, String), StoreError> {
-        validate_project_name(name)?;
-        let project = ProjectRecord::new(name, rate_limit, history, self.next_app_id()?);
+    ) -> Result<CreatedProject, StoreError> {
+        validate_project_name(new.name)?;
+        let project = ProjectRecord::new(new, self.next_app_id()?);
         let stored = serde_json::to_string(&StoredProject {
-            name: name.to_string(),
+            name: new.name.to_string(),
             seq: self.next_seq()?,
         })
         .map_err(|e| StoreError::Corrupt(format!("cannot encode project: {e}")))?;
@@ -274,8 +271,8 @@ impl Store for RedisStore {
         })?;
         self.write(|pipe| {
             pipe.hset(k("projects"), &project.id, &stored)
-                .hset(k("rate_limits"), &project.id, rate_limit.to_string())
-                .hset(k("histories"), &project.id, history.to_string())
+                .hset(k("rate_limits"), &project.id, new.rate_limit.to_string())
+                .hset(k("histories"), &project.id, new.history.to_string())
                 .hset(k("keys"), &sk.id, &sk_json)
                 .hset(k("key_hashes"), sk.hash.to_hex(), &sk.id)
                 .hset(k("keys"), &pk.id, &pk_json)
@@ -283,7 +280,12 @@ impl Store for RedisStore {
                 .hset(k("token_secrets"), &ts.id, &ts_json)
                 .hset(k("pusher_app_ids"), &project.id, project.pusher_app_id);
         })?;
-        Ok((project, secret, public, token_secret))
+        Ok(CreatedProject {
+            project,
+            secret_key: secret,
+            public_key: public,
+            token_secret,
+        })
     }
 
     fn rotate_token_secret(

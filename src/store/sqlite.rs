@@ -36,8 +36,8 @@ use super::{
 use crate::apikey::{hash_key, key_prefix, KeyHash, KeyKind};
 use crate::history::HistorySpec;
 use crate::project::{
-    HookKinds, KeyRecord, ProjectChange, ProjectRecord, TokenKeyAlg, TokenKeyRecord,
-    TokenSecretRecord, WebhookSpec, FIRST_PUSHER_APP_ID,
+    CreatedProject, HookKinds, KeyRecord, NewProject, ProjectChange, ProjectRecord, TokenKeyAlg,
+    TokenKeyRecord, TokenSecretRecord, WebhookSpec, FIRST_PUSHER_APP_ID,
 };
 
 mod users;
@@ -445,14 +445,12 @@ fn key_record(raw: RawKey) -> Result<KeyRecord, StoreError> {
 impl Store for SqliteStore {
     fn create_project(
         &mut self,
-        name: &str,
-        rate_limit: RateLimit,
-        history: HistorySpec,
+        new: NewProject<'_>,
         master: &MasterKey,
-    ) -> Result<(ProjectRecord, String, String, String), StoreError> {
-        validate_project_name(name)?;
+    ) -> Result<CreatedProject, StoreError> {
+        validate_project_name(new.name)?;
         // Numbered for real inside the write transaction below.
-        let mut project = ProjectRecord::new(name, rate_limit, history, FIRST_PUSHER_APP_ID);
+        let mut project = ProjectRecord::new(new, FIRST_PUSHER_APP_ID);
         let (token_record, token_secret) = mint_token_secret(&project.id, master)?;
         self.write(|tx| {
             // Under the write lock: no other process can take the same number.
@@ -469,16 +467,21 @@ impl Store for SqliteStore {
                 params![
                     project.id,
                     project.name,
-                    rate_limit.to_string(),
-                    history.to_string(),
+                    new.rate_limit.to_string(),
+                    new.history.to_string(),
                     unix_now(),
                     app_id,
                 ],
             )?;
-            let (_, secret) = insert_key(tx, &project.id, KeyKind::Secret)?;
-            let (_, public) = insert_key(tx, &project.id, KeyKind::Public)?;
+            let (_, secret_key) = insert_key(tx, &project.id, KeyKind::Secret)?;
+            let (_, public_key) = insert_key(tx, &project.id, KeyKind::Public)?;
             insert_token_secret(tx, &token_record)?;
-            Ok((project, secret, public, token_secret))
+            Ok(CreatedProject {
+                project,
+                secret_key,
+                public_key,
+                token_secret,
+            })
         })
     }
 
@@ -691,15 +694,15 @@ impl Store for SqliteStore {
 pub(crate) fn test_store_with_project() -> (tempfile::TempDir, SqliteStore, ProjectRecord) {
     let dir = tempfile::tempdir().expect("temp dir");
     let mut store = SqliteStore::open(dir.path()).expect("open store");
-    let (project, ..) = store
-        .create_project(
-            "p",
-            RateLimit::parse("10/s").expect("rate"),
-            HistorySpec::OFF,
-            &crate::sealed::MasterKey::random(),
-        )
+    let new = NewProject {
+        name: "p",
+        rate_limit: RateLimit::parse("10/s").expect("rate"),
+        history: HistorySpec::OFF,
+    };
+    let made = store
+        .create_project(new, &crate::sealed::MasterKey::random())
         .expect("create project");
-    (dir, store, project)
+    (dir, store, made.project)
 }
 
 #[cfg(test)]

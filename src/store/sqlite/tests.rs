@@ -7,6 +7,15 @@ fn rl(s: &str) -> RateLimit {
     RateLimit::parse(s).unwrap()
 }
 
+/// A new project of `name`, `rate` and no history.
+fn new_project<'a>(name: &'a str, rate: &str) -> NewProject<'a> {
+    NewProject {
+        name,
+        rate_limit: rl(rate),
+        history: HistorySpec::OFF,
+    }
+}
+
 #[test]
 fn projects_and_keys_round_trip() {
     let dir = tempfile::tempdir().unwrap();
@@ -14,8 +23,13 @@ fn projects_and_keys_round_trip() {
     assert!(store.is_empty().unwrap());
     store.change_token().unwrap();
 
-    let (project, secret, public, _) = store
-        .create_project("orders", rl("50/s"), HistorySpec::OFF, &MasterKey::random())
+    let CreatedProject {
+        project,
+        secret_key: secret,
+        public_key: public,
+        ..
+    } = store
+        .create_project(new_project("orders", "50/s"), &MasterKey::random())
         .unwrap();
     assert!(project.id.starts_with("prj_"));
     assert_eq!(project.name, "orders");
@@ -74,8 +88,13 @@ fn projects_and_keys_round_trip() {
 fn the_database_never_holds_a_full_key() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = SqliteStore::open(dir.path()).unwrap();
-    let (_, secret, public, token) = store
-        .create_project("p", rl("1/s"), HistorySpec::OFF, &MasterKey::random())
+    let CreatedProject {
+        secret_key: secret,
+        public_key: public,
+        token_secret: token,
+        ..
+    } = store
+        .create_project(new_project("p", "1/s"), &MasterKey::random())
         .unwrap();
     drop(store);
     let mut bytes = Vec::new();
@@ -97,8 +116,12 @@ fn token_secrets_rotate_with_a_grace_and_keys_come_and_go() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = SqliteStore::open(dir.path()).unwrap();
     let master = MasterKey::random();
-    let (project, _, _, first) = store
-        .create_project("p", rl("1/s"), HistorySpec::OFF, &master)
+    let CreatedProject {
+        project,
+        token_secret: first,
+        ..
+    } = store
+        .create_project(new_project("p", "1/s"), &master)
         .unwrap();
     let all = store.load_all().unwrap();
     assert_eq!(all.token_secrets.len(), 1);
@@ -176,7 +199,7 @@ fn invalid_names_are_refused_without_writing() {
     let mut store = SqliteStore::open(dir.path()).unwrap();
     let before = store.change_token().unwrap();
     assert!(matches!(
-        store.create_project("", rl("1/s"), HistorySpec::OFF, &MasterKey::random()),
+        store.create_project(new_project("", "1/s"), &MasterKey::random()),
         Err(StoreError::Invalid(_))
     ));
     assert_eq!(store.change_token().unwrap(), before);
@@ -191,9 +214,10 @@ fn change_token_sees_other_connections_and_own_writes() {
     let t0 = watcher.change_token().unwrap();
     assert_eq!(watcher.change_token().unwrap(), t0, "stable without writes");
 
-    let (project, _, _, _) = admin
-        .create_project("p", rl("1/s"), HistorySpec::OFF, &MasterKey::random())
-        .unwrap();
+    let project = admin
+        .create_project(new_project("p", "1/s"), &MasterKey::random())
+        .unwrap()
+        .project;
     let t1 = watcher.change_token().unwrap();
     assert_ne!(t1, t0);
 
@@ -308,9 +332,10 @@ fn every_older_schema_migrates() {
         store
             .rotate_token_secret("prj_old", &MasterKey::random(), 0)
             .unwrap();
-        let (new, ..) = store
-            .create_project("new", rl("1/s"), HistorySpec::OFF, &MasterKey::random())
-            .unwrap();
+        let new = store
+            .create_project(new_project("new", "1/s"), &MasterKey::random())
+            .unwrap()
+            .project;
         assert_eq!(new.pusher_app_id, 1_000_002, "schema {version}");
         assert!(new.pusher, "schema {version}");
         let raw = Connection::open(dir.path().join(DB_FILE)).unwrap();
@@ -330,12 +355,7 @@ fn concurrent_opens_of_a_fresh_directory_agree() {
             std::thread::spawn(move || {
                 let mut store = SqliteStore::open(&path).unwrap();
                 store
-                    .create_project(
-                        &format!("p{i}"),
-                        rl("1/s"),
-                        HistorySpec::OFF,
-                        &MasterKey::random(),
-                    )
+                    .create_project(new_project(&format!("p{i}"), "1/s"), &MasterKey::random())
                     .unwrap();
             })
         })
