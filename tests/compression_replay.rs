@@ -203,6 +203,14 @@ fn counter_at(addr: SocketAddr, name: &str, want: f64) -> f64 {
     }
 }
 
+/// Subscribe `ws` to `channel` (without `since`): the channel's epoch and offset.
+fn position(ws: &mut common::Ws, channel: &str) -> (String, u64) {
+    common::send_json(ws, json!({"type": "subscribe", "channel": channel}));
+    let sub = common::next_json(ws);
+    let epoch = sub["epoch"].as_str().expect("an epoch").to_string();
+    (epoch, sub["offset"].as_u64().expect("an offset"))
+}
+
 /// Subscribe `raw` to `channel` from (`offset`, `epoch`); check that it recovered and
 /// that `want` arrive compressed, intact and in order.
 fn recover(raw: &mut Raw, channel: &str, offset: u64, epoch: &str, want: &[Value]) {
@@ -234,10 +242,7 @@ fn compressing_clients_recovering_the_same_gap_cost_one_deflate_per_message() {
     let (p, _) = s.project_json("h", &["--rate-limit", "100000/s", "--history", "100/300s"]);
     // A plain subscriber learns the position (the live fan-out deflates nothing for it).
     let mut plain = s.ws(&p.public);
-    common::send_json(&mut plain, json!({"type": "subscribe", "channel": "gap"}));
-    let sub = common::next_json(&mut plain);
-    let epoch = sub["epoch"].as_str().expect("an epoch").to_string();
-    let offset = sub["offset"].as_u64().expect("an offset");
+    let (epoch, offset) = position(&mut plain, "gap");
     let sent: Vec<Value> = (0..MESSAGES).map(order).collect();
     for d in &sent {
         assert_eq!(s.publish(&p.secret, "gap", "e", d.clone()).0, 202);
@@ -286,10 +291,7 @@ fn cluster_recoveries_of_the_same_gap_share_one_frame_and_one_deflate() {
     let p = support::history_project_on(&redis, "h", "100000/s", "100/300s", &[&node, &off]);
     let (secret, public) = (p.secret.clone(), p.public.clone());
     let mut plain = node.ws(&public);
-    common::send_json(&mut plain, json!({"type": "subscribe", "channel": "gap"}));
-    let sub = common::next_json(&mut plain);
-    let epoch = sub["epoch"].as_str().expect("an epoch").to_string();
-    let offset = sub["offset"].as_u64().expect("an offset");
+    let (epoch, offset) = position(&mut plain, "gap");
     let sent: Vec<Value> = (0..MESSAGES).map(order).collect();
     for d in &sent {
         assert_eq!(node.publish(&secret, "gap", d.clone()).0, 202);

@@ -504,12 +504,9 @@ fn quota_units_batches_and_replays_are_counted() {
         assert_eq!(next_json(&mut late)["type"], "message");
     }
 
-    // A worker counts its deliveries just after writing them: wait for the count.
-    let delivered = metric(&before, "ringcast_deliveries_total") + 8.0;
-    wait_for(Duration::from_secs(5), "8 deliveries counted", || {
-        metric(&scrape(&s), "ringcast_deliveries_total") == delivered
-    });
-    let after = scrape(&s);
+    // A worker counts its deliveries just after writing them: the scrape waits for them.
+    let want = metric(&before, "ringcast_deliveries_total") + 8.0;
+    let after = s.scrape_when(|m| metric(m, "ringcast_deliveries_total") == want);
     let delta = |series: &str| metric(&after, series) - metric(&before, series);
     assert_eq!(requests(&after, 202) - requests(&before, 202), 2.0);
     assert_eq!(delta("ringcast_messages_published_total"), 5.0);

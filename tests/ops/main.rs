@@ -151,12 +151,9 @@ fn metrics_move_by_exactly_the_publishes_deliveries_and_refusals() {
     }
     expect_silence(&mut bystander, Duration::from_millis(200));
 
-    // A worker counts its deliveries just after writing them: wait for the count.
-    let delivered = metric(&before, "ringcast_deliveries_total") + 15.0;
-    wait_for(Duration::from_secs(5), "15 deliveries counted", || {
-        metric(&scrape(&s), "ringcast_deliveries_total") == delivered
-    });
-    let after = scrape(&s);
+    // A worker counts its deliveries just after writing them: the scrape waits for them.
+    let want = metric(&before, "ringcast_deliveries_total") + 15.0;
+    let after = s.scrape_when(|m| metric(m, "ringcast_deliveries_total") == want);
     let delta = |series: &str| metric(&after, series) - metric(&before, series);
     assert_eq!(requests(&after, 202) - requests(&before, 202), 5.0);
     assert_eq!(requests(&after, 401) - requests(&before, 401), 2.0);
