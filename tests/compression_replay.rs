@@ -11,12 +11,12 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use common::cluster as support;
+use common::metrics::{sample, samples_at, samples_when};
 use common::{Options, Server};
 use flate2::{Decompress, FlushDecompress};
 use serde_json::{json, Value};
@@ -167,40 +167,15 @@ fn order(i: usize) -> Value {
     json!({"order": i, "customer": "ACME Trading Ltd", "lines": lines})
 }
 
-/// The counters of a metrics listener.
-fn scrape(addr: SocketAddr) -> HashMap<String, f64> {
-    let mut conn = TcpStream::connect(addr).unwrap();
-    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut text = String::new();
-    conn.read_to_string(&mut text).unwrap();
-    text.lines()
-        .filter(|l| l.starts_with("ringcast_") && !l.contains('{'))
-        .filter_map(|l| {
-            let (k, v) = l.rsplit_once(' ')?;
-            Some((k.to_string(), v.parse().ok()?))
-        })
-        .collect()
-}
-
+/// One counter of the metrics listener at `addr`.
 fn counter(addr: SocketAddr, name: &str) -> f64 {
-    let all = scrape(addr);
-    *all.get(name)
-        .unwrap_or_else(|| panic!("{name} is not among the metrics: {all:?}"))
+    sample(&samples_at(addr), name)
 }
 
-/// The counter once it reads `want`, or its last value after 5 s: a connection counts a
-/// compressed frame just after queueing (often writing) it, so the client can read the
-/// frame before the count moves.
+/// The counter once it reads `want`, or its last value after 5 s (see
+/// [`samples_when`]: a connection counts a compressed frame just after queueing it).
 fn counter_at(addr: SocketAddr, name: &str, want: f64) -> f64 {
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let now = counter(addr, name);
-        if now == want || std::time::Instant::now() >= deadline {
-            return now;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    sample(&samples_when(addr, |m| sample(m, name) == want), name)
 }
 
 /// Subscribe `ws` to `channel` (without `since`): the channel's epoch and offset.
@@ -435,10 +410,7 @@ fn measure(
         }
     }
     let ms = cpu_ms(pid) - before;
-    let runs = scrape(metrics)
-        .get("ringcast_deflate_runs_total")
-        .copied()
-        .unwrap_or(-1.0);
+    let runs = counter(metrics, "ringcast_deflate_runs_total");
     println!(
         "{what}: {n} clients x {m} messages: server CPU {ms:.0} ms ({:.1} us per replayed message), deflate runs {runs}, {compressed} frames compressed, {bytes} payload bytes on the wire",
         ms * 1000.0 / (n * m) as f64

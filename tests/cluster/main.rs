@@ -10,7 +10,6 @@ mod common;
 use common::cluster as support;
 use common::unix_now;
 
-use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -232,12 +231,7 @@ fn log_messages(path: &Path) -> Vec<Value> {
 }
 
 fn scrape_value(metrics: SocketAddr, name: &str) -> Option<f64> {
-    let mut s = TcpStream::connect(metrics).ok()?;
-    s.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+    common::metrics::samples_at(metrics).get(name).copied()
 }
 
 #[test]

@@ -169,7 +169,7 @@ fn round_trip(s: &Server, extra: &[&str]) {
     wait_for(
         Duration::from_secs(5),
         "the CLI subscriber's 2 subscriptions",
-        || metric(&scrape(s), "ringcast_subscriptions") == 2.0,
+        || sample(&s.scrape(), "ringcast_subscriptions") == 2.0,
     );
     let publish = |channel: &str, data: &str| {
         let mut a = vec!["--url", base.as_str(), "--key", p.secret.as_str()];
@@ -240,7 +240,7 @@ fn cli_publish_and_subscribe_round_trip() {
     let base = s.url("");
     let mut sub = spawn_subscriber(&["--url", &base, "c"], &p.public);
     wait_for(Duration::from_secs(5), "the subscription", || {
-        metric(&scrape(&s), "ringcast_subscriptions") == 1.0
+        sample(&s.scrape(), "ringcast_subscriptions") == 1.0
     });
     let _ = Command::new("kill")
         .args(["-INT", &sub.child.id().to_string()])
@@ -386,7 +386,7 @@ fn every_dashboard_query_names_an_exported_metric() {
         config: METRICS.into(),
         ..Options::default()
     });
-    let text = scrape_text(&s);
+    let text = s.scrape_text();
     let families: HashMap<&str, &str> = text
         .lines()
         .filter_map(|l| l.strip_prefix("# TYPE "))
@@ -462,7 +462,7 @@ fn quota_units_batches_and_replays_are_counted() {
     s.wait_key(&secret);
     let mut ws = s.ws_on(&public, "a");
     subscribe(&mut ws, "b");
-    let before = scrape(&s);
+    let before = s.scrape();
 
     // One message to two channels: 2 units, 2 deliveries to this one subscriber.
     let body = json!({"channels": ["a", "b"], "event": "e", "data": {"n": 0}});
@@ -505,9 +505,9 @@ fn quota_units_batches_and_replays_are_counted() {
     }
 
     // A worker counts its deliveries just after writing them: the scrape waits for them.
-    let want = metric(&before, "ringcast_deliveries_total") + 8.0;
-    let after = s.scrape_when(|m| metric(m, "ringcast_deliveries_total") == want);
-    let delta = |series: &str| metric(&after, series) - metric(&before, series);
+    let want = sample(&before, "ringcast_deliveries_total") + 8.0;
+    let after = s.scrape_when(|m| sample(m, "ringcast_deliveries_total") == want);
+    let delta = |series: &str| sample(&after, series) - sample(&before, series);
     assert_eq!(requests(&after, 202) - requests(&before, 202), 2.0);
     assert_eq!(delta("ringcast_messages_published_total"), 5.0);
     assert_eq!(delta("ringcast_deliveries_total"), 5.0 + 3.0);

@@ -13,6 +13,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use common::metrics::sample;
 use common::*;
 use serde_json::{json, Value};
 
@@ -35,30 +36,6 @@ fn get(addr: SocketAddr, request: &str) -> (u16, String) {
         .map_or("", |(_, b)| b)
         .to_string();
     (status, body)
-}
-
-fn scrape_text(s: &Server) -> String {
-    let addr = s.metrics.expect("server prints its metrics address");
-    let (status, body) = get(addr, "GET /metrics HTTP/1.1\r\nHost: m\r\n\r\n");
-    assert_eq!(status, 200, "{body}");
-    body
-}
-
-/// Every sample of a scrape: series (name and labels, as written) → value.
-fn scrape(s: &Server) -> HashMap<String, f64> {
-    scrape_text(s)
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .map(|l| {
-            let (series, value) = l.rsplit_once(' ').expect("sample line");
-            (series.to_string(), value.parse().expect("sample value"))
-        })
-        .collect()
-}
-
-fn metric(m: &HashMap<String, f64>, series: &str) -> f64 {
-    *m.get(series)
-        .unwrap_or_else(|| panic!("no series {series} in {m:?}"))
 }
 
 fn requests(m: &HashMap<String, f64>, status: u16) -> f64 {
@@ -110,8 +87,8 @@ fn metrics_move_by_exactly_the_publishes_deliveries_and_refusals() {
         ..Options::default()
     });
     let p = s.project("m", "100000/s");
-    let before = scrape(&s);
-    assert_eq!(metric(&before, "ringcast_connections"), 0.0);
+    let before = s.scrape();
+    assert_eq!(sample(&before, "ringcast_connections"), 0.0);
 
     // Three subscribers of "c" (spread over both workers by the kernel) and one of "other".
     let mut bytes = 0usize;
@@ -123,8 +100,8 @@ fn metrics_move_by_exactly_the_publishes_deliveries_and_refusals() {
         Duration::from_secs(3),
         "4 connections, 4 subscriptions",
         || {
-            let m = scrape(&s);
-            metric(&m, "ringcast_connections") == 4.0 && metric(&m, "ringcast_subscriptions") == 4.0
+            let m = s.scrape();
+            sample(&m, "ringcast_connections") == 4.0 && sample(&m, "ringcast_subscriptions") == 4.0
         },
     );
 
@@ -152,9 +129,9 @@ fn metrics_move_by_exactly_the_publishes_deliveries_and_refusals() {
     expect_silence(&mut bystander, Duration::from_millis(200));
 
     // A worker counts its deliveries just after writing them: the scrape waits for them.
-    let want = metric(&before, "ringcast_deliveries_total") + 15.0;
-    let after = s.scrape_when(|m| metric(m, "ringcast_deliveries_total") == want);
-    let delta = |series: &str| metric(&after, series) - metric(&before, series);
+    let want = sample(&before, "ringcast_deliveries_total") + 15.0;
+    let after = s.scrape_when(|m| sample(m, "ringcast_deliveries_total") == want);
+    let delta = |series: &str| sample(&after, series) - sample(&before, series);
     assert_eq!(requests(&after, 202) - requests(&before, 202), 5.0);
     assert_eq!(requests(&after, 401) - requests(&before, 401), 2.0);
     assert_eq!(requests(&after, 400) - requests(&before, 400), 1.0);
@@ -175,14 +152,14 @@ fn metrics_move_by_exactly_the_publishes_deliveries_and_refusals() {
         Duration::from_secs(3),
         "bytes_sent to equal every frame the clients received",
         || {
-            let m = scrape(&s);
-            metric(&m, "ringcast_bytes_sent_total") == bytes as f64
+            let m = s.scrape();
+            sample(&m, "ringcast_bytes_sent_total") == bytes as f64
         },
     );
-    assert_eq!(metric(&after, "ringcast_mailbox_depth{worker=\"0\"}"), 0.0);
-    assert_eq!(metric(&after, "ringcast_mailbox_depth{worker=\"1\"}"), 0.0);
-    assert_eq!(metric(&after, "ringcast_cluster_connected"), 0.0);
-    assert_eq!(metric(&after, "ringcast_cluster_enabled"), 0.0);
+    assert_eq!(sample(&after, "ringcast_mailbox_depth{worker=\"0\"}"), 0.0);
+    assert_eq!(sample(&after, "ringcast_mailbox_depth{worker=\"1\"}"), 0.0);
+    assert_eq!(sample(&after, "ringcast_cluster_connected"), 0.0);
+    assert_eq!(sample(&after, "ringcast_cluster_enabled"), 0.0);
 
     // No label names a channel, a key or a connection: only these label names exist.
     for series in after.keys() {
@@ -210,8 +187,8 @@ fn metrics_move_by_exactly_the_publishes_deliveries_and_refusals() {
         Duration::from_secs(3),
         "3 connections, 2 subscriptions",
         || {
-            let m = scrape(&s);
-            metric(&m, "ringcast_connections") == 3.0 && metric(&m, "ringcast_subscriptions") == 2.0
+            let m = s.scrape();
+            sample(&m, "ringcast_connections") == 3.0 && sample(&m, "ringcast_subscriptions") == 2.0
         },
     );
 }
@@ -324,7 +301,7 @@ fn slow_consumer_closes_are_counted_and_logged_once_per_interval() {
     let blob = "x".repeat(8000);
     let agent = agent();
     let mut sent = 0;
-    while metric(&scrape(&s), "ringcast_slow_consumer_closes_total") < 2.0 {
+    while sample(&s.scrape(), "ringcast_slow_consumer_closes_total") < 2.0 {
         assert!(sent < 4000, "no slow-consumer close after {sent} publishes");
         let body = json!({"channel": "c", "event": "e", "data": {"pad": blob}});
         let resp = s.agent_publish(&agent, &p.secret, &body.to_string());
@@ -332,7 +309,7 @@ fn slow_consumer_closes_are_counted_and_logged_once_per_interval() {
         sent += 1;
     }
     assert_eq!(
-        metric(&scrape(&s), "ringcast_slow_consumer_closes_total"),
+        sample(&s.scrape(), "ringcast_slow_consumer_closes_total"),
         2.0
     );
     for ws in stalled.iter_mut() {
