@@ -5,10 +5,12 @@
 
 mod common;
 
+use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
+use common::metrics::sample;
 use common::{cli, next_json, set_timeout, Options, Server};
 use serde_json::Value;
 use tungstenite::Message;
@@ -104,17 +106,9 @@ fn upgrades_over_the_node_rate_are_closed_with_1013_and_a_retry_after() {
     assert!(accepted.len() >= 3, "{} accepted", accepted.len());
     assert!(!waits.is_empty(), "no upgrade was refused");
     // Each refusal is counted.
-    let mut tcp = TcpStream::connect(s.metrics.expect("metrics address")).unwrap();
-    tcp.write_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut text = String::new();
-    tcp.read_to_string(&mut text).unwrap();
-    let refused: usize = text
-        .lines()
-        .find_map(|l| l.strip_prefix("ringcast_upgrades_refused_total "))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no ringcast_upgrades_refused_total in {text}"));
-    assert_eq!(refused, waits.len());
+    let refused = |m: &HashMap<String, f64>| sample(m, "ringcast_upgrades_refused_total");
+    let want = waits.len() as f64;
+    assert_eq!(refused(&s.scrape_when(|m| refused(m) == want)), want);
     // Refused upgrades take no slot: the connections held keep working.
     let mut ws = accepted.pop().unwrap();
     ws.send(Message::text(r#"{"type":"ping"}"#)).unwrap();
