@@ -13,17 +13,7 @@ mod common;
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use common::Server;
-
-/// Resident set size of a process, in KiB (Linux).
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS line")
-}
+use common::{rss_kib, Server};
 
 /// Open and reset `n` connections from a few threads. Each close is an RST (linger 0):
 /// no TIME_WAIT, so the loopback port range is never exhausted.

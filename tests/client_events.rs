@@ -13,7 +13,9 @@ use common::Project as Private;
 
 use std::time::Duration;
 
-use common::{cli, next_json, send_json, set_timeout, wait_for, Options, Server, Ws};
+use common::{
+    cli, expect_silence, next_json, send_json, set_timeout, wait_for, Options, Server, Ws,
+};
 use serde_json::{json, Value};
 
 fn project(server: &Server, name: &str, extra: &[&str]) -> Private {
@@ -97,10 +99,6 @@ fn refused(ws: &mut Ws, frame: Value) -> Value {
     assert_eq!(reply["type"], "error", "{reply}");
     assert_eq!(reply["channel"], channel, "{reply}");
     reply
-}
-
-fn expect_silence(ws: &mut Ws, d: Duration) {
-    common::expect_silence(ws, d);
 }
 
 /// `project set-limits --client-events on` for `p`.

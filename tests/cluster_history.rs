@@ -64,15 +64,6 @@ fn history(node: &Node, key: &str, query: &str) -> (u16, Value) {
     (st, v)
 }
 
-fn redis_cmd(redis: &Redis, args: &[&str]) -> redis::Value {
-    let mut c = redis.conn().expect("redis");
-    let mut cmd = redis::cmd(args[0]);
-    for a in &args[1..] {
-        cmd.arg(*a);
-    }
-    cmd.query(&mut c).expect("redis command")
-}
-
 #[test]
 fn offsets_agree_on_every_node_whichever_node_publishes() {
     let Some((redis, a, b, p)) = history_nodes("agree", "1000/600s") else {
@@ -290,10 +281,10 @@ fn rest_history_on_one_node_reads_what_another_published() {
     let (st, h) = history(&b, &p.secret, "channel=h&epoch=ffffffff");
     assert_eq!((st, &h["error"]["code"]), (409, &json!("epoch_mismatch")));
     // Redis holds the caps: at most 5 entries, and both keys expire.
-    let len = redis_cmd(&redis, &["XLEN", &format!("ringcast:hs:{}:h", p.id)]);
+    let len = redis.cmd::<redis::Value>(&["XLEN", &format!("ringcast:hs:{}:h", p.id)]);
     assert_eq!(len, redis::Value::Int(5));
     for key in ["hs", "hm"] {
-        let ttl = redis_cmd(&redis, &["TTL", &format!("ringcast:{key}:{}:h", p.id)]);
+        let ttl = redis.cmd::<redis::Value>(&["TTL", &format!("ringcast:{key}:{}:h", p.id)]);
         assert!(
             matches!(ttl, redis::Value::Int(t) if t > 0 && t <= 1200),
             "{key}: {ttl:?}"
@@ -303,9 +294,9 @@ fn rest_history_on_one_node_reads_what_another_published() {
     // tests/hardening_cluster.rs).
     let r = sub(&mut a.ws(&p.public), "never", None);
     assert_eq!(r["offset"], 0);
-    let exists = redis_cmd(&redis, &["EXISTS", &format!("ringcast:hm:{}:never", p.id)]);
+    let exists = redis.cmd::<redis::Value>(&["EXISTS", &format!("ringcast:hm:{}:never", p.id)]);
     assert_eq!(exists, redis::Value::Int(0));
-    let exists = redis_cmd(&redis, &["EXISTS", &format!("ringcast:hs:{}:never", p.id)]);
+    let exists = redis.cmd::<redis::Value>(&["EXISTS", &format!("ringcast:hs:{}:never", p.id)]);
     assert_eq!(exists, redis::Value::Int(0));
     // An evicted position cannot be recovered.
     let mut w = a.ws(&p.public);
@@ -328,21 +319,18 @@ fn lost_history_in_redis_is_a_new_epoch_never_a_gap() {
     drop(w);
     // Only the stream is gone (evicted): the epoch stays, the missing messages are
     // detected.
-    redis_cmd(&redis, &["DEL", &format!("ringcast:hs:{}:l", p.id)]);
+    redis.cmd::<redis::Value>(&["DEL", &format!("ringcast:hs:{}:l", p.id)]);
     let r = sub(&mut b.ws(&p.public), "l", Some((1, &epoch)));
     assert_eq!((&r["recovered"], &r["offset"]), (&json!(false), &json!(3)));
     let r = sub(&mut b.ws(&p.public), "l", Some((3, &epoch)));
     assert_eq!(r["recovered"], true, "nothing was missed: {r}");
     // The whole history is gone (a Redis restart without persistence, expiry): new
     // epoch, offsets from 1 again, and the old position is refused.
-    redis_cmd(
-        &redis,
-        &[
-            "DEL",
-            &format!("ringcast:hs:{}:l", p.id),
-            &format!("ringcast:hm:{}:l", p.id),
-        ],
-    );
+    redis.cmd::<redis::Value>(&[
+        "DEL",
+        &format!("ringcast:hs:{}:l", p.id),
+        &format!("ringcast:hm:{}:l", p.id),
+    ]);
     let v = publish(&b, &p.secret, "l", json!("after"));
     assert_eq!(v["offset"], 1);
     let fresh = v["epoch"].as_str().unwrap().to_string();
@@ -419,7 +407,7 @@ fn history_off_in_cluster_mode_behaves_as_on_one_node() {
     assert!(m.get("offset").is_none(), "{m}");
     let (st, h) = history(&a, &p.secret, "channel=c");
     assert_eq!((st, &h["error"]["code"]), (404, &json!("history_off")));
-    let keys = redis_cmd(&redis, &["KEYS", "ringcast:h[ms]:*"]);
+    let keys = redis.cmd::<redis::Value>(&["KEYS", "ringcast:h[ms]:*"]);
     assert_eq!(keys, redis::Value::Array(vec![]), "no history keys");
 }
 

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{header, next_json, parse_response, send_json, Ws};
+use common::{next_json, parse_response, replayed, send_json, Ws};
 use serde_json::{json, Value};
 use support::{wait_for, Node, Redis};
 
@@ -28,10 +28,6 @@ fn post(node: &Node, path: &str, key: &str, idem: &str, body: &str) -> (u16, Str
         body.len()
     );
     parse_response(&node.raw(req.as_bytes()))
-}
-
-fn replayed(head: &str) -> bool {
-    header(head, "Idempotent-Replayed").as_deref() == Some("true")
 }
 
 fn one(channel: &str, data: &str) -> String {

@@ -54,15 +54,6 @@ fn get_waiting(node: &Node, key: &str, path: &str) -> (u16, Value) {
     (st, v)
 }
 
-fn redis_cmd<T: redis::FromRedisValue>(redis: &Redis, args: &[&str]) -> T {
-    let mut c = redis.conn().expect("redis");
-    let mut cmd = redis::cmd(args[0]);
-    for a in &args[1..] {
-        cmd.arg(*a);
-    }
-    cmd.query(&mut c).expect("redis command")
-}
-
 /// Every key of Redis matching `pattern`.
 fn keys(redis: &Redis, pattern: &str) -> Vec<String> {
     let mut c = redis.conn().expect("redis");
@@ -192,7 +183,7 @@ fn cluster_listings_by_prefix_are_exact_and_stop_at_10000_truncated() {
 /// whatever else the machine runs (wall time inside Redis grows when the machine is
 /// busy; CPU time does not).
 fn redis_cpu_us(redis: &Redis) -> u64 {
-    let info: String = redis_cmd(redis, &["INFO", "cpu"]);
+    let info: String = redis.cmd(&["INFO", "cpu"]);
     let field = |name: &str| -> f64 {
         info.lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
@@ -310,7 +301,7 @@ fn listings_do_not_hold_up_presence_joins() {
 /// The index of the current first-epoch window of a history with a 60 s TTL (twice the
 /// TTL: 120 s), on Redis' clock.
 fn window(redis: &Redis) -> u64 {
-    let (secs, _): (u64, u64) = redis_cmd(redis, &["TIME"]);
+    let (secs, _): (u64, u64) = redis.cmd(&["TIME"]);
     secs / 120
 }
 
@@ -328,7 +319,7 @@ fn reads_of_fresh_history_channels_create_no_redis_keys() {
     sub(&mut warm, "warm", None);
     let (st, _) = get(&b, &p.secret, "/api/v1/history?channel=warm");
     assert_eq!(st, 200);
-    let before: u64 = redis_cmd(&redis, &["DBSIZE"]);
+    let before: u64 = redis.cmd(&["DBSIZE"]);
 
     let mut told = Vec::new();
     for c in 0..3 {
@@ -346,7 +337,7 @@ fn reads_of_fresh_history_channels_create_no_redis_keys() {
         let (st, v) = get(&b, &p.secret, &format!("/api/v1/history?channel=rest-{i}"));
         assert_eq!((st, &v["offset"]), (200, &json!(0)), "{v}");
     }
-    let after: u64 = redis_cmd(&redis, &["DBSIZE"]);
+    let after: u64 = redis.cmd(&["DBSIZE"]);
     let made: Vec<String> = ["fresh-*", "rest-*"]
         .iter()
         .flat_map(|n| keys(&redis, &format!("ringcast:h[ms]:{}:{n}", p.id)))
@@ -431,25 +422,16 @@ fn a_bad_member_in_redis_reaches_no_client_unchecked() {
         ("fine", r#"{"n":1}"#.to_string()),
     ];
     // Joins made here come after them (the join sequence is past their scores).
-    let _: () = redis_cmd(&redis, &["SET", "ringcast:preseq", "100"]);
+    let _: () = redis.cmd(&["SET", "ringcast:preseq", "100"]);
     for (i, (user, info)) in members.iter().enumerate() {
-        let _: () = redis_cmd(
-            &redis,
-            &["HSET", &format!("ringcast:pres:{base}"), user, "1"],
-        );
-        let _: () = redis_cmd(
-            &redis,
-            &["HSET", &format!("ringcast:presi:{base}"), user, info],
-        );
-        let _: () = redis_cmd(
-            &redis,
-            &[
-                "ZADD",
-                &format!("ringcast:preso:{base}"),
-                &(i + 1).to_string(),
-                user,
-            ],
-        );
+        let _: () = redis.cmd(&["HSET", &format!("ringcast:pres:{base}"), user, "1"]);
+        let _: () = redis.cmd(&["HSET", &format!("ringcast:presi:{base}"), user, info]);
+        let _: () = redis.cmd(&[
+            "ZADD",
+            &format!("ringcast:preso:{base}"),
+            &(i + 1).to_string(),
+            user,
+        ]);
     }
     // A join as a single node would take it.
     let token = presence_token(&p, ch, "ua");

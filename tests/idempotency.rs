@@ -28,10 +28,6 @@ fn one(channel: &str, data: Value) -> String {
     json!({"channel": channel, "event": "e", "data": data}).to_string()
 }
 
-fn replayed(head: &str) -> bool {
-    header(head, "Idempotent-Replayed").as_deref() == Some("true")
-}
-
 /// The next frame is a marker published now: nothing else was queued before it.
 fn expect_next_is_marker(s: &Server, secret: &str, ws: &mut Ws, channel: &str) {
     let (st, _) = s.publish(secret, channel, "marker", json!("m"));

@@ -9,7 +9,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::{Options, Server};
+use common::{rss_kib, Options, Server};
 
 /// A masked client frame.
 fn client_frame(opcode: u8, payload: &[u8]) -> Vec<u8> {
@@ -106,12 +106,6 @@ fn drain(t: &mut TcpStream, quiet: Duration) -> (usize, Option<u16>) {
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
     }
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
 /// A WebSocket ping with the largest control payload: its pong is a frame of the

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{next_json, parse_response, set_timeout, subscribe, Ws};
+use common::{expect_silence, hs256, next_json, parse_response, set_timeout, subscribe, Ws};
 use serde_json::{json, Value};
 use support::*;
 
@@ -24,10 +24,6 @@ fn next_message(ws: &mut Ws) -> Value {
     let v = next_json(ws);
     assert_eq!(v["type"], "message", "{v}");
     v["data"].clone()
-}
-
-fn expect_silence(ws: &mut Ws, d: Duration) {
-    common::expect_silence(ws, d);
 }
 
 #[test]
@@ -313,15 +309,6 @@ fn private_subscribe(ws: &mut Ws, channel: &str, token: &str) -> Value {
         assert_eq!(next_json(ws)["type"], "unsubscribed");
     }
     reply
-}
-
-fn hs256(secret: &str, claims: Value) -> String {
-    jsonwebtoken::encode(
-        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
-        &claims,
-        &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()),
-    )
-    .unwrap()
 }
 
 #[test]

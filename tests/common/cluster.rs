@@ -89,6 +89,16 @@ impl Redis {
         Ok(c)
     }
 
+    /// One Redis command (`args[0]` and its arguments) and its answer.
+    pub fn cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {
+        let mut c = self.conn().expect("redis");
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        cmd.query(&mut c).expect("redis command")
+    }
+
     /// Save a snapshot (so a restart keeps projects and keys, like a production Redis
     /// with persistence), then kill the server hard.
     pub fn kill(&mut self) {

@@ -607,6 +607,11 @@ pub fn header(head: &str, name: &str) -> Option<String> {
     })
 }
 
+/// Whether a publish's answer says it replays an earlier one (`Idempotent-Replayed`).
+pub fn replayed(head: &str) -> bool {
+    header(head, "Idempotent-Replayed").as_deref() == Some("true")
+}
+
 /// `GET path` with `key`, the connection closed after the answer: the request's bytes.
 pub fn get_request(path: &str, key: &str) -> String {
     format!("GET {path} HTTP/1.1\r\nHost: t\r\nX-Api-Key: {key}\r\nConnection: close\r\n\r\n")
@@ -666,6 +671,16 @@ pub fn unix_now() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .expect("the clock is after 1970")
         .as_secs()
+}
+
+/// The resident set size of process `pid`, in KiB (Linux's `/proc/<pid>/status`).
+pub fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("a VmRSS line")
 }
 
 /// A JWT over `claims`, HS256 with `secret` (channel and connection tokens).
