@@ -12,11 +12,7 @@ use serde_json::{json, Value};
 
 /// POST `body` to `path` with `key`; status, head, JSON body.
 fn post(s: &Server, path: &str, key: &str, body: &str) -> (u16, String, Value) {
-    let req = format!(
-        "POST {path} HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\nConnection: close\r\nX-Api-Key: {key}\r\nContent-Type: application/json\r\n\r\n{body}",
-        body.len()
-    );
-    parse_response(&s.raw(req.as_bytes()))
+    parse_response(&s.raw(post_request(path, key, body).as_bytes()))
 }
 
 fn batch(s: &Server, key: &str, messages: Value) -> (u16, String, Value) {

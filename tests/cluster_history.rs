@@ -48,18 +48,13 @@ fn batch(node: &Node, key: &str, channel: &str, datas: &[Value]) -> (u16, Value)
         .map(|d| json!({"channel": channel, "event": "e", "data": d}))
         .collect();
     let body = json!({ "messages": msgs }).to_string();
-    let req = format!(
-        "POST /api/v1/publish/batch HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\nConnection: close\r\nX-Api-Key: {key}\r\nContent-Type: application/json\r\n\r\n{body}",
-        body.len()
-    );
+    let req = common::post_request("/api/v1/publish/batch", key, &body);
     let (st, _, v) = parse_response(&node.raw(req.as_bytes()));
     (st, v)
 }
 
 fn history(node: &Node, key: &str, query: &str) -> (u16, Value) {
-    let req = format!(
-        "GET /api/v1/history?{query} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nX-Api-Key: {key}\r\n\r\n"
-    );
+    let req = common::get_request(&format!("/api/v1/history?{query}"), key);
     let (st, _, v) = parse_response(&node.raw(req.as_bytes()));
     (st, v)
 }

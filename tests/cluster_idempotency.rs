@@ -23,10 +23,7 @@ use serde_json::{json, Value};
 use support::{wait_for, Node, Redis};
 
 fn post(node: &Node, path: &str, key: &str, idem: &str, body: &str) -> (u16, String, Value) {
-    let req = format!(
-        "POST {path} HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\nConnection: close\r\nX-Api-Key: {key}\r\nIdempotency-Key: {idem}\r\nContent-Type: application/json\r\n\r\n{body}",
-        body.len()
-    );
+    let req = common::post_request_with(path, key, &[("Idempotency-Key", idem)], body);
     parse_response(&node.raw(req.as_bytes()))
 }
 

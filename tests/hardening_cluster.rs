@@ -32,9 +32,7 @@ fn project(redis: &Redis, args: &[&str], nodes: &[&Node]) -> Project {
 }
 
 fn get(node: &Node, key: &str, path: &str) -> (u16, Value) {
-    let req =
-        format!("GET {path} HTTP/1.1\r\nHost: t\r\nX-Api-Key: {key}\r\nConnection: close\r\n\r\n");
-    let (st, _, v) = parse_response(&node.raw(req.as_bytes()));
+    let (st, _, v) = parse_response(&node.raw(common::get_request(path, key).as_bytes()));
     (st, v)
 }
 
@@ -45,9 +43,8 @@ fn get_waiting(node: &Node, key: &str, path: &str) -> (u16, Value) {
     let mut s = std::net::TcpStream::connect(node.addr).expect("connect");
     s.set_read_timeout(Some(std::time::Duration::from_secs(60)))
         .unwrap();
-    let req =
-        format!("GET {path} HTTP/1.1\r\nHost: t\r\nX-Api-Key: {key}\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).expect("write");
+    s.write_all(common::get_request(path, key).as_bytes())
+        .expect("write");
     let mut out = Vec::new();
     let _ = s.read_to_end(&mut out);
     let (st, _, v) = parse_response(&out);

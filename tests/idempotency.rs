@@ -16,12 +16,8 @@ use serde_json::{json, Value};
 
 /// POST `body` to `path` with `key` and, if given, `Idempotency-Key: idem`.
 fn post(s: &Server, path: &str, key: &str, idem: Option<&str>, body: &str) -> (u16, String, Value) {
-    let idem = idem.map_or(String::new(), |k| format!("Idempotency-Key: {k}\r\n"));
-    let req = format!(
-        "POST {path} HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\nConnection: close\r\nX-Api-Key: {key}\r\n{idem}Content-Type: application/json\r\n\r\n{body}",
-        body.len()
-    );
-    parse_response(&s.raw(req.as_bytes()))
+    let headers: Vec<(&str, &str)> = idem.map(|k| ("Idempotency-Key", k)).into_iter().collect();
+    parse_response(&s.raw(post_request_with(path, key, &headers, body).as_bytes()))
 }
 
 fn one(channel: &str, data: Value) -> String {

@@ -19,11 +19,7 @@ fn start() -> Option<(Redis, Node, Node, Project)> {
 }
 
 fn post(node: &Node, path: &str, key: &str, body: &str) -> (u16, Value) {
-    let req = format!(
-        "POST {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nX-Api-Key: {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    let (st, _, v) = parse_response(&node.raw(req.as_bytes()));
+    let (st, _, v) = parse_response(&node.raw(common::post_request(path, key, body).as_bytes()));
     (st, v)
 }
 

@@ -297,10 +297,7 @@ impl Node {
 
     pub fn publish(&self, key: &str, channel: &str, data: Value) -> (u16, String, Value) {
         let body = json!({"channel": channel, "event": "e", "data": data}).to_string();
-        let req = format!(
-            "POST /api/v1/publish HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\nConnection: close\r\nX-Api-Key: {key}\r\nContent-Type: application/json\r\n\r\n{body}",
-            body.len()
-        );
+        let req = common::post_request("/api/v1/publish", key, &body);
         parse_response(&self.raw(req.as_bytes()))
     }
 

@@ -640,8 +640,17 @@ pub fn strs<'a>(items: &'a Value, field: &str) -> Vec<&'a str> {
 /// `POST path` with `key` and a JSON `body`, the connection closed after the answer: the
 /// request's bytes, for [`Server::raw`] and its kin.
 pub fn post_request(path: &str, key: &str, body: &str) -> String {
+    post_request_with(path, key, &[], body)
+}
+
+/// [`post_request`] with more header lines (`(name, value)`, e.g. `Idempotency-Key`).
+pub fn post_request_with(path: &str, key: &str, headers: &[(&str, &str)], body: &str) -> String {
+    let more: String = headers
+        .iter()
+        .map(|(n, v)| format!("{n}: {v}\r\n"))
+        .collect();
     format!(
-        "POST {path} HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\nConnection: close\r\nX-Api-Key: {key}\r\nContent-Type: application/json\r\n\r\n{body}",
+        "POST {path} HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\nConnection: close\r\nX-Api-Key: {key}\r\n{more}Content-Type: application/json\r\n\r\n{body}",
         body.len()
     )
 }

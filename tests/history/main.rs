@@ -22,9 +22,7 @@ fn history_project(s: &Server, name: &str, spec: &str) -> Project {
 }
 
 fn get(s: &Server, key: &str, query: &str) -> (u16, Value) {
-    let req = format!(
-        "GET /api/v1/history?{query} HTTP/1.1\r\nHost: t\r\nX-Api-Key: {key}\r\nConnection: close\r\n\r\n"
-    );
+    let req = get_request(&format!("/api/v1/history?{query}"), key);
     let (st, _, v) = parse_response(&s.raw(req.as_bytes()));
     (st, v)
 }
@@ -426,10 +424,7 @@ fn the_byte_budget_drops_the_oldest_of_the_largest_channel_first() {
 /// Publish a batch of `messages` (each `{"channel", "event", "data"}`) on one connection.
 fn publish_batch(s: &Server, key: &str, messages: Vec<Value>) {
     let body = json!({ "messages": messages }).to_string();
-    let req = format!(
-        "POST /api/v1/publish/batch HTTP/1.1\r\nHost: t\r\nX-Api-Key: {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
+    let req = post_request("/api/v1/publish/batch", key, &body);
     let (st, _, v) = parse_response(&s.raw(req.as_bytes()));
     assert_eq!(st, 202, "{v}");
 }
