@@ -56,8 +56,7 @@ pub struct NewProject<'a> {
 }
 
 /// A project just created, with its secrets in clear: returned once, by the call that
-/// made them, and never stored in clear.
-#[derive(Debug)]
+/// made them, and never stored in clear (no `Debug`, so no log line can print them).
 pub(crate) struct CreatedProject {
     pub project: ProjectRecord,
     /// The full secret key (`sk_...`).
