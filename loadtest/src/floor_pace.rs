@@ -11,10 +11,9 @@
 //! the last round's period, so `frames / elapsed` is the achieved rate; sockets are
 //! nonblocking and a full one is counted (`eagain`), never waited on.
 
-use crate::floor::SendStats;
+use crate::floor_send::{uring_round, write_round, Counts, SendStats};
 use crate::stats::thread_cpu_s;
 use std::net::TcpStream;
-use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 /// The shape of a rate-matched run.
@@ -108,7 +107,7 @@ pub fn run(
         let c = match &mut sender {
             Sender::Write => write_round(writers, frame, first, pace.per_round),
             Sender::Uring { ring, batch } => {
-                crate::floor::uring_round(ring, writers, frame, first, pace.per_round, *batch)?
+                uring_round(ring, writers, frame, first, pace.per_round, *batch)?
             }
         };
         totals.add(c);
@@ -116,32 +115,10 @@ pub fn run(
     // The last round's period belongs to the run, as a scenario's last publish does.
     sleep_until(t0, pace.offset(rounds));
     Ok(PacedStats {
-        send: SendStats {
-            frames: totals.frames,
-            writes: totals.writes,
-            eagain: totals.eagain,
-            cpu_s: thread_cpu_s() - cpu0,
-            elapsed_s: t0.elapsed().as_secs_f64(),
-        },
+        send: SendStats::since(totals, cpu0, t0),
         rounds,
         late_rounds,
     })
-}
-
-/// Frames, writes and full sockets of a burst.
-#[derive(Clone, Copy, Default, Debug, PartialEq)]
-pub struct Counts {
-    pub frames: u64,
-    pub writes: u64,
-    pub eagain: u64,
-}
-
-impl Counts {
-    pub fn add(&mut self, o: Counts) {
-        self.frames += o.frames;
-        self.writes += o.writes;
-        self.eagain += o.eagain;
-    }
 }
 
 fn sleep_until(t0: Instant, offset: Duration) {
@@ -149,23 +126,6 @@ fn sleep_until(t0: Instant, offset: Duration) {
     if offset > now {
         std::thread::sleep(offset - now);
     }
-}
-
-/// One frame to each of `count` sockets from `first`, cycling; one write(2) each.
-fn write_round(writers: &[TcpStream], frame: &[u8], first: usize, count: usize) -> Counts {
-    let mut c = Counts::default();
-    for j in 0..count {
-        let w = &writers[(first + j) % writers.len()];
-        // SAFETY: a plain write() of our buffer to a socket we own.
-        let n = unsafe { libc::write(w.as_raw_fd(), frame.as_ptr().cast(), frame.len()) };
-        c.writes += 1;
-        if n < 0 {
-            c.eagain += 1;
-        } else {
-            c.frames += n as u64 / frame.len() as u64;
-        }
-    }
-    c
 }
 
 #[cfg(test)]

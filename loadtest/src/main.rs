@@ -25,6 +25,7 @@
 mod floor;
 mod floor_pace;
 mod floor_reader;
+mod floor_send;
 mod http;
 mod net;
 mod publisher;
