@@ -19,11 +19,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::{json, Value};
 
-/// The server's resident memory, KiB.
-fn server_rss_kib(s: &Server) -> u64 {
-    rss_kib(s.pid())
-}
-
 /// The largest RSS growth over `baseline` seen while watching for `d` (the absence of
 /// growth cannot be waited for: it is watched, as `expect_silence` does).
 /// The server's peak RSS growth over `d` (see [`peak_growth_kib`]), printed, must stay
@@ -41,7 +36,7 @@ fn peak_growth_kib(s: &Server, baseline: u64, d: Duration) -> u64 {
     let end = Instant::now() + d;
     let mut peak = 0;
     while Instant::now() < end {
-        peak = peak.max(server_rss_kib(s).saturating_sub(baseline));
+        peak = peak.max(rss_kib(s.pid()).saturating_sub(baseline));
         std::thread::sleep(Duration::from_millis(20));
     }
     peak
@@ -124,7 +119,7 @@ fn pipelined_history_answers_never_read_hold_one_bounded_answer() {
     let (st, first) = read_response(&mut warm, &mut pending);
     assert_eq!(st, 200, "{first}");
     drop(warm);
-    let baseline = server_rss_kib(&s);
+    let baseline = rss_kib(s.pid());
 
     const PIPELINED: usize = 24;
     let mut c = TcpStream::connect(s.addr).unwrap();
@@ -258,7 +253,7 @@ fn channel_listings_stop_at_ten_thousand_and_say_so() {
     );
 
     // 40 listings (1.2 MiB each) pipelined, not read.
-    let baseline = server_rss_kib(&s);
+    let baseline = rss_kib(s.pid());
     let request = format!(
         "GET /api/v1/channels HTTP/1.1\r\nHost: t\r\nX-Api-Key: {}\r\n\r\n",
         app.sk
@@ -310,7 +305,7 @@ fn pusher_rest_refuses_a_bad_signature_before_reading_the_body() {
     // waits for it holds what it read.
     let len = 1024 * 1024;
     let head = batch_head(&app, &app.app_id, "ts_not_the_secret", len);
-    let baseline = server_rss_kib(&s);
+    let baseline = rss_kib(s.pid());
     let body = vec![b' '; len - 1];
     let conns: Vec<TcpStream> = (0..100)
         .map(|_| {
