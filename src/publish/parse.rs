@@ -33,7 +33,7 @@ use crate::names::NameError;
 pub(crate) const MAX_CHANNELS: usize = 100;
 
 /// Event name prefixes reserved for the Pusher protocol's own frames.
-pub(super) const RESERVED_EVENT_PREFIXES: [&str; 2] = ["pusher:", "pusher_internal:"];
+const RESERVED_EVENT_PREFIXES: [&str; 2] = ["pusher:", "pusher_internal:"];
 
 /// The channels of one message: one name, or a list of distinct names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,7 +122,7 @@ pub(super) enum Kind<'a> {
 }
 
 /// Numbers, booleans and null are all `Node::Static`, hence `Kind::Other`.
-pub(super) fn kind<'a>(node: &Node<'a>) -> Kind<'a> {
+fn kind<'a>(node: &Node<'a>) -> Kind<'a> {
     match node {
         Node::String(s) => Kind::Str(s),
         Node::Object { .. } => Kind::Object,
@@ -183,7 +183,7 @@ impl PublishParser {
     ) -> Result<F::Message<'a>, ApiError> {
         let (fields, _) = self.with_tape(
             body,
-            |nodes| F::fields(nodes, 0, false),
+            |nodes| message_fields::<F>(nodes, 0, false),
             Err(ApiError::InvalidJson),
         )?;
         finish::<F>(fields, body)
@@ -202,7 +202,9 @@ impl PublishParser {
             |nodes| {
                 let (at, len) =
                     batch_array(nodes, F::BATCH_KEY, F::BATCH_WHAT, limits.max_messages)?;
-                each_element(nodes, at, len, |nodes, i| F::fields(nodes, i, true))
+                each_element(nodes, at, len, |nodes, i| {
+                    message_fields::<F>(nodes, i, true)
+                })
             },
             Err(ApiError::InvalidJson.into()),
         )?;
@@ -217,32 +219,38 @@ impl PublishParser {
 }
 
 /// A publish body format: the native API's or Pusher's REST events. The parse is
-/// shared (tape, batch array, size limit per message, locating `data`); a format says
-/// which fields it reads from a message object and what a valid one becomes.
+/// shared (tape, batch array, the message fields both formats have, size limit per
+/// message, locating `data`); a format names its keys, its rule for `data`, its one
+/// field of its own, and what a valid message becomes.
 pub(super) trait Format {
-    /// One message's fields as read from the tape; `data` still to be located.
-    type Fields<'a>;
+    /// What the format's own field (Pusher's `info`) says, once checked.
+    type Extra;
     /// A valid message.
     type Message<'a>;
     /// The top-level array of a batch body.
     const BATCH_KEY: &'static str;
     /// The error text when that key holds no array.
     const BATCH_WHAT: &'static str;
-    /// The message object at tape node `at` (`in_batch`: an element of a batch), and the
-    /// nodes it spans.
-    fn fields<'a>(
-        nodes: &[Node<'a>],
-        at: usize,
-        in_batch: bool,
-    ) -> Result<(Self::Fields<'a>, usize), ApiError>;
+    /// The key of the event name (native `event`, Pusher's `name`).
+    const EVENT_KEY: &'static str;
+    /// The format's one field beyond those every format has, if any.
+    const EXTRA_KEY: Option<&'static str>;
+    /// When each message of a batch must name one `channel` (Pusher's
+    /// `batch_events`): the error text for one that names `channels`.
+    const BATCH_REFUSES_CHANNELS: Option<&'static str>;
+    /// Why a `data` of this kind is refused, or `None` when it is accepted.
+    fn refuse_data(data: Kind<'_>) -> Option<&'static str>;
+    /// The format's own field (`value`, absent when `None`), checked against the
+    /// message's channels.
+    fn extra(value: Option<Kind<'_>>, channels: &Channels<'_>) -> Result<Self::Extra, ApiError>;
     /// The message from its fields and its `data`, the raw JSON text as published.
-    fn message<'a>(fields: Self::Fields<'a>, data: &'a [u8]) -> Self::Message<'a>;
+    fn message<'a>(fields: Fields<'a, Self::Extra>, data: &'a [u8]) -> Self::Message<'a>;
 }
 
-/// Locate `data` in `text`, the message object's own bytes (the format's `fields`
+/// Locate `data` in `text`, the message object's own bytes ([`message_fields`]
 /// already checked its kind), and make the message.
 fn finish<'a, F: Format>(
-    fields: F::Fields<'a>,
+    fields: Fields<'a, F::Extra>,
     text: &'a [u8],
 ) -> Result<F::Message<'a>, ApiError> {
     let data = top_level_value(text, b"data")
@@ -256,34 +264,47 @@ fn finish<'a, F: Format>(
 struct Native;
 
 impl Format for Native {
-    type Fields<'a> = Fields<'a>;
+    type Extra = ();
     type Message<'a> = Publish<'a>;
     const BATCH_KEY: &'static str = "messages";
     const BATCH_WHAT: &'static str = "must be an array of messages";
+    const EVENT_KEY: &'static str = "event";
+    const EXTRA_KEY: Option<&'static str> = None;
+    const BATCH_REFUSES_CHANNELS: Option<&'static str> = None;
 
-    fn fields<'a>(
-        nodes: &[Node<'a>],
-        at: usize,
-        _in_batch: bool,
-    ) -> Result<(Fields<'a>, usize), ApiError> {
-        message_fields(nodes, at)
+    fn refuse_data(data: Kind<'_>) -> Option<&'static str> {
+        matches!(data, Kind::Other).then_some("must be a JSON object or a string")
     }
 
-    fn message<'a>(f: Fields<'a>, data: &'a [u8]) -> Publish<'a> {
-        Publish {
-            channels: f.channels,
-            event: f.event,
-            data,
-            except: f.except,
-        }
+    fn extra(_: Option<Kind<'_>>, _: &Channels<'_>) -> Result<(), ApiError> {
+        Ok(())
+    }
+
+    fn message<'a>(f: Fields<'a, ()>, data: &'a [u8]) -> Publish<'a> {
+        f.publish(data).0
     }
 }
 
-/// One message's fields as read from the tape; `data` still to be located.
-struct Fields<'a> {
+/// One message's fields as read from the tape (`extra`: the format's own); `data`
+/// still to be located.
+pub(super) struct Fields<'a, X> {
     channels: Channels<'a>,
     event: &'a str,
     except: Option<SocketId>,
+    extra: X,
+}
+
+impl<'a, X> Fields<'a, X> {
+    /// The publish these fields make with `data`, and the format's own field.
+    pub(super) fn publish(self, data: &'a [u8]) -> (Publish<'a>, X) {
+        let publish = Publish {
+            channels: self.channels,
+            event: self.event,
+            data,
+            except: self.except,
+        };
+        (publish, self.extra)
+    }
 }
 
 /// The array under `key` of a batch body's top-level object: its tape position and
@@ -365,39 +386,51 @@ fn finish_batch<'a, F, T>(
     Ok(out)
 }
 
-/// The message object starting at tape node `at`, and the nodes it spans.
-fn message_fields<'a>(nodes: &[Node<'a>], at: usize) -> Result<(Fields<'a>, usize), ApiError> {
+/// The message object of format `F` starting at tape node `at` (`in_batch`: an element
+/// of a batch), and the nodes it spans. Checked in this order, so each format reports
+/// the same field first: the channels, the event name, `data`'s kind, `socket_id`, the
+/// format's own field.
+fn message_fields<'a, F: Format>(
+    nodes: &[Node<'a>],
+    at: usize,
+    in_batch: bool,
+) -> Result<(Fields<'a, F::Extra>, usize), ApiError> {
     let (mut channel, mut channels, mut event, mut data) = (None, None, None, None);
-    let mut socket_id = None;
+    let (mut socket_id, mut extra) = (None, None);
     let span = object_fields(nodes, at, |key, value_at, value| match key {
         "channel" => channel = Some(kind(value)),
         "channels" => channels = Some(value_at),
-        "event" => event = Some(kind(value)),
         "data" => data = Some(kind(value)),
         "socket_id" => socket_id = Some(kind(value)),
+        _ if key == F::EVENT_KEY => event = Some(kind(value)),
+        _ if Some(key) == F::EXTRA_KEY => extra = Some(kind(value)),
         _ => {}
     })?;
+    if let Some(why) = F::BATCH_REFUSES_CHANNELS {
+        if in_batch && channel.is_none() && channels.is_some() {
+            return Err(ApiError::InvalidField("channels", why));
+        }
+    }
     let channels = channels_field(nodes, channel, channels)?;
-    let event = event_name("event", event)?;
-    if let Kind::Other = data.ok_or(ApiError::MissingField("data"))? {
-        return Err(ApiError::InvalidField(
-            "data",
-            "must be a JSON object or a string",
-        ));
+    let event = event_name(F::EVENT_KEY, event)?;
+    if let Some(why) = F::refuse_data(data.ok_or(ApiError::MissingField("data"))?) {
+        return Err(ApiError::InvalidField("data", why));
     }
     let except = socket_id_field(socket_id)?;
+    let extra = F::extra(extra, &channels)?;
     Ok((
         Fields {
             channels,
             event,
             except,
+            extra,
         },
         span,
     ))
 }
 
 /// `channel` or `channels` (exactly one of them): the message's channels.
-pub(super) fn channels_field<'a>(
+fn channels_field<'a>(
     nodes: &[Node<'a>],
     channel: Option<Kind<'a>>,
     channels: Option<usize>,
@@ -414,10 +447,7 @@ pub(super) fn channels_field<'a>(
 }
 
 /// An event name (field `field`): a valid name outside the reserved prefixes.
-pub(super) fn event_name<'a>(
-    field: &'static str,
-    value: Option<Kind<'a>>,
-) -> Result<&'a str, ApiError> {
+fn event_name<'a>(field: &'static str, value: Option<Kind<'a>>) -> Result<&'a str, ApiError> {
     let name = name_field(field, value)?;
     if RESERVED_EVENT_PREFIXES.iter().any(|p| name.starts_with(p)) {
         return Err(ApiError::InvalidField(
@@ -429,7 +459,7 @@ pub(super) fn event_name<'a>(
 }
 
 /// `socket_id`, when present: the connection to leave out.
-pub(super) fn socket_id_field(value: Option<Kind<'_>>) -> Result<Option<SocketId>, ApiError> {
+fn socket_id_field(value: Option<Kind<'_>>) -> Result<Option<SocketId>, ApiError> {
     match value {
         None => Ok(None),
         // Any id of the form is accepted (as Pusher does); one outside the ranges
@@ -443,7 +473,7 @@ pub(super) fn socket_id_field(value: Option<Kind<'_>>) -> Result<Option<SocketId
 }
 
 /// `channels`: an array of 1..=100 distinct valid names.
-pub(super) fn channel_list<'a>(nodes: &[Node<'a>], at: usize) -> Result<Channels<'a>, ApiError> {
+fn channel_list<'a>(nodes: &[Node<'a>], at: usize) -> Result<Channels<'a>, ApiError> {
     let Some(Node::Array { len, .. }) = nodes.get(at) else {
         return Err(ApiError::InvalidField(
             "channels",
@@ -483,7 +513,7 @@ pub(super) fn channel_list<'a>(nodes: &[Node<'a>], at: usize) -> Result<Channels
 /// Number of tape nodes a value occupies, itself included.
 /// Walk the object at tape node `at`: `each(key, index of its value, value)` for every
 /// field in order. Returns the nodes the object spans; `NotAnObject` when it is none.
-pub(super) fn object_fields<'a>(
+fn object_fields<'a>(
     nodes: &[Node<'a>],
     at: usize,
     mut each: impl FnMut(&'a str, usize, &Node<'a>),
@@ -504,17 +534,14 @@ pub(super) fn object_fields<'a>(
     Ok(node_span(object))
 }
 
-pub(super) fn node_span(node: &Node<'_>) -> usize {
+fn node_span(node: &Node<'_>) -> usize {
     match node {
         Node::Object { count, .. } | Node::Array { count, .. } => count + 1,
         Node::String(_) | Node::Static(_) => 1,
     }
 }
 
-pub(super) fn name_field<'a>(
-    name: &'static str,
-    value: Option<Kind<'a>>,
-) -> Result<&'a str, ApiError> {
+fn name_field<'a>(name: &'static str, value: Option<Kind<'a>>) -> Result<&'a str, ApiError> {
     let s = match value {
         None => return Err(ApiError::MissingField(name)),
         Some(Kind::Str(s)) => s,

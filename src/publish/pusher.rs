@@ -4,9 +4,10 @@
 //! history and hand-over are the native ones ([`super::publish_one`],
 //! [`super::publish_batch`]); and the `info` attribute lists of every Pusher endpoint.
 //!
-//! Same machinery as the native parser ([`super::parse`]): one simd-json tape walk over
-//! a scratch copy, names borrowed from it, `data` located in the original body and
-//! forwarded byte for byte. Rules that differ from the native API:
+//! The native parser ([`super::parse`]) does the work, with Pusher's keys and rules as a
+//! [`Format`]: one simd-json tape walk over a scratch copy, the fields read by the same
+//! reader as the native ones, names borrowed from it, `data` located in the original
+//! body and forwarded byte for byte. Rules that differ from the native API:
 //! - the event name is `name` (not `event`); `data` must be a JSON string (the SDKs
 //!   always send JSON text in a string), which becomes the native frame's `data` as that
 //!   same string literal, so a native subscriber receives a string, never parsed;
@@ -19,11 +20,8 @@
 //! characters without control characters, no `pusher:`/`pusher_internal:` event names,
 //! `socket_id` of Pusher's form, unknown fields ignored, the last of duplicate keys wins.
 
-use simd_json::Node;
-
 use super::parse::{
-    channels_field, event_name, kind, object_fields, socket_id_field, BatchError, BatchLimits,
-    Channels, Format, Kind, Publish, PublishParser,
+    BatchError, BatchLimits, Channels, Fields, Format, Kind, Publish, PublishParser,
 };
 use crate::error::ApiError;
 
@@ -78,43 +76,41 @@ pub(crate) struct Event<'a> {
     pub info: Option<Info>,
 }
 
-/// An event's fields as read from the tape; `data` still to be located.
-struct Fields<'a> {
-    channels: Channels<'a>,
-    name: &'a str,
-    except: Option<crate::ids::SocketId>,
-    info: Option<Info>,
-}
-
 /// Pusher's REST body: the event `{name, channel|channels, data, socket_id, info}` and
 /// the batch `{"batch": [...]}`.
 struct Pusher;
 
 impl Format for Pusher {
-    type Fields<'a> = Fields<'a>;
+    type Extra = Option<Info>;
     type Message<'a> = Event<'a>;
     const BATCH_KEY: &'static str = "batch";
     const BATCH_WHAT: &'static str = "must be an array of events";
+    const EVENT_KEY: &'static str = "name";
+    const EXTRA_KEY: Option<&'static str> = Some("info");
+    const BATCH_REFUSES_CHANNELS: Option<&'static str> =
+        Some("is not accepted in batch_events: each event names one 'channel'");
 
-    fn fields<'a>(
-        nodes: &[Node<'a>],
-        at: usize,
-        in_batch: bool,
-    ) -> Result<(Fields<'a>, usize), ApiError> {
-        event_fields(nodes, at, in_batch)
+    /// `data` is a string (JSON text in a string, as the Pusher libraries send it),
+    /// forwarded as that string literal.
+    fn refuse_data(data: Kind<'_>) -> Option<&'static str> {
+        (!matches!(data, Kind::Str(_)))
+            .then_some("must be a string (JSON text in a string, as the Pusher libraries send it)")
     }
 
-    /// `data` is a string (checked on the tape).
-    fn message<'a>(f: Fields<'a>, data: &'a [u8]) -> Event<'a> {
-        Event {
-            msg: Publish {
-                channels: f.channels,
-                event: f.name,
-                data,
-                except: f.except,
-            },
-            info: f.info,
+    /// `info`: which counts to answer with (`user_count` only of presence channels).
+    fn extra(info: Option<Kind<'_>>, channels: &Channels<'_>) -> Result<Option<Info>, ApiError> {
+        match info {
+            None => Ok(None),
+            Some(Kind::Str(list)) => Ok(Some(Info::parse(list)?.check_channels(channels.as_slice())?)),
+            Some(_) => Err(ApiError::InvalidInfo(
+                "info must be a string: a comma-separated list of subscription_count and user_count",
+            )),
         }
+    }
+
+    fn message<'a>(f: Fields<'a, Option<Info>>, data: &'a [u8]) -> Event<'a> {
+        let (msg, info) = f.publish(data);
+        Event { msg, info }
     }
 }
 
@@ -133,60 +129,6 @@ impl PublishParser {
     ) -> Result<Vec<Event<'a>>, BatchError> {
         self.parse_many::<Pusher>(body, limits)
     }
-}
-
-/// The event object at tape node `at` (`in_batch`: one of `batch_events`, which names
-/// one `channel`), and the nodes it spans.
-fn event_fields<'a>(
-    nodes: &[Node<'a>],
-    at: usize,
-    in_batch: bool,
-) -> Result<(Fields<'a>, usize), ApiError> {
-    let (mut channel, mut channels, mut name, mut data) = (None, None, None, None);
-    let (mut socket_id, mut info) = (None, None);
-    let span = object_fields(nodes, at, |key, value_at, value| match key {
-        "channel" => channel = Some(kind(value)),
-        "channels" => channels = Some(value_at),
-        "name" => name = Some(kind(value)),
-        "data" => data = Some(kind(value)),
-        "socket_id" => socket_id = Some(kind(value)),
-        "info" => info = Some(kind(value)),
-        _ => {}
-    })?;
-    if in_batch && channel.is_none() && channels.is_some() {
-        return Err(ApiError::InvalidField(
-            "channels",
-            "is not accepted in batch_events: each event names one 'channel'",
-        ));
-    }
-    let channels = channels_field(nodes, channel, channels)?;
-    let name = event_name("name", name)?;
-    match data.ok_or(ApiError::MissingField("data"))? {
-        Kind::Str(_) => {}
-        _ => {
-            return Err(ApiError::InvalidField(
-                "data",
-                "must be a string (JSON text in a string, as the Pusher libraries send it)",
-            ))
-        }
-    }
-    let except = socket_id_field(socket_id)?;
-    let info = match info {
-        None => None,
-        Some(Kind::Str(list)) => Some(Info::parse(list)?.check_channels(channels.as_slice())?),
-        Some(_) => return Err(ApiError::InvalidInfo(
-            "info must be a string: a comma-separated list of subscription_count and user_count",
-        )),
-    };
-    Ok((
-        Fields {
-            channels,
-            name,
-            except,
-            info,
-        },
-        span,
-    ))
 }
 
 #[cfg(test)]
@@ -374,6 +316,13 @@ mod tests {
         let many = br#"{"batch":[{"channels":["a"],"name":"e","data":"1"}]}"#;
         let err = p.parse_pusher_batch(many, LIMITS).unwrap_err();
         assert_eq!(err.index, Some(0));
+        assert_eq!(
+            err.error,
+            ApiError::InvalidField(
+                "channels",
+                "is not accepted in batch_events: each event names one 'channel'"
+            )
+        );
 
         for body in [
             &br#"{"batch":[]}"#[..],

@@ -209,6 +209,26 @@ fn a_batch_is_parsed_whole_with_each_data_verbatim() {
 }
 
 #[test]
+fn each_format_reads_its_own_keys_and_ignores_the_others() {
+    let mut p = PublishParser::new();
+    // Pusher's `name` and `info` mean nothing to the native API (an `info` of any kind).
+    let m = p
+        .parse(br#"{"channel":"a","name":"n","event":"e","info":7,"data":{}}"#)
+        .unwrap();
+    assert_eq!(m.event, "e");
+    // And the native `event` nothing to Pusher's.
+    let e = p
+        .parse_pusher(br#"{"channel":"a","event":"pusher:x","name":"n","data":"1"}"#)
+        .unwrap();
+    assert_eq!((e.msg.event, e.info), ("n", None));
+    assert_eq!(
+        p.parse(br#"{"channel":"a","name":"n","data":{}}"#)
+            .unwrap_err(),
+        ApiError::MissingField("event")
+    );
+}
+
+#[test]
 fn batch_errors_name_the_first_bad_message() {
     let mut p = PublishParser::new();
     let mut batch = |body: &str| p.parse_batch(body.as_bytes(), LIMITS).map(|m| m.len());
