@@ -125,19 +125,26 @@ impl Query {
     }
 }
 
+/// A channel's subscriber count moved by `delta` (a subscribe or an unsubscribe on a
+/// worker).
+struct Count {
+    project: u32,
+    channel: Box<str>,
+    delta: i32,
+}
+
+/// Connection `conn` of `worker` left presence channel `channel` (or closed).
+struct Leave {
+    project: u32,
+    channel: Box<str>,
+    worker: usize,
+    conn: u64,
+}
+
 enum Op {
-    Count {
-        project: u32,
-        channel: Box<str>,
-        delta: i32,
-    },
+    Count(Count),
     Join(PresenceJoin),
-    Leave {
-        project: u32,
-        channel: Box<str>,
-        worker: usize,
-        conn: u64,
-    },
+    Leave(Leave),
     Query(Query),
     /// The node is stopping: give back what it holds (cluster mode), then answer.
     Stop(ReplyTx<()>),
@@ -199,11 +206,11 @@ impl Hub {
 
 impl ChannelWatch for Hub {
     fn count(&self, _worker: usize, project: u32, channel: &str, delta: i32) {
-        let _ = self.tx.send(Op::Count {
+        let _ = self.tx.send(Op::Count(Count {
             project,
             channel: channel.into(),
             delta,
-        });
+        }));
     }
 
     /// Ask to join; the answer reaches the worker's mailbox.
@@ -213,12 +220,12 @@ impl ChannelWatch for Hub {
     }
 
     fn leave(&self, worker: usize, conn: u64, project: u32, channel: &str) {
-        let _ = self.tx.send(Op::Leave {
+        let _ = self.tx.send(Op::Leave(Leave {
             project,
             channel: channel.into(),
             worker,
             conn,
-        });
+        }));
     }
 }
 
@@ -300,17 +307,13 @@ fn join_here(local: &mut Local, fx: &Effects, j: &PresenceJoin, hook: bool) -> P
 /// One operation on a single node, where this node's state is the whole truth.
 fn apply_local(local: &mut Local, fx: &Effects, op: Op) {
     match op {
-        Op::Count {
-            project,
-            channel,
-            delta,
-        } => {
-            let (before, after) = local.count(project, &channel, delta);
+        Op::Count(c) => {
+            let (before, after) = local.count(&c);
             if let Some(h) = fx.hooks() {
                 if before == 0 && after > 0 {
-                    h.occupied(project, &channel);
+                    h.occupied(c.project, &c.channel);
                 } else if before > 0 && after == 0 {
-                    h.vacated(project, &channel);
+                    h.vacated(c.project, &c.channel);
                 }
             }
         }
@@ -319,16 +322,11 @@ fn apply_local(local: &mut Local, fx: &Effects, op: Op) {
             fx.answer(j.worker, j.ticket, answer);
             local.tidy(j.project, &j.channel);
         }
-        Op::Leave {
-            project,
-            channel,
-            worker,
-            conn,
-        } => {
-            if let Some((user, true)) = local.leave(project, &channel, worker, conn) {
-                fx.left(project, &channel, &user);
+        Op::Leave(l) => {
+            if let Some((user, true)) = local.leave(&l) {
+                fx.left(l.project, &l.channel, &user);
                 if let Some(h) = fx.hooks() {
-                    h.member_removed(project, &channel, &user);
+                    h.member_removed(l.project, &l.channel, &user);
                 }
             }
         }
@@ -414,7 +412,8 @@ impl Local {
     }
 
     /// Apply a subscriber-count change; returns the count before and after.
-    fn count(&mut self, project: u32, channel: &str, delta: i32) -> (u64, u64) {
+    fn count(&mut self, c: &Count) -> (u64, u64) {
+        let (project, channel, delta) = (c.project, &*c.channel, c.delta);
         let ch = self.channel_mut(project, channel);
         let before = ch.subscribers;
         ch.subscribers = if delta >= 0 {
@@ -466,13 +465,8 @@ impl Local {
 
     /// Forget a connection's membership: its user, and whether that was the user's
     /// last connection here. `None`: it was not a member (refused, or never joined).
-    fn leave(
-        &mut self,
-        project: u32,
-        channel: &str,
-        worker: usize,
-        conn: u64,
-    ) -> Option<(Box<str>, bool)> {
+    fn leave(&mut self, l: &Leave) -> Option<(Box<str>, bool)> {
+        let (project, channel, worker, conn) = (l.project, &*l.channel, l.worker, l.conn);
         let ch = self.projects.get_mut(&project)?.get_mut(channel)?;
         let user = ch.by_conn.remove(&(worker, conn))?;
         let member = ch.members.get_mut(&user)?;

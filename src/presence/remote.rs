@@ -38,7 +38,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError};
 use super::listing::{Ask, Lister};
 use super::scripts::{Scripts, COUNT_SCRIPT};
 use super::{
-    checked_member, join_here, presence_frame, presence_object, ChannelInfo, Effects, Local,
+    checked_member, join_here, presence_frame, presence_object, ChannelInfo, Count, Effects, Local,
     Members, Op, Query,
 };
 use crate::auth::cache::ProjectIndex;
@@ -64,7 +64,7 @@ pub(crate) struct Setup {
 }
 
 /// Subscriber-count changes (project, channel, delta) waiting for one pipeline.
-type Counts = Vec<(u32, Box<str>, i32)>;
+type Counts = Vec<Count>;
 
 struct Remote {
     setup: Setup,
@@ -110,7 +110,7 @@ pub(super) fn run(rx: Receiver<Op>, mut local: Local, fx: Effects, setup: Setup)
                 let mut counts = Vec::new();
                 let mut next = Some(op);
                 while let Some(op) = next.take() {
-                    let count = matches!(op, Op::Count { .. });
+                    let count = matches!(op, Op::Count(_));
                     if !count {
                         r.counts(&fx, &mut counts);
                     }
@@ -149,29 +149,21 @@ impl Remote {
     /// caller's next pipeline ([`Remote::counts`]).
     fn apply(&mut self, local: &mut Local, fx: &Effects, op: Op, counts: &mut Counts) {
         match op {
-            Op::Count {
-                project,
-                channel,
-                delta,
-            } => {
-                local.count(project, &channel, delta);
-                counts.push((project, channel, delta));
+            Op::Count(c) => {
+                local.count(&c);
+                counts.push(c);
             }
             Op::Join(j) => self.join(local, fx, j),
-            Op::Leave {
-                project,
-                channel,
-                worker,
-                conn,
-            } => {
-                let Some((user, last)) = local.leave(project, &channel, worker, conn) else {
+            Op::Leave(l) => {
+                let Some((user, last)) = local.leave(&l) else {
                     return;
                 };
-                match self.redis_leave(project, &channel, &user) {
-                    Some(true) => self.announce(fx, project, &channel, &user, None, None),
+                let (project, channel) = (l.project, &*l.channel);
+                match self.redis_leave(project, channel, &user) {
+                    Some(true) => self.announce(fx, project, channel, &user, None, None),
                     Some(false) => {}
                     // Redis away: this node's own subscribers still hear it.
-                    None if last => fx.left(project, &channel, &user),
+                    None if last => fx.left(project, channel, &user),
                     None => {}
                 }
             }
@@ -221,9 +213,7 @@ impl Remote {
         let node = self.node.clone();
         let items: Vec<(u32, Box<str>, Box<str>, i32)> = counts
             .drain(..)
-            .filter_map(|(project, channel, delta)| {
-                Some((project, self.pid(project)?, channel, delta))
-            })
+            .filter_map(|c| Some((c.project, self.pid(c.project)?, c.channel, c.delta)))
             .collect();
         let Some(conn) = live(&mut self.conn, self.stale) else {
             return; // asserted again, whole, once Redis is back

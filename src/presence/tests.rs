@@ -44,12 +44,12 @@ fn join(user: &str, worker: usize, conn: u64, ticket: u64) -> Op {
 }
 
 fn leave(worker: usize, conn: u64) -> Op {
-    Op::Leave {
+    Op::Leave(Leave {
         project: 1,
         channel: "presence-room".into(),
         worker,
         conn,
-    }
+    })
 }
 
 fn drain(m: &Mailboxes, worker: usize) -> Vec<String> {
@@ -148,11 +148,11 @@ fn counts_make_occupied_and_vacated_once_and_list_by_prefix() {
     };
     let mut s = (&mut local, &fx);
     let count = |s: &mut (&mut Local, &Effects), c: &str, d: i32| {
-        s.apply(Op::Count {
+        s.apply(Op::Count(Count {
             project: 1,
             channel: c.into(),
             delta: d,
-        })
+        }))
     };
     count(&mut s, "news", 1);
     count(&mut s, "news", 1);
@@ -228,11 +228,11 @@ fn a_listing_answers_one_more_than_the_cap_when_cut() {
     };
     let mut s = (&mut local, &fx);
     for i in 0..=MAX_LISTED {
-        s.apply(Op::Count {
+        s.apply(Op::Count(Count {
             project: 1,
             channel: format!("c{i:05}").into(),
             delta: 1,
-        });
+        }));
     }
     let list = |s: &mut (&mut Local, &Effects), prefix: &str| {
         let (tx, rx) = crate::reply::reply();
@@ -250,11 +250,11 @@ fn a_listing_answers_one_more_than_the_cap_when_cut() {
     assert_eq!(&*all[MAX_LISTED - 1].name, "c09999");
     let some = list(&mut s, "c0");
     assert_eq!(some.len(), MAX_LISTED);
-    s.apply(Op::Count {
+    s.apply(Op::Count(Count {
         project: 1,
         channel: "c10000".into(),
         delta: -1,
-    });
+    }));
     let all = list(&mut s, "");
     assert_eq!(all.len(), MAX_LISTED);
 }
