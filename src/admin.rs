@@ -23,7 +23,8 @@ use crate::config::Config;
 use crate::history::{HistorySpec, HistorySpecError};
 use crate::project::webhook::validate_url;
 use crate::project::{
-    CreatedProject, HookKinds, NewProject, ProjectChange, ProjectRecord, TokenKeyAlg, WebhookSpec,
+    CreatedProject, HookKinds, NewProject, ProjectChange, ProjectRecord, TokenKeyAlg,
+    TokenKeyRecord, WebhookSpec,
 };
 use crate::quota::{RateLimit, RateLimitError};
 use crate::sealed::{MasterKey, SealError};
@@ -360,7 +361,8 @@ pub(crate) fn execute(
             alg,
             public_pem,
         } => {
-            let record = store.add_token_key(&project_id, alg, &public_pem)?;
+            let record = TokenKeyRecord::new(&project_id, alg, &public_pem);
+            store.add_token_key(&record)?;
             json!({ "token_key_id": record.id, "alg": alg.as_str(), "project_id": project_id })
         }
         Request::RemoveTokenKey { project_id, key_id } => {

@@ -215,7 +215,6 @@ fn sleep_until_stopped(deadline: Instant, stop: &AtomicBool) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::apikey::KeyKind;
     use crate::project::{KeyRecord, ProjectChange, ProjectRecord};
     use crate::quota::RateLimit;
     use crate::store::UserStore;
@@ -328,114 +327,41 @@ mod tests {
         }
     }
 
+    /// Each method: fail while switched off, else ask the SQLite store.
+    macro_rules! switched {
+        ($($name:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {$(
+            fn $name(&mut self, $($arg: $ty),*) -> Result<$ret, StoreError> {
+                self.check()?;
+                self.inner.$name($($arg),*)
+            }
+        )*};
+    }
+
     impl Store for Switchable {
-        fn create_project(
-            &mut self,
-            new: crate::project::NewProject<'_>,
-            master: &crate::sealed::MasterKey,
-        ) -> Result<crate::project::CreatedProject, StoreError> {
-            self.check()?;
-            self.inner.create_project(new, master)
-        }
-        fn rotate_token_secret(
-            &mut self,
-            id: &str,
-            master: &crate::sealed::MasterKey,
-            grace_s: u64,
-        ) -> Result<String, StoreError> {
-            self.check()?;
-            self.inner.rotate_token_secret(id, master, grace_s)
-        }
-        fn add_token_key(
-            &mut self,
-            id: &str,
-            alg: crate::project::TokenKeyAlg,
-            pem: &str,
-        ) -> Result<crate::project::TokenKeyRecord, StoreError> {
-            self.check()?;
-            self.inner.add_token_key(id, alg, pem)
-        }
-        fn remove_token_key(&mut self, id: &str, key_id: &str) -> Result<(), StoreError> {
-            self.check()?;
-            self.inner.remove_token_key(id, key_id)
-        }
-        fn list_projects(&mut self) -> Result<Vec<ProjectRecord>, StoreError> {
-            self.check()?;
-            self.inner.list_projects()
-        }
-        fn set_project(
-            &mut self,
-            id: &str,
-            change: &crate::project::ProjectChange,
-        ) -> Result<ProjectRecord, StoreError> {
-            self.check()?;
-            self.inner.set_project(id, change)
-        }
-        fn create_key(
-            &mut self,
-            id: &str,
-            kind: KeyKind,
-        ) -> Result<(KeyRecord, String), StoreError> {
-            self.check()?;
-            self.inner.create_key(id, kind)
-        }
-        fn revoke_key(&mut self, key_or_id: &str) -> Result<String, StoreError> {
-            self.check()?;
-            self.inner.revoke_key(key_or_id)
-        }
-        fn list_keys(&mut self, id: &str) -> Result<Vec<KeyRecord>, StoreError> {
-            self.check()?;
-            self.inner.list_keys(id)
-        }
-        fn load_all(&mut self) -> Result<StoreContents, StoreError> {
-            self.check()?;
-            self.inner.load_all()
-        }
-        fn change_token(&mut self) -> Result<u64, StoreError> {
-            self.check()?;
-            self.inner.change_token()
-        }
-        fn is_empty(&mut self) -> Result<bool, StoreError> {
-            self.check()?;
-            self.inner.is_empty()
+        switched! {
+            insert_project(minted: &crate::store::MintedProject) -> u64;
+            add_token_secret(record: &crate::project::TokenSecretRecord, grace_s: u64) -> ();
+            add_token_key(record: &crate::project::TokenKeyRecord) -> ();
+            remove_token_key(id: &str, key_id: &str) -> ();
+            list_projects() -> Vec<ProjectRecord>;
+            set_project(id: &str, change: &crate::project::ProjectChange) -> ProjectRecord;
+            insert_key(record: &KeyRecord) -> ();
+            revoke_key(key_or_id: &str) -> String;
+            list_keys(id: &str) -> Vec<KeyRecord>;
+            load_all() -> StoreContents;
+            change_token() -> u64;
+            is_empty() -> bool;
         }
     }
 
     impl crate::store::UserStore for Switchable {
-        fn requires_user(&mut self, id: &str) -> Result<bool, StoreError> {
-            self.check()?;
-            self.inner.requires_user(id)
-        }
-        fn block_user(
-            &mut self,
-            block: &crate::project::UserBlockRecord,
-            max: usize,
-        ) -> Result<(), StoreError> {
-            self.check()?;
-            self.inner.block_user(block, max)
-        }
-        fn unblock_user(&mut self, id: &str, user: &str) -> Result<bool, StoreError> {
-            self.check()?;
-            self.inner.unblock_user(id, user)
-        }
-        fn user_block(
-            &mut self,
-            id: &str,
-            user: &str,
-        ) -> Result<Option<crate::project::UserBlockRecord>, StoreError> {
-            self.check()?;
-            self.inner.user_block(id, user)
-        }
-        fn add_user_end(&mut self, end: &UserEndRecord) -> Result<(), StoreError> {
-            self.check()?;
-            self.inner.add_user_end(end)
-        }
-        fn user_ends_after(
-            &mut self,
-            after: Option<u64>,
-        ) -> Result<(Vec<UserEndRecord>, u64), StoreError> {
-            self.check()?;
-            self.inner.user_ends_after(after)
+        switched! {
+            requires_user(id: &str) -> bool;
+            block_user(block: &crate::project::UserBlockRecord, max: usize) -> ();
+            unblock_user(id: &str, user: &str) -> bool;
+            user_block(id: &str, user: &str) -> Option<crate::project::UserBlockRecord>;
+            add_user_end(end: &UserEndRecord) -> ();
+            user_ends_after(after: Option<u64>) -> (Vec<UserEndRecord>, u64);
         }
     }
 

@@ -18,8 +18,11 @@
 //!   from [`crate::project::FIRST_PUSHER_APP_ID`] upwards, never changed and never given to another
 //!   project (Pusher clients and servers have it configured; a reused one would send
 //!   their calls to a stranger's project).
+//! - A backend stores what it is given: names are checked and keys and token secrets
+//!   minted once, above every backend, by the trait's provided methods ([`mint`]).
 //! - Nothing here runs on a worker thread: store calls may block on I/O and locks.
 
+mod mint;
 mod redis;
 mod sqlite;
 
@@ -32,10 +35,12 @@ use std::path::{Path, PathBuf};
 
 use crate::apikey::KeyKind;
 use crate::project::{
-    CreatedProject, KeyRecord, NewProject, ProjectChange, ProjectRecord, TokenKeyAlg,
-    TokenKeyRecord, TokenSecretRecord, UserBlockRecord, UserEndRecord, MAX_PROJECT_NAME_CHARS,
+    CreatedProject, KeyRecord, NewProject, ProjectChange, ProjectRecord, TokenKeyRecord,
+    TokenSecretRecord, UserBlockRecord, UserEndRecord, MAX_PROJECT_NAME_CHARS,
 };
 use crate::sealed::{MasterKey, SealError};
+
+pub(crate) use mint::{mint_token_secret, MintedProject};
 
 /// One consistent read of the whole store (revoked keys included), from which the
 /// in-memory key snapshot is built.
@@ -66,21 +71,6 @@ pub(crate) fn unix_now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64)
-}
-
-/// A new token secret for `project_id`: the clear `ts_...` (shown once) and its record.
-pub(crate) fn mint_token_secret(
-    project_id: &str,
-    master: &MasterKey,
-) -> Result<(TokenSecretRecord, String), StoreError> {
-    let secret = crate::apikey::generate_token_secret();
-    let record = TokenSecretRecord {
-        id: crate::apikey::generate_id("tsk_"),
-        project_id: project_id.to_string(),
-        sealed: master.seal(project_id, secret.as_bytes())?,
-        expires_at: None,
-    };
-    Ok((record, secret))
 }
 
 /// When the secrets a rotation replaces stop verifying: `grace_s` from now, or earlier
@@ -155,7 +145,15 @@ pub(crate) trait Store: UserStore + Send {
         &mut self,
         new: NewProject<'_>,
         master: &MasterKey,
-    ) -> Result<CreatedProject, StoreError>;
+    ) -> Result<CreatedProject, StoreError> {
+        let minted = MintedProject::new(new, master)?;
+        let pusher_app_id = self.insert_project(&minted)?;
+        Ok(minted.created(pusher_app_id))
+    }
+
+    /// Store a minted project with its keys and token secret, in one change; returns
+    /// the Pusher app id it numbered for it.
+    fn insert_project(&mut self, minted: &MintedProject) -> Result<u64, StoreError>;
 
     /// A new token secret for a project; the project's other secrets stop verifying
     /// `grace_s` seconds from now (0: at once). Returns the clear new secret.
@@ -164,15 +162,23 @@ pub(crate) trait Store: UserStore + Send {
         project_id: &str,
         master: &MasterKey,
         grace_s: u64,
-    ) -> Result<String, StoreError>;
+    ) -> Result<String, StoreError> {
+        let (record, secret) = mint_token_secret(project_id, master)?;
+        self.add_token_secret(&record, grace_s)?;
+        Ok(secret)
+    }
 
-    /// Register a public key (already checked by `auth::token::parse_public_key`).
-    fn add_token_key(
+    /// Store a new token secret of its project (NotFound when there is no such
+    /// project); the project's other secrets stop verifying `grace_s` seconds from now.
+    fn add_token_secret(
         &mut self,
-        project_id: &str,
-        alg: TokenKeyAlg,
-        public_pem: &str,
-    ) -> Result<TokenKeyRecord, StoreError>;
+        record: &TokenSecretRecord,
+        grace_s: u64,
+    ) -> Result<(), StoreError>;
+
+    /// Register a public key (already checked by `auth::token::parse_public_key`, its
+    /// record made by [`TokenKeyRecord::new`]). NotFound when there is no such project.
+    fn add_token_key(&mut self, record: &TokenKeyRecord) -> Result<(), StoreError>;
 
     /// Remove a registered key of that project (NotFound when it has no such key).
     fn remove_token_key(&mut self, project_id: &str, key_id: &str) -> Result<(), StoreError>;
@@ -193,7 +199,14 @@ pub(crate) trait Store: UserStore + Send {
         &mut self,
         project_id: &str,
         kind: KeyKind,
-    ) -> Result<(KeyRecord, String), StoreError>;
+    ) -> Result<(KeyRecord, String), StoreError> {
+        let (record, key) = KeyRecord::mint(project_id, kind);
+        self.insert_key(&record)?;
+        Ok((record, key))
+    }
+
+    /// Store a new key of its project (NotFound when there is no such project).
+    fn insert_key(&mut self, record: &KeyRecord) -> Result<(), StoreError>;
 
     /// Revoke a key given either the full key (matched by hash) or its id. Revoking a
     /// revoked key succeeds again (idempotent). Returns the key id.

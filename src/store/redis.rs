@@ -51,19 +51,17 @@ use std::time::Duration;
 use base64::Engine as _;
 
 use super::{
-    mint_token_secret, no_key_matches, no_token_key, project_not_found, rotated_expiry, unix_now,
-    validate_project_name, Store, StoreContents, StoreError,
+    no_key_matches, no_token_key, project_not_found, rotated_expiry, unix_now, MintedProject,
+    Store, StoreContents, StoreError,
 };
 use crate::apikey::{hash_key, key_prefix, KeyKind};
 use crate::project::{
-    CreatedProject, KeyRecord, NewProject, ProjectChange, ProjectRecord, TokenKeyAlg,
-    TokenKeyRecord, FIRST_PUSHER_APP_ID,
+    KeyRecord, ProjectChange, ProjectRecord, TokenKeyRecord, TokenSecretRecord, FIRST_PUSHER_APP_ID,
 };
 use crate::redis_link::PREFIX;
 
 mod records;
 mod users;
-use crate::sealed::MasterKey;
 use records::*;
 
 /// Longest wait for a connect, a read or a write. A control-plane call that takes longer
@@ -198,23 +196,18 @@ impl RedisStore {
         })
     }
 
-    fn new_key(
-        &mut self,
-        project_id: &str,
-        kind: KeyKind,
-    ) -> Result<(KeyRecord, String, String), StoreError> {
-        let (record, key) = KeyRecord::mint(project_id, kind);
+    /// A key's stored JSON.
+    fn key_json(&mut self, record: &KeyRecord) -> Result<String, StoreError> {
         let stored = StoredKey {
-            project_id: project_id.to_string(),
-            kind: kind.as_str().to_string(),
+            project_id: record.project_id.clone(),
+            kind: record.kind.as_str().to_string(),
             prefix: record.prefix.clone(),
             hash: record.hash.to_hex(),
             seq: self.next_seq()?,
             public_key: record.public_key.clone(),
         };
-        let json = serde_json::to_string(&stored)
-            .map_err(|e| StoreError::Corrupt(format!("cannot encode key: {e}")))?;
-        Ok((record, key, json))
+        serde_json::to_string(&stored)
+            .map_err(|e| StoreError::Corrupt(format!("cannot encode key: {e}")))
     }
 
     /// One project as stored now (after a change, for the CLI's answer).
@@ -247,22 +240,26 @@ impl RedisStore {
 /// times at most (more only if other processes keep creating projects without one).
 const NUMBERING_ATTEMPTS: u32 = 3;
 
+/// Queue the writes that store a key: its record (`json`) and its hash's entry.
+fn queue_key(pipe: &mut redis::Pipeline, record: &KeyRecord, json: &str) {
+    pipe.hset(k("keys"), &record.id, json)
+        .hset(k("key_hashes"), record.hash.to_hex(), &record.id);
+}
+
 impl Store for RedisStore {
-    fn create_project(
-        &mut self,
-        new: NewProject<'_>,
-        master: &MasterKey,
-    ) -> Result<CreatedProject, StoreError> {
-        validate_project_name(new.name)?;
-        let project = ProjectRecord::new(new, self.next_app_id()?);
+    fn insert_project(&mut self, minted: &MintedProject) -> Result<u64, StoreError> {
+        let project = minted.project();
+        let app_id = self.next_app_id()?;
         let stored = serde_json::to_string(&StoredProject {
-            name: new.name.to_string(),
+            name: project.name.clone(),
             seq: self.next_seq()?,
         })
         .map_err(|e| StoreError::Corrupt(format!("cannot encode project: {e}")))?;
-        let (sk, secret, sk_json) = self.new_key(&project.id, KeyKind::Secret)?;
-        let (pk, public, pk_json) = self.new_key(&project.id, KeyKind::Public)?;
-        let (ts, token_secret) = mint_token_secret(&project.id, master)?;
+        let keys = [
+            self.key_json(&minted.keys[0])?,
+            self.key_json(&minted.keys[1])?,
+        ];
+        let ts = &minted.token_secret;
         let ts_json = encode_json(&StoredTokenSecret {
             project_id: project.id.clone(),
             sealed: base64::engine::general_purpose::STANDARD.encode(&ts.sealed),
@@ -271,33 +268,33 @@ impl Store for RedisStore {
         })?;
         self.write(|pipe| {
             pipe.hset(k("projects"), &project.id, &stored)
-                .hset(k("rate_limits"), &project.id, new.rate_limit.to_string())
-                .hset(k("histories"), &project.id, new.history.to_string())
-                .hset(k("keys"), &sk.id, &sk_json)
-                .hset(k("key_hashes"), sk.hash.to_hex(), &sk.id)
-                .hset(k("keys"), &pk.id, &pk_json)
-                .hset(k("key_hashes"), pk.hash.to_hex(), &pk.id)
-                .hset(k("token_secrets"), &ts.id, &ts_json)
-                .hset(k("pusher_app_ids"), &project.id, project.pusher_app_id);
+                .hset(
+                    k("rate_limits"),
+                    &project.id,
+                    project.rate_limit.to_string(),
+                )
+                .hset(k("histories"), &project.id, project.history.to_string());
+            for (record, json) in minted.keys.iter().zip(&keys) {
+                queue_key(pipe, record, json);
+            }
+            pipe.hset(k("token_secrets"), &ts.id, &ts_json).hset(
+                k("pusher_app_ids"),
+                &project.id,
+                app_id,
+            );
         })?;
-        Ok(CreatedProject {
-            project,
-            secret_key: secret,
-            public_key: public,
-            token_secret,
-        })
+        Ok(app_id)
     }
 
-    fn rotate_token_secret(
+    fn add_token_secret(
         &mut self,
-        project_id: &str,
-        master: &MasterKey,
+        record: &TokenSecretRecord,
         grace_s: u64,
-    ) -> Result<String, StoreError> {
+    ) -> Result<(), StoreError> {
+        let project_id = record.project_id.as_str();
         if !self.project_exists(project_id)? {
             return Err(project_not_found(project_id));
         }
-        let (record, secret) = mint_token_secret(project_id, master)?;
         let new_json = encode_json(&StoredTokenSecret {
             project_id: project_id.to_string(),
             sealed: base64::engine::general_purpose::STANDARD.encode(&record.sealed),
@@ -334,7 +331,7 @@ impl Store for RedisStore {
                 pipe.query::<Option<()>>(c)
             })?;
             if committed.is_some() {
-                return Ok(secret);
+                return Ok(());
             }
         }
         Err(StoreError::Redis(
@@ -342,26 +339,19 @@ impl Store for RedisStore {
         ))
     }
 
-    fn add_token_key(
-        &mut self,
-        project_id: &str,
-        alg: TokenKeyAlg,
-        public_pem: &str,
-    ) -> Result<TokenKeyRecord, StoreError> {
-        if !self.project_exists(project_id)? {
-            return Err(project_not_found(project_id));
+    fn add_token_key(&mut self, record: &TokenKeyRecord) -> Result<(), StoreError> {
+        if !self.project_exists(&record.project_id)? {
+            return Err(project_not_found(&record.project_id));
         }
-        let record = TokenKeyRecord::new(project_id, alg, public_pem);
         let json = encode_json(&StoredTokenKey {
-            project_id: project_id.to_string(),
-            alg: alg.as_str().to_string(),
-            public_pem: public_pem.to_string(),
+            project_id: record.project_id.clone(),
+            alg: record.alg.as_str().to_string(),
+            public_pem: record.public_pem.clone(),
             seq: self.next_seq()?,
         })?;
         self.write(|pipe| {
             pipe.hset(k("token_keys"), &record.id, &json);
-        })?;
-        Ok(record)
+        })
     }
 
     fn remove_token_key(&mut self, project_id: &str, key_id: &str) -> Result<(), StoreError> {
@@ -446,23 +436,12 @@ impl Store for RedisStore {
         self.read_project(project_id)
     }
 
-    fn create_key(
-        &mut self,
-        project_id: &str,
-        kind: KeyKind,
-    ) -> Result<(KeyRecord, String), StoreError> {
-        if !self.project_exists(project_id)? {
-            return Err(project_not_found(project_id));
+    fn insert_key(&mut self, record: &KeyRecord) -> Result<(), StoreError> {
+        if !self.project_exists(&record.project_id)? {
+            return Err(project_not_found(&record.project_id));
         }
-        let (record, key, json) = self.new_key(project_id, kind)?;
-        self.write(|pipe| {
-            pipe.hset(k("keys"), &record.id, &json).hset(
-                k("key_hashes"),
-                record.hash.to_hex(),
-                &record.id,
-            );
-        })?;
-        Ok((record, key))
+        let json = self.key_json(record)?;
+        self.write(|pipe| queue_key(pipe, record, &json))
     }
 
     fn revoke_key(&mut self, key_or_id: &str) -> Result<String, StoreError> {

@@ -30,19 +30,18 @@ use rusqlite::types::Value;
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 
 use super::{
-    mint_token_secret, no_key_matches, no_token_key, project_not_found, rotated_expiry,
-    validate_project_name, Store, StoreContents, StoreError,
+    no_key_matches, no_token_key, project_not_found, rotated_expiry, MintedProject, Store,
+    StoreContents, StoreError,
 };
 use crate::apikey::{hash_key, key_prefix, KeyHash, KeyKind};
 use crate::history::HistorySpec;
 use crate::project::{
-    CreatedProject, HookKinds, KeyRecord, NewProject, ProjectChange, ProjectRecord, TokenKeyAlg,
-    TokenKeyRecord, TokenSecretRecord, WebhookSpec, FIRST_PUSHER_APP_ID,
+    HookKinds, KeyRecord, ProjectChange, ProjectRecord, TokenKeyAlg, TokenKeyRecord,
+    TokenSecretRecord, WebhookSpec, FIRST_PUSHER_APP_ID,
 };
 
 mod users;
 use crate::quota::RateLimit;
-use crate::sealed::MasterKey;
 
 /// File name of the database inside the data directory.
 pub(super) const DB_FILE: &str = "ringcast.db";
@@ -288,26 +287,21 @@ fn read_token_keys(conn: &Connection) -> Result<Vec<TokenKeyRecord>, StoreError>
     )
 }
 
-fn insert_key(
-    tx: &Transaction<'_>,
-    project_id: &str,
-    kind: KeyKind,
-) -> Result<(KeyRecord, String), StoreError> {
-    let (record, key) = KeyRecord::mint(project_id, kind);
+fn insert_key(tx: &Transaction<'_>, record: &KeyRecord) -> Result<(), StoreError> {
     tx.execute(
         "INSERT INTO keys (id, project_id, kind, hash, prefix, created_at, public_key)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
         params![
             record.id,
             record.project_id,
-            kind.as_str(),
+            record.kind.as_str(),
             &record.hash.0[..],
             record.prefix,
             unix_now(),
             record.public_key,
         ],
     )?;
-    Ok((record, key))
+    Ok(())
 }
 
 fn project_exists(conn: &Connection, project_id: &str) -> Result<bool, StoreError> {
@@ -443,15 +437,8 @@ fn key_record(raw: RawKey) -> Result<KeyRecord, StoreError> {
 }
 
 impl Store for SqliteStore {
-    fn create_project(
-        &mut self,
-        new: NewProject<'_>,
-        master: &MasterKey,
-    ) -> Result<CreatedProject, StoreError> {
-        validate_project_name(new.name)?;
-        // Numbered for real inside the write transaction below.
-        let mut project = ProjectRecord::new(new, FIRST_PUSHER_APP_ID);
-        let (token_record, token_secret) = mint_token_secret(&project.id, master)?;
+    fn insert_project(&mut self, minted: &MintedProject) -> Result<u64, StoreError> {
+        let project = minted.project();
         self.write(|tx| {
             // Under the write lock: no other process can take the same number.
             let app_id: i64 = tx.query_row(
@@ -459,48 +446,41 @@ impl Store for SqliteStore {
                 [FIRST_PUSHER_APP_ID as i64],
                 |r| r.get(0),
             )?;
-            project.pusher_app_id = u64::try_from(app_id)
-                .map_err(|_| StoreError::Corrupt(format!("negative pusher_app_id {app_id}")))?;
             tx.execute(
                 "INSERT INTO projects (id, name, rate_limit, history, created_at, pusher_app_id)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                 params![
                     project.id,
                     project.name,
-                    new.rate_limit.to_string(),
-                    new.history.to_string(),
+                    project.rate_limit.to_string(),
+                    project.history.to_string(),
                     unix_now(),
                     app_id,
                 ],
             )?;
-            let (_, secret_key) = insert_key(tx, &project.id, KeyKind::Secret)?;
-            let (_, public_key) = insert_key(tx, &project.id, KeyKind::Public)?;
-            insert_token_secret(tx, &token_record)?;
-            Ok(CreatedProject {
-                project,
-                secret_key,
-                public_key,
-                token_secret,
-            })
+            for key in &minted.keys {
+                insert_key(tx, key)?;
+            }
+            insert_token_secret(tx, &minted.token_secret)?;
+            u64::try_from(app_id)
+                .map_err(|_| StoreError::Corrupt(format!("negative pusher_app_id {app_id}")))
         })
     }
 
-    fn rotate_token_secret(
+    fn add_token_secret(
         &mut self,
-        project_id: &str,
-        master: &MasterKey,
+        record: &TokenSecretRecord,
         grace_s: u64,
-    ) -> Result<String, StoreError> {
-        let (record, secret) = mint_token_secret(project_id, master)?;
+    ) -> Result<(), StoreError> {
         self.write(|tx| {
-            if !project_exists(tx, project_id)? {
-                return Err(project_not_found(project_id));
+            if !project_exists(tx, &record.project_id)? {
+                return Err(project_not_found(&record.project_id));
             }
             let now = unix_now();
             let mut stmt = tx
                 .prepare_cached("SELECT id, expires_at FROM token_secrets WHERE project_id = ?1")?;
             let old = stmt
-                .query_map([project_id], |r| {
+                .query_map([&record.project_id], |r| {
                     Ok::<(String, Option<i64>), _>((r.get(0)?, r.get(1)?))
                 })?
                 .collect::<Result<Vec<_>, _>>()?;
@@ -510,34 +490,27 @@ impl Store for SqliteStore {
                     params![rotated_expiry(expires_at, now, grace_s), id],
                 )?;
             }
-            insert_token_secret(tx, &record)?;
-            Ok(secret)
+            insert_token_secret(tx, record)
         })
     }
 
-    fn add_token_key(
-        &mut self,
-        project_id: &str,
-        alg: TokenKeyAlg,
-        public_pem: &str,
-    ) -> Result<TokenKeyRecord, StoreError> {
+    fn add_token_key(&mut self, record: &TokenKeyRecord) -> Result<(), StoreError> {
         self.write(|tx| {
-            if !project_exists(tx, project_id)? {
-                return Err(project_not_found(project_id));
+            if !project_exists(tx, &record.project_id)? {
+                return Err(project_not_found(&record.project_id));
             }
-            let record = TokenKeyRecord::new(project_id, alg, public_pem);
             tx.execute(
                 "INSERT INTO token_keys (id, project_id, alg, public_pem, created_at)
                  VALUES (?1, ?2, ?3, ?4, ?5)",
                 params![
                     record.id,
                     record.project_id,
-                    alg.as_str(),
+                    record.alg.as_str(),
                     record.public_pem,
                     unix_now()
                 ],
             )?;
-            Ok(record)
+            Ok(())
         })
     }
 
@@ -585,16 +558,12 @@ impl Store for SqliteStore {
         })
     }
 
-    fn create_key(
-        &mut self,
-        project_id: &str,
-        kind: KeyKind,
-    ) -> Result<(KeyRecord, String), StoreError> {
+    fn insert_key(&mut self, record: &KeyRecord) -> Result<(), StoreError> {
         self.write(|tx| {
-            if !project_exists(tx, project_id)? {
-                return Err(project_not_found(project_id));
+            if !project_exists(tx, &record.project_id)? {
+                return Err(project_not_found(&record.project_id));
             }
-            insert_key(tx, project_id, kind)
+            insert_key(tx, record)
         })
     }
 
@@ -694,7 +663,7 @@ impl Store for SqliteStore {
 pub(crate) fn test_store_with_project() -> (tempfile::TempDir, SqliteStore, ProjectRecord) {
     let dir = tempfile::tempdir().expect("temp dir");
     let mut store = SqliteStore::open(dir.path()).expect("open store");
-    let new = NewProject {
+    let new = crate::project::NewProject {
         name: "p",
         rate_limit: RateLimit::parse("10/s").expect("rate"),
         history: HistorySpec::OFF,

@@ -1,6 +1,8 @@
 //! Unit tests of `store::sqlite`.
 
 use super::*;
+use crate::project::{CreatedProject, NewProject};
+use crate::sealed::MasterKey;
 use crate::store::UserStore;
 
 fn rl(s: &str) -> RateLimit {
@@ -147,14 +149,19 @@ fn token_secrets_rotate_with_a_grace_and_keys_come_and_go() {
     assert_eq!(all.token_secrets[0].expires_at, Some(old_until));
     assert!(all.token_secrets[1].expires_at.unwrap() > old_until);
 
-    let key = store
-        .add_token_key(
-            &project.id,
-            TokenKeyAlg::EdDsa,
-            "-----BEGIN PUBLIC KEY-----",
-        )
-        .unwrap();
+    let key = TokenKeyRecord::new(
+        &project.id,
+        TokenKeyAlg::EdDsa,
+        "-----BEGIN PUBLIC KEY-----",
+    );
+    store.add_token_key(&key).unwrap();
     assert!(key.id.starts_with("tk_"));
+    let stranger =
+        TokenKeyRecord::new("prj_nope", TokenKeyAlg::EdDsa, "-----BEGIN PUBLIC KEY-----");
+    assert!(matches!(
+        store.add_token_key(&stranger),
+        Err(StoreError::NotFound(_))
+    ));
     assert_eq!(store.load_all().unwrap().token_keys, vec![key.clone()]);
     let nf = |r: Result<(), StoreError>| matches!(r, Err(StoreError::NotFound(_)));
     assert!(nf(store.remove_token_key("prj_nope", &key.id)));
