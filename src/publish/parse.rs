@@ -9,7 +9,8 @@
 //! that runs only after simd-json has proven the body is valid JSON. A batch is parsed
 //! once, whole: one tape walk validates every message, one scan finds every `data`.
 //! The native body and Pusher's (`super::pusher`) are two [`Format`]s of this one parse:
-//! a format names the fields it reads and what a valid message becomes.
+//! a format names its keys and its rules, and what a valid message becomes; the fields
+//! of a message object are read once, by one reader, for both.
 //!
 //! Rules (docs/protocol.md): body is a JSON object; exactly one of `channel` (a name) or
 //! `channels` (1..=100 distinct names) is present; names are 1..=100 Unicode scalar

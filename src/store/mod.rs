@@ -40,7 +40,8 @@ use crate::project::{
 };
 use crate::sealed::{MasterKey, SealError};
 
-pub(crate) use mint::{mint_token_secret, MintedProject};
+use mint::mint_token_secret;
+pub(crate) use mint::MintedProject;
 
 /// One consistent read of the whole store (revoked keys included), from which the
 /// in-memory key snapshot is built.
