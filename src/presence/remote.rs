@@ -63,7 +63,7 @@ pub(crate) struct Setup {
     pub keys: Arc<KeyCache>,
 }
 
-/// Subscriber-count changes (project, channel, delta) waiting for one pipeline.
+/// Subscriber-count changes waiting for one pipeline.
 type Counts = Vec<Count>;
 
 struct Remote {

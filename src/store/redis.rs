@@ -210,6 +210,16 @@ impl RedisStore {
             .map_err(|e| StoreError::Corrupt(format!("cannot encode key: {e}")))
     }
 
+    /// A token secret's stored JSON (its sealed bytes in base64).
+    fn token_secret_json(&mut self, record: &TokenSecretRecord) -> Result<String, StoreError> {
+        encode_json(&StoredTokenSecret {
+            project_id: record.project_id.clone(),
+            sealed: base64::engine::general_purpose::STANDARD.encode(&record.sealed),
+            expires_at: record.expires_at,
+            seq: self.next_seq()?,
+        })
+    }
+
     /// One project as stored now (after a change, for the CLI's answer).
     fn read_project(&mut self, project_id: &str) -> Result<ProjectRecord, StoreError> {
         self.read_projects()?
@@ -260,12 +270,7 @@ impl Store for RedisStore {
             self.key_json(&minted.keys[1])?,
         ];
         let ts = &minted.token_secret;
-        let ts_json = encode_json(&StoredTokenSecret {
-            project_id: project.id.clone(),
-            sealed: base64::engine::general_purpose::STANDARD.encode(&ts.sealed),
-            expires_at: None,
-            seq: self.next_seq()?,
-        })?;
+        let ts_json = self.token_secret_json(ts)?;
         self.write(|pipe| {
             pipe.hset(k("projects"), &project.id, &stored)
                 .hset(
@@ -295,12 +300,7 @@ impl Store for RedisStore {
         if !self.project_exists(project_id)? {
             return Err(project_not_found(project_id));
         }
-        let new_json = encode_json(&StoredTokenSecret {
-            project_id: project_id.to_string(),
-            sealed: base64::engine::general_purpose::STANDARD.encode(&record.sealed),
-            expires_at: None,
-            seq: self.next_seq()?,
-        })?;
+        let new_json = self.token_secret_json(record)?;
         // WATCH the hash: a concurrent rotation makes EXEC fail instead of one rotation
         // silently overwriting the other's deadlines; then read and try again.
         for _ in 0..16 {
